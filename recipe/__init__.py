@@ -1,0 +1,1 @@
+"""verl recipes shipped by BeyondAgent (one folder per recipe, verl-recipe style)."""

@@ -1,0 +1,1 @@
+"""BeyondAgent: multi-turn agent RL as a recipe on upstream, unmodified verl."""

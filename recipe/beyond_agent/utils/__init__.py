@@ -1,0 +1,1 @@
+"""Small helpers for the recipe: the offline tiny model, the verl pin check."""

