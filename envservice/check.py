@@ -1,0 +1,190 @@
+"""`check_env(env_id)`: does a registered environment keep the service's contract?
+
+One small function per clause. A failing clause raises `EnvCheckError` whose message says what was seen,
+what was expected and the likely cause.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+from envservice import registry
+from envservice.envs.base import Task, TextEnv
+from envservice.errors import EnvServiceError
+from envservice.protocol import CreateRequest, ErrorCode
+from envservice.sessions import SessionManager
+
+PROBE_ACTION = "__envservice_check_unknown_action__"
+"""An action no environment knows: it must be answered with an observation, not an exception."""
+
+
+class EnvCheckError(AssertionError):
+    """A clause of the environment contract does not hold."""
+
+
+def _fail(clause: str, seen: Any, expected: str, cause: str) -> EnvCheckError:
+    return EnvCheckError(f"check_env[{clause}]: saw {seen}; expected {expected}; likely cause: {cause}")
+
+
+def check_env(env_id: str, seed: int = 0) -> list[str]:
+    """Run every clause on `env_id` (task 0 of its first split); return the names of the clauses checked."""
+    registration = registry.get(env_id)
+    cls = registration.env_class()
+    check_tasks(cls)
+    split = next(iter(cls.splits))
+    task = cls.resolve_task(0, split, seed, {})
+    clauses: list[Callable[[], None]] = [
+        lambda: check_reset_types(cls, task),
+        lambda: check_reset_deterministic(cls, task),
+        lambda: check_step_types(cls, task),
+        lambda: check_evaluate(cls, task),
+        lambda: check_step_after_end_refused(registration, split),
+        lambda: check_release_closes(registration, split),
+    ]
+    for clause in clauses:
+        clause()
+    return ["tasks", "reset_types", "reset_deterministic", "step_types", "evaluate",
+            "step_after_end_refused", "release_closes"]
+
+
+def check_tasks(cls: type[TextEnv]) -> None:
+    """Every split has at least one task and the class declares its params as a mapping."""
+    counts = cls.task_counts()
+    if not counts or any(n < 1 for n in counts.values()):
+        raise _fail("tasks", f"task counts {counts}", "at least one split, each with >= 1 task",
+                    "the class attribute `splits` is empty or has an empty list")
+
+
+def check_reset_types(cls: type[TextEnv], task: Task) -> None:
+    """`reset` returns (str, dict)."""
+    env = cls()
+    try:
+        result = env.reset(task)
+    finally:
+        env.close()
+    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], str) and isinstance(result[1], dict)):
+        raise _fail("reset_types", _types(result), "(observation: str, info: dict)",
+                    "reset returns the raw gym observation or forgets the info dict")
+
+
+def check_reset_deterministic(cls: type[TextEnv], task: Task) -> None:
+    """Two instances reset with the same task and seed give the same observation."""
+    first, second = cls(), cls()
+    try:
+        obs_a, obs_b = first.reset(task)[0], second.reset(task)[0]
+    finally:
+        first.close()
+        second.close()
+    if obs_a != obs_b:
+        raise _fail("reset_deterministic", f"observations differ:\n{obs_a[:300]!r}\nvs\n{obs_b[:300]!r}",
+                    "the same observation for the same task and seed",
+                    "reset ignores task.seed or draws from an unseeded/global random source or a set's order")
+
+
+def check_step_types(cls: type[TextEnv], task: Task) -> None:
+    """An unknown action gives (str, finite float, bool, bool, dict), not an exception."""
+    env = cls()
+    try:
+        env.reset(task)
+        try:
+            result = env.step(PROBE_ACTION)
+        except Exception as exc:
+            raise _fail("step_types", f"{exc!r} for action {PROBE_ACTION!r}", "an observation saying the action "
+                        "is invalid", "step does not handle unknown actions") from exc
+    finally:
+        env.close()
+    ok = isinstance(result, tuple) and len(result) == 5
+    if ok:
+        obs, reward, terminated, truncated, info = result
+        ok = (isinstance(obs, str) and isinstance(reward, (int, float)) and not isinstance(reward, bool)
+              and math.isfinite(reward) and isinstance(terminated, bool) and isinstance(truncated, bool)
+              and isinstance(info, dict))
+    if not ok:
+        raise _fail("step_types", _types(result), "(str, finite float, bool, bool, dict)",
+                    "numpy scalars (np.bool_, np.float64) or a raw gym observation are returned unconverted")
+
+
+def check_evaluate(cls: type[TextEnv], task: Task) -> None:
+    """`evaluate` returns (score in [0, 1], bool) after reset and after a step."""
+    env = cls()
+    try:
+        env.reset(task)
+        results = [env.evaluate()]
+        env.step(PROBE_ACTION)
+        results.append(env.evaluate())
+    finally:
+        env.close()
+    for result in results:
+        score, success = result if isinstance(result, tuple) and len(result) == 2 else (None, None)
+        if not (isinstance(score, (int, float)) and 0.0 <= score <= 1.0 and isinstance(success, bool)):
+            raise _fail("evaluate", _types(result) + f" = {result!r}", "(score: float in [0, 1], success: bool)",
+                        "an unnormalised return or a numpy bool is returned")
+
+
+def check_step_after_end_refused(registration: registry.Registration, split: str) -> None:
+    """Once an episode is over (here: by max_steps), the service refuses another step with `episode_over`."""
+    manager = SessionManager([registration.env_id], max_sessions=1)
+    try:
+        session_id = manager.create(CreateRequest(env_id=registration.env_id, task_id=0, split=split, seed=0)).session_id
+        for _ in range(registration.max_steps):
+            response = manager.step(session_id, PROBE_ACTION)
+            if response.terminated or response.truncated:
+                break
+        else:
+            raise _fail("step_after_end_refused", f"no end after {registration.max_steps} steps",
+                        "terminated or truncated by max_steps", "the step counter is not enforced")
+        _expect_code(lambda: manager.step(session_id, PROBE_ACTION), ErrorCode.episode_over, "step_after_end_refused")
+    finally:
+        manager.shutdown()
+
+
+def check_release_closes(registration: registry.Registration, split: str) -> None:
+    """Releasing a session calls the env's `close` and forgets the session."""
+    backend = _ClosingCounter()
+    manager = SessionManager([registration.env_id], max_sessions=1, backend=backend)
+    try:
+        session_id = manager.create(CreateRequest(env_id=registration.env_id, task_id=0, split=split, seed=0)).session_id
+        before = backend.closes
+        manager.release(session_id)
+        if backend.closes - before < 1:
+            raise _fail("release_closes", "close not called by release", "release to call the env's close",
+                        "the service backend does not close environments it releases")
+        _expect_code(lambda: manager.step(session_id, PROBE_ACTION), ErrorCode.unknown_session, "release_closes")
+    finally:
+        manager.shutdown()
+
+
+class _ClosingCounter:
+    """A backend that counts `close` calls on the envs it builds."""
+
+    def __init__(self) -> None:
+        self.closes = 0
+
+    def build(self, registration: registry.Registration) -> TextEnv:
+        env = registration.env_class()()
+        original = env.close
+
+        def counted_close() -> None:
+            self.closes += 1
+            original()
+
+        env.close = counted_close  # type: ignore[method-assign]
+        return env
+
+
+def _expect_code(call: Callable[[], Any], code: ErrorCode, clause: str) -> None:
+    try:
+        result = call()
+    except EnvServiceError as exc:
+        if exc.code != code:
+            raise _fail(clause, f"error {exc.code.value}: {exc.message}", f"error {code.value}",
+                        "the env raised instead of answering") from exc
+        return
+    raise _fail(clause, f"a normal response {result!r}", f"error {code.value}", "the session state is not tracked")
+
+
+def _types(value: Any) -> str:
+    if isinstance(value, tuple):
+        return "(" + ", ".join(type(v).__name__ for v in value) + ")"
+    return type(value).__name__

@@ -1,0 +1,117 @@
+"""The contract every environment of the service implements (Gymnasium-like, text in and text out).
+
+`terminated` means the task ended by itself (solved or failed); `truncated` means someone stopped it
+(a step limit). The service keeps the two apart all the way to the client.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping, Sequence
+
+from envservice.errors import EnvServiceError
+from envservice.protocol import ErrorCode
+
+StepResult = tuple[str, float, bool, bool, dict[str, Any]]
+"""(observation, reward, terminated, truncated, info)."""
+
+MAX_LISTED_CHOICES = 50
+"""How many valid choices an error lists at most (long task lists are cut, with a count)."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """One resolved task: which split, which entry of it, the episode seed and the env options."""
+
+    split: str
+    index: int
+    name: str
+    seed: int
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+
+class TextEnv:
+    """Base class of the service's environments.
+
+    Subclasses set `description`, `splits` (task names per split) and `params` (valid option names with
+    their meaning), and implement `reset`, `step`, `evaluate` and, when they hold resources, `close`.
+    One instance serves one session at a time; `reset` may be called again with another task.
+    """
+
+    description: ClassVar[str] = ""
+    splits: ClassVar[Mapping[str, Sequence[str]]] = {}
+    params: ClassVar[Mapping[str, str]] = {}
+
+    def reset(self, task: Task) -> tuple[str, dict[str, Any]]:
+        """Start an episode of `task`; return (observation, info)."""
+        raise NotImplementedError
+
+    def step(self, action: str) -> StepResult:
+        """Apply one text action; an unknown action is an observation saying so, never an exception."""
+        raise NotImplementedError
+
+    def evaluate(self) -> tuple[float, bool]:
+        """Return (score in [0, 1], success) of the current episode."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Free what the instance holds; called once when its session is released."""
+
+    @classmethod
+    def task_counts(cls) -> dict[str, int]:
+        """Number of tasks in each split."""
+        return {split: len(names) for split, names in cls.splits.items()}
+
+    @classmethod
+    def resolve_task(
+        cls, task_id: int | str | None, split: str, seed: int | None, params: Mapping[str, Any]
+    ) -> Task:
+        """Check a create request's task fields and return the task they name (errors list valid values)."""
+        names = cls._split_names(split)
+        cls._check_params(params)
+        index = cls._task_index(task_id, names)
+        if seed is None:
+            seed = random.randrange(2**31)
+        return Task(split=split, index=index, name=names[index], seed=seed, params=dict(params))
+
+    @classmethod
+    def _split_names(cls, split: str) -> Sequence[str]:
+        if split not in cls.splits:
+            raise EnvServiceError(
+                ErrorCode.unknown_task,
+                f"split={split!r} is not a split of this environment",
+                valid_choices=sorted(cls.splits),
+            )
+        return cls.splits[split]
+
+    @classmethod
+    def _check_params(cls, params: Mapping[str, Any]) -> None:
+        unknown = sorted(set(params) - set(cls.params))
+        if unknown:
+            raise EnvServiceError(
+                ErrorCode.bad_request,
+                f"params has unknown name(s) {unknown}",
+                valid_choices=sorted(cls.params),
+            )
+
+    @staticmethod
+    def _task_index(task_id: int | str | None, names: Sequence[str]) -> int:
+        if task_id is None:
+            return random.randrange(len(names))
+        if isinstance(task_id, int):
+            if 0 <= task_id < len(names):
+                return task_id
+            raise EnvServiceError(
+                ErrorCode.unknown_task, f"task_id={task_id} is out of range: this split has {len(names)} tasks "
+                f"(valid indices 0..{len(names) - 1})"
+            )
+        try:
+            return list(names).index(task_id)
+        except ValueError:
+            listed = f"; the first {MAX_LISTED_CHOICES} are listed" if len(names) > MAX_LISTED_CHOICES else ""
+            raise EnvServiceError(
+                ErrorCode.unknown_task,
+                f"task_id={task_id!r} is not a task name of this split ({len(names)} tasks{listed})",
+                valid_choices=list(names[:MAX_LISTED_CHOICES]),
+            ) from None

@@ -1,0 +1,120 @@
+"""FrozenLake (gymnasium) with text actions; each task is one procedurally generated map."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import gymnasium as gym
+from gymnasium.envs.toy_text.frozen_lake import generate_random_map
+
+from envservice.envs.base import StepResult, Task, TextEnv
+from envservice.errors import EnvServiceError
+from envservice.protocol import ErrorCode
+
+ACTIONS = ("left", "down", "right", "up")
+"""Text actions in gymnasium's action-index order."""
+
+_MOVES = {"left": (0, -1), "down": (1, 0), "right": (0, 1), "up": (-1, 0)}
+_SPLIT_MAP_SEED_OFFSET = {"train": 0, "test": 1_000_000}
+_LEGEND = "Legend: S start, F frozen (safe), H hole (falling in ends the episode), G goal, A you."
+
+
+def generate_map(task: Task) -> list[str]:
+    """The map of a task: rows of 'S', 'F', 'H', 'G' (train and test maps come from disjoint seeds)."""
+    size = int(task.params.get("size", 4))
+    return generate_random_map(size=size, p=0.8, seed=_SPLIT_MAP_SEED_OFFSET[task.split] + task.index)
+
+
+def shortest_path_actions(desc: list[str]) -> list[str]:
+    """A shortest safe action sequence from S to G found by BFS (an oracle for tests and warm-up data)."""
+    size = len(desc)
+    start = next((r, c) for r in range(size) for c in range(size) if desc[r][c] == "S")
+    parents: dict[tuple[int, int], tuple[tuple[int, int], str] | None] = {start: None}
+    queue = deque([start])
+    while queue:
+        cell = queue.popleft()
+        if desc[cell[0]][cell[1]] == "G":
+            return _unwind(parents, cell)
+        for action, (dr, dc) in _MOVES.items():
+            nxt = (cell[0] + dr, cell[1] + dc)
+            if 0 <= nxt[0] < size and 0 <= nxt[1] < size and nxt not in parents and desc[nxt[0]][nxt[1]] != "H":
+                parents[nxt] = (cell, action)
+                queue.append(nxt)
+    raise ValueError("the map has no safe path from S to G")
+
+
+def _unwind(parents: dict, cell: tuple[int, int]) -> list[str]:
+    actions = []
+    while parents[cell] is not None:
+        cell, action = parents[cell]
+        actions.append(action)
+    return actions[::-1]
+
+
+class FrozenLakeEnv(TextEnv):
+    """Cross a frozen lake from S to G without falling into a hole; actions: left, down, right, up."""
+
+    description = "FrozenLake grid world (gymnasium): walk from S to G avoiding holes; actions left/down/right/up."
+    splits = {"train": [f"map-{i}" for i in range(1000)], "test": [f"map-{i}" for i in range(200)]}
+    params = {
+        "size": "Side of the square map, 3..12 (default 4).",
+        "slippery": "Whether moves may slip sideways (default false).",
+    }
+
+    def __init__(self) -> None:
+        self._env: gym.Env | None = None
+        self._desc: list[str] = []
+        self._state = 0
+        self._reward = 0.0
+
+    def reset(self, task: Task) -> tuple[str, dict[str, Any]]:
+        """Build the task's map and put the agent on S."""
+        self._check_size(task)
+        self.close()
+        self._desc = generate_map(task)
+        self._env = gym.make(
+            "FrozenLake-v1", desc=self._desc, is_slippery=bool(task.params.get("slippery", False)), render_mode="ansi"
+        )
+        self._state, _ = self._env.reset(seed=task.seed)
+        self._reward = 0.0
+        return f"{_LEGEND}\n{self._render()}\nActions: {', '.join(ACTIONS)}.", {"map": list(self._desc)}
+
+    def step(self, action: str) -> StepResult:
+        """Move one cell; an unknown action leaves the agent where it is and says which actions exist."""
+        name = action.strip().lower().rstrip(".")
+        if name not in ACTIONS:
+            return f"Invalid action {action!r}. Valid actions: {', '.join(ACTIONS)}.", 0.0, False, False, {"invalid": True}
+        self._state, reward, terminated, truncated, _ = self._env.step(ACTIONS.index(name))
+        self._reward += float(reward)
+        outcome = self._outcome(terminated)
+        return f"{outcome}\n{self._render()}", float(reward), bool(terminated), bool(truncated), {}
+
+    def evaluate(self) -> tuple[float, bool]:
+        """Score 1 when the goal was reached, else 0."""
+        success = self._reward > 0
+        return (1.0 if success else 0.0), success
+
+    def close(self) -> None:
+        """Close the gymnasium env."""
+        if self._env is not None:
+            self._env.close()
+            self._env = None
+
+    def _render(self) -> str:
+        size = len(self._desc)
+        row, col = divmod(int(self._state), size)
+        rows = [list(line) for line in self._desc]
+        rows[row][col] = "A"
+        return "\n".join("".join(line) for line in rows)
+
+    def _outcome(self, terminated: bool) -> str:
+        if not terminated:
+            return "You moved."
+        return "You reached the goal!" if self._reward > 0 else "You fell into a hole."
+
+    @staticmethod
+    def _check_size(task: Task) -> None:
+        size = task.params.get("size", 4)
+        if not isinstance(size, int) or not 3 <= size <= 12:
+            raise EnvServiceError(ErrorCode.bad_request, f"params.size={size!r} must be an integer from 3 to 12")

@@ -1,0 +1,40 @@
+"""The one exception type of the environment service, raised by the server and by the client."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from envservice.protocol import ERROR_STATUS, ErrorCode, ErrorResponse
+
+
+class EnvServiceError(Exception):
+    """An error with a protocol code: the server turns it into an `ErrorResponse`, the client raises it back.
+
+    `status` defaults to the HTTP status that belongs to `code` (see `protocol.ERROR_STATUS`).
+    """
+
+    def __init__(
+        self,
+        code: ErrorCode | str,
+        message: str,
+        status: int | None = None,
+        valid_choices: Sequence[Any] | None = None,
+        detail: list[dict[str, Any]] | None = None,
+    ) -> None:
+        self.code = ErrorCode(code)
+        self.message = message
+        self.status = status if status is not None else ERROR_STATUS[self.code]
+        self.valid_choices = list(valid_choices) if valid_choices is not None else None
+        self.detail = detail
+        super().__init__(f"[{self.code.value}] {message}")
+
+    def to_response(self) -> ErrorResponse:
+        """The wire form of this error."""
+        return ErrorResponse(
+            code=self.code, message=self.message, valid_choices=self.valid_choices, detail=self.detail
+        )
+
+    @classmethod
+    def from_response(cls, response: ErrorResponse, status: int) -> "EnvServiceError":
+        """Rebuild the error a server sent (used by the client)."""
+        return cls(response.code, response.message, status, response.valid_choices, response.detail)
