@@ -1,0 +1,174 @@
+"""`EnvClient`: a typed, thread-safe HTTP client of the environment service.
+
+Responses are validated with the protocol models; error responses raise `EnvServiceError` with the
+server's code, message, status and valid choices. Retries (bounded, exponential backoff) happen only when
+repeating the call cannot apply an action twice: on 503 (the server refused before doing anything), on a
+connection that could not be opened, and, for the read-only or idempotent calls, on any connection error.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, TypeVar
+
+import requests
+from pydantic import BaseModel, ValidationError
+from requests.adapters import HTTPAdapter
+
+from envservice.errors import EnvServiceError
+from envservice.protocol import (
+    CreateRequest,
+    CreateResponse,
+    EnvList,
+    EnvSpec,
+    ErrorCode,
+    ErrorResponse,
+    EvaluateRequest,
+    EvaluateResponse,
+    Health,
+    ReleaseRequest,
+    ReleaseResponse,
+    StepRequest,
+    StepResponse,
+)
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class EnvClient:
+    """Client of one envservice instance; share one across threads (its connection pool is thread-safe).
+
+    Args:
+        base_url: e.g. "http://127.0.0.1:8000".
+        token: bearer token when the service requires one.
+        timeout: seconds per request (connect and read).
+        retries: extra attempts after a retryable failure.
+        backoff_s: first retry delay; doubled each attempt.
+        pool_size: connections kept per host (size it to the number of threads using the client).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        timeout: float = 30.0,
+        retries: int = 3,
+        backoff_s: float = 0.2,
+        pool_size: int = 64,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self._http = requests.Session()
+        adapter = HTTPAdapter(pool_connections=4, pool_maxsize=pool_size, max_retries=0)
+        self._http.mount("http://", adapter)
+        self._http.mount("https://", adapter)
+        if token:
+            self._http.headers["Authorization"] = f"Bearer {token}"
+
+    # ---- protocol calls ----------------------------------------------------------------------------
+
+    def create(
+        self,
+        env_id: str,
+        task_id: int | str | None = None,
+        seed: int | None = None,
+        split: str = "train",
+        params: dict[str, Any] | None = None,
+    ) -> CreateResponse:
+        """Open a session; returns its id and first observation."""
+        body = CreateRequest(env_id=env_id, task_id=task_id, seed=seed, split=split, params=params or {})
+        return self._call("POST", "/create", CreateResponse, body, idempotent=False)
+
+    def step(self, session_id: str, action: str) -> StepResponse:
+        """Apply one action."""
+        body = StepRequest(session_id=session_id, action=action)
+        return self._call("POST", "/step", StepResponse, body, idempotent=False)
+
+    def evaluate(self, session_id: str) -> EvaluateResponse:
+        """Score the episode."""
+        return self._call("POST", "/evaluate", EvaluateResponse, EvaluateRequest(session_id=session_id))
+
+    def release(self, session_id: str) -> ReleaseResponse:
+        """Close the session."""
+        return self._call("POST", "/release", ReleaseResponse, ReleaseRequest(session_id=session_id))
+
+    def envs(self) -> list[EnvSpec]:
+        """The served environments."""
+        return self._call("GET", "/envs", EnvList).envs
+
+    def health(self) -> Health:
+        """Liveness and load."""
+        return self._call("GET", "/healthz", Health)
+
+    def wait_until_healthy(self, deadline_s: float = 60.0, poll_s: float = 0.2) -> Health:
+        """Poll /healthz until it answers or `deadline_s` passes (then raise TimeoutError with the last error)."""
+        end = time.monotonic() + deadline_s
+        last: Exception | None = None
+        while time.monotonic() < end:
+            try:
+                return self._call("GET", "/healthz", Health, retries=0, timeout=min(self.timeout, 5.0))
+            except (requests.RequestException, EnvServiceError) as exc:
+                last = exc
+            time.sleep(poll_s)
+        raise TimeoutError(f"envservice at {self.base_url} not healthy after {deadline_s} s (last error: {last!r})")
+
+    def close(self) -> None:
+        """Close pooled connections."""
+        self._http.close()
+
+    def __enter__(self) -> "EnvClient":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ---- transport ---------------------------------------------------------------------------------
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        model: type[M],
+        body: BaseModel | None = None,
+        idempotent: bool = True,
+        retries: int | None = None,
+        timeout: float | None = None,
+    ) -> M:
+        attempts = 1 + (self.retries if retries is None else retries)
+        payload = body.model_dump(mode="json") if body is not None else None
+        for attempt in range(attempts):
+            last_attempt = attempt == attempts - 1
+            try:
+                response = self._http.request(method, self.base_url + path, json=payload, timeout=timeout or self.timeout)
+            except requests.ConnectionError as exc:
+                if last_attempt or not (idempotent or _not_sent(exc)):
+                    raise
+            else:
+                if response.status_code != 503 or last_attempt:
+                    return _parse(response, model)
+            time.sleep(self.backoff_s * (2**attempt))
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _not_sent(exc: requests.ConnectionError) -> bool:
+    """Whether the request surely never reached the server (so repeating it cannot act twice)."""
+    if isinstance(exc, requests.ConnectTimeout):
+        return True
+    text = repr(exc.args[0]) if exc.args else ""
+    return "NewConnectionError" in text or "Connection refused" in text
+
+
+def _parse(response: requests.Response, model: type[M]) -> M:
+    """The validated response model, or `EnvServiceError` for an error status."""
+    if response.ok:
+        return model.model_validate(response.json())
+    try:
+        error = ErrorResponse.model_validate(response.json())
+    except (ValueError, ValidationError):
+        raise EnvServiceError(
+            ErrorCode.bad_request, f"HTTP {response.status_code} without an envservice error body: "
+            f"{response.text[:200]!r}", status=response.status_code,
+        ) from None
+    raise EnvServiceError.from_response(error, response.status_code)

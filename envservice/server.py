@@ -1,0 +1,135 @@
+"""The FastAPI application of the environment service (`create_app(settings)`).
+
+Routes: POST /create, /step, /evaluate, /release; GET /envs, /healthz. Errors are `ErrorResponse`
+bodies with the status of their code (`protocol.ERROR_STATUS`); malformed bodies are 422 with FastAPI's
+per-field details. When a token is set every route but /healthz needs `Authorization: Bearer <token>`.
+"""
+
+from __future__ import annotations
+
+import hmac
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Sequence
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from envservice import registry
+from envservice.errors import EnvServiceError
+from envservice.protocol import (
+    CreateRequest,
+    CreateResponse,
+    EnvList,
+    ErrorCode,
+    ErrorResponse,
+    EvaluateRequest,
+    EvaluateResponse,
+    Health,
+    ReleaseRequest,
+    ReleaseResponse,
+    StepRequest,
+    StepResponse,
+)
+from envservice.sessions import EnvBackend, SessionManager
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How a service instance runs."""
+
+    env_ids: Sequence[str] | None = None
+    """Environment ids to serve; None serves every registered one."""
+    max_sessions: int = 4096
+    """Most sessions open at once, all environments together."""
+    idle_timeout_s: float = 600.0
+    """Sessions unused this long are released by the reaper."""
+    reap_interval_s: float | None = None
+    """Seconds between reaper passes; None: a quarter of the idle timeout."""
+    token: str | None = None
+    """When set, requests need `Authorization: Bearer <token>` (all routes but /healthz)."""
+    backend: EnvBackend | None = None
+    """Where environments are built; None: in this process."""
+
+
+_ERROR_RESPONSES = {status: {"model": ErrorResponse} for status in (400, 401, 404, 409, 422, 500, 503)}
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the app; the idle reaper runs while the app's lifespan is active."""
+    settings = settings or Settings()
+    env_ids = list(settings.env_ids) if settings.env_ids is not None else registry.registered_ids()
+    manager = SessionManager(
+        env_ids, max_sessions=settings.max_sessions, idle_timeout_s=settings.idle_timeout_s, backend=settings.backend
+    )
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        manager.start_reaper(settings.reap_interval_s)
+        yield
+        manager.shutdown()
+
+    app = FastAPI(title="BeyondAgent envservice", lifespan=lifespan, responses=_ERROR_RESPONSES)
+    app.state.sessions = manager
+    _add_error_handlers(app)
+    _add_routes(app, manager, env_ids, _auth_dependency(settings.token))
+    return app
+
+
+def _auth_dependency(token: str | None):
+    def check_token(request: Request) -> None:
+        if token is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
+            raise EnvServiceError(ErrorCode.unauthorized, "missing or wrong 'Authorization: Bearer <token>' header")
+
+    return Depends(check_token)
+
+
+def _add_routes(app: FastAPI, manager: SessionManager, env_ids: list[str], auth) -> None:
+    @app.post("/create", response_model=CreateResponse, dependencies=[auth])
+    def create(request: CreateRequest) -> CreateResponse:
+        """Open a session and return its first observation."""
+        return manager.create(request)
+
+    @app.post("/step", response_model=StepResponse, dependencies=[auth])
+    def step(request: StepRequest) -> StepResponse:
+        """Apply one action."""
+        return manager.step(request.session_id, request.action)
+
+    @app.post("/evaluate", response_model=EvaluateResponse, dependencies=[auth])
+    def evaluate(request: EvaluateRequest) -> EvaluateResponse:
+        """Score the episode."""
+        return manager.evaluate(request.session_id)
+
+    @app.post("/release", response_model=ReleaseResponse, dependencies=[auth])
+    def release(request: ReleaseRequest) -> ReleaseResponse:
+        """Close a session."""
+        return manager.release(request.session_id)
+
+    @app.get("/envs", response_model=EnvList, dependencies=[auth])
+    def envs() -> EnvList:
+        """The served environments with their tasks and limits."""
+        return EnvList(envs=[registry.get(env_id).spec() for env_id in env_ids])
+
+    @app.get("/healthz", response_model=Health)
+    def healthz() -> Health:
+        """Liveness and load (no token needed)."""
+        return Health(status="ok", sessions=manager.count(), max_sessions=manager.max_sessions, envs=env_ids)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(EnvServiceError)
+    async def service_error(_request: Request, exc: EnvServiceError) -> JSONResponse:
+        return JSONResponse(status_code=exc.status, content=jsonable_encoder(exc.to_response()))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = jsonable_encoder(exc.errors())
+        fields = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}" for e in errors)
+        body = ErrorResponse(code=ErrorCode.invalid_request, message=f"invalid request: {fields}", detail=errors)
+        return JSONResponse(status_code=422, content=jsonable_encoder(body))

@@ -1,0 +1,318 @@
+"""Sessions: server-created ids, capacity limits, idle reaping and per-session error isolation.
+
+Thread model: FastAPI runs the sync endpoints in a thread pool. A manager-wide lock guards only the
+session table (never held while an environment runs); each session has its own lock, so one slow
+environment does not block the others. Any exception raised inside an environment closes and drops that
+one session and becomes an `env_error`; the service keeps serving the rest.
+
+Placement seam: environments are built by an `EnvBackend`. `InProcessBackend` builds them in this
+process; a backend that places them in Ray actors or worker processes only has to return an object with
+the same `reset/step/evaluate/close` methods.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Protocol
+
+from envservice import registry
+from envservice.envs.base import Task, TextEnv
+from envservice.errors import EnvServiceError
+from envservice.protocol import (
+    CreateRequest,
+    CreateResponse,
+    ErrorCode,
+    EvaluateResponse,
+    ReleaseResponse,
+    StepResponse,
+)
+
+logger = logging.getLogger("envservice")
+
+
+class EnvBackend(Protocol):
+    """Builds environment instances for sessions (the seam for out-of-process placement)."""
+
+    def build(self, registration: registry.Registration) -> TextEnv:
+        """A new environment instance (or a proxy with the same methods) for one session."""
+
+
+class InProcessBackend:
+    """Builds every environment in the service's own process."""
+
+    def build(self, registration: registry.Registration) -> TextEnv:
+        """Instantiate the registered class here."""
+        return registration.env_class()()
+
+
+@dataclass
+class Session:
+    """One open episode: its environment, task, step count and state flags."""
+
+    session_id: str
+    registration: registry.Registration
+    env: TextEnv
+    task: Task
+    last_used: float
+    steps: int = 0
+    over: bool = False
+    closed: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class SessionManager:
+    """Owns all sessions of a service: create, step, evaluate, release, and reap idle ones."""
+
+    def __init__(
+        self,
+        env_ids: Iterable[str],
+        *,
+        max_sessions: int = 4096,
+        idle_timeout_s: float = 600.0,
+        backend: EnvBackend | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.env_ids = [registry.get(env_id).env_id for env_id in env_ids]
+        self.max_sessions = max_sessions
+        self.idle_timeout_s = idle_timeout_s
+        self.backend = backend or InProcessBackend()
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._sessions: dict[str, Session] = {}
+        self._reserved: dict[str, int] = {}
+        self._reaper: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    # ---- public operations -------------------------------------------------------------------------
+
+    def create(self, request: CreateRequest) -> CreateResponse:
+        """Build and reset an environment for a new session (capacity is reserved first)."""
+        registration = self._registration(request.env_id)
+        task = registration.env_class().resolve_task(request.task_id, request.split, request.seed, request.params)
+        self._reserve(registration)
+        try:
+            env, observation, info = self._build_and_reset(registration, task)
+        except BaseException:
+            with self._lock:
+                self._reserved[registration.env_id] -= 1
+            raise
+        session = Session(uuid.uuid4().hex, registration, env, task, self._clock())
+        with self._lock:  # the reservation becomes the session in one step
+            self._reserved[registration.env_id] -= 1
+            self._sessions[session.session_id] = session
+        return CreateResponse(
+            session_id=session.session_id, env_id=registration.env_id, task_id=task.name,
+            seed=task.seed, observation=observation, info=info,
+        )
+
+    def step(self, session_id: str, action: str) -> StepResponse:
+        """Apply one action; refused once the episode is over; an env exception ends this session only."""
+        session = self._get(session_id)
+        with session.lock:
+            self._check_open(session)
+            if session.over:
+                raise EnvServiceError(
+                    ErrorCode.episode_over,
+                    f"session {session_id} already ended after {session.steps} steps; call /evaluate or /release",
+                )
+            response = self._guarded(session, "step", lambda: _step_response(session.env.step(action)))
+            self._apply_limits(session, response)
+            session.last_used = self._clock()
+            return response
+
+    def evaluate(self, session_id: str) -> EvaluateResponse:
+        """Score the episode (allowed during and after it)."""
+        session = self._get(session_id)
+        with session.lock:
+            self._check_open(session)
+            response = self._guarded(session, "evaluate", lambda: _evaluate_response(session.env.evaluate()))
+            session.last_used = self._clock()
+            return response
+
+    def release(self, session_id: str) -> ReleaseResponse:
+        """Close the session's environment and forget the session (a second release is a 404)."""
+        session = self._pop(session_id)
+        self._close(session)
+        return ReleaseResponse(session_id=session_id, released=True)
+
+    def count(self) -> int:
+        """Sessions currently open."""
+        with self._lock:
+            return len(self._sessions)
+
+    def reap_idle(self) -> list[str]:
+        """Release sessions unused for longer than `idle_timeout_s`; returns their ids."""
+        deadline = self._clock() - self.idle_timeout_s
+        with self._lock:
+            idle = [s for s in self._sessions.values() if s.last_used < deadline]
+        reaped = []
+        for session in idle:
+            if session.lock.acquire(blocking=False):  # busy sessions are not idle
+                session.lock.release()
+                if session.last_used < deadline and self._discard(session):
+                    self._close(session)
+                    reaped.append(session.session_id)
+        if reaped:
+            logger.info("reaped %d idle session(s)", len(reaped))
+        return reaped
+
+    def start_reaper(self, interval_s: float | None = None) -> None:
+        """Run `reap_idle` in a daemon thread every `interval_s` (default: a quarter of the idle timeout)."""
+        interval = interval_s if interval_s is not None else max(0.05, min(self.idle_timeout_s / 4, 30.0))
+        self._stop.clear()
+        self._reaper = threading.Thread(target=self._reap_loop, args=(interval,), name="envservice-reaper", daemon=True)
+        self._reaper.start()
+
+    def shutdown(self) -> None:
+        """Stop the reaper and release every session."""
+        self._stop.set()
+        if self._reaper is not None:
+            self._reaper.join(timeout=5)
+        with self._lock:
+            sessions, self._sessions = list(self._sessions.values()), {}
+        for session in sessions:
+            self._close(session)
+
+    # ---- internals ---------------------------------------------------------------------------------
+
+    def _registration(self, env_id: str) -> registry.Registration:
+        if env_id not in self.env_ids:
+            raise EnvServiceError(
+                ErrorCode.unknown_env, f"env_id={env_id!r} is not served here", valid_choices=self.env_ids
+            )
+        return registry.get(env_id)
+
+    def _reserve(self, registration: registry.Registration) -> None:
+        env_id = registration.env_id
+        with self._lock:
+            total = len(self._sessions) + sum(self._reserved.values())
+            of_env = sum(1 for s in self._sessions.values() if s.registration.env_id == env_id)
+            if total >= self.max_sessions:
+                raise EnvServiceError(ErrorCode.capacity, f"the service is full ({self.max_sessions} sessions)")
+            if of_env + self._reserved.get(env_id, 0) >= registration.max_sessions:
+                raise EnvServiceError(
+                    ErrorCode.capacity, f"env_id={env_id!r} is full ({registration.max_sessions} sessions)"
+                )
+            self._reserved[env_id] = self._reserved.get(env_id, 0) + 1
+
+    def _build_and_reset(self, registration: registry.Registration, task: Task) -> tuple[TextEnv, str, dict]:
+        env = None
+        try:
+            env = self.backend.build(registration)
+            observation, info = env.reset(task)
+            if not isinstance(observation, str) or not isinstance(info, dict):
+                raise TypeError(f"reset returned ({type(observation).__name__}, {type(info).__name__}), "
+                                "expected (str, dict)")
+            return env, observation, info
+        except EnvServiceError:
+            _close_quietly(env, registration.env_id)
+            raise
+        except Exception as exc:
+            _close_quietly(env, registration.env_id)
+            logger.exception("env %s failed in reset", registration.env_id)
+            raise EnvServiceError(ErrorCode.env_error, f"env {registration.env_id!r} failed in reset: {exc!r}") from exc
+
+    def _guarded(self, session: Session, what: str, call: Callable[[], Any]) -> Any:
+        """Run an env call; on an exception drop the session and raise `env_error`."""
+        try:
+            return call()
+        except EnvServiceError:
+            raise
+        except Exception as exc:
+            logger.exception("env %s failed in %s (session %s)", session.registration.env_id, what, session.session_id)
+            self._discard(session)
+            self._close(session, lock_held=True)
+            raise EnvServiceError(
+                ErrorCode.env_error,
+                f"env {session.registration.env_id!r} failed in {what}: {exc!r}; session {session.session_id} was closed",
+            ) from exc
+
+    def _apply_limits(self, session: Session, response: StepResponse) -> None:
+        session.steps += 1
+        response.info["steps"] = session.steps
+        if session.steps >= session.registration.max_steps and not response.terminated and not response.truncated:
+            response.truncated = True
+            response.info["truncation"] = "max_steps"
+        session.over = response.terminated or response.truncated
+
+    def _get(self, session_id: str) -> Session:
+        with self._lock:
+            session = self._sessions.get(session_id)
+        if session is None:
+            raise _unknown_session(session_id)
+        return session
+
+    def _pop(self, session_id: str) -> Session:
+        with self._lock:
+            session = self._sessions.pop(session_id, None)
+        if session is None:
+            raise _unknown_session(session_id)
+        return session
+
+    def _discard(self, session: Session) -> bool:
+        with self._lock:
+            return self._sessions.pop(session.session_id, None) is not None
+
+    @staticmethod
+    def _check_open(session: Session) -> None:
+        if session.closed:  # released while this request waited for the session lock
+            raise _unknown_session(session.session_id)
+
+    @staticmethod
+    def _close(session: Session, lock_held: bool = False) -> None:
+        if lock_held:
+            session.closed = True
+            _close_quietly(session.env, session.registration.env_id)
+            return
+        with session.lock:
+            session.closed = True
+            _close_quietly(session.env, session.registration.env_id)
+
+    def _reap_loop(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            try:
+                self.reap_idle()
+            except Exception:  # the reaper must outlive one bad close
+                logger.exception("idle reaping failed")
+
+
+def _unknown_session(session_id: str) -> EnvServiceError:
+    return EnvServiceError(
+        ErrorCode.unknown_session, f"session_id={session_id!r} is unknown (never created, released or reaped)"
+    )
+
+
+def _close_quietly(env: TextEnv | None, env_id: str) -> None:
+    if env is None:
+        return
+    try:
+        env.close()
+    except Exception:
+        logger.exception("env %s failed in close", env_id)
+
+
+def _step_response(result: Any) -> StepResponse:
+    """Check an env's step tuple and wrap it (a wrong shape or type is the env's fault)."""
+    if not isinstance(result, tuple) or len(result) != 5:
+        raise TypeError(f"step returned {type(result).__name__}, expected a 5-tuple")
+    observation, reward, terminated, truncated, info = result
+    if not isinstance(observation, str):
+        raise TypeError(f"step observation is {type(observation).__name__}, expected str")
+    if not isinstance(reward, (int, float)) or isinstance(reward, bool) or not math.isfinite(reward):
+        raise TypeError(f"step reward is {reward!r}, expected a finite float")
+    if not isinstance(terminated, bool) or not isinstance(truncated, bool) or not isinstance(info, dict):
+        raise TypeError("step flags must be bool and info a dict")
+    return StepResponse(observation=observation, reward=float(reward), terminated=terminated,
+                        truncated=truncated, info=dict(info))
+
+
+def _evaluate_response(result: Any) -> EvaluateResponse:
+    score, success = result
+    if not isinstance(success, bool) or not isinstance(score, (int, float)) or not 0.0 <= score <= 1.0:
+        raise TypeError(f"evaluate returned ({score!r}, {success!r}), expected (score in [0, 1], bool)")
+    return EvaluateResponse(score=float(score), success=success)
