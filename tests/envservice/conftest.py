@@ -1,0 +1,177 @@
+"""Fixtures of the envservice tests: in-process apps, throw-away test environments and a live service.
+
+Helpers are fixtures (not an importable package): verl's wheel installs a top-level `tests` package.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from envservice import registry
+from envservice.envs.base import StepResult, Task, TextEnv
+from envservice.server import Settings, create_app
+
+READY_LINE = re.compile(r"^envservice ready on (http://127\.0\.0\.1:(\d+)) \(envs: (.*)\)$")
+
+
+class CountingEnv(TextEnv):
+    """A tiny deterministic env: 'inc' adds one; reaching 3 ends the task; 'boom' raises (an env bug)."""
+
+    description = "test env: count to three"
+    splits = {"train": ["count"]}
+    params = {}
+    closes = 0
+
+    def reset(self, task: Task) -> tuple[str, dict[str, Any]]:
+        self.value = 0
+        return "value 0", {}
+
+    def close(self) -> None:
+        type(self).closes += 1
+
+    def step(self, action: str) -> StepResult:
+        if action == "boom":
+            raise RuntimeError("simulated crash inside the env")
+        if action != "inc":
+            return f"Invalid action {action!r}. Valid actions: inc.", 0.0, False, False, {}
+        self.value += 1
+        done = self.value >= 3
+        return f"value {self.value}", float(done), done, False, {}
+
+    def evaluate(self) -> tuple[float, bool]:
+        return (1.0 if self.value >= 3 else 0.0), self.value >= 3
+
+
+class NondeterministicEnv(CountingEnv):
+    """Breaks the contract: every reset shows a different observation."""
+
+    description = "test env: broken determinism"
+    _resets = 0
+
+    def reset(self, task: Task) -> tuple[str, dict[str, Any]]:
+        NondeterministicEnv._resets += 1
+        self.value = 0
+        return f"reset number {NondeterministicEnv._resets}", {}
+
+
+class NumpyRewardEnv(CountingEnv):
+    """Breaks the contract: returns an int flag instead of bool."""
+
+    description = "test env: wrong step types"
+
+    def step(self, action: str) -> StepResult:
+        return "x", 0.0, 0, False, {}  # type: ignore[return-value]
+
+
+class GatedEnv(CountingEnv):
+    """A slow env: 'wait' blocks until the test opens `gate` (or 10 s pass)."""
+
+    description = "test env: blocks on a gate"
+    gate = threading.Event()
+    entered = threading.Event()
+
+    def step(self, action: str) -> StepResult:
+        if action == "wait":
+            GatedEnv.entered.set()
+            GatedEnv.gate.wait(10)
+        return super().step(action)
+
+
+class CrashOnResetEnv(CountingEnv):
+    """Breaks in reset (an env bug at create time)."""
+
+    description = "test env: reset raises"
+
+    def reset(self, task: Task) -> tuple[str, dict[str, Any]]:
+        raise ValueError("simulated crash in reset")
+
+
+TEST_ENVS = {
+    "counting": CountingEnv,
+    "nondeterministic": NondeterministicEnv,
+    "wrongtypes": NumpyRewardEnv,
+    "gated": GatedEnv,
+    "crashonreset": CrashOnResetEnv,
+}
+
+
+@pytest.fixture
+def test_envs() -> Iterator[dict[str, type[TextEnv]]]:
+    """Register the throw-away test envs (max_steps 5, 3 sessions each) for one test, then remove them."""
+    for env_id, cls in TEST_ENVS.items():
+        registry.register(env_id, cls, max_steps=5, max_sessions=3)
+    yield TEST_ENVS
+    for env_id in TEST_ENVS:
+        registry.unregister(env_id)
+
+
+@pytest.fixture
+def make_client() -> Iterator[Callable[..., TestClient]]:
+    """Build an in-process service (`make_client(**Settings fields)`); its lifespan ends with the test."""
+    opened: list[TestClient] = []
+
+    def factory(**settings: Any) -> TestClient:
+        client = TestClient(create_app(Settings(**settings)), raise_server_exceptions=False)
+        client.__enter__()
+        opened.append(client)
+        return client
+
+    yield factory
+    for client in opened:
+        client.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="module")
+def live_service(repo_root: Path) -> Iterator[dict[str, Any]]:
+    """A real `python -m envservice --port 0` subprocess on loopback; yields its url, envs and process."""
+    cmd = [sys.executable, "-m", "envservice", "--port", "0", "--envs", "babyai,frozenlake", "--max-sessions", "4"]
+    proc = subprocess.Popen(cmd, cwd=repo_root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "ENVSERVICE_TOKEN": ""})
+    try:
+        line = _read_line(proc, timeout_s=60)
+        match = READY_LINE.match(line.strip())
+        assert match, f"unexpected first stdout line {line!r}; stderr: {proc.stderr.read() if proc.poll() is not None else ''}"
+        yield {"url": match.group(1), "port": int(match.group(2)), "envs": match.group(3).split(", "), "proc": proc}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:
+    """The first stdout line of `proc`, or fail after `timeout_s` (a hung start must not hang the suite)."""
+    box: list[str] = []
+    reader = threading.Thread(target=lambda: box.append(proc.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout_s)
+    if not box:
+        raise AssertionError(f"envservice printed no ready line within {timeout_s} s")
+    return box[0]
+
+
+@pytest.fixture
+def wait_for() -> Callable[[Callable[[], bool], float], bool]:
+    """Poll a condition until it holds or a deadline passes; returns whether it held."""
+
+    def poll(condition: Callable[[], bool], timeout_s: float) -> bool:
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            if condition():
+                return True
+            time.sleep(0.02)
+        return condition()
+
+    return poll

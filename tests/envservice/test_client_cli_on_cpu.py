@@ -1,0 +1,97 @@
+"""`EnvClient` retry rules with a scripted transport, and the command-line checks of `python -m envservice`."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+from requests.adapters import BaseAdapter
+
+from envservice.__main__ import is_loopback, main, parse_env_ids
+from envservice.client import EnvClient
+from envservice.errors import EnvServiceError
+
+OK_STEP = {"observation": "o", "reward": 0.0, "terminated": False, "truncated": False, "info": {}}
+
+
+class ScriptedAdapter(BaseAdapter):
+    """Answers requests from a script of (status, body) pairs or exceptions, and records them."""
+
+    def __init__(self, script: list) -> None:
+        super().__init__()
+        self.script, self.calls = list(script), 0
+
+    def send(self, request, **kwargs) -> requests.Response:
+        self.calls += 1
+        item = self.script.pop(0)
+        if isinstance(item, Exception):
+            raise item
+        response = requests.Response()
+        response.status_code, response._content = item[0], requests.compat.json.dumps(item[1]).encode()
+        response.headers["Content-Type"] = "application/json"
+        response.request = request
+        return response
+
+    def close(self) -> None:
+        pass
+
+
+def _client(script: list, retries: int = 3) -> tuple[EnvClient, ScriptedAdapter]:
+    client = EnvClient("http://envservice.test", retries=retries, backoff_s=0.001)
+    adapter = ScriptedAdapter(script)
+    client._http.mount("http://", adapter)
+    return client, adapter
+
+
+CAPACITY = (503, {"code": "capacity", "message": "full"})
+REFUSED = requests.ConnectionError("HTTPConnectionPool: Max retries exceeded (NewConnectionError: Connection refused)")
+
+
+def test_retries_503_then_succeeds() -> None:
+    client, adapter = _client([CAPACITY, CAPACITY, (200, OK_STEP)])
+    assert client.step("s", "a").observation == "o" and adapter.calls == 3
+
+
+def test_gives_up_after_bounded_retries_with_the_last_error() -> None:
+    client, adapter = _client([CAPACITY] * 3, retries=2)
+    with pytest.raises(EnvServiceError) as failure:
+        client.step("s", "a")
+    assert failure.value.status == 503 and adapter.calls == 3
+
+
+def test_does_not_retry_4xx() -> None:
+    client, adapter = _client([(409, {"code": "episode_over", "message": "over"}), (200, OK_STEP)])
+    with pytest.raises(EnvServiceError) as failure:
+        client.step("s", "a")
+    assert failure.value.code.value == "episode_over" and adapter.calls == 1
+
+
+def test_step_retries_refused_connection_but_not_a_dropped_one() -> None:
+    client, adapter = _client([REFUSED, (200, OK_STEP)])
+    assert client.step("s", "a").observation == "o" and adapter.calls == 2
+    dropped = requests.ConnectionError("Connection aborted: RemoteDisconnected")
+    client, adapter = _client([dropped, (200, OK_STEP)])
+    with pytest.raises(requests.ConnectionError):
+        client.step("s", "a")  # the action may have been applied: repeating it could act twice
+    assert adapter.calls == 1
+    client, adapter = _client([dropped, (200, {"score": 1.0, "success": True})])
+    assert client.evaluate("s").success and adapter.calls == 2  # evaluate is safe to repeat
+
+
+def test_response_is_validated_with_the_protocol_model() -> None:
+    client, _ = _client([(200, {**OK_STEP, "extra": 1})])
+    with pytest.raises(Exception, match="extra"):
+        client.step("s", "a")
+
+
+def test_cli_refuses_non_loopback_without_token(monkeypatch) -> None:
+    monkeypatch.delenv("ENVSERVICE_TOKEN", raising=False)
+    with pytest.raises(SystemExit, match="refusing to bind non-loopback host '0.0.0.0' without a token"):
+        main(["--host", "0.0.0.0", "--port", "0"])
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("example.org")
+
+
+def test_cli_unknown_env_lists_valid_ids() -> None:
+    with pytest.raises(SystemExit, match=r"unknown id\(s\) \['chess'\]; valid ids: babyai, frozenlake, textcraft"):
+        parse_env_ids("babyai,chess")
+    assert parse_env_ids("textcraft, babyai") == ["textcraft", "babyai"]

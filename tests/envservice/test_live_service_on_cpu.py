@@ -1,0 +1,81 @@
+"""The real service as a subprocess (`python -m envservice --port 0`) driven through `EnvClient`."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import gymnasium as gym
+import pytest
+from minigrid.utils.baby_ai_bot import BabyAIBot
+
+from envservice.client import EnvClient
+from envservice.envs.babyai import ACTIONS
+from envservice.envs.frozenlake import shortest_path_actions
+from envservice.errors import EnvServiceError
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_ready_line_shows_real_port_and_envs(live_service) -> None:
+    assert live_service["port"] > 0 and live_service["envs"] == ["babyai", "frozenlake"]
+    health = EnvClient(live_service["url"]).wait_until_healthy(10)
+    assert health.status == "ok" and health.envs == ["babyai", "frozenlake"]
+
+
+def test_babyai_episode_solved_by_bot_over_http(live_service) -> None:
+    level = "BabyAI-GoToLocal-v0"
+    with EnvClient(live_service["url"], timeout=10) as client:
+        created = client.create("babyai", task_id=level, seed=12)
+        assert created.observation.startswith("Mission: go to")
+        twin = gym.make(level).unwrapped  # the bot plans on a local twin with the same seed
+        twin.reset(seed=12)
+        bot = BabyAIBot(twin)
+        for _ in range(64):
+            action = bot.replan()
+            twin.step(action)
+            step = client.step(created.session_id, ACTIONS[int(action)])
+            if step.terminated or step.truncated:
+                break
+        assert step.terminated and not step.truncated and step.reward > 0
+        evaluation = client.evaluate(created.session_id)
+        assert evaluation.success and 0.0 < evaluation.score <= 1.0
+        assert client.release(created.session_id).released
+
+
+def test_frozenlake_oracle_over_http(live_service) -> None:
+    with EnvClient(live_service["url"]) as client:
+        created = client.create("frozenlake", task_id=9, seed=0, params={"size": 6})
+        for action in shortest_path_actions(created.info["map"]):
+            step = client.step(created.session_id, action)
+        assert step.terminated and step.reward == 1.0
+        assert client.evaluate(created.session_id).success
+        client.release(created.session_id)
+
+
+def test_client_raises_typed_errors(live_service) -> None:
+    with EnvClient(live_service["url"]) as client:
+        with pytest.raises(EnvServiceError) as failure:
+            client.create("textcraft")  # not served by this instance
+        assert (failure.value.code.value, failure.value.status) == ("unknown_env", 404)
+        assert failure.value.valid_choices == ["babyai", "frozenlake"]
+        with pytest.raises(EnvServiceError) as failure:
+            client.step("no-such-session", "go forward")
+        assert (failure.value.code.value, failure.value.status) == ("unknown_session", 404)
+
+
+def test_client_retries_503_until_a_slot_frees(live_service) -> None:
+    """The service runs with --max-sessions 4: a fifth create waits (503 + backoff) until one is released."""
+    with EnvClient(live_service["url"], retries=6, backoff_s=0.1) as client:
+        held = [client.create("frozenlake", task_id=0, seed=0).session_id for _ in range(4)]
+        with pytest.raises(EnvServiceError) as failure:
+            EnvClient(live_service["url"], retries=0).create("frozenlake")
+        assert (failure.value.code.value, failure.value.status) == ("capacity", 503)
+        releaser = threading.Timer(0.3, client.release, args=(held.pop(),))
+        releaser.start()
+        started = time.monotonic()
+        held.append(client.create("frozenlake", task_id=0, seed=0).session_id)
+        assert time.monotonic() - started >= 0.25
+        releaser.join()
+        for session_id in held:
+            client.release(session_id)
