@@ -1,0 +1,166 @@
+"""Load test of envservice: hold many sessions of a cheap env and step them from many client threads.
+
+    .venv/bin/python bench/envservice_load.py --sessions 1000 --threads 32 --duration 20
+
+Starts `python -m envservice --port 0` on 127.0.0.1 (loopback only), opens the sessions, steps them for
+`--duration` seconds (or `--max-steps` steps, whichever comes first), then prints sessions held, steps/s,
+p50/p99 step latency, errors and the server's resident memory, and stops the server it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from envservice.client import EnvClient
+from envservice.errors import EnvServiceError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+READY = re.compile(r"envservice ready on (http://127\.0\.0\.1:\d+)")
+ACTIONS = ("left", "up")  # the agent stays in the start corner: episodes end only by truncation
+
+
+def parse_args() -> argparse.Namespace:
+    """Command-line options."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, default=1000, help="sessions to hold open (default 1000)")
+    parser.add_argument("--threads", type=int, default=32, help="client threads stepping them (default 32)")
+    parser.add_argument("--duration", type=float, default=20.0, help="seconds of stepping (default 20)")
+    parser.add_argument("--max-steps", type=int, default=200_000, help="stop after this many steps")
+    parser.add_argument("--env", default="frozenlake", help="env id (default frozenlake: cheap)")
+    return parser.parse_args()
+
+
+def start_service(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
+    """Start the service on a free loopback port and return it with its url."""
+    cmd = [sys.executable, "-m", "envservice", "--port", "0", "--envs", args.env,
+           "--max-sessions", str(args.sessions + args.threads)]
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    match = READY.search(line)
+    if not match:
+        proc.kill()
+        raise SystemExit(f"envservice did not start: first line {line!r}")
+    return proc, match.group(1)
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of a process in MB (Linux /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+class Stepper:
+    """Steps a slice of sessions round-robin and records latencies and errors."""
+
+    def __init__(self, client: EnvClient, env_id: str, session_ids: list[str]) -> None:
+        self.client, self.env_id, self.session_ids = client, env_id, session_ids
+        self.latencies: list[float] = []
+        self.errors: dict[str, int] = {}
+
+    def run(self, stop: threading.Event, budget: "Budget") -> None:
+        """Step until `stop` is set or the shared step budget is spent."""
+        turn = 0
+        while not stop.is_set() and self.session_ids and budget.take():
+            index = turn % len(self.session_ids)
+            self._step_one(index, ACTIONS[turn % 2])
+            turn += 1
+
+    def _step_one(self, index: int, action: str) -> None:
+        started = time.perf_counter()
+        try:
+            response = self.client.step(self.session_ids[index], action)
+            self.latencies.append(time.perf_counter() - started)
+            if response.terminated or response.truncated:
+                self._renew(index)
+        except (EnvServiceError, OSError) as exc:
+            key = getattr(getattr(exc, "code", None), "value", type(exc).__name__)
+            self.errors[key] = self.errors.get(key, 0) + 1
+
+    def _renew(self, index: int) -> None:
+        self.client.release(self.session_ids[index])
+        self.session_ids[index] = self.client.create(self.env_id).session_id
+
+
+class Budget:
+    """A thread-safe step counter with a ceiling."""
+
+    def __init__(self, limit: int) -> None:
+        self.left, self._lock = limit, threading.Lock()
+
+    def take(self) -> bool:
+        """Take one step from the budget; False once it is spent."""
+        with self._lock:
+            self.left -= 1
+            return self.left >= 0
+
+
+def open_sessions(client: EnvClient, env_id: str, count: int, threads: int) -> list[str]:
+    """Create `count` sessions concurrently."""
+    with ThreadPoolExecutor(threads) as pool:
+        return list(pool.map(lambda _: client.create(env_id).session_id, range(count)))
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-quantile (0..1) of `values` (nearest rank)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def run_load(args: argparse.Namespace, client: EnvClient, pid: int) -> None:
+    """Open the sessions, step them, print the figures."""
+    started = time.perf_counter()
+    session_ids = open_sessions(client, args.env, args.sessions, args.threads)
+    opened_s = time.perf_counter() - started
+    held = client.health().sessions
+    steppers = [Stepper(client, args.env, session_ids[i :: args.threads]) for i in range(args.threads)]
+    stop, budget = threading.Event(), Budget(args.max_steps)
+    workers = [threading.Thread(target=s.run, args=(stop, budget)) for s in steppers]
+    started = time.perf_counter()
+    for worker in workers:
+        worker.start()
+    stop.wait(args.duration)
+    stop.set()
+    for worker in workers:
+        worker.join()
+    elapsed = time.perf_counter() - started
+    latencies = [x for s in steppers for x in s.latencies]
+    errors: dict[str, int] = {}
+    for stepper in steppers:
+        for key, n in stepper.errors.items():
+            errors[key] = errors.get(key, 0) + n
+    print(f"env={args.env} sessions_held={held} opened_in={opened_s:.1f}s threads={args.threads} "
+          f"steps={len(latencies)} in {elapsed:.1f}s steps_per_s={len(latencies) / elapsed:.0f} "
+          f"p50_ms={percentile(latencies, 0.5) * 1e3:.1f} p99_ms={percentile(latencies, 0.99) * 1e3:.1f} "
+          f"errors={errors or 0} server_rss_mb={rss_mb(pid):.0f}")
+
+
+def main() -> int:
+    """Entry point."""
+    args = parse_args()
+    proc, url = start_service(args)
+    try:
+        client = EnvClient(url, timeout=30, pool_size=args.threads)
+        client.wait_until_healthy(30)
+        run_load(args, client, proc.pid)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
