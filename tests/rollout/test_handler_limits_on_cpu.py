@@ -1,0 +1,126 @@
+"""Hand-worked limits of RolloutHandler: response truncation, prompt cap, termination, bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+from recipe.beyond_agent.rollout import RolloutHandler
+
+TASK = [{"role": "user", "content": "Task: open the door."}]
+EOS = 2  # <|im_end|> in the tiny ChatML tokenizer
+
+
+@pytest.fixture
+def tok(chatml_tokenizer):
+    """The tiny ChatML tokenizer; its eos (<|im_end|>) is id 2."""
+    assert chatml_tokenizer.eos_token_id == EOS
+    return chatml_tokenizer
+
+
+def test_assistant_turn_over_budget_keeps_what_fits_and_records_length(tok):
+    handler = RolloutHandler(tok, TASK, max_prompt_length=64, max_response_length=3)
+    handler.add_assistant([300, 301, 302, 303, EOS], [-0.1, -0.2, -0.3, -0.4, -0.5])
+
+    assert handler.response_ids == [300, 301, 302]
+    assert handler.response_mask == [1, 1, 1]
+    assert handler.response_logprobs == [-0.1, -0.2, -0.3]
+    assert handler.termination == "length" and handler.done
+    assert handler.remaining_response_length == 0
+
+
+def test_observation_over_budget_is_cut_and_stops_the_episode(tok):
+    handler = RolloutHandler(tok, TASK, max_prompt_length=64, max_response_length=8)
+    handler.add_assistant([300, 301, 302, EOS], [-0.5, -0.5, -0.5, -0.5])
+    handler.add_observation("a long observation that does not fit in the few tokens left")
+
+    assert len(handler.response_ids) == 8
+    assert handler.response_ids[:5] == [300, 301, 302, EOS, tok.encode("\n")[0]]
+    assert handler.response_mask == [1, 1, 1, 1, 0, 0, 0, 0]
+    assert handler.response_logprobs == [-0.5, -0.5, -0.5, -0.5, 0.0, 0.0, 0.0, 0.0]
+    assert handler.termination == "length"
+    with pytest.raises(RuntimeError, match="termination='length'"):
+        handler.add_assistant([300, EOS])
+
+
+def test_exact_fit_is_not_a_truncation(tok):
+    handler = RolloutHandler(tok, TASK, max_prompt_length=64, max_response_length=4)
+    handler.add_assistant([300, 301, 302, EOS])
+    assert handler.termination is None and handler.remaining_response_length == 0
+    handler.finish("done")
+    assert handler.termination == "done"
+
+
+def test_finish_keeps_an_earlier_length_truncation(tok):
+    handler = RolloutHandler(tok, TASK, max_prompt_length=64, max_response_length=2)
+    handler.add_assistant([300, 301, 302])
+    handler.finish("max_rounds")
+    assert handler.termination == "length"
+
+
+def test_attention_mask_and_positions_cover_prompt_and_response(tok):
+    handler = RolloutHandler(tok, TASK, max_prompt_length=64, max_response_length=16)
+    prompt_len = len(handler.prompt_ids)
+    handler.add_assistant([300, 301, EOS])
+    assert handler.attention_mask == [1] * (prompt_len + 3)
+    assert handler.position_ids == list(range(prompt_len + 3))
+    assert handler.prompt_ids_for_next_turn() == handler.prompt_ids + [300, 301, EOS]
+
+
+def test_long_prompt_keeps_its_tail_and_records_it(tok, render_ids):
+    full = render_ids(tok, TASK)
+    handler = RolloutHandler(tok, TASK, max_prompt_length=5, max_response_length=16)
+    assert handler.prompt_ids == full[-5:]
+    assert handler.prompt_truncated is True
+    assert RolloutHandler(tok, TASK, max_prompt_length=len(full), max_response_length=16).prompt_truncated is False
+
+
+def test_long_prompt_raises_under_error_policy(tok):
+    with pytest.raises(ValueError, match=r"max_prompt_length=5 \(prompt_truncation='error'"):
+        RolloutHandler(tok, TASK, max_prompt_length=5, max_response_length=16, prompt_truncation="error")
+
+
+def test_missing_logprobs_are_reported_as_none(tok):
+    handler = RolloutHandler(tok, TASK, max_prompt_length=64, max_response_length=16)
+    handler.add_assistant([300, EOS])
+    assert handler.response_logprobs is None
+    assert handler.to_episode().response_logprobs is None
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"prompt_truncation": "middle"}, r"'middle' is not valid; choose one of \('left', 'error'\)"),
+        ({"max_response_length": 0}, "max_response_length must be a positive int, got 0"),
+        ({"messages": []}, "messages is empty"),
+        ({"messages": [{"role": "user"}]}, "message 0 needs 'role' and 'content'"),
+        ({"messages": [{"role": "assistant", "content": "hi"}]}, "from 'assistant' but should be the task"),
+    ],
+)
+def test_constructor_rejects_bad_arguments(tok, kwargs, message):
+    args = {"messages": TASK, "max_prompt_length": 64, "max_response_length": 16} | kwargs
+    with pytest.raises(ValueError, match=message):
+        RolloutHandler(tok, **args)
+
+
+def test_out_of_order_and_malformed_turns_are_rejected(tok):
+    handler = RolloutHandler(tok, TASK, max_prompt_length=64, max_response_length=64)
+    with pytest.raises(ValueError, match="observation after a 'user' message"):
+        handler.add_observation("too early")
+    with pytest.raises(ValueError, match="logprobs has 1 values but token_ids has 2 tokens"):
+        handler.add_assistant([300, EOS], [-0.1])
+    handler.add_assistant([300, EOS])
+    with pytest.raises(ValueError, match="add_assistant called twice in a row"):
+        handler.add_assistant([301, EOS])
+    with pytest.raises(ValueError, match=r"role 'assistant'; valid roles are \('user', 'tool'\)"):
+        handler.add_observation("hi", role="assistant")
+    with pytest.raises(ValueError, match="termination reason 'won' is not valid; choose one of"):
+        handler.finish("won")
+
+
+def test_turns_after_a_capped_prompt_still_follow_the_template(tok, render_ids):
+    handler = RolloutHandler(tok, TASK, max_prompt_length=5, max_response_length=64)
+    handler.add_assistant(tok.encode("open door", add_special_tokens=False) + [EOS])
+    handler.add_observation("The door is open.")
+    golden = render_ids(tok, handler.messages)
+    # Only the prompt's head is gone; the deltas are computed from the full text, not from the kept ids.
+    assert handler.prompt_ids_for_next_turn() == golden[len(golden) - 5 - len(handler.response_ids):]
