@@ -5,23 +5,18 @@ Helpers are fixtures (not an importable package): verl's wheel installs a top-le
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
 from fastapi.testclient import TestClient
 
 from envservice import registry
+from envservice.process import EnvServiceProcess
 from envservice.envs.base import StepResult, Task, TextEnv
 from envservice.server import Settings, create_app
 
-READY_LINE = re.compile(r"^envservice ready on (http://127\.0\.0\.1:(\d+)) \(envs: (.*)\)$")
 
 
 class CountingEnv(TextEnv):
@@ -132,34 +127,13 @@ def make_client() -> Iterator[Callable[..., TestClient]]:
 
 
 @pytest.fixture(scope="module")
-def live_service(repo_root: Path) -> Iterator[dict[str, Any]]:
-    """A real `python -m envservice --port 0` subprocess on loopback; yields its url, envs and process."""
-    cmd = [sys.executable, "-m", "envservice", "--port", "0", "--envs", "babyai,frozenlake", "--max-sessions", "4"]
-    proc = subprocess.Popen(cmd, cwd=repo_root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "ENVSERVICE_TOKEN": ""})
-    try:
-        line = _read_line(proc, timeout_s=60)
-        match = READY_LINE.match(line.strip())
-        assert match, f"unexpected first stdout line {line!r}; stderr: {proc.stderr.read() if proc.poll() is not None else ''}"
-        yield {"url": match.group(1), "port": int(match.group(2)), "envs": match.group(3).split(", "), "proc": proc}
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:
-    """The first stdout line of `proc`, or fail after `timeout_s` (a hung start must not hang the suite)."""
-    box: list[str] = []
-    reader = threading.Thread(target=lambda: box.append(proc.stdout.readline()), daemon=True)
-    reader.start()
-    reader.join(timeout_s)
-    if not box:
-        raise AssertionError(f"envservice printed no ready line within {timeout_s} s")
-    return box[0]
+def live_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A real `python -m envservice --port 0` subprocess on loopback; yields its url, port, envs and process."""
+    log = tmp_path_factory.mktemp("envservice") / "service.log"
+    with EnvServiceProcess(["babyai", "frozenlake"], extra_args=["--max-sessions", "4"], log_path=log,
+                           startup_timeout_s=60, env={"ENVSERVICE_TOKEN": ""}) as service:
+        port = int(service.url.rsplit(":", 1)[1])
+        yield {"url": service.url, "port": port, "envs": service.envs, "proc": service.process}
 
 
 @pytest.fixture
