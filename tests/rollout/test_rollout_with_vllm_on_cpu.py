@@ -78,3 +78,21 @@ def test_real_episodes_keep_sampled_ids_and_render_the_chat(tiny_vllm_server, ti
     batch, kept = build_training_batch(output.results, tokenizer.pad_token_id, 1024, 512)
     assert batch.batch["responses"].shape == (6, 512) and batch.batch["prompts"].shape == (6, 1024)
     assert kept == list(range(6))
+
+
+def test_collect_cli_writes_one_line_per_episode(tiny_vllm_server, tiny_model_dir, tmp_path, capsys):
+    import json
+
+    from recipe.beyond_agent.collect import main
+
+    out = tmp_path / "episodes.jsonl"
+    main(["--env", "frozenlake", "--tasks", "0:2", "--n", "2", "--max-rounds", "2", "--model", str(tiny_model_dir),
+          "--vllm-url", tiny_vllm_server.base_url, "--max-tokens-per-turn", "8", "--out", str(out)])
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["task"], r["group"]) for r in lines] == [(0, "frozenlake:0")] * 2 + [(1, "frozenlake:1")] * 2
+    for record in lines:
+        assert record["termination"] in ("done", "max_rounds", "length")
+        assert len(record["response_ids"]) == len(record["response_mask"]) == len(record["response_logprobs"])
+        assert record["messages"][0]["role"] == "system" and record["prompt_ids"]
+    printed = capsys.readouterr().out
+    assert "success rate" in printed and "episodes/s" in printed
