@@ -47,23 +47,6 @@ def episode_specs(env_id: str, split: str, tasks: list[int], n: int, seed: int) 
             for i, task in enumerate(tasks) for k in range(n)]
 
 
-def episode_record(result: EpisodeResult) -> dict:
-    """The JSON line of one episode."""
-    episode = result.episode
-    return {
-        "env": result.spec.env_id, "task": result.spec.task_id, "split": result.spec.split,
-        "seed": result.spec.seed, "group": result.spec.group_id, "messages": result.messages,
-        "prompt_ids": episode.prompt_ids if episode else [],
-        "response_ids": episode.response_ids if episode else [],
-        "response_mask": episode.response_mask if episode else [],
-        "response_logprobs": episode.response_logprobs if episode else [],
-        "reward": result.reward, "success": result.success, "rounds": result.rounds,
-        "termination": result.termination, "error": result.error,
-        "env_time_s": round(result.env_time_s, 4), "llm_time_s": round(result.llm_time_s, 4),
-        "wall_time_s": round(result.wall_time_s, 4),
-    }
-
-
 @contextlib.contextmanager
 def vllm_urls(args: argparse.Namespace) -> Iterator[list[str]]:
     """The given vLLM URLs, or one server we start (and stop) for --model."""
@@ -126,7 +109,7 @@ def _write_jsonl(path: Path, results: list[EpisodeResult]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as out:
         for result in results:
-            out.write(json.dumps(episode_record(result)) + "\n")
+            out.write(json.dumps(result.to_record()) + "\n")
     print(f"[collect] wrote {len(results)} episodes to {path}", file=sys.stderr)
 
 

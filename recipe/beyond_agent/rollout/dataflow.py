@@ -107,6 +107,22 @@ class EpisodeResult:
         """True when the episode ended for an infrastructure reason (not to be trained on)."""
         return self.termination in INFRA_FAILURES
 
+    def to_record(self) -> dict[str, Any]:
+        """One JSON-serialisable line: env, task, chat, ids, masks, log-probs, outcome and timings."""
+        episode = self.episode
+        return {
+            "env": self.spec.env_id, "task": self.spec.task_id, "split": self.spec.split, "seed": self.spec.seed,
+            "group": self.spec.group_id, "messages": self.messages,
+            "prompt_ids": episode.prompt_ids if episode else [],
+            "response_ids": episode.response_ids if episode else [],
+            "response_mask": episode.response_mask if episode else [],
+            "response_logprobs": (episode.response_logprobs or []) if episode else [],
+            "reward": self.reward, "success": self.success, "rounds": self.rounds,
+            "termination": self.termination, "error": self.error,
+            "env_time_s": round(self.env_time_s, 4), "llm_time_s": round(self.llm_time_s, 4),
+            "wall_time_s": round(self.wall_time_s, 4),
+        }
+
 
 class _EpisodeFailure(Exception):
     """Ends an episode with an infrastructure termination reason."""

@@ -1,0 +1,89 @@
+"""Tasks as data: write the train/val parquet files verl's dataloader reads, one row per (env, task).
+
+    python -m recipe.beyond_agent.data --env babyai --train-tasks 0:64 --val-tasks 0:16 --out data/babyai
+
+Each row's `prompt` is the env's first observation of that task (asked from envservice, which this
+starts unless given `--envservice-url`); `extra_info` holds env_id, task_id, seed and split, which is all
+BeyondAgentLoopManager needs to replay the task. The prompt in the file is for verl's length filter and
+logs: the episode itself always starts from a fresh session.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from pathlib import Path
+from typing import Iterator
+
+from recipe.beyond_agent.collect import parse_tasks
+
+
+def task_rows(client, env_id: str, split: str, tasks: list[int], seed: int) -> list[dict]:
+    """One verl RL row per task, with the first observation as the user prompt."""
+    rows = []
+    for index, task in enumerate(tasks):
+        created = client.create(env_id, task_id=task, seed=seed + task, split=split)
+        try:
+            observation = created.observation
+        finally:
+            client.release(created.session_id)
+        rows.append({
+            "data_source": env_id,
+            "prompt": [{"role": "user", "content": observation}],
+            "ability": "agent",
+            "reward_model": {"style": "env", "ground_truth": ""},
+            "extra_info": {"env_id": env_id, "task_id": task, "seed": seed + task, "split": split, "index": index},
+        })
+    return rows
+
+
+def write_parquet(rows: list[dict], path: Path) -> None:
+    import pandas as pd
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_parquet(path)
+
+
+@contextlib.contextmanager
+def service_url(env_id: str, url: str | None) -> Iterator[str]:
+    """The given envservice URL, or a service we start for the duration."""
+    if url:
+        yield url
+        return
+    from envservice.process import EnvServiceProcess
+
+    with EnvServiceProcess([env_id]) as service:
+        yield service.url
+
+
+def write_task_files(env_id: str, out: Path, train_tasks: list[int], val_tasks: list[int], seed: int = 0,
+                     val_split: str = "test", envservice_url: str | None = None) -> tuple[Path, Path]:
+    """Write out/train.parquet and out/val.parquet; return their paths."""
+    from envservice.client import EnvClient
+
+    with service_url(env_id, envservice_url) as url, EnvClient(url) as client:
+        train_rows = task_rows(client, env_id, "train", train_tasks, seed)
+        val_rows = task_rows(client, env_id, val_split, val_tasks, seed)
+    train_path, val_path = out / "train.parquet", out / "val.parquet"
+    write_parquet(train_rows, train_path)
+    write_parquet(val_rows, val_path)
+    return train_path, val_path
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m recipe.beyond_agent.data", description=__doc__.splitlines()[0])
+    parser.add_argument("--env", required=True, help="envservice env id, e.g. babyai")
+    parser.add_argument("--train-tasks", type=parse_tasks, default=parse_tasks("0:64"))
+    parser.add_argument("--val-tasks", type=parse_tasks, default=parse_tasks("0:16"))
+    parser.add_argument("--val-split", default="test", help="split the validation tasks come from")
+    parser.add_argument("--seed", type=int, default=0, help="task seed = seed + task index")
+    parser.add_argument("--envservice-url", default=None)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    train, val = write_task_files(args.env, args.out, args.train_tasks, args.val_tasks, args.seed, args.val_split,
+                                  args.envservice_url)
+    print(f"wrote {len(args.train_tasks)} train rows to {train} and {len(args.val_tasks)} val rows to {val}")
+
+
+if __name__ == "__main__":
+    main()
