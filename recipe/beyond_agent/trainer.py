@@ -1,0 +1,38 @@
+"""BeyondAgentTrainer: verl's RayPPOTrainer with BeyondAgent's multi-turn environment rollout.
+
+verl's `fit()` runs unchanged. The trainer only fills verl's rollout-manager seam
+(`actor_rollout_ref.rollout.agent.agent_loop_manager_class`) with `BeyondAgentLoopManager`, which plays
+every episode against envservice with the round limit `RoundScheduler.max_rounds(global_step)`, returns
+env rewards as `rm_scores`, and reports its figures through verl's tracker. Our config is validated here,
+before any worker starts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import open_dict
+from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+from recipe.beyond_agent.settings import BeyondAgentSettings
+from recipe.beyond_agent.utils.verl_pin import ensure_pinned_verl
+
+MANAGER_CLASS = "recipe.beyond_agent.rollout_manager.BeyondAgentLoopManager"
+
+
+def use_beyond_agent_rollout(config: Any) -> None:
+    """Point verl's rollout-manager seam at our manager unless the user named another one."""
+    with open_dict(config):
+        agent = config.actor_rollout_ref.rollout.agent
+        if not agent.get("agent_loop_manager_class"):
+            agent.agent_loop_manager_class = MANAGER_CLASS
+
+
+class BeyondAgentTrainer(RayPPOTrainer):
+    """RayPPOTrainer whose rollout is BeyondAgent's ParallelEnvManager (see the module docstring)."""
+
+    def __init__(self, config: Any, *args: Any, **kwargs: Any):
+        ensure_pinned_verl()
+        self.beyond_agent = BeyondAgentSettings.from_config(config)  # fails early with the bad key named
+        use_beyond_agent_rollout(config)
+        super().__init__(config, *args, **kwargs)
