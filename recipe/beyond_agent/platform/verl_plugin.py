@@ -1,0 +1,19 @@
+"""The ``verl.plugins`` entry point: registers the CPU platform in every process that imports verl.
+
+verl imports each ``verl.plugins`` entry point at ``import verl`` (and ``VERL_USE_EXTERNAL_MODULES``
+names modules to import the same way), which is what makes the registration reach every Ray worker.
+Importing this module changes nothing unless ``VERL_PLATFORM=cpu``: GPU runs never see the platform.
+"""
+
+import os
+
+
+def cpu_platform_requested() -> bool:
+    """True when the user selected verl's platform ``cpu`` (``VERL_PLATFORM=cpu``)."""
+    return os.environ.get("VERL_PLATFORM", "").strip().lower() == "cpu"
+
+
+if cpu_platform_requested():
+    from recipe.beyond_agent.platform.cpu import register_cpu_platform
+
+    register_cpu_platform()
