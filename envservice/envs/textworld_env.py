@@ -1,0 +1,166 @@
+"""TextWorld (textworld 1.7.0): text adventure games generated offline, one game per task.
+
+A task `game-<i>` of a split is the game TextWorld's generator makes from a seed fixed by (split, i) and
+the size params; train and test use disjoint seeds. Games are compiled once (Inform 7, ~1-2 s) and cached
+on disk under `$BEYOND_AGENT_TEXTWORLD_CACHE` (default `~/.cache/beyond_agent/textworld`); later resets of
+the same game only load the file. Reward is the change of the game's score over its maximum.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+from typing import Any, Mapping
+
+import textworld
+from textworld import EnvInfos, GameOptions
+from textworld.generator import compile_game, make_game
+
+from envservice.envs.base import StepResult, Task, TextEnv
+from envservice.errors import EnvServiceError
+from envservice.protocol import ErrorCode
+
+CACHE_ENV = "BEYOND_AGENT_TEXTWORLD_CACHE"
+"""Environment variable naming the folder of compiled games."""
+
+DEFAULT_CACHE = "~/.cache/beyond_agent/textworld"
+
+SPLIT_SEED_OFFSET = {"train": 0, "test": 10_000_000}
+"""Added to the task index to form the generator seed: the splits never share a game."""
+
+SIZE_PARAMS: dict[str, tuple[int, int, int]] = {
+    "rooms": (3, 1, 20),
+    "objects": (6, 0, 40),
+    "quest_length": (3, 1, 10),
+}
+"""Game size params: (default, minimum, maximum)."""
+
+_BANNER_CHARS = set(" _|\\/$<>-")
+_REQUEST_INFOS = EnvInfos(policy_commands=True, won=True, lost=True, score=True, max_score=True, objective=True)
+_GENERATION_LOCKS: dict[str, threading.Lock] = {}
+_GENERATION_LOCKS_GUARD = threading.Lock()
+
+
+def cache_dir() -> Path:
+    """The folder of compiled games (`$BEYOND_AGENT_TEXTWORLD_CACHE` or `~/.cache/beyond_agent/textworld`)."""
+    return Path(os.path.expanduser(os.environ.get(CACHE_ENV) or DEFAULT_CACHE))
+
+
+def game_size(params: Mapping[str, Any]) -> dict[str, int]:
+    """The size params of a task with defaults filled in; a bad value names the param and its valid range."""
+    size = {}
+    for name, (default, low, high) in SIZE_PARAMS.items():
+        value = params.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise EnvServiceError(ErrorCode.bad_request,
+                                  f"params.{name}={value!r} is invalid: give an integer in {low}..{high}")
+        size[name] = value
+    return size
+
+
+def game_seed(task: Task) -> int:
+    """The generator seed of a task: fixed by its split and index."""
+    return SPLIT_SEED_OFFSET[task.split] + task.index
+
+
+def game_path(task: Task) -> Path:
+    """Where the compiled game of `task` is cached (the name holds every input of the generator)."""
+    size = game_size(task.params)
+    name = "{}-{}-r{rooms}-o{objects}-q{quest_length}.z8".format(task.split, task.index, **size)
+    return cache_dir() / f"textworld-{textworld.__version__}" / name
+
+
+def ensure_game(task: Task) -> Path:
+    """The cached game file of `task`, generating and compiling it first when it is missing."""
+    path = game_path(task)
+    with _generation_lock(str(path)):
+        if not path.is_file():
+            _generate(task, path)
+    return path
+
+
+def _generation_lock(key: str) -> threading.Lock:
+    with _GENERATION_LOCKS_GUARD:
+        return _GENERATION_LOCKS.setdefault(key, threading.Lock())
+
+
+def _generate(task: Task, path: Path) -> None:
+    """Make and compile the game in a temporary folder, then move it in place (the .z8 last: it marks done)."""
+    size = game_size(task.params)
+    options = GameOptions()
+    options.seeds = game_seed(task)
+    options.nb_rooms, options.nb_objects, options.quest_length = size["rooms"], size["objects"], size["quest_length"]
+    options.force_recompile = True
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".tmp-") as tmp:
+        options.path = os.path.join(tmp, path.name)
+        compiled = Path(compile_game(make_game(options), options))
+        os.replace(compiled.with_suffix(".json"), path.with_suffix(".json"))
+        os.replace(compiled, path)
+
+
+def clean_text(text: str) -> str:
+    """Drop the ASCII-art banner of the first observation and the trailing '>' prompt line."""
+    lines = text.split("\n")
+    while lines and set(lines[0]) <= _BANNER_CHARS:
+        lines.pop(0)
+    cleaned = "\n".join(lines)
+    prompt = cleaned.rfind("\n>")
+    if prompt != -1:
+        cleaned = cleaned[:prompt]
+    return cleaned.strip()
+
+
+class TextWorldEnv(TextEnv):
+    """A generated TextWorld game; actions are parser commands ('go east', 'take key', 'open chest')."""
+
+    description = ("TextWorld (textworld 1.7.0): generated text adventures with a quest; actions are parser "
+                   "commands such as 'go east', 'take apple', 'open box', 'eat apple'.")
+    splits = {"train": [f"game-{i}" for i in range(10_000)], "test": [f"game-{i}" for i in range(1_000)]}
+    params = {
+        name: f"{name.replace('_', ' ').capitalize()} of the generated game, {low}..{high} (default {default})."
+        for name, (default, low, high) in SIZE_PARAMS.items()
+    }
+
+    def __init__(self) -> None:
+        self._env: textworld.Environment | None = None
+        self._state: textworld.GameState | None = None
+        self._policy: list[str] = []
+
+    def reset(self, task: Task) -> tuple[str, dict[str, Any]]:
+        """Load (generating on first use) the task's game and start it."""
+        path = ensure_game(task)
+        self.close()
+        with warnings.catch_warnings():  # jericho warns that it cannot track TextWorld games; TextWorld does
+            warnings.filterwarnings("ignore", message=".*is not fully supported")
+            self._env = textworld.start(str(path), request_infos=_REQUEST_INFOS)
+        self._state = self._env.reset()
+        self._policy = list(self._state["policy_commands"])
+        info = {"game": task.name, "objective": self._state["objective"], "max_score": self._state["max_score"]}
+        return clean_text(self._state.feedback), info
+
+    def step(self, action: str) -> StepResult:
+        """Run one command; reward is the score gained over the game's maximum score."""
+        before = self._state["score"]
+        self._state, score, done = self._env.step(action.strip())
+        reward = (score - before) / max(1, self._state["max_score"])
+        info = {"won": bool(self._state["won"]), "lost": bool(self._state["lost"])}
+        return clean_text(self._state.feedback), float(reward), bool(done), False, info
+
+    def evaluate(self) -> tuple[float, bool]:
+        """Score: the game's score over its maximum; success when the quest is won."""
+        score = self._state["score"] / max(1, self._state["max_score"])
+        return min(1.0, max(0.0, float(score))), bool(self._state["won"])
+
+    def gold_actions(self) -> list[str]:
+        """TextWorld's walkthrough for the game as it was at reset (an oracle for tests)."""
+        return list(self._policy)
+
+    def close(self) -> None:
+        """Close the game interpreter."""
+        if self._env is not None:
+            self._env.close()
+            self._env = None

@@ -1,0 +1,78 @@
+"""TextWorld through envservice: generated games are cached per (split, index, size), deterministic, and their
+walkthrough wins; bad size params are refused by name; `check_env` passes."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import envservice
+from envservice.envs.textworld_env import CACHE_ENV, TextWorldEnv, clean_text, game_path
+from envservice.errors import EnvServiceError
+
+
+@pytest.fixture(autouse=True)
+def game_cache(tmp_path_factory, monkeypatch):
+    """Compiled games go to a folder shared by this module's tests (not the user's cache)."""
+    folder = tmp_path_factory.getbasetemp() / "textworld-cache"
+    monkeypatch.setenv(CACHE_ENV, str(folder))
+    return folder
+
+
+def _task(index: int, split: str = "train", **params):
+    return TextWorldEnv.resolve_task(index, split, 0, params)
+
+
+@pytest.mark.timeout(120)
+def test_walkthrough_wins_through_the_service(make_client) -> None:
+    client = make_client(env_ids=["textworld"])
+    for split, index in (("train", 0), ("train", 1), ("test", 0)):
+        oracle = TextWorldEnv()
+        oracle.reset(_task(index, split))
+        actions = oracle.gold_actions()
+        oracle.close()
+        created = client.post("/create", json={"env_id": "textworld", "task_id": index, "split": split, "seed": 0})
+        assert created.status_code == 200, created.text
+        session_id = created.json()["session_id"]
+        assert not created.json()["observation"].startswith(" ")  # the ASCII banner is gone
+        for action in actions:
+            step = client.post("/step", json={"session_id": session_id, "action": action}).json()
+        assert step["terminated"] and step["reward"] > 0 and "*** The End ***" in step["observation"]
+        assert client.post("/evaluate", json={"session_id": session_id}).json()["success"] is True
+        client.post("/release", json={"session_id": session_id})
+
+
+@pytest.mark.timeout(120)
+def test_games_are_cached_deterministic_and_split_apart(game_cache, monkeypatch, tmp_path) -> None:
+    env = TextWorldEnv()
+    first, info = env.reset(_task(5))
+    path = game_path(_task(5))
+    assert path.is_file() and path.parent.parent == game_cache and path.name == "train-5-r3-o6-q3.z8"
+    mtime, start = path.stat().st_mtime_ns, time.perf_counter()
+    assert env.reset(_task(5))[0] == first
+    assert time.perf_counter() - start < 1.0 and path.stat().st_mtime_ns == mtime  # loaded, not regenerated
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "fresh"))
+    assert TextWorldEnv().reset(_task(5))[0] == first  # regenerated from the same seed: the same game
+    assert env.reset(_task(5, "test"))[0] != first
+    assert env.reset(_task(5, rooms=6, quest_length=5))[1]["objective"] != info["objective"]
+    env.close()
+
+
+def test_bad_size_param_names_the_param_and_range() -> None:
+    with pytest.raises(EnvServiceError, match=r"params.rooms=0 is invalid: give an integer in 1..20"):
+        TextWorldEnv().reset(_task(0, rooms=0))
+    with pytest.raises(EnvServiceError, match=r"params.quest_length='3' is invalid"):
+        TextWorldEnv().reset(_task(0, quest_length="3"))
+    with pytest.raises(EnvServiceError, match=r"unknown name\(s\) \['size'\]"):
+        _task(0, size=3)
+
+
+def test_clean_text_drops_banner_and_prompt() -> None:
+    raw = "\n\n   ____  \n  | $$ \\ \n\nWelcome! Do it.\n\n-= Room =-\nA room.\n>  -= Room =-0/1"
+    assert clean_text(raw) == "Welcome! Do it.\n\n-= Room =-\nA room."
+
+
+@pytest.mark.timeout(120)
+def test_check_env_passes() -> None:
+    assert "reset_deterministic" in envservice.check_env("textworld")
