@@ -7,7 +7,7 @@ config key swap the class (`actor_rollout_ref.rollout.agent.agent_loop_manager_c
 key to this class, so verl's `fit()` runs unchanged and every episode is played against envservice.
 
 What goes back to verl per row: prompts, responses, response_mask, input_ids, attention_mask,
-position_ids, rollout_log_probs, rm_scores (the env's score on the last response token), the input's
+position_ids, rollout_log_probs, rm_scores (the env's score on the last policy token), the input's
 non-tensor fields, `__num_turns__` (verl logs num_turns/*) and `success` (verl's validation logs it per
 data source). Our rollout figures go in `meta_info["timing"]`, which verl logs as `timing_s/<key>`, the
 same channel verl's own agent loop uses for its counters.

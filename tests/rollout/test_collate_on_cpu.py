@@ -51,10 +51,11 @@ def test_padding_masks_and_positions(episodes):
     assert torch.equal(batch["position_ids"], compute_position_id_with_mask(batch["attention_mask"]))
 
 
-def test_reward_sits_on_the_last_real_response_token(episodes):
+def test_reward_sits_on_the_last_policy_token(episodes):
     batch = collate(episodes, PAD, max_prompt_length=4, max_response_length=4).batch
-    # Row 0's last real token is an observation token (mask 0): the reward goes there all the same.
-    assert batch["rm_scores"].tolist() == [[0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.5]]
+    # Row 0 ends on an observation token (mask 0): its reward goes on the last mask-1 token before it,
+    # where verl's GAE / REINFORCE++ (which skip mask-0 positions) still see it.
+    assert batch["rm_scores"].tolist() == [[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.5]]
     assert batch["rm_scores"].dtype == torch.float32
 
 

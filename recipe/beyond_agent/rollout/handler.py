@@ -54,7 +54,7 @@ class Episode:
     response_logprobs: list[float] | None
     """Sampling log-prob per response token, 0.0 on mask-0 tokens; None if the server sent none."""
     reward: float = 0.0
-    """Episode reward, placed on the last response token by `collate`."""
+    """Episode reward, placed on the last policy (mask-1) token by `collate`."""
     termination: str | None = None
     """Why the episode ended: one of TERMINATION_REASONS."""
     num_turns: int = 0
@@ -363,14 +363,20 @@ def _sequence_tensors(rows: list[Episode], pad_id: int, prompt_len: int, respons
 
 
 def _reward_tensor(rows: list[Episode], response_len: int) -> torch.Tensor:
-    """Each reward on its row's last real response token (whatever its mask), zeros elsewhere.
+    """Each reward on its row's last policy token (mask 1), zeros elsewhere.
 
-    Why the last real token and not the last mask-1 token: verl's agent loop places it there too, and
-    the advantage estimators sum or discount over response positions. An empty response gets no reward.
+    Why the last mask-1 token and not simply the last response token: an episode cut by the length limit
+    can end inside an observation (mask 0), and verl's GAE and REINFORCE++ skip mask-0 positions when
+    they propagate returns, so a reward sitting there would be lost (tests/trainer shows it with verl's
+    own functions). Sum-based estimators (GRPO, RLOO) see the same total either way. A row with no
+    policy token keeps its reward on its last response token; an empty response gets no reward.
     """
     scores = torch.zeros(len(rows), response_len, dtype=torch.float32)  # [batch, response]
     for i, row in enumerate(rows):
-        if row.response_ids:
+        policy_positions = [t for t, m in enumerate(row.response_mask) if m == 1]
+        if policy_positions:
+            scores[i, policy_positions[-1]] = float(row.reward)
+        elif row.response_ids:
             scores[i, len(row.response_ids) - 1] = float(row.reward)
     return scores
 
