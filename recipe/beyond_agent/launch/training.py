@@ -1,0 +1,160 @@
+"""The training command, the preparation commands, and running them with their output streamed.
+
+Arguments may use placeholders, filled once the services are up: `{python}` (this interpreter),
+`{repo}` (the checkout), `{experiment_dir}`, `{env_url}` (the env service training talks to; empty when
+none was started). Hydra's own `${...}` interpolations are left alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable, TextIO
+
+from recipe.beyond_agent.launch.config import LaunchConfigError, PrepareStep, TrainConfig
+from recipe.beyond_agent.launch.signals import ProcessTracker
+
+PLACEHOLDER = re.compile(r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*)\}")
+STEP_LINE = re.compile(r"step:(\d+) - (.*)$")
+# metric key -> label in the one-line summary printed per step
+SUMMARY_KEYS = {"critic/score/mean": "score", "critic/rewards/mean": "reward", "actor/pg_loss": "pg_loss", "actor/entropy": "entropy",
+                "response_length/mean": "response_len", "timing_s/step": "step_s"}
+
+
+class PrepareError(RuntimeError):
+    """A preparation step failed; the message has its last output line and its log."""
+
+
+def substitute(arg: str, values: dict[str, str], where: str) -> str:
+    """Replace `{name}` placeholders; an unknown name is an error listing the valid ones."""
+
+    def replace(match: re.Match) -> str:
+        name = match.group(1)
+        if name not in values:
+            raise LaunchConfigError(f"{where}: unknown placeholder {{{name}}}; valid: "
+                                    + ", ".join(f"{{{key}}}" for key in values))
+        return values[name]
+
+    return PLACEHOLDER.sub(replace, arg)
+
+
+def cpu_settings() -> tuple[list[str], dict[str, str]]:
+    """The CPU overrides and environment from recipe/beyond_agent/platform/overrides.py."""
+    try:
+        from recipe.beyond_agent.platform.overrides import CPU_ENV, cpu_overrides
+    except ImportError as error:
+        raise LaunchConfigError(f"train.cpu: true needs recipe.beyond_agent.platform.overrides ({error})") from None
+    return cpu_overrides(), dict(CPU_ENV)
+
+
+def train_command(config: TrainConfig, values: dict[str, str], cli_overrides: list[str], token: bool) -> list[str]:
+    """The full training command line: the raw `command`, or `python -m module` with Hydra overrides."""
+    if config.command:
+        base = [substitute(arg, values, "train.command") for arg in config.command]
+        return base + cli_overrides
+    command = [sys.executable, "-m", config.module]
+    if config.config_path:
+        command.append(f"--config-path={Path(substitute(config.config_path, values, 'train.config_path')).resolve()}")
+    if config.config_name:
+        command.append(f"--config-name={config.config_name}")
+    if config.cpu:
+        command += cpu_settings()[0]
+    if values.get("experiment_dir"):  # Hydra's composed config (.hydra/config.yaml) lands in the experiment
+        command.append(f"hydra.run.dir={values['experiment_dir']}/hydra")
+    command += [substitute(arg, values, "train.overrides") for arg in config.overrides]
+    if values.get("env_url"):
+        command.append(f"beyond_agent.env.url={values['env_url']}")
+    if token:  # the secret stays in the environment, never on the command line
+        command.append("beyond_agent.env.token=${oc.env:ENVSERVICE_TOKEN}")
+    return command + cli_overrides
+
+
+def train_env(config: TrainConfig, dotenv: dict[str, str], values: dict[str, str]) -> dict[str, str]:
+    """Environment additions for training: `.env`, CPU settings (unless already set), `train.env`, the URL."""
+    env = {key: value for key, value in dotenv.items() if value != ""}
+    if config.cpu:
+        env.update({key: value for key, value in cpu_settings()[1].items() if key not in os.environ})
+    env.update({key: substitute(value, values, f"train.env.{key}") for key, value in config.env.items()})
+    if values.get("env_url"):
+        env["ENVSERVICE_URL"] = values["env_url"]
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def parse_step_line(line: str) -> dict | None:
+    """verl's console metrics line `step:N - key:value - ...` as a dict (with `step`), else None."""
+    match = STEP_LINE.search(line.rstrip())
+    if not match:
+        return None
+    metrics: dict = {"step": int(match.group(1))}
+    for part in match.group(2).split(" - "):
+        key, sep, value = part.rpartition(":")
+        if sep:
+            try:
+                metrics[key.strip()] = float(value)
+            except ValueError:
+                continue
+    return metrics
+
+
+def step_summary(metrics: dict) -> str:
+    """One short line with the metrics people watch, when present."""
+    shown = [f"{label}={metrics[key]:.4g}" for key, label in SUMMARY_KEYS.items() if key in metrics]
+    return f"step {metrics['step']}: " + (", ".join(shown) or f"{len(metrics) - 1} metrics")
+
+
+def run_streamed(name: str, command: list[str], env: dict[str, str], log_path: Path, tracker: ProcessTracker,
+                 on_line: Callable[[str], None] | None = None, echo: TextIO = sys.stdout) -> int:
+    """Run `command` in its own process group; copy its output to the terminal and `log_path`; return its code."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("w") as log:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                   errors="replace", env={**os.environ, **env}, start_new_session=True)
+        tracker.add(name, process)
+        for line in process.stdout:
+            log.write(line)
+            log.flush()
+            echo.write(line)
+            echo.flush()
+            if on_line:
+                on_line(line)
+        return process.wait()
+
+
+class MetricsWriter:
+    """Appends parsed step lines to metrics.jsonl and prints a one-line summary per step."""
+
+    def __init__(self, path: Path, say: Callable[[str], None]):
+        self.path = path
+        self.say = say
+        self.steps = 0
+
+    def __call__(self, line: str) -> None:
+        metrics = parse_step_line(line)
+        if metrics is None:
+            return
+        self.steps += 1
+        with self.path.open("a") as out:
+            out.write(json.dumps(metrics) + "\n")
+        self.say(step_summary(metrics))
+
+
+def run_prepare(step: PrepareStep, values: dict[str, str], env: dict[str, str], logs: Path,
+                tracker: ProcessTracker, say: Callable[[str], None]) -> None:
+    """Run one preparation step (skipped when its output exists); a failure raises with its last line."""
+    marker = substitute(step.skip_if_exists, values, f"prepare {step.name}.skip_if_exists") if step.skip_if_exists else None
+    if marker and Path(marker).exists():
+        say(f"prepare {step.name}: skipped ({marker} exists)")
+        return
+    command = [substitute(arg, values, f"prepare {step.name}.command") for arg in step.command]
+    say(f"prepare {step.name}: {' '.join(command)}")
+    log = logs / f"prepare_{step.name}.log"
+    code = run_streamed(f"prepare {step.name}", command, env, log, tracker)
+    if code != 0:
+        lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+        raise PrepareError(f"prepare {step.name} failed with code {code}: {lines[-1] if lines else '(no output)'} "
+                           f"(log: {log})")
