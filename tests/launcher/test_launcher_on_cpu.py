@@ -1,0 +1,231 @@
+"""`launcher.py` run for real: a real envservice, fake trainers and services, real signals.
+
+Every test checks what the launcher started is gone afterwards, and the signal tests also check that
+processes the test started itself (one in pytest's process group, one in its own session) survive.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(180)
+QUICKSTART = "examples/quickstart/cpu_tiny.yaml"
+
+
+def train_conf(conf, fake_train: Path, out: Path, steps: int, then: str, **extra) -> Path:
+    """A launcher YAML serving babyai and training with the fake trainer."""
+    return conf({"experiment": {"name": "t"}, "envservice": {"envs": ["babyai"]}, **extra,
+                 "train": {"command": ["{python}", str(fake_train), str(out), str(steps), then]}})
+
+
+def started_pids(folder: Path, tmp_path: Path) -> list[int]:
+    """Every pid the launcher started (processes.json) plus the fake trainer's own child."""
+    pids = [record["pid"] for record in json.loads((folder / "processes.json").read_text())]
+    train_pids = tmp_path / "train_pids.txt"
+    if train_pids.exists():
+        pids += [int(pid) for pid in train_pids.read_text().split()]
+    return pids
+
+
+def test_dry_run_prints_services_and_training_command_and_starts_nothing(launch, tmp_path):
+    run = launch("--conf", QUICKSTART, "--with-envservice", "--dry-run", "--backup-dir", str(tmp_path / "exp"),
+                 "--", "trainer.total_training_steps=1")
+    assert run.wait(60) == 0, run.text()
+    text = run.text()
+    assert "would start envservice: " in text and "-m envservice --host 127.0.0.1 --port 0 --envs babyai" in text
+    command = next(line for line in text.splitlines() if line.startswith("training command: "))
+    assert "-m recipe.beyond_agent.main_beyond_agent trainer.device=cpu" in command  # CPU overrides first
+    assert command.endswith("trainer.total_training_steps=1")  # the CLI override comes last and wins
+    assert "beyond_agent.env.url=http://127.0.0.1:<free port>" in command
+    assert "VERL_PLATFORM=cpu" in text
+    assert not (tmp_path / "exp").exists()
+
+
+def test_with_envservice_trains_and_writes_the_experiment_folder(launch, conf, fake_train, tmp_path, helpers):
+    backup = tmp_path / "exp"
+    run = launch("--conf", str(train_conf(conf, fake_train, tmp_path, 2, "exit")), "--with-envservice",
+                 "--backup-dir", str(backup), "--", "extra=1")
+    assert run.wait(120) == 0, run.text()
+    folder = run.experiment_dir(backup)
+    text = run.text()
+    assert "envservice is healthy at http://127.0.0.1:" in text
+    assert "[launcher] step 2: score=0.2, pg_loss=-0.25" in text
+    assert "fake trainer sees http://127.0.0.1:" in text and "args ['extra=1']" in text
+    for name in ("config.yaml", "launcher.yaml", "command.txt", "git.txt", "git.diff", "verl.txt", "pip_freeze.txt",
+                 "processes.json", "metrics.jsonl", "logs/envservice.log", "logs/train.log"):
+        assert (folder / name).exists(), name
+    assert "commit: " in (folder / "git.txt").read_text()
+    assert "pinned: 0.9.0" in (folder / "verl.txt").read_text() and "installed: " in (folder / "verl.txt").read_text()
+    assert "pyyaml" in (folder / "pip_freeze.txt").read_text().lower()
+    assert "--with-envservice" in (folder / "command.txt").read_text()
+    assert "service_urls" in (folder / "config.yaml").read_text()
+    assert [json.loads(line)["step"] for line in (folder / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    assert "step:2" in (folder / "logs" / "train.log").read_text()
+    assert not [pid for pid in started_pids(folder, tmp_path) if helpers.is_alive(pid)]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_during_training_stops_exactly_what_it_started(sig, launch, conf, fake_train, tmp_path, helpers,
+                                                             unrelated_processes):
+    backup = tmp_path / "exp"
+    run = launch("--conf", str(train_conf(conf, fake_train, tmp_path, 1, "hang")), "--with-envservice",
+                 "--backup-dir", str(backup))
+    helpers.wait_for(lambda: "[launcher] step 1:" in run.text(), 90, "the first step line")
+    folder = run.experiment_dir(backup)
+    pids = started_pids(folder, tmp_path)
+    assert len(pids) == 4 and all(helpers.is_alive(pid) for pid in pids)  # envservice, trainer, its child
+    run.process.send_signal(sig)
+    assert run.wait(60) == 130, run.text()
+    assert "stopped everything the launcher started" in run.text()
+    assert not [pid for pid in pids if helpers.is_alive(pid)]
+    assert all(process.poll() is None for process in unrelated_processes)
+
+
+def test_sigint_during_startup_stops_the_starting_service(launch, conf, fake_service_env, tmp_path, helpers,
+                                                          unrelated_processes):
+    path = conf({"appworld": {"startup_timeout_s": 120}, "train": {"command": ["true"]}})
+    run = launch("--conf", str(path), "--with-appworld", "--env-file", str(fake_service_env),
+                 "--backup-dir", str(tmp_path / "exp"))
+    service_pid = int(helpers.wait_for(lambda: _read(tmp_path / "service_pid.txt"), 60, "the fake service"))
+    child_pid = int(helpers.wait_for(lambda: _read(tmp_path / "service_child_pid.txt"), 10, "its child"))
+    run.process.send_signal(signal.SIGINT)
+    assert run.wait(60) == 130, run.text()
+    assert not helpers.is_alive(service_pid) and not helpers.is_alive(child_pid)
+    assert all(process.poll() is None for process in unrelated_processes)
+
+
+def test_second_sigint_forces_a_trainer_that_ignores_sigterm(launch, conf, fake_train, tmp_path, helpers,
+                                                             unrelated_processes):
+    backup = tmp_path / "exp"
+    run = launch("--conf", str(train_conf(conf, fake_train, tmp_path, 1, "ignore-term")), "--with-envservice",
+                 "--backup-dir", str(backup))
+    helpers.wait_for(lambda: "[launcher] step 1:" in run.text(), 90, "the first step line")
+    pids = started_pids(run.experiment_dir(backup), tmp_path)
+    run.process.send_signal(signal.SIGINT)
+    helpers.wait_for(lambda: "press Ctrl-C again" in run.text(), 10, "the first interrupt's message")
+    time.sleep(1.0)
+    assert run.process.poll() is None  # the trainer ignores SIGTERM: the graceful stop is still waiting
+    forced_at = time.monotonic()
+    run.process.send_signal(signal.SIGINT)
+    assert run.wait(60) == 130, run.text()
+    assert time.monotonic() - forced_at < 8  # well under the 10 s grace period
+    assert "killing every process group the launcher started" in run.text()
+    assert not [pid for pid in pids if helpers.is_alive(pid)]
+    assert all(process.poll() is None for process in unrelated_processes)
+
+
+def test_service_that_never_becomes_healthy_gives_a_clear_error(launch, conf, fake_service_env, tmp_path, helpers):
+    path = conf({"appworld": {"startup_timeout_s": 3}, "train": {"command": ["true"]}})
+    run = launch("--conf", str(path), "--with-appworld", "--env-file", str(fake_service_env),
+                 "--backup-dir", str(tmp_path / "exp"))
+    assert run.wait(60) == 3, run.text()
+    text = run.text()
+    errors = [line for line in text.splitlines() if line.startswith("[launcher] error:")]
+    assert errors == ["[launcher] error: appworld service (appworld) did not start: printed no ready line within "
+                      "3 s (appworld.startup_timeout_s); last log line: fake service: loading tasks from "
+                      "/nonexistent/appworld/data"], text
+    assert "fake service: loading tasks from /nonexistent/appworld/data" in text  # the log's tail follows
+    assert not helpers.is_alive(int((tmp_path / "service_pid.txt").read_text()))
+    assert not helpers.is_alive(int((tmp_path / "service_child_pid.txt").read_text()))
+    assert "secret-123" not in (next((tmp_path / "exp").glob("*/")) / "command.txt").read_text()
+
+
+def test_with_appworld_error_reaches_the_user_in_one_line(launch, conf, tmp_path):
+    """Without an `appworld` env the service exits listing the valid ids; with one (and no data here) the
+    service starts and the first session (the dataset step) fails with AppWorld's missing-data error."""
+    from envservice.registry import registered_ids
+
+    missing = tmp_path / "no-appworld-data"
+    dotenv = tmp_path / "aw.env"
+    dotenv.write_text(f"APPWORLD_PATH={missing}\n")
+    data_step = {"name": "data", "command": ["{python}", "-m", "recipe.beyond_agent.data", "--env", "appworld",
+                                             "--train-tasks", "0:1", "--val-tasks", "0:1", "--envservice-url",
+                                             "{env_url}", "--out", "{experiment_dir}/data"]}
+    path = conf({"appworld": {"startup_timeout_s": 60}, "prepare": [data_step], "train": {"command": ["true"]}})
+    run = launch("--conf", str(path), "--with-appworld", "--env-file", str(dotenv), "--backup-dir", str(tmp_path / "x"))
+    code = run.wait(120)
+    errors = [line for line in run.text().splitlines() if line.startswith("[launcher] error:")]
+    assert len(errors) == 1, run.text()
+    if "appworld" not in registered_ids():
+        assert code == 3 and errors[0].startswith(
+            "[launcher] error: appworld service (appworld) did not start: exited with code 1 after ")
+        # the service's own last line, whatever envs are registered when it runs
+        assert re.search(r": envservice: --envs has unknown id\(s\) \['appworld'\]; valid ids: [a-z, ]*babyai", errors[0])
+    else:
+        assert code == 1 and "appworld is healthy at http://127.0.0.1:" in run.text()
+        assert errors[0].startswith("[launcher] error: prepare data failed with code 1: ")
+        assert "not found" in errors[0].lower() and str(missing) in errors[0]  # APPWORLD_PATH reached the service
+
+
+def test_bad_yaml_key_is_named_before_anything_starts(launch, conf, tmp_path):
+    path = conf({"envservice": {"envs": ["babyai"], "prot": 1}, "train": {"command": ["true"]}})
+    run = launch("--conf", str(path), "--with-envservice", "--backup-dir", str(tmp_path / "exp"))
+    assert run.wait(60) == 2
+    assert "[launcher] error: envservice: unknown key(s) ['prot']; valid keys: envs, host, port" in run.text()
+    assert not (tmp_path / "exp").exists()
+
+
+def test_with_envservice_needs_envs_in_the_yaml(launch, conf, tmp_path):
+    run = launch("--conf", str(conf({"train": {"command": ["true"]}})), "--with-envservice", "--dry-run")
+    assert run.wait(60) == 2
+    assert "--with-envservice needs envservice.envs in" in run.text()
+    assert re.search(r"valid env ids: [a-z, ]*babyai", run.text())
+
+
+def _read(path: Path) -> str | None:
+    return path.read_text().strip() if path.exists() and path.read_text().strip() else None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_quickstart_yaml_runs_end_to_end_up_to_the_composed_trainer_config(launch, tmp_path, helpers):
+    """The real quickstart YAML: envservice, the tiny model and dataset steps, then the real trainer module,
+    asked by Hydra's `--cfg job` to print its composed config and exit (training itself takes 5-10 minutes)."""
+    backup = tmp_path / "exp"
+    run = launch("--conf", QUICKSTART, "--with-envservice", "--backup-dir", str(backup), "--", "--cfg", "job")
+    assert run.wait(540) == 0, run.text()
+    folder = run.experiment_dir(backup)
+    assert (folder / "data" / "train.parquet").exists() and (folder / "data" / "val.parquet").exists()
+    train_log = (folder / "logs" / "train.log").read_text()
+    assert "beyond_agent:" in train_log and f"url: http://127.0.0.1:" in train_log
+    assert f"default_local_dir: {folder}/checkpoints" in train_log
+    assert not [pid for pid in started_pids(folder, tmp_path) if helpers.is_alive(pid)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_quickstart_trains_one_step(launch, tmp_path, helpers):
+    """The real thing: envservice, tiny model, data, and BeyondAgentTrainer on CPU for one step (~6 min)."""
+    backup = tmp_path / "exp"
+    run = launch("--conf", QUICKSTART, "--with-envservice", "--backup-dir", str(backup), "--",
+                 "trainer.total_training_steps=1")
+    assert run.wait(1400) == 0, run.text()
+    folder = run.experiment_dir(backup)
+    assert [json.loads(line)["step"] for line in (folder / "metrics.jsonl").read_text().splitlines()] == [1]
+    assert (folder / "hydra" / ".hydra" / "config.yaml").exists()  # the trainer's composed config
+    assert not [pid for pid in started_pids(folder, tmp_path) if helpers.is_alive(pid)]
+
+
+def test_failed_preparation_step_is_one_line_and_training_never_starts(launch, conf, tmp_path):
+    failing = ["{python}", "-c", "import sys; print('writing tasks'); sys.exit('no tasks for env xyz')"]
+    path = conf({"prepare": [{"name": "data", "command": failing}],
+                 "train": {"command": ["{python}", "-c", "print('TRAINING RAN')"]}})
+    run = launch("--conf", str(path), "--backup-dir", str(tmp_path / "exp"))
+    assert run.wait(60) == 1, run.text()
+    assert "[launcher] error: prepare data failed with code 1: no tasks for env xyz (log: " in run.text()
+    assert "TRAINING RAN" not in run.text() and "Traceback" not in run.text()
+
+
+def test_unknown_placeholder_is_named_before_anything_starts(launch, conf, tmp_path):
+    path = conf({"envservice": {"envs": ["babyai"]}, "train": {"command": ["echo", "{envservice_url}"]}})
+    run = launch("--conf", str(path), "--with-envservice", "--backup-dir", str(tmp_path / "exp"))
+    assert run.wait(60) == 2
+    assert ("[launcher] error: train.command: unknown placeholder {envservice_url}; valid: {python}, {repo}, "
+            "{experiment_dir}, {env_url}") in run.text()
+    assert "starting envservice" not in run.text() and not (tmp_path / "exp").exists()
