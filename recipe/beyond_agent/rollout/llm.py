@@ -80,6 +80,15 @@ class SamplingParams:
         if self.stop_token_ids is not None:
             object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
 
+    def optional_fields(self) -> dict[str, Any]:
+        """The request fields that are sent only when set: `seed` and `stop_token_ids`."""
+        fields: dict[str, Any] = {}
+        if self.seed is not None:
+            fields["seed"] = self.seed
+        if self.stop_token_ids:
+            fields["stop_token_ids"] = list(self.stop_token_ids)
+        return fields
+
 
 @dataclass(frozen=True)
 class GenerationResult:
@@ -395,14 +404,9 @@ class HttpVLLMBackend:
 
     def request_body(self, prompt_ids: list[int], sampling: SamplingParams) -> dict[str, Any]:
         """The JSON body of one `/v1/completions` request."""
-        body: dict[str, Any] = {"model": self.model, "prompt": prompt_ids, "max_tokens": sampling.max_tokens,
-                                "temperature": sampling.temperature, "top_p": sampling.top_p,
-                                "logprobs": 0, "return_token_ids": True}
-        if sampling.seed is not None:
-            body["seed"] = sampling.seed
-        if sampling.stop_token_ids:
-            body["stop_token_ids"] = list(sampling.stop_token_ids)
-        return body
+        return {"model": self.model, "prompt": prompt_ids, "max_tokens": sampling.max_tokens,
+                "temperature": sampling.temperature, "top_p": sampling.top_p,
+                "logprobs": 0, "return_token_ids": True, **sampling.optional_fields()}
 
     async def generate(self, request_id: str, prompt_ids: list[int],
                        sampling: SamplingParams) -> GenerationResult:
@@ -483,13 +487,8 @@ class VerlLLMServerBackend:
     def sampling_params(sampling: SamplingParams) -> dict[str, Any]:
         """The `sampling_params` dict verl's server turns into vLLM SamplingParams (`logprobs=True`
         becomes vLLM's `logprobs=0`: the sampled token's log-prob)."""
-        params: dict[str, Any] = {"max_tokens": sampling.max_tokens, "temperature": sampling.temperature,
-                                  "top_p": sampling.top_p, "logprobs": True}
-        if sampling.seed is not None:
-            params["seed"] = sampling.seed
-        if sampling.stop_token_ids:
-            params["stop_token_ids"] = list(sampling.stop_token_ids)
-        return params
+        return {"max_tokens": sampling.max_tokens, "temperature": sampling.temperature,
+                "top_p": sampling.top_p, "logprobs": True, **sampling.optional_fields()}
 
     async def generate(self, request_id: str, prompt_ids: list[int],
                        sampling: SamplingParams) -> GenerationResult:
