@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import abc
+
 import random
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping, Sequence
@@ -31,7 +33,7 @@ class Task:
     params: Mapping[str, Any] = field(default_factory=dict)
 
 
-class TextEnv:
+class TextEnv(abc.ABC):
     """Base class of the service's environments.
 
     Subclasses set `description`, `splits` (task names per split) and `params` (valid option names with
@@ -43,17 +45,17 @@ class TextEnv:
     splits: ClassVar[Mapping[str, Sequence[str]]] = {}
     params: ClassVar[Mapping[str, str]] = {}
 
+    @abc.abstractmethod
     def reset(self, task: Task) -> tuple[str, dict[str, Any]]:
         """Start an episode of `task`; return (observation, info)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def step(self, action: str) -> StepResult:
         """Apply one text action; an unknown action is an observation saying so, never an exception."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def evaluate(self) -> tuple[float, bool]:
         """Return (score in [0, 1], success) of the current episode."""
-        raise NotImplementedError
 
     def close(self) -> None:
         """Free what the instance holds; called once when its session is released."""
