@@ -96,7 +96,7 @@ def make(env_id: str) -> TextEnv:
 
 register("babyai", "envservice.envs.babyai:BabyAIEnv", max_steps=128, max_sessions=4096)
 register("textcraft", "envservice.envs.textcraft:TextCraftEnv", max_steps=64, max_sessions=1024)
-register("frozenlake", "envservice.envs.frozenlake:FrozenLakeEnv", max_steps=100, max_sessions=4096)
+register("frozenlake", "envservice.envs.frozenlake:FrozenLakeEnv", max_steps=100, max_sessions=16384)
 register("sciworld", "envservice.envs.sciworld:ScienceWorldTextEnv", max_steps=100, max_sessions=64)
 register("textworld", "envservice.envs.textworld_env:TextWorldEnv", max_steps=100, max_sessions=1024)
 register("alfworld", "envservice.envs.alfworld_env:AlfWorldEnv", max_steps=50, max_sessions=1024)
