@@ -25,7 +25,7 @@ def example_id(path: Path) -> str:
 
 
 def test_every_environment_has_a_yaml_and_a_script():
-    for env in ("babyai", "textcraft", "frozenlake"):
+    for env in ("babyai", "textcraft", "frozenlake", "sciworld", "alfworld", "textworld", "search", "appworld"):
         assert (REPO_ROOT / "examples" / env / f"{env}.yaml").exists()
         assert (REPO_ROOT / "examples" / env / f"run_{env}.sh").exists()
     assert (REPO_ROOT / "examples" / "quickstart" / "cpu_tiny.yaml").exists()
@@ -44,7 +44,8 @@ def test_script_starts_with_its_command_and_dry_runs(path):
     assert lines[0] == "#!/usr/bin/env bash" and lines[1].startswith(f"# bash {path.relative_to(REPO_ROOT)}")
     result = subprocess.run(["bash", str(path), "--dry-run"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    assert "would start envservice" in result.stdout and "training command: " in result.stdout
+    assert re.search(r"^would start (envservice|appworld): ", result.stdout, re.M), result.stdout
+    assert "training command: " in result.stdout
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=example_id)
