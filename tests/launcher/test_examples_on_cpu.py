@@ -16,7 +16,7 @@ from recipe.beyond_agent.settings import BeyondAgentSettings
 pytestmark = pytest.mark.timeout(120)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO_ROOT / "examples").glob("*/*.yaml"))
-SCRIPTS = sorted((REPO_ROOT / "examples").glob("*/run_*.sh"))
+SCRIPTS = sorted((REPO_ROOT / "examples").glob("**/run_*.sh"))
 SECRET = re.compile(r"(TOKEN|API_KEY|SECRET|PASSWORD)\s*[=:]\s*\S", re.IGNORECASE)
 
 
