@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
-import subprocess
 import sys
 import threading
 import time
@@ -21,9 +19,8 @@ from pathlib import Path
 
 from envservice.client import EnvClient
 from envservice.errors import EnvServiceError
+from envservice.process import EnvServiceProcess
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-READY = re.compile(r"envservice ready on (http://127\.0\.0\.1:\d+)")
 ACTIONS = ("left", "up")  # the agent stays in the start corner: episodes end only by truncation
 
 
@@ -36,19 +33,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-steps", type=int, default=200_000, help="stop after this many steps")
     parser.add_argument("--env", default="frozenlake", help="env id (default frozenlake: cheap)")
     return parser.parse_args()
-
-
-def start_service(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
-    """Start the service on a free loopback port and return it with its url."""
-    cmd = [sys.executable, "-m", "envservice", "--port", "0", "--envs", args.env,
-           "--max-sessions", str(args.sessions + args.threads)]
-    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    match = READY.search(line)
-    if not match:
-        proc.kill()
-        raise SystemExit(f"envservice did not start: first line {line!r}")
-    return proc, match.group(1)
 
 
 def rss_mb(pid: int) -> float:
@@ -147,17 +131,10 @@ def run_load(args: argparse.Namespace, client: EnvClient, pid: int) -> None:
 def main() -> int:
     """Entry point."""
     args = parse_args()
-    proc, url = start_service(args)
-    try:
-        client = EnvClient(url, timeout=30, pool_size=args.threads)
-        client.wait_until_healthy(30)
-        run_load(args, client, proc.pid)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    extra_args = ["--max-sessions", str(args.sessions + args.threads)]
+    with EnvServiceProcess([args.env], extra_args=extra_args, startup_timeout_s=60) as service:
+        client = EnvClient(service.url, timeout=30, pool_size=args.threads)
+        run_load(args, client, service.process.pid)
     return 0
 
 

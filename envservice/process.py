@@ -13,7 +13,9 @@ import signal
 import subprocess
 import sys
 import threading
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import requests
 
@@ -94,3 +96,13 @@ class EnvServiceProcess:
     def __exit__(self, *exc_info) -> None:
         self.stop()
 
+
+
+@contextmanager
+def envservice_url(envs: list[str], url: str | None = None, **process_kwargs) -> Iterator[str]:
+    """`url` when given (a running service), else the URL of an EnvServiceProcess started (and stopped) here."""
+    if url:
+        yield url
+        return
+    with EnvServiceProcess(envs, **process_kwargs) as service:
+        yield service.url

@@ -61,24 +61,12 @@ def vllm_urls(args: argparse.Namespace) -> Iterator[list[str]]:
         yield [server.base_url]
 
 
-@contextlib.contextmanager
-def envservice_url(args: argparse.Namespace) -> Iterator[str]:
-    """The given envservice URL, or one service we start (and stop) serving --env."""
-    if args.envservice_url:
-        yield args.envservice_url
-        return
-    from envservice.process import EnvServiceProcess
-
-    with EnvServiceProcess([args.env], extra_args=["--max-sessions", str(max(64, args.concurrency * 2))]) as service:
-        print(f"[collect] envservice ready at {service.url}", file=sys.stderr)
-        yield service.url
-
-
 def collect(args: argparse.Namespace) -> list[EpisodeResult]:
     """Run the episodes and write the JSONL file; returns the results."""
     from transformers import AutoTokenizer
 
     from envservice.client import EnvClient
+    from envservice.process import envservice_url
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     specs = episode_specs(args.env, args.split, args.tasks, args.n, args.seed)
@@ -86,10 +74,13 @@ def collect(args: argparse.Namespace) -> list[EpisodeResult]:
                             max_response_length=args.max_response_length,
                             max_tokens_per_turn=args.max_tokens_per_turn)
     sampling = SamplingParams(max_tokens=args.max_tokens_per_turn, temperature=args.temperature)
-    with envservice_url(args) as env_url, vllm_urls(args) as llm_urls, \
+    service_args = ["--max-sessions", str(max(64, args.concurrency * 2))]
+    with envservice_url([args.env], args.envservice_url, extra_args=service_args) as env_url, \
+            vllm_urls(args) as llm_urls, \
             EnvClient(env_url, pool_size=args.concurrency) as env_client, \
             AsyncLLMServerManager(HttpVLLMBackend(llm_urls, args.served_model_name or args.model),
                                   LLMManagerConfig(max_in_flight=args.concurrency)) as llm:
+        print(f"[collect] envservice at {env_url}, vLLM at {', '.join(llm_urls)}", file=sys.stderr)
         manager = ParallelEnvManager(env_client, bind_sampling(llm, sampling), tokenizer,
                                      get_action_parser(args.action_format), config, max_workers=args.concurrency)
         output = _run_with_progress(manager, specs)

@@ -11,10 +11,7 @@ logs: the episode itself always starts from a fresh session.
 from __future__ import annotations
 
 import argparse
-import contextlib
 from pathlib import Path
-from typing import Iterator
-
 from recipe.beyond_agent.collect import parse_tasks
 
 
@@ -44,24 +41,13 @@ def write_parquet(rows: list[dict], path: Path) -> None:
     pd.DataFrame(rows).to_parquet(path)
 
 
-@contextlib.contextmanager
-def service_url(env_id: str, url: str | None) -> Iterator[str]:
-    """The given envservice URL, or a service we start for the duration."""
-    if url:
-        yield url
-        return
-    from envservice.process import EnvServiceProcess
-
-    with EnvServiceProcess([env_id]) as service:
-        yield service.url
-
-
 def write_task_files(env_id: str, out: Path, train_tasks: list[int], val_tasks: list[int], seed: int = 0,
                      val_split: str = "test", envservice_url: str | None = None) -> tuple[Path, Path]:
     """Write out/train.parquet and out/val.parquet; return their paths."""
     from envservice.client import EnvClient
+    from envservice.process import envservice_url as serving
 
-    with service_url(env_id, envservice_url) as url, EnvClient(url) as client:
+    with serving([env_id], envservice_url) as url, EnvClient(url) as client:
         train_rows = task_rows(client, env_id, "train", train_tasks, seed)
         val_rows = task_rows(client, env_id, val_split, val_tasks, seed)
     train_path, val_path = out / "train.parquet", out / "val.parquet"
