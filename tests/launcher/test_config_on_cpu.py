@@ -80,6 +80,15 @@ def test_step_line_from_a_ray_actor_is_parsed():
     assert parse_step_line("no metrics here") is None
 
 
+def test_step_line_numpy_scalars_are_kept():
+    # Regression: verl prints actor losses and validation scores as numpy reprs; they were dropped.
+    line = ("step:0 - val-core/frozenlake/reward/mean@1:np.float64(0.5625) - num_turns/max:np.int32(8) "
+            "- actor/pg_loss:np.float64(-1.5e-05) - bad:np.float64(abc)\n")
+    assert parse_step_line(line) == {"step": 0, "val-core/frozenlake/reward/mean@1": 0.5625, "num_turns/max": 8.0,
+                                     "actor/pg_loss": -1.5e-05}
+    assert step_summary(parse_step_line(line)) == "step 0: pg_loss=-1.5e-05, frozenlake_val=0.5625"
+
+
 def test_activation_execs_python_so_the_pid_is_the_service(tmp_path):
     script = tmp_path / "act.sh"
     script.write_text("true\n")

@@ -20,6 +20,8 @@ from recipe.beyond_agent.launch.signals import ProcessTracker
 
 PLACEHOLDER = re.compile(r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*)\}")
 STEP_LINE = re.compile(r"step:(\d+) - (.*)$")
+# verl prints numpy scalars by their repr (`actor/pg_loss:np.float64(-0.16)`, `num_turns/max:np.int32(8)`).
+NUMPY_SCALAR = re.compile(r"^np\.[a-z]+[0-9]*\((.*)\)$")
 # metric key -> label in the one-line summary printed per step
 SUMMARY_KEYS = {"critic/score/mean": "score", "critic/rewards/mean": "reward", "actor/pg_loss": "pg_loss", "actor/entropy": "entropy",
                 "response_length/mean": "response_len", "timing_s/step": "step_s"}
@@ -94,16 +96,28 @@ def parse_step_line(line: str) -> dict | None:
     for part in match.group(2).split(" - "):
         key, sep, value = part.rpartition(":")
         if sep:
-            try:
-                metrics[key.strip()] = float(value)
-            except ValueError:
-                continue
+            number = _number(value)
+            if number is not None:
+                metrics[key.strip()] = number
     return metrics
+
+
+def _number(text: str) -> float | None:
+    """A metric value as a float: plain numbers and numpy scalar reprs; None for anything else."""
+    text = text.strip()
+    wrapped = NUMPY_SCALAR.match(text)
+    try:
+        return float(wrapped.group(1) if wrapped else text)
+    except ValueError:
+        return None
 
 
 def step_summary(metrics: dict) -> str:
     """One short line with the metrics people watch, when present."""
     shown = [f"{label}={metrics[key]:.4g}" for key, label in SUMMARY_KEYS.items() if key in metrics]
+    # Validation scores are named per data source: val-core/<source>/reward/mean@1.
+    shown += [f"{key.split('/')[1]}_val={value:.4g}" for key, value in metrics.items()
+              if key.startswith("val-core/") and key.endswith("/reward/mean@1")]
     return f"step {metrics['step']}: " + (", ".join(shown) or f"{len(metrics) - 1} metrics")
 
 
