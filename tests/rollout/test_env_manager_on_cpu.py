@@ -197,3 +197,26 @@ def test_response_budget_ends_with_length(env_client, chatml_tokenizer):
     result = output.results[0]
     assert result.termination == "length" and not result.infra_failure
     assert len(result.episode.response_ids) == 40
+
+
+def test_response_filled_exactly_by_an_observation_ends_with_length_not_a_zero_token_request(
+        env_client, chatml_tokenizer):
+    # Regression: a response filled to the last token by an observation asked the LLM for 0 new tokens,
+    # which vLLM and transformers refuse, and the episode was wrongly scored as an llm_error.
+    probe = make_manager(env_client, chatml_tokenizer, ScriptedPolicy(chatml_tokenizer, lambda rid: ["up"])).run(
+        frozenlake_specs([0], n=1), max_rounds=2).results[0].episode
+    first_turn = probe.response_mask.index(0)  # "up" + end-of-turn, mask 1
+    first_observation = probe.response_mask.index(1, first_turn) - first_turn  # its delta, mask 0
+    asked: list[int] = []
+    policy = ScriptedPolicy(chatml_tokenizer, lambda rid: ["up"])
+
+    def recording_policy(request_id, prompt_ids, max_tokens):
+        asked.append(max_tokens)
+        return policy(request_id, prompt_ids, max_tokens)
+
+    output = make_manager(env_client, chatml_tokenizer, recording_policy,
+                          max_response_length=first_turn + first_observation).run(frozenlake_specs([0], n=1),
+                                                                                  max_rounds=10)
+    result = output.results[0]
+    assert (result.termination, result.rounds, asked) == ("length", 1, [16])
+    assert len(result.episode.response_ids) == first_turn + first_observation

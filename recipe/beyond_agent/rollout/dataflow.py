@@ -172,6 +172,11 @@ class Dataflow:
     def _play(self, handler: RolloutHandler, session_id: str) -> None:
         """Generate, act and observe until a termination reason is set on the handler."""
         for round_number in range(1, self.config.max_rounds + 1):
+            if handler.remaining_response_length <= 0:
+                # The last observation filled the response exactly: no room for a turn, and a request
+                # for 0 new tokens would be refused by the server, so this is `length`, not an LLM error.
+                handler.finish("length")
+                return
             self._rounds = round_number
             turn = self._generate(handler)
             handler.add_assistant(turn.token_ids, turn.logprobs)
