@@ -1,10 +1,11 @@
 """Load test of envservice: hold many sessions of a cheap env and step them from many client threads.
 
-    .venv/bin/python bench/envservice_load.py --sessions 1000 --threads 32 --duration 20
+    .venv/bin/python bench/envservice_load.py --sessions 1000 --threads 32 --duration 20 [--backend process --workers 2]
 
 Starts `python -m envservice --port 0` on 127.0.0.1 (loopback only), opens the sessions, steps them for
 `--duration` seconds (or `--max-steps` steps, whichever comes first), then prints sessions held, steps/s,
-p50/p99 step latency, errors and the server's resident memory, and stops the server it started.
+p50/p99 step latency, errors and the resident memory of the server (and of its worker processes with
+`--backend process`), and stops the server it started.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of stepping (default 20)")
     parser.add_argument("--max-steps", type=int, default=200_000, help="stop after this many steps")
     parser.add_argument("--env", default="frozenlake", help="env id (default frozenlake: cheap)")
+    parser.add_argument("--backend", default="inprocess", help="envservice --backend: inprocess, process or ray")
+    parser.add_argument("--workers", type=int, default=None, help="envservice --workers (process or ray backend)")
     return parser.parse_args()
 
 
@@ -41,6 +44,22 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def worker_pids(pid: int) -> list[int]:
+    """The envservice worker processes of server `pid` (its multiprocessing-spawned children)."""
+    children = {int(c) for task in Path(f"/proc/{pid}/task").iterdir()
+                for c in (task / "children").read_text().split()}
+    return sorted(c for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes())
+
+
+def memory_text(pid: int) -> str:
+    """'server_rss_mb=100' plus the workers' RSS when there are workers."""
+    text = f"server_rss_mb={rss_mb(pid):.0f}"
+    workers = [rss_mb(child) for child in worker_pids(pid)]
+    if workers:
+        text += f" workers_rss_mb={'+'.join(f'{mb:.0f}' for mb in workers)} (total {sum(workers) + rss_mb(pid):.0f})"
+    return text
 
 
 class Stepper:
@@ -122,17 +141,18 @@ def run_load(args: argparse.Namespace, client: EnvClient, pid: int) -> None:
     for stepper in steppers:
         for key, n in stepper.errors.items():
             errors[key] = errors.get(key, 0) + n
-    print(f"env={args.env} sessions_held={held} opened_in={opened_s:.1f}s threads={args.threads} "
-          f"steps={len(latencies)} in {elapsed:.1f}s steps_per_s={len(latencies) / elapsed:.0f} "
+    print(f"env={args.env} backend={args.backend} sessions_held={held} opened_in={opened_s:.1f}s "
+          f"threads={args.threads} steps={len(latencies)} in {elapsed:.1f}s steps_per_s={len(latencies) / elapsed:.0f} "
           f"p50_ms={percentile(latencies, 0.5) * 1e3:.1f} p99_ms={percentile(latencies, 0.99) * 1e3:.1f} "
-          f"errors={errors or 0} server_rss_mb={rss_mb(pid):.0f}")
+          f"errors={errors or 0} {memory_text(pid)}")
 
 
 def main() -> int:
     """Entry point."""
     args = parse_args()
     extra_args = ["--max-sessions", str(args.sessions + args.threads)]
-    with EnvServiceProcess([args.env], extra_args=extra_args, startup_timeout_s=60) as service:
+    with EnvServiceProcess([args.env], extra_args=extra_args, startup_timeout_s=60, backend=args.backend,
+                           workers=args.workers) as service:
         client = EnvClient(service.url, timeout=30, pool_size=args.threads)
         run_load(args, client, service.process.pid)
     return 0

@@ -1,14 +1,19 @@
 """Run the environment service: `python -m envservice --envs babyai,textcraft --port 8000`.
 
 Binds 127.0.0.1 by default. A non-loopback host needs a token (`--token` or ENVSERVICE_TOKEN). Prints one
-line `envservice ready on http://HOST:PORT (envs: ...)` on stdout once it accepts requests; with
-`--port 0` the line shows the port the system picked.
+line `envservice ready on http://HOST:PORT (envs: ...; backend: ...; step timeout: ...)` on stdout once it
+accepts requests; with `--port 0` the line shows the port the system picked.
+
+Where envs run: `--backend inprocess` (default), `process --workers N`, or
+`ray --ray-address auto|ray://HOST:10001|local --workers N`; `--step-timeout S` limits every env call
+(0: no limit). See envservice/backends.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import ipaddress
+import json
 import os
 import socket
 import sys
@@ -18,6 +23,7 @@ import time
 import uvicorn
 
 from envservice import registry
+from envservice.backends import BACKENDS, DEFAULT_STEP_TIMEOUT_S, EnvBackend, make_backend
 from envservice.server import Settings, create_app
 
 
@@ -31,7 +37,64 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--idle-timeout", type=float, default=600.0, help="seconds before an idle session is released")
     parser.add_argument("--token", default=None, help="bearer token required from clients (or ENVSERVICE_TOKEN)")
     parser.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
-    return parser.parse_args(argv)
+    _add_placement_args(parser)
+    args = parser.parse_args(argv)
+    check_backend_args(args)
+    return args
+
+
+def _add_placement_args(parser: argparse.ArgumentParser) -> None:
+    """Where envs run and how long one env call may take."""
+    parser.add_argument("--backend", default="inprocess",
+                        help=f"where envs run: {', '.join(BACKENDS)} (default inprocess)")
+    parser.add_argument("--workers", type=int, default=None, help="worker processes or Ray actors "
+                        "(default min(4, CPU count)); only with --backend process or ray")
+    parser.add_argument("--ray-address", default=None, help="Ray cluster to use: auto, ray://HOST:PORT or local "
+                        "(default auto); only with --backend ray")
+    parser.add_argument("--ray-num-cpus", type=float, default=1.0, help="CPUs Ray reserves per actor (default 1)")
+    parser.add_argument("--ray-resources", default=None,
+                        help='custom Ray resources per actor, JSON, e.g. \'{"envs": 1}\'')
+    parser.add_argument("--step-timeout", type=float, default=DEFAULT_STEP_TIMEOUT_S, help="seconds one env "
+                        f"reset/step/evaluate may take (default {DEFAULT_STEP_TIMEOUT_S:g}; 0: no limit)")
+
+
+def check_backend_args(args: argparse.Namespace) -> None:
+    """Refuse inconsistent placement flags with a sentence naming the flag and the valid values."""
+    backend = args.backend
+    if backend not in BACKENDS:
+        raise SystemExit(f"envservice: --backend {backend!r} is unknown; valid backends: {', '.join(BACKENDS)}")
+    if args.workers is not None and (backend == "inprocess" or args.workers < 1):
+        raise SystemExit(f"envservice: --workers {args.workers} is invalid: it needs --backend process or ray "
+                         f"and a value >= 1 (got --backend {backend})")
+    if backend != "ray" and (args.ray_address or args.ray_resources):
+        raise SystemExit(f"envservice: --ray-address / --ray-resources need --backend ray (got --backend {backend})")
+    if args.step_timeout < 0:
+        raise SystemExit(f"envservice: --step-timeout {args.step_timeout:g} is invalid; "
+                         "give seconds > 0, or 0 for no limit")
+    if args.ray_resources is not None:
+        args.ray_resources = _json_object("--ray-resources", args.ray_resources)
+
+
+def _json_object(flag: str, text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SystemExit(f"envservice: {flag} is not JSON ({exc}); expected e.g. '{{\"envs\": 1}}'") from None
+    if not isinstance(value, dict):
+        raise SystemExit(f"envservice: {flag} must be a JSON object of resource names to amounts, got {text!r}")
+    return value
+
+
+def build_backend(args: argparse.Namespace) -> EnvBackend:
+    """The backend the flags ask for (worker processes or Ray actors are started here)."""
+    actor_options = {"num_cpus": args.ray_num_cpus}
+    if args.ray_resources:
+        actor_options["resources"] = args.ray_resources
+    try:
+        return make_backend(args.backend, workers=args.workers, step_timeout_s=args.step_timeout,
+                            ray_address=args.ray_address, ray_actor_options=actor_options)
+    except Exception as exc:
+        raise SystemExit(f"envservice: could not start --backend {args.backend}: {exc}") from exc
 
 
 def parse_env_ids(spec: str | None) -> list[str]:
@@ -65,13 +128,19 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def announce_when_ready(server: uvicorn.Server, url: str, env_ids: list[str]) -> None:
+def announce_when_ready(server: uvicorn.Server, url: str, env_ids: list[str], placement: str) -> None:
     """Print the ready line once uvicorn has started serving."""
     while not server.started:
         if server.should_exit:
             return
         time.sleep(0.02)
-    print(f"envservice ready on {url} (envs: {', '.join(env_ids)})", flush=True)
+    print(f"envservice ready on {url} (envs: {', '.join(env_ids)}; {placement})", flush=True)
+
+
+def placement_text(backend: EnvBackend, step_timeout_s: float) -> str:
+    """'backend: process, 4 workers; step timeout: 60 s' for the ready line."""
+    limit = f"{step_timeout_s:g} s" if step_timeout_s > 0 else "none"
+    return f"backend: {backend.describe()}; step timeout: {limit}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,13 +151,19 @@ def main(argv: list[str] | None = None) -> int:
     if not is_loopback(args.host) and token is None:
         raise SystemExit(f"envservice: refusing to bind non-loopback host {args.host!r} without a token "
                          "(pass --token or set ENVSERVICE_TOKEN)")
-    settings = Settings(env_ids=env_ids, max_sessions=args.max_sessions, idle_timeout_s=args.idle_timeout, token=token)
     sock = bind_socket(args.host, args.port)
     port = sock.getsockname()[1]
     host = f"[{args.host}]" if ":" in args.host else args.host
+    backend = build_backend(args)
+    settings = Settings(env_ids=env_ids, max_sessions=args.max_sessions, idle_timeout_s=args.idle_timeout,
+                        token=token, backend=backend)
     server = uvicorn.Server(uvicorn.Config(create_app(settings), log_level=args.log_level))
-    threading.Thread(target=announce_when_ready, args=(server, f"http://{host}:{port}", env_ids), daemon=True).start()
-    server.run(sockets=[sock])
+    announce = (server, f"http://{host}:{port}", env_ids, placement_text(backend, args.step_timeout))
+    threading.Thread(target=announce_when_ready, args=announce, daemon=True).start()
+    try:
+        server.run(sockets=[sock])
+    finally:
+        backend.shutdown()  # the app's shutdown did it already unless start-up failed
     return 0
 
 

@@ -4,6 +4,8 @@ Responses are validated with the protocol models; error responses raise `EnvServ
 server's code, message, status and valid choices. Retries (bounded, exponential backoff) happen only when
 repeating the call cannot apply an action twice: on 503 (the server refused before doing anything), on a
 connection that could not be opened, and, for the read-only or idempotent calls, on any connection error.
+An env call that ran past the service's `--step-timeout` raises `EnvTimeoutError` (code `env_timeout`,
+HTTP 504) and is never retried: the step may have been applied, and the service closed the session.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ class EnvClient:
     Args:
         base_url: e.g. "http://127.0.0.1:8000".
         token: bearer token when the service requires one.
-        timeout: seconds per request (connect and read).
+        timeout: seconds per request (connect and read); keep it above the service's --step-timeout (60 s by
+            default) so that a hung env comes back as the service's `EnvTimeoutError`, not as a read timeout.
         retries: extra attempts after a retryable failure.
         backoff_s: first retry delay; doubled each attempt.
         pool_size: connections kept per host (size it to the number of threads using the client).
@@ -51,7 +54,7 @@ class EnvClient:
         self,
         base_url: str,
         token: str | None = None,
-        timeout: float = 30.0,
+        timeout: float = 90.0,
         retries: int = 3,
         backoff_s: float = 0.2,
         pool_size: int = 64,

@@ -1,4 +1,5 @@
-"""The one exception type of the environment service, raised by the server and by the client."""
+"""The exception type of the environment service, raised by the server and by the client (one subclass:
+`EnvTimeoutError` for the `env_timeout` code, so callers can catch a timed-out env call by type)."""
 
 from __future__ import annotations
 
@@ -36,5 +37,13 @@ class EnvServiceError(Exception):
 
     @classmethod
     def from_response(cls, response: ErrorResponse, status: int) -> "EnvServiceError":
-        """Rebuild the error a server sent (used by the client)."""
-        return cls(response.code, response.message, status, response.valid_choices, response.detail)
+        """Rebuild the error a server sent (used by the client); `env_timeout` becomes `EnvTimeoutError`."""
+        error_class = EnvTimeoutError if response.code == ErrorCode.env_timeout else cls
+        return error_class(response.code, response.message, status, response.valid_choices, response.detail)
+
+
+class EnvTimeoutError(EnvServiceError):
+    """An env call ran past the service's per-call limit (`env_timeout`, HTTP 504); its session was closed.
+
+    Never retried by the client: a step that timed out may have been applied.
+    """

@@ -20,7 +20,11 @@ class _Model(BaseModel):
 
 
 class ErrorCode(str, Enum):
-    """Machine-readable error codes; each maps to one HTTP status in `ERROR_STATUS`."""
+    """Machine-readable error codes; each maps to one HTTP status in `ERROR_STATUS`.
+
+    `env_error`: the env raised or its worker died; `env_timeout`: an env call ran past the service's
+    `--step-timeout`. Both close that session only (a timed-out step may have been applied: not retried).
+    """
 
     bad_request = "bad_request"
     invalid_request = "invalid_request"
@@ -29,6 +33,7 @@ class ErrorCode(str, Enum):
     unknown_session = "unknown_session"
     capacity = "capacity"
     env_error = "env_error"
+    env_timeout = "env_timeout"
     episode_over = "episode_over"
     unauthorized = "unauthorized"
 
@@ -41,6 +46,7 @@ ERROR_STATUS: dict[ErrorCode, int] = {
     ErrorCode.unknown_session: 404,
     ErrorCode.capacity: 503,
     ErrorCode.env_error: 500,
+    ErrorCode.env_timeout: 504,
     ErrorCode.episode_over: 409,
     ErrorCode.unauthorized: 401,
 }

@@ -1,12 +1,15 @@
 """Environments registered by id with an entry point and the limits the service enforces.
 
 Entry points are `"module:Class"` strings (imported on first use, so listing ids imports no env package)
-or `TextEnv` subclasses (handy in tests).
+or `TextEnv` subclasses (handy in tests, in-process only: worker processes and Ray actors import an env
+by its module path). `ENVSERVICE_TEST_ENVS=1` also registers the deliberately faulty `faulty` env of
+`envservice.envs.testing`, for the isolation tests.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import threading
 from dataclasses import dataclass
 from typing import Union
@@ -102,3 +105,8 @@ register("textworld", "envservice.envs.textworld_env:TextWorldEnv", max_steps=10
 register("alfworld", "envservice.envs.alfworld_env:AlfWorldEnv", max_steps=50, max_sessions=1024)
 register("search", "envservice.envs.search:SearchQAEnv", max_steps=10, max_sessions=4096)
 register("appworld", "envservice.envs.appworld_env:AppWorldEnv", max_steps=50, max_sessions=64)
+
+if os.environ.get("ENVSERVICE_TEST_ENVS") == "1":  # deliberately faulty envs, for the isolation tests only
+    from envservice.envs.testing import register_test_envs
+
+    register_test_envs()

@@ -51,10 +51,11 @@ class Settings:
     token: str | None = None
     """When set, requests need `Authorization: Bearer <token>` (all routes but /healthz)."""
     backend: EnvBackend | None = None
-    """Where environments are built; None: in this process."""
+    """Where environments run and how long one env call may take (`envservice.backends.make_backend`);
+    None: in this process with the default 60 s limit. The app shuts the backend down when it stops."""
 
 
-_ERROR_RESPONSES = {status: {"model": ErrorResponse} for status in (400, 401, 404, 409, 422, 500, 503)}
+_ERROR_RESPONSES = {status: {"model": ErrorResponse} for status in (400, 401, 404, 409, 422, 500, 503, 504)}
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

@@ -5,9 +5,11 @@ session table (never held while an environment runs); each session has its own l
 environment does not block the others. Any exception raised inside an environment closes and drops that
 one session and becomes an `env_error`; the service keeps serving the rest.
 
-Placement seam: environments are built by an `EnvBackend`. `InProcessBackend` builds them in this
-process; a backend that places them in Ray actors or worker processes only has to return an object with
-the same `reset/step/evaluate/close` methods.
+Placement and time limits: environments are built by an `EnvBackend` (`envservice.backends`):
+in this process (default), in worker processes or in Ray actors. A backend returns an object with the
+`reset/step/evaluate/close` methods and enforces the per-call limit itself; a call past it raises
+`EnvCallTimeout`, which closes that session and answers `env_timeout`. A lost worker (`WorkerLost`) is
+an `env_error` like any env exception.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Iterable
 
 from envservice import registry
+from envservice.backends import EnvBackend, EnvCallTimeout, InProcessBackend, RemoteEnvError, WorkerLost
 from envservice.envs.base import Task, TextEnv
 from envservice.errors import EnvServiceError
 from envservice.protocol import (
@@ -34,20 +37,7 @@ from envservice.protocol import (
 
 logger = logging.getLogger("envservice")
 
-
-class EnvBackend(Protocol):
-    """Builds environment instances for sessions (the seam for out-of-process placement)."""
-
-    def build(self, registration: registry.Registration) -> TextEnv:
-        """A new environment instance (or a proxy with the same methods) for one session."""
-
-
-class InProcessBackend:
-    """Builds every environment in the service's own process."""
-
-    def build(self, registration: registry.Registration) -> TextEnv:
-        """Instantiate the registered class here."""
-        return registration.env_class()()
+__all__ = ["EnvBackend", "InProcessBackend", "Session", "SessionManager"]
 
 
 @dataclass
@@ -177,6 +167,9 @@ class SessionManager:
             sessions, self._sessions = list(self._sessions.values()), {}
         for session in sessions:
             self._close(session)
+        backend_shutdown = getattr(self.backend, "shutdown", None)
+        if backend_shutdown is not None:
+            backend_shutdown()
 
     # ---- internals ---------------------------------------------------------------------------------
 
@@ -212,25 +205,37 @@ class SessionManager:
         except EnvServiceError:
             _close_quietly(env, registration.env_id)
             raise
+        except EnvCallTimeout as exc:
+            _close_quietly(env, registration.env_id)
+            raise _timeout_error(registration.env_id, "reset", exc, "the session was not created") from exc
         except Exception as exc:
             _close_quietly(env, registration.env_id)
-            logger.exception("env %s failed in reset", registration.env_id)
-            raise EnvServiceError(ErrorCode.env_error, f"env {registration.env_id!r} failed in reset: {exc!r}") from exc
+            _log_failure(registration.env_id, "reset", "a new session", exc)
+            raise EnvServiceError(
+                ErrorCode.env_error, f"env {registration.env_id!r} failed in reset: {_reason(exc)}") from exc
 
     def _guarded(self, session: Session, what: str, call: Callable[[], Any]) -> Any:
         """Run an env call; on an exception drop the session and raise `env_error`."""
+        env_id = session.registration.env_id
         try:
             return call()
         except EnvServiceError:
             raise
+        except EnvCallTimeout as exc:
+            self._drop(session)
+            raise _timeout_error(env_id, what, exc, f"session {session.session_id} was closed") from exc
         except Exception as exc:
-            logger.exception("env %s failed in %s (session %s)", session.registration.env_id, what, session.session_id)
-            self._discard(session)
-            self._close(session, lock_held=True)
+            _log_failure(env_id, what, f"session {session.session_id}", exc)
+            self._drop(session)
             raise EnvServiceError(
                 ErrorCode.env_error,
-                f"env {session.registration.env_id!r} failed in {what}: {exc!r}; session {session.session_id} was closed",
+                f"env {env_id!r} failed in {what}: {_reason(exc)}; session {session.session_id} was closed",
             ) from exc
+
+    def _drop(self, session: Session) -> None:
+        """Forget a failed session and close its env (its lock is held by the caller)."""
+        self._discard(session)
+        self._close(session, lock_held=True)
 
     def _apply_limits(self, session: Session, response: StepResponse) -> None:
         session.steps += 1
@@ -284,6 +289,27 @@ class SessionManager:
 def _unknown_session(session_id: str) -> EnvServiceError:
     return EnvServiceError(
         ErrorCode.unknown_session, f"session_id={session_id!r} is unknown (never created, released or reaped)"
+    )
+
+
+def _reason(exc: Exception) -> str:
+    """How an env failure reads in a message: a lost worker says itself what happened."""
+    return str(exc) if isinstance(exc, WorkerLost) else repr(exc)
+
+
+def _log_failure(env_id: str, what: str, where: str, exc: Exception) -> None:
+    """Log an env failure; a worker's own traceback replaces the local one, which says nothing."""
+    remote_traceback = getattr(exc, "traceback_text", "")
+    logger.error("env %s failed in %s (%s): %s%s", env_id, what, where, _reason(exc),
+                 f"\n{remote_traceback}" if remote_traceback else "",
+                 exc_info=not isinstance(exc, (WorkerLost, RemoteEnvError)))
+
+
+def _timeout_error(env_id: str, what: str, exc: EnvCallTimeout, outcome: str) -> EnvServiceError:
+    logger.error("env %s: %s timed out after %g s (%s); %s", env_id, what, exc.seconds, exc.detail, outcome)
+    return EnvServiceError(
+        ErrorCode.env_timeout,
+        f"env {env_id!r} did not finish {what} within {exc.seconds:g} s (--step-timeout); {outcome}; {exc.detail}",
     )
 
 

@@ -65,7 +65,7 @@ class BeyondAgentSettings:
             env_url=_required(env, "url", "beyond_agent.env.url"),
             env_token=env.get("token") or None,
             default_env_id=env.get("env_id"),
-            env_timeout_s=float(env.get("timeout_s", 60.0)),
+            env_timeout_s=float(env.get("timeout_s", 90.0)),
             rounds=RoundScheduler.from_config(_as_dict(section.get("rounds", {"type": "fixed", "rounds": 8}),
                                                         "beyond_agent.rounds")),
             val_max_rounds=section.get("val_max_rounds"),

@@ -9,7 +9,8 @@ Termination reasons (see `handler.TERMINATION_REASONS`):
 - `done`       the environment said the task ended (terminated, success or failure);
 - `max_rounds` the round limit of this training step, or the environment's own step limit (truncated);
 - `length`     the response reached max_response_length;
-- `env_error`, `llm_error`, `timeout`: infrastructure failures. They are never turned into reward:
+- `env_error`, `llm_error`, `timeout`: infrastructure failures (`timeout`: the episode's wall-clock budget,
+  an LLM call's deadline, or an env call past the service's `--step-timeout`). They are never turned into reward:
   `EpisodeResult.infra_failure` tells the manager to keep them out of training.
 """
 
@@ -23,7 +24,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import requests
 
-from envservice.errors import EnvServiceError
+from envservice.errors import EnvServiceError, EnvTimeoutError
 from recipe.beyond_agent.rollout.actions import ActionParser
 from recipe.beyond_agent.rollout.handler import Episode, RolloutHandler
 
@@ -226,6 +227,9 @@ class Dataflow:
         started = time.monotonic()
         try:
             return method(*args)
+        except (EnvTimeoutError, requests.Timeout) as exc:
+            # The service's per-call limit (env_timeout) or our own request deadline: the env hung, not the model.
+            raise _EpisodeFailure("timeout", f"{type(exc).__name__}: {exc}") from exc
         except (EnvServiceError, requests.RequestException, ValueError) as exc:
             raise _EpisodeFailure("env_error", f"{type(exc).__name__}: {exc}") from exc
         finally:

@@ -1,0 +1,386 @@
+"""Where env instances live and how long one env call may take: the service's placement backends.
+
+- `InProcessBackend` (default): envs are objects in the service process. With a time limit, each call
+  runs on a pool of daemon threads so the request can answer `env_timeout`; a stuck thread cannot be
+  killed, so it is logged and replaced (it keeps its CPU and memory until the env returns).
+- `ProcessBackend` (`envservice.workers`): envs live in N worker processes.
+- `RayBackend` (`envservice.ray_hosts`): envs live in N Ray actors, possibly on other nodes.
+
+The two worker backends share `PooledBackend`: each session's env is a `RemoteEnv` handle placed on the
+least-loaded worker. A worker that dies ends only its own sessions (`WorkerLost` -> `env_error`) and is
+replaced. A call past the limit kills its worker (`EnvCallTimeout` -> `env_timeout`): that frees the
+stuck env for real, at the price of the worker's other sessions, which end with `env_error`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import uuid
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, Callable, Protocol
+
+from envservice import registry
+from envservice.envs.base import Task, TextEnv
+from envservice.errors import EnvServiceError
+from envservice.host import Reply, entry_point_of
+
+logger = logging.getLogger("envservice")
+
+BACKENDS = ("inprocess", "process", "ray")
+DEFAULT_STEP_TIMEOUT_S = 60.0
+
+
+class EnvCallTimeout(Exception):
+    """An env call did not return within the limit; `detail` says what happened to whatever ran it."""
+
+    def __init__(self, seconds: float, detail: str) -> None:
+        super().__init__(f"no answer within {seconds:g} s; {detail}")
+        self.seconds, self.detail = seconds, detail
+
+
+class WorkerLost(Exception):
+    """The worker that held an env is gone (it crashed, was killed or stopped); its envs are lost."""
+
+
+class RemoteEnvError(Exception):
+    """An exception raised by an env inside a worker; its repr is the original one plus where it ran."""
+
+    def __init__(self, original: str, where: str, traceback_text: str = "") -> None:
+        super().__init__(original)
+        self.original, self.where, self.traceback_text = original, where, traceback_text
+
+    def __repr__(self) -> str:
+        return f"{self.original} (in {self.where})"
+
+
+class EnvBackend(Protocol):
+    """Builds environment instances for sessions (the manager also accepts a backend with `build` only)."""
+
+    def build(self, registration: registry.Registration) -> TextEnv:
+        """A new environment instance (or a proxy with the same methods) for one session."""
+
+    def describe(self) -> str:
+        """One phrase for logs and the ready line, e.g. 'process, 4 workers'."""
+
+    def shutdown(self) -> None:
+        """Free what the backend holds (worker processes, actors, threads); called once sessions are closed."""
+
+
+# ---- in-process ---------------------------------------------------------------------------------------
+
+
+class InProcessBackend:
+    """Builds every environment in the service's own process.
+
+    Args:
+        step_timeout_s: limit of each reset/step/evaluate/close call; 0 runs calls on the request's own
+            thread with no limit (the fastest path).
+        threads: daemon threads that run env calls when a limit is set (above the server's 40 request threads).
+    """
+
+    name = "inprocess"
+
+    def __init__(self, step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S, threads: int = 64) -> None:
+        self.step_timeout_s = step_timeout_s
+        self._threads = _CallThreads(threads) if step_timeout_s > 0 else None
+
+    def build(self, registration: registry.Registration) -> TextEnv:
+        """Instantiate the registered class here (wrapped to run under the time limit when one is set)."""
+        env = registration.env_class()()
+        if self._threads is None:
+            return env
+        return _TimedEnv(env, registration.env_id, self._threads, self.step_timeout_s)  # type: ignore[return-value]
+
+    def describe(self) -> str:
+        """One phrase for logs and the ready line."""
+        return "inprocess"
+
+    def shutdown(self) -> None:
+        """Stop the idle call threads (stuck ones are daemons and die with the process)."""
+        if self._threads is not None:
+            self._threads.stop()
+
+
+class _TimedEnv:
+    """An in-process env whose calls run on `_CallThreads` under a time limit."""
+
+    def __init__(self, env: TextEnv, env_id: str, threads: "_CallThreads", timeout_s: float) -> None:
+        self.env, self.env_id, self._threads, self._timeout_s = env, env_id, threads, timeout_s
+        self._timed_out = False
+
+    def reset(self, task: Task) -> Any:
+        return self._run("reset", lambda: self.env.reset(task))
+
+    def step(self, action: str) -> Any:
+        return self._run("step", lambda: self.env.step(action))
+
+    def evaluate(self) -> Any:
+        return self._run("evaluate", self.env.evaluate)
+
+    def close(self) -> None:
+        if not self._timed_out:
+            self._run("close", self.env.close)
+            return
+        # A call of this env is stuck: close it on a thread of its own (closing its subprocess or socket is
+        # often what unblocks the stuck call) and answer the timeout now, not after another limit.
+        threading.Thread(target=self._close_quietly, name="envservice-close-stuck", daemon=True).start()
+
+    def _close_quietly(self) -> None:
+        try:
+            self.env.close()
+        except Exception:
+            logger.exception("env %s failed in close after a timeout", self.env_id)
+
+    def _run(self, what: str, call: Callable[[], Any]) -> Any:
+        try:
+            return self._threads.run(call, self._timeout_s)
+        except EnvCallTimeout:
+            self._timed_out = True
+            logger.error("env %s: %s is stuck past %g s; its thread cannot be killed and keeps running "
+                         "(%d stuck now); --backend process would kill it", self.env_id, what,
+                         self._timeout_s, self._threads.stuck)
+            raise
+
+
+class _CallThreads:
+    """Daemon threads, started on demand up to `size`, that run env calls so that the caller can stop waiting.
+
+    A call past its limit leaves its thread stuck: the job is marked abandoned and the pool may start one
+    more thread in its place; when the stuck call returns at last, its thread leaves.
+    """
+
+    def __init__(self, size: int) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._size, self.stuck = size, 0
+        self._live, self._idle = 0, 0  # threads alive (stuck ones included), threads free for a job
+
+    def run(self, call: Callable[[], Any], timeout_s: float) -> Any:
+        """`call()` on a pool thread; `EnvCallTimeout` when it has not returned after `timeout_s`."""
+        job = _Job(call)
+        self._submit(job)
+        try:
+            return job.future.result(timeout_s)
+        except FutureTimeout:
+            pass
+        with self._lock:
+            if job.future.done():  # it returned just now
+                return job.future.result()
+            if not job.future.cancel():  # it is running: its thread is stuck
+                job.abandoned = True
+                self.stuck += 1
+        raise EnvCallTimeout(timeout_s, "its thread could not be stopped and keeps running in the service "
+                                        "(use --backend process to kill stuck env calls)")
+
+    def stop(self) -> None:
+        """Ask every thread to exit once it is free (stuck ones leave when their call returns)."""
+        with self._lock:
+            for _ in range(self._live):
+                self._queue.put(None)
+
+    def _submit(self, job: "_Job") -> None:
+        with self._lock:
+            if self._idle > 0:  # claim a free thread
+                self._idle -= 1
+            elif self._live < self._size + self.stuck:  # stuck threads do not count against the size
+                self._live += 1
+                threading.Thread(target=self._loop, name="envservice-env-call", daemon=True).start()
+            # else: every thread is busy; the job waits in the queue for the first one free
+        self._queue.put(job)
+
+    def _loop(self) -> None:
+        while (job := self._queue.get()) is not None:
+            if job.future.set_running_or_notify_cancel():
+                try:
+                    job.future.set_result(job.call())
+                except BaseException as exc:
+                    job.future.set_exception(exc)
+            with self._lock:
+                if job.abandoned:  # another thread may have taken this one's place
+                    self.stuck -= 1
+                    self._live -= 1
+                    return
+                self._idle += 1
+
+
+class _Job:
+    """One env call for `_CallThreads`."""
+
+    def __init__(self, call: Callable[[], Any]) -> None:
+        self.call, self.future, self.abandoned = call, Future(), False
+
+
+# ---- worker pools (process and Ray) ----------------------------------------------------------------
+
+
+class WorkerHandle(Protocol):
+    """The service's side of one worker (a process or a Ray actor) running an `EnvHost`."""
+
+    index: int
+    load: int
+    """Env handles placed on it and not yet closed."""
+
+    @property
+    def alive(self) -> bool:
+        """False once it died or was killed."""
+
+    def request(self, method: str, key: str, args: tuple, timeout_s: float | None) -> Reply:
+        """Send one request and wait for its reply; `WorkerLost` if it dies, `TimeoutError` after `timeout_s`."""
+
+    def describe(self) -> str:
+        """E.g. 'worker 1 (pid 4242)', for messages."""
+
+    def kill(self, reason: str) -> None:
+        """Stop it at once; `reason` becomes the `WorkerLost` message of its pending and later calls."""
+
+    def stop(self) -> None:
+        """Stop it gracefully (service shutdown)."""
+
+
+class PooledBackend:
+    """Places each session's env on the least-loaded of N workers and replaces workers that die.
+
+    Subclasses implement `_start_worker(index) -> WorkerHandle`.
+    """
+
+    name = "pooled"
+
+    def __init__(self, workers: int, step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        self.step_timeout_s = step_timeout_s
+        self._lock = threading.Lock()
+        self._stopping = False
+        self._workers: list[WorkerHandle] = [self._start_worker(i) for i in range(workers)]
+
+    def _start_worker(self, index: int) -> WorkerHandle:
+        raise NotImplementedError
+
+    def build(self, registration: registry.Registration) -> TextEnv:
+        """A `RemoteEnv` handle on the least-loaded live worker (its env is built there by the first reset)."""
+        with self._lock:
+            worker = min(self._workers, key=lambda w: (not w.alive, w.load))
+            worker.load += 1
+        entry_point = entry_point_of(registration.env_class())
+        return RemoteEnv(self, worker, registration.env_id, entry_point)  # type: ignore[return-value]
+
+    def workers(self) -> list[WorkerHandle]:
+        """The current workers (a copy)."""
+        with self._lock:
+            return list(self._workers)
+
+    def describe(self) -> str:
+        """One phrase for logs and the ready line, e.g. 'process, 4 workers'."""
+        return f"{self.name}, {len(self._workers)} workers"
+
+    def call(self, worker: WorkerHandle, method: str, key: str, args: tuple = ()) -> Any:
+        """One env call on `worker` under the time limit; a stuck worker is killed and replaced."""
+        timeout_s = self.step_timeout_s if self.step_timeout_s > 0 else None
+        try:
+            ok, payload = worker.request(method, key, args, timeout_s)
+        except TimeoutError:
+            name = worker.describe()
+            logger.error("%s: a %s call ran past %g s; killing the worker (its other sessions end with env_error)",
+                         name, method, timeout_s)
+            self._kill(worker, f"{name} was killed because another session's {method} call ran past {timeout_s:g} s")
+            raise EnvCallTimeout(timeout_s or 0.0, f"{name} was killed and restarted; "
+                                                   "its other sessions end with env_error") from None
+        except WorkerLost:
+            self.replace(worker)
+            raise
+        if ok:
+            return payload
+        raise _reply_error(payload, worker.describe())
+
+    def release(self, worker: WorkerHandle) -> None:
+        """One handle on `worker` was closed."""
+        with self._lock:
+            worker.load -= 1
+
+    def replace(self, worker: WorkerHandle) -> None:
+        """Start a new worker in the place of a dead one (once, however many callers notice)."""
+        with self._lock:
+            if self._stopping or self._workers[worker.index] is not worker:
+                return
+            try:
+                self._workers[worker.index] = self._start_worker(worker.index)
+            except Exception:
+                logger.exception("could not restart %s; will retry when it is used again", worker.describe())
+                return
+        logger.warning("%s is gone; started %s in its place", worker.describe(), self._workers[worker.index].describe())
+
+    def shutdown(self) -> None:
+        """Stop every worker (their envs are gone with them); a second call does nothing."""
+        with self._lock:
+            if self._stopping:
+                return
+            self._stopping = True
+            workers = list(self._workers)
+        for worker in workers:
+            worker.stop()
+
+    def _kill(self, worker: WorkerHandle, reason: str) -> None:
+        worker.kill(reason)
+        self.replace(worker)
+
+
+class RemoteEnv:
+    """A session's env living on a worker: the `TextEnv` methods, forwarded as requests."""
+
+    def __init__(self, backend: PooledBackend, worker: WorkerHandle, env_id: str, entry_point: str) -> None:
+        self.backend, self.worker, self.env_id, self.entry_point = backend, worker, env_id, entry_point
+        self.key = uuid.uuid4().hex
+        self._released = False
+
+    def reset(self, task: Task) -> Any:
+        return self.backend.call(self.worker, "reset", self.key, (self.entry_point, task))
+
+    def step(self, action: str) -> Any:
+        return self.backend.call(self.worker, "step", self.key, (action,))
+
+    def evaluate(self) -> Any:
+        return self.backend.call(self.worker, "evaluate", self.key)
+
+    def close(self) -> None:
+        """Close the env on its worker (nothing to do when the worker is gone)."""
+        if self._released:
+            return
+        self._released = True
+        self.backend.release(self.worker)
+        if self.worker.alive:
+            self.backend.call(self.worker, "close", self.key)
+
+
+def _reply_error(payload: tuple, where: str) -> Exception:
+    """The exception an error reply stands for."""
+    if payload[0] == "service":
+        _, code, message, valid_choices = payload
+        return EnvServiceError(code, message, valid_choices=valid_choices)
+    _, original, traceback_text = payload
+    return RemoteEnvError(original, where, traceback_text)
+
+
+def default_workers() -> int:
+    """Workers when `--workers` is not given: min(4, CPU count)."""
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def make_backend(kind: str, *, workers: int | None = None, step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
+                 ray_address: str | None = None, ray_actor_options: dict | None = None) -> EnvBackend:
+    """The backend named `kind` (one of `BACKENDS`); worker backends start their workers here."""
+    if kind == "inprocess":
+        return InProcessBackend(step_timeout_s)
+    if kind == "process":
+        from envservice.workers import ProcessBackend
+
+        return ProcessBackend(workers or default_workers(), step_timeout_s)
+    if kind == "ray":
+        from envservice.ray_hosts import RayBackend
+
+        return RayBackend(workers or default_workers(), step_timeout_s, address=ray_address or "auto",
+                          actor_options=ray_actor_options)
+    raise ValueError(f"backend {kind!r} is unknown; valid backends: {', '.join(BACKENDS)}")

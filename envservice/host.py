@@ -1,0 +1,105 @@
+"""`EnvHost`: the side of a worker (a process or a Ray actor) that owns env instances keyed by a handle.
+
+The service sends it `(method, key, args)` requests and gets `(ok, payload)` replies. Both are plain
+picklable values: an env class travels as its `"module:Class"` entry point and is imported where it runs,
+so a worker needs nothing registered. An exception inside an env becomes an `(False, error)` reply;
+nothing a single env does (short of killing the process) stops the host from serving the others.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+import traceback
+from typing import Any
+
+from envservice.envs.base import Task, TextEnv
+from envservice.errors import EnvServiceError
+
+Reply = tuple[bool, Any]
+"""(True, result) or (False, error) where error is `("service", code, message, valid_choices)` for an
+`EnvServiceError` raised by the env, else `("env", repr of the exception, traceback text)`."""
+
+
+def entry_point_of(env_class: type[TextEnv]) -> str:
+    """The `"module:Class"` string a worker imports to build `env_class`."""
+    return f"{env_class.__module__}:{env_class.__qualname__}"
+
+
+def import_env_class(entry_point: str) -> type[TextEnv]:
+    """The `TextEnv` subclass named by a `"module:Class"` entry point."""
+    module_name, _, class_name = entry_point.partition(":")
+    cls: Any = importlib.import_module(module_name)
+    for part in class_name.split("."):
+        cls = getattr(cls, part)
+    if not (isinstance(cls, type) and issubclass(cls, TextEnv)):
+        raise TypeError(f"entry point {entry_point!r} is not a TextEnv subclass")
+    return cls
+
+
+class EnvHost:
+    """Env instances of one worker, keyed by the service's handle; `handle()` runs one request.
+
+    Thread-safe for different keys (the service never sends two calls for one key at once).
+    """
+
+    def __init__(self) -> None:
+        self._envs: dict[str, TextEnv] = {}
+        self._lock = threading.Lock()
+
+    def handle(self, method: str, key: str, args: tuple) -> Reply:
+        """Run `method` for the env of `key`; exceptions become error replies."""
+        try:
+            return True, getattr(self, f"_{method}")(key, *args)
+        except EnvServiceError as exc:
+            return False, ("service", exc.code.value, exc.message, exc.valid_choices)
+        except Exception as exc:
+            return False, ("env", repr(exc), traceback.format_exc())
+
+    def count(self) -> int:
+        """Env instances held now."""
+        with self._lock:
+            return len(self._envs)
+
+    def close_all(self) -> None:
+        """Close every env (the worker is going away); a failing close does not stop the others."""
+        with self._lock:
+            envs, self._envs = list(self._envs.values()), {}
+        for env in envs:
+            try:
+                env.close()
+            except Exception:
+                pass
+
+    def pid(self) -> int:
+        """The process id of this host (tests and logs use it)."""
+        return os.getpid()
+
+    def _reset(self, key: str, entry_point: str, task: Task) -> tuple[str, dict]:
+        with self._lock:
+            env = self._envs.get(key)
+        if env is None:  # the first reset of a handle builds its env (under the same time limit)
+            env = import_env_class(entry_point)()
+            with self._lock:
+                self._envs[key] = env
+        return env.reset(task)
+
+    def _step(self, key: str, action: str) -> Any:
+        return self._env(key).step(action)
+
+    def _evaluate(self, key: str) -> Any:
+        return self._env(key).evaluate()
+
+    def _close(self, key: str) -> None:
+        with self._lock:
+            env = self._envs.pop(key, None)
+        if env is not None:
+            env.close()
+
+    def _env(self, key: str) -> TextEnv:
+        with self._lock:
+            env = self._envs.get(key)
+        if env is None:
+            raise KeyError(f"no env for handle {key!r} on this worker (pid {os.getpid()})")
+        return env

@@ -1,0 +1,123 @@
+"""`python -m envservice --backend process`: envs in worker processes, crashes and hung calls contained.
+
+The service runs on a loopback port with 2 workers, a 3 s step limit and the deliberately faulty test env
+(`envservice/envs/testing.py`, enabled by ENVSERVICE_TEST_ENVS=1 so that the workers can import it).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+import psutil
+import pytest
+
+from envservice.client import EnvClient
+from envservice.envs.frozenlake import shortest_path_actions
+from envservice.errors import EnvServiceError, EnvTimeoutError
+from envservice.process import EnvServiceProcess
+from recipe.beyond_agent.rollout.dataflow import Dataflow, DataflowConfig, EpisodeSpec
+
+pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]
+
+STEP_TIMEOUT_S = 3.0
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EnvServiceProcess]:
+    log = tmp_path_factory.mktemp("envservice") / "service.log"
+    with EnvServiceProcess(["frozenlake", "faulty"], backend="process", workers=2, step_timeout_s=STEP_TIMEOUT_S,
+                           log_path=log, startup_timeout_s=60,
+                           env={"ENVSERVICE_TEST_ENVS": "1", "ENVSERVICE_TOKEN": ""}) as process:
+        yield process
+
+
+@pytest.fixture
+def client(service: EnvServiceProcess) -> Iterator[EnvClient]:
+    with EnvClient(service.url, timeout=30, retries=0) as env_client:
+        yield env_client
+
+
+def _worker_pids(service: EnvServiceProcess) -> set[int]:
+    return {child.pid for child in psutil.Process(service.process.pid).children()
+            if "spawn_main" in " ".join(child.cmdline())}  # not multiprocessing's resource tracker
+
+
+def _open(client: EnvClient, count: int) -> list[tuple[str, int]]:
+    """`count` faulty sessions as (session id, pid of the worker that holds it)."""
+    return [(created.session_id, created.info["pid"]) for created in (client.create("faulty") for _ in range(count))]
+
+
+def _wait_gone(pid: int, timeout_s: float = 10.0) -> bool:
+    end = time.monotonic() + timeout_s
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_ready_line_names_the_backend_and_two_workers_run(service) -> None:
+    assert service.backend == "process, 2 workers" and service.envs == ["frozenlake", "faulty"]
+    assert len(_worker_pids(service)) == 2
+
+
+def test_frozenlake_oracle_episode_in_a_worker_process(client) -> None:
+    created = client.create("frozenlake", task_id=9, seed=0, params={"size": 6})
+    for action in shortest_path_actions(created.info["map"]):
+        step = client.step(created.session_id, action)
+    assert step.terminated and step.reward == 1.0
+    assert client.evaluate(created.session_id).success
+    client.release(created.session_id)
+
+
+@pytest.mark.parametrize("action, exit_text", [("exit", "exit code 3"), ("segfault", "exit code -11 (SIGSEGV)")])
+def test_a_dying_worker_ends_only_its_own_session(service, client, action: str, exit_text: str) -> None:
+    (doomed, doomed_pid), (other, other_pid) = _open(client, 2)
+    assert doomed_pid != other_pid and {doomed_pid, other_pid} == _worker_pids(service)
+    with pytest.raises(EnvServiceError) as failure:
+        client.step(doomed, action)
+    assert (failure.value.code.value, failure.value.status) == ("env_error", 500)
+    assert f"(pid {doomed_pid}) exited with {exit_text}; session {doomed} was closed" in failure.value.message
+    assert client.step(other, "inc").info["pid"] == other_pid  # the other worker never noticed
+    assert client.health().status == "ok" and client.health().sessions == 1
+    assert _wait_gone(doomed_pid)
+    (fresh, fresh_pid), = _open(client, 1)  # placed on the replacement worker
+    assert fresh_pid not in (doomed_pid, other_pid) and len(_worker_pids(service)) == 2
+    assert client.step(fresh, "inc").observation == "value 1"
+    for session_id in (other, fresh):
+        client.release(session_id)
+
+
+def test_hung_step_is_env_timeout_and_its_worker_is_replaced(service, client) -> None:
+    (hung, hung_pid), (other, other_pid), (neighbour, neighbour_pid) = _open(client, 3)
+    assert neighbour_pid == hung_pid != other_pid  # the third session went to the first worker again
+    started = time.monotonic()
+    with pytest.raises(EnvTimeoutError) as failure:
+        client.step(hung, "hang")
+    assert STEP_TIMEOUT_S <= time.monotonic() - started < STEP_TIMEOUT_S + 5
+    assert failure.value.status == 504 and f"did not finish step within {STEP_TIMEOUT_S:g} s" in failure.value.message
+    assert f"worker 0 (pid {hung_pid}) was killed and restarted" in failure.value.message
+    with pytest.raises(EnvServiceError) as failure:  # the trade-off: its neighbour on that worker is lost too
+        client.step(neighbour, "inc")
+    assert failure.value.code.value == "env_error"
+    assert "was killed because another session's step call ran past 3 s" in failure.value.message
+    assert client.step(other, "inc").info["pid"] == other_pid
+    assert _wait_gone(hung_pid)
+    (fresh, fresh_pid), = _open(client, 1)
+    assert fresh_pid != hung_pid and client.step(fresh, "inc").observation == "value 1"
+    for session_id in (other, fresh):
+        client.release(session_id)
+
+
+def test_hung_reset_ends_the_episode_with_timeout(service, client) -> None:
+    config = DataflowConfig(max_rounds=4, max_prompt_length=64, max_response_length=64, max_tokens_per_turn=8)
+    spec = EpisodeSpec("faulty", params={"hang_in_reset": "1"})
+    open_before = client.health().sessions
+    result = Dataflow(spec, client, None, None, None, config).run()
+    assert (result.termination, result.infra_failure) == ("timeout", True)
+    assert "did not finish reset within 3 s (--step-timeout); the session was not created" in result.error
+    assert client.health().sessions == open_before
+    (session_id, _), = _open(client, 1)  # the service still serves
+    client.release(session_id)
+
