@@ -15,7 +15,7 @@ short policy exists):
 After each stage the bench plays every check map through the same `Dataflow` that training uses, against
 a real envservice, with a Hugging Face `generate` as the policy: greedy (one episode per map) and sampled
 at temperature 1 (`--samples` episodes per map, fixed torch seed). It prints the success rates side by
-side. It is a benchmark, not a test: figures vary with the machine, and it takes 15-25 minutes.
+side. It is a benchmark, not a test: figures vary with the machine, and it takes 25-40 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -276,7 +276,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup-batch", type=int, default=16)
     parser.add_argument("--warmup-lr", type=float, default=3e-3)
     parser.add_argument("--grpo-steps", type=int, default=30, help="0 skips the GRPO stage")
-    parser.add_argument("--grpo-lr", type=float, default=5e-4)
+    parser.add_argument("--grpo-lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "outputs" / "learning_cpu")
     return parser.parse_args(argv)
