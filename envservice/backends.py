@@ -258,7 +258,8 @@ class PooledBackend:
         self._workers: list[WorkerHandle] = [self._start_worker(i) for i in range(workers)]
 
     def _start_worker(self, index: int) -> WorkerHandle:
-        raise NotImplementedError
+        """Start worker `index`; each placement defines it (ProcessBackend: a process, RayBackend: an actor)."""
+        raise NotImplementedError(f"{type(self).__name__} must define _start_worker (see ProcessBackend, RayBackend)")
 
     def build(self, registration: registry.Registration) -> TextEnv:
         """A `RemoteEnv` handle on the least-loaded live worker (its env is built there by the first reset)."""
