@@ -9,6 +9,7 @@ nothing a single env does (short of killing the process) stops the host from ser
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import threading
 import traceback
@@ -16,6 +17,8 @@ from typing import Any
 
 from envservice.envs.base import Task, TextEnv
 from envservice.errors import EnvServiceError
+
+logger = logging.getLogger("envservice")
 
 Reply = tuple[bool, Any]
 """(True, result) or (False, error) where error is `("service", code, message, valid_choices)` for an
@@ -69,8 +72,8 @@ class EnvHost:
         for env in envs:
             try:
                 env.close()
-            except Exception:
-                pass
+            except Exception:  # the worker is going away anyway; say which env failed to close
+                logger.exception("env %s failed in close while its worker stopped", type(env).__name__)
 
     def pid(self) -> int:
         """The process id of this host (tests and logs use it)."""

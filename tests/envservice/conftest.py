@@ -149,3 +149,19 @@ def wait_for() -> Callable[[Callable[[], bool], float], bool]:
         return condition()
 
     return poll
+
+
+@pytest.fixture
+def play_frozenlake_oracle() -> Callable[[Any], tuple[Any, Any]]:
+    """Plays FrozenLake map 9 (6x6) with the BFS oracle through an EnvClient; returns (last step, evaluation)."""
+    from envservice.envs.frozenlake import shortest_path_actions
+
+    def play(client: Any) -> tuple[Any, Any]:
+        created = client.create("frozenlake", task_id=9, seed=0, params={"size": 6})
+        for action in shortest_path_actions(created.info["map"]):
+            step = client.step(created.session_id, action)
+        evaluation = client.evaluate(created.session_id)
+        client.release(created.session_id)
+        return step, evaluation
+
+    return play

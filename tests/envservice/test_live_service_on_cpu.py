@@ -11,7 +11,6 @@ from minigrid.utils.baby_ai_bot import BabyAIBot
 
 from envservice.client import EnvClient
 from envservice.envs.babyai import ACTIONS
-from envservice.envs.frozenlake import shortest_path_actions
 from envservice.errors import EnvServiceError
 
 pytestmark = pytest.mark.timeout(120)
@@ -43,14 +42,11 @@ def test_babyai_episode_solved_by_bot_over_http(live_service) -> None:
         assert client.release(created.session_id).released
 
 
-def test_frozenlake_oracle_over_http(live_service) -> None:
+def test_frozenlake_oracle_over_http(live_service, play_frozenlake_oracle) -> None:
     with EnvClient(live_service["url"]) as client:
-        created = client.create("frozenlake", task_id=9, seed=0, params={"size": 6})
-        for action in shortest_path_actions(created.info["map"]):
-            step = client.step(created.session_id, action)
-        assert step.terminated and step.reward == 1.0
-        assert client.evaluate(created.session_id).success
-        client.release(created.session_id)
+        step, evaluation = play_frozenlake_oracle(client)
+    assert step.terminated and step.reward == 1.0
+    assert evaluation.success
 
 
 def test_client_raises_typed_errors(live_service) -> None:

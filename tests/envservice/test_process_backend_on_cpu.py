@@ -13,7 +13,6 @@ import psutil
 import pytest
 
 from envservice.client import EnvClient
-from envservice.envs.frozenlake import shortest_path_actions
 from envservice.errors import EnvServiceError, EnvTimeoutError
 from envservice.process import EnvServiceProcess
 from recipe.beyond_agent.rollout.dataflow import Dataflow, DataflowConfig, EpisodeSpec
@@ -62,13 +61,10 @@ def test_ready_line_names_the_backend_and_two_workers_run(service) -> None:
     assert len(_worker_pids(service)) == 2
 
 
-def test_frozenlake_oracle_episode_in_a_worker_process(client) -> None:
-    created = client.create("frozenlake", task_id=9, seed=0, params={"size": 6})
-    for action in shortest_path_actions(created.info["map"]):
-        step = client.step(created.session_id, action)
+def test_frozenlake_oracle_episode_in_a_worker_process(client, play_frozenlake_oracle) -> None:
+    step, evaluation = play_frozenlake_oracle(client)
     assert step.terminated and step.reward == 1.0
-    assert client.evaluate(created.session_id).success
-    client.release(created.session_id)
+    assert evaluation.success
 
 
 @pytest.mark.parametrize("action, exit_text", [("exit", "exit code 3"), ("segfault", "exit code -11 (SIGSEGV)")])

@@ -9,14 +9,13 @@ import psutil
 import pytest
 
 from envservice.client import EnvClient
-from envservice.envs.frozenlake import shortest_path_actions
 from envservice.process import EnvServiceProcess
 
 pytest.importorskip("ray")
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 
-def test_local_ray_service_plays_an_episode_and_stops_its_ray(tmp_path) -> None:
+def test_local_ray_service_plays_an_episode_and_stops_its_ray(tmp_path, play_frozenlake_oracle) -> None:
     service = EnvServiceProcess(["frozenlake"], backend="ray", ray_address="local", workers=2,
                                 log_path=tmp_path / "service.log", startup_timeout_s=240,
                                 env={"ENVSERVICE_TOKEN": ""})
@@ -25,10 +24,8 @@ def test_local_ray_service_plays_an_episode_and_stops_its_ray(tmp_path) -> None:
         ray_processes = psutil.Process(service.process.pid).children(recursive=True)
         assert any("raylet" in " ".join(p.cmdline()) for p in ray_processes)
         with EnvClient(service.url, timeout=60) as client:
-            created = client.create("frozenlake", task_id=9, seed=0, params={"size": 6})
-            for action in shortest_path_actions(created.info["map"]):
-                step = client.step(created.session_id, action)
-            assert step.terminated and step.reward == 1.0 and client.evaluate(created.session_id).success
+            step, evaluation = play_frozenlake_oracle(client)
+            assert step.terminated and step.reward == 1.0 and evaluation.success
         started = time.monotonic()
     assert time.monotonic() - started < 8.0, service.log_tail()
     assert not [p for p in ray_processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
