@@ -124,3 +124,22 @@ def test_turns_after_a_capped_prompt_still_follow_the_template(tok, render_ids):
     golden = render_ids(tok, handler.messages)
     # Only the prompt's head is gone; the deltas are computed from the full text, not from the kept ids.
     assert handler.prompt_ids_for_next_turn() == golden[len(golden) - 5 - len(handler.response_ids):]
+
+
+def test_assistant_ids_from_numpy_or_torch_equal_a_list_and_non_integers_are_refused(tok):
+    import numpy as np
+    import torch
+
+    sampled, logprobs = [300, 301, EOS], [-0.25, -0.5, -0.125]
+    rows = []
+    for ids in (sampled, np.array(sampled, dtype=np.int64), torch.tensor(sampled), tuple(sampled)):
+        handler = RolloutHandler(tok, TASK, max_prompt_length=64, max_response_length=16)
+        handler.add_assistant(ids, np.array(logprobs))
+        rows.append((handler.response_ids, handler.response_logprobs))
+        assert all(type(i) is int for i in handler.response_ids)  # JSON- and verl-ready Python ints
+    assert rows == [(sampled, logprobs)] * 4
+
+    handler = RolloutHandler(tok, TASK, max_prompt_length=64, max_response_length=16)
+    with pytest.raises(TypeError, match="token_ids must be integers"):
+        handler.add_assistant([300.0, 2.0])
+    assert handler.response_ids == [] and handler.num_turns == 0  # a refused turn leaves nothing behind

@@ -221,6 +221,8 @@ class Frame:
 
     def render(self, contents: Sequence[str]) -> str:
         """The step's text for these contents."""
+        if len(self.slots) == 1:  # the common step (one observation): no list to build
+            return self.texts[0] + contents[self.slots[0]] + self.texts[1]
         parts = [self.texts[0]]
         for slot, text in zip(self.slots, self.texts[1:]):
             parts.append(contents[slot])
@@ -404,6 +406,7 @@ class CachedEncoder:
         """What the ids depend on besides the text; a changed fingerprint needs a new encoder."""
         self._tokenizer = tokenizer
         self._backend = _direct_backend(tokenizer)
+        self._batch_fast = getattr(self._backend, "encode_batch_fast", None)  # tokenizers >= 0.21
         self._cache: dict[str, tuple[int, ...]] = {}
         self._lock = threading.Lock()
         self._nonempty_ids = _ids_that_decode_to_text(tokenizer, self._backend)
@@ -439,6 +442,10 @@ class CachedEncoder:
         # backend and special tokens are split the same way; otherwise let transformers set them up.
         if (backend is not None and backend.truncation is None and backend.padding is None
                 and backend.encode_special_tokens == self._tokenizer.split_special_tokens):
+            if self._batch_fast is not None:
+                # Same ids as `encode` (only the character offsets are skipped), and the batch call lets
+                # other dataflow threads run while Rust tokenizes (it releases the GIL; `encode` does not).
+                return self._batch_fast([text], add_special_tokens=False)[0].ids
             return backend.encode(text, add_special_tokens=False).ids
         return self._tokenizer.encode(text, add_special_tokens=False)
 
