@@ -36,3 +36,24 @@ class BeyondAgentTrainer(RayPPOTrainer):
         self.beyond_agent = BeyondAgentSettings.from_config(config)  # fails early with the bad key named
         use_beyond_agent_rollout(config)
         super().__init__(config, *args, **kwargs)
+        notice = align_total_epochs(self.config, len(self.train_dataloader), self.total_training_steps)
+        if notice:
+            print(notice, flush=True)
+
+
+def align_total_epochs(config: Any, batches_per_epoch: int, total_training_steps: int) -> str | None:
+    """Raise `trainer.total_epochs` so that verl's `fit()` reaches `total_training_steps`; the notice, or None.
+
+    Why: verl 0.9's `fit()` loops over `total_epochs` epochs and stops at whichever comes first, that or
+    `total_training_steps`, while printing only "Total training steps: N". A run asked for 300 steps over
+    a 4-batch dataset with the default 30 epochs would stop at step 120 without a word. The explicit step
+    count is the more specific wish, so the epochs follow it.
+    """
+    needed = -(-total_training_steps // batches_per_epoch)  # ceil: the last epoch may be cut short
+    current = config.trainer.total_epochs
+    if current >= needed:
+        return None
+    with open_dict(config):
+        config.trainer.total_epochs = needed
+    return (f"trainer.total_training_steps={total_training_steps} needs {needed} epochs of {batches_per_epoch} "
+            f"batches; trainer.total_epochs raised from {current} to {needed} (verl stops at whichever ends first)")

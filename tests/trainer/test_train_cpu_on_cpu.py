@@ -38,7 +38,9 @@ def train(run_dir: Path, model: Path, data: tuple[Path, Path], env_url: str, ste
         "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4", "actor_rollout_ref.rollout.max_model_len=1024",
         "actor_rollout_ref.rollout.max_num_batched_tokens=2048", "trainer.nnodes=1", "trainer.n_gpus_per_node=1",
-        f"trainer.total_training_steps={steps}", "trainer.save_freq=1", "trainer.test_freq=-1",
+        # One epoch of 2 batches: the resumed run's 3 steps need a second epoch, which BeyondAgentTrainer
+        # adds (verl alone would stop at the end of epoch 1 without a word).
+        f"trainer.total_training_steps={steps}", "trainer.total_epochs=1", "trainer.save_freq=1", "trainer.test_freq=-1",
         "trainer.val_before_train=false", "trainer.logger=[console]", "trainer.resume_mode=auto",
         f"trainer.default_local_dir={run_dir}", f"beyond_agent.env.url={env_url}", "beyond_agent.max_tokens_per_turn=12",
         "beyond_agent.rounds.type=stepwise", "beyond_agent.rounds.rounds=[1,2,3]", "+beyond_agent.rounds.every=1",
@@ -100,5 +102,6 @@ def test_two_steps_then_resume_continues_step_and_round_schedule(tiny_model_dir,
         assert changed, "no actor weight changed after two optimizer steps"
 
         resumed = train(run_dir, tiny_model_dir, data, service.url, steps=3)
+    assert "trainer.total_epochs raised from 1 to 2" in resumed
     assert sorted(step_metrics(resumed)) == [3]  # continued at step 3, did not redo 1 and 2
     assert max(trajectory_rounds(run_dir, 3)) == 3  # and with step 3's round limit
