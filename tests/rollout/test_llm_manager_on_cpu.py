@@ -139,6 +139,10 @@ def test_many_threads_share_the_manager_and_in_flight_stays_bounded():
     assert metrics.tokens_generated == 16 * 5
     # 16 requests of 0.1 s, 3 at a time: at least ceil(16/3) = 6 rounds of the slot pool
     assert metrics.busy_time_s >= 0.6
+    # Busy time lies within the first-request .. last-response span; waves of 3 follow each other with
+    # only scheduling gaps between them.
+    span = metrics.last_response_at - metrics.first_request_at
+    assert span - 0.05 <= metrics.busy_time_s <= span + 1e-9
 
 
 def test_busy_time_is_the_union_of_in_flight_intervals():

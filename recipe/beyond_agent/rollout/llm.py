@@ -164,6 +164,10 @@ class LLMMetrics:
     """Requests at the backend right now."""
     peak_in_flight: int
     """Most requests ever at the backend at once (never above max_in_flight)."""
+    first_request_at: float | None = None
+    """`time.monotonic()` when the first request reached the backend (None before any did)."""
+    last_response_at: float | None = None
+    """`time.monotonic()` when the latest request left the backend (None before any did)."""
 
 
 class _MetricsRecorder:
@@ -175,6 +179,8 @@ class _MetricsRecorder:
         self._by_kind: dict[str, int] = {}
         self._busy_s = 0.0
         self._busy_since = 0.0
+        self._first_started: float | None = None
+        self._last_finished: float | None = None
 
     def submitted(self) -> None:
         with self._lock:
@@ -184,14 +190,17 @@ class _MetricsRecorder:
         with self._lock:
             if self._in_flight == 0:
                 self._busy_since = time.monotonic()
+                if self._first_started is None:
+                    self._first_started = self._busy_since
             self._in_flight += 1
             self._peak = max(self._peak, self._in_flight)
 
     def finished(self) -> None:
         with self._lock:
             self._in_flight -= 1
+            self._last_finished = time.monotonic()
             if self._in_flight == 0:
-                self._busy_s += time.monotonic() - self._busy_since
+                self._busy_s += self._last_finished - self._busy_since
 
     def succeeded(self, result: GenerationResult) -> None:
         with self._lock:
@@ -206,7 +215,7 @@ class _MetricsRecorder:
         with self._lock:
             busy = self._busy_s + (time.monotonic() - self._busy_since if self._in_flight else 0.0)
             return LLMMetrics(self._requests, self._failures, dict(self._by_kind), self._tokens, busy,
-                              self._in_flight, self._peak)
+                              self._in_flight, self._peak, self._first_started, self._last_finished)
 
 
 class AsyncLLMServerManager:
