@@ -145,7 +145,7 @@ class RolloutHandler:
         # The text our ids stand for; the next observation delta is the template text after it.
         text = self._prompt_text()
         self._transcript = _Transcript(text)
-        prompt_ids, self.prompt_truncated = self._cap_prompt(list(self._encode(text)), prompt_truncation)
+        prompt_ids, self.prompt_truncated = self._cap_prompt(self._encode(text), prompt_truncation)
         self._prompt_ids = array("q", prompt_ids)
 
     # ----- building the sequence -------------------------------------------------------------------
@@ -348,7 +348,7 @@ class RolloutHandler:
             )
         return full[len(rendered):]
 
-    def _cap_prompt(self, ids: list[int], policy: str) -> tuple[list[int], bool]:
+    def _cap_prompt(self, ids: Sequence[int], policy: str) -> tuple[Sequence[int], bool]:
         if len(ids) <= self.max_prompt_length:
             return ids, False
         if policy == "error":

@@ -42,6 +42,7 @@ import copy
 import json
 import threading
 import weakref
+from array import array
 from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
@@ -399,7 +400,11 @@ def _renders_with_base_template(cls: type) -> bool:
 
 
 class CachedEncoder:
-    """`tokenizer.encode(text, add_special_tokens=False)` as a tuple, memoised by text."""
+    """`tokenizer.encode(text, add_special_tokens=False)` as an int64 array, memoised by text.
+
+    The arrays are shared between callers and threads: read them, never modify them. (An array rather
+    than a tuple because RolloutHandler appends it to its own int64 array, which is then one memory copy.)
+    """
 
     def __init__(self, tokenizer: Any):
         self.fingerprint = _vocabulary_fingerprint(tokenizer)
@@ -407,7 +412,7 @@ class CachedEncoder:
         self._tokenizer = tokenizer
         self._backend = _direct_backend(tokenizer)
         self._batch_fast = getattr(self._backend, "encode_batch_fast", None)  # tokenizers >= 0.21
-        self._cache: dict[str, tuple[int, ...]] = {}
+        self._cache: dict[str, array] = {}
         self._lock = threading.Lock()
         self._nonempty_ids = _ids_that_decode_to_text(tokenizer, self._backend)
 
@@ -422,13 +427,13 @@ class CachedEncoder:
             return True
         return False if ids[0] in self._nonempty_ids else None
 
-    def __call__(self, text: str) -> tuple[int, ...]:
+    def __call__(self, text: str) -> array:
         ids = self._cache.get(text)
         if ids is not None:
             PATH_STATS["encode_cache_hit"] += 1
             return ids
         PATH_STATS["encode_cache_miss"] += 1
-        ids = tuple(self._encode(text))
+        ids = array("q", self._encode(text))
         if len(text) <= MAX_CACHED_TEXT_CHARS:
             with self._lock:
                 if len(self._cache) >= MAX_CACHED_TEXTS:
