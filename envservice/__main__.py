@@ -2,7 +2,9 @@
 
 Binds 127.0.0.1 by default. A non-loopback host needs a token (`--token` or ENVSERVICE_TOKEN). Prints one
 line `envservice ready on http://HOST:PORT (envs: ...; backend: ...; step timeout: ...)` on stdout once it
-accepts requests; with `--port 0` the line shows the port the system picked.
+accepts requests; with `--port 0` the line shows the port the system picked. Before that line the served
+envs' packages are imported, in the service and in every worker, so that no first /create stalls on an
+import; an env whose import fails is logged and the others are served (`--no-preload` skips this).
 
 Where envs run: `--backend inprocess` (default), `process --workers N`, or
 `ray --ray-address auto|ray://HOST:10001|local --workers N`; `--step-timeout S` limits every env call
@@ -37,6 +39,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--idle-timeout", type=float, default=600.0, help="seconds before an idle session is released")
     parser.add_argument("--token", default=None, help="bearer token required from clients (or ENVSERVICE_TOKEN)")
     parser.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
+    parser.add_argument("--no-preload", dest="preload", action="store_false",
+                        help="do not import the served envs' packages before the ready line (in the service and "
+                        "every worker); starts faster when you serve many envs you will not use, but the first "
+                        "/create of each env then waits for its import")
     _add_placement_args(parser)
     args = parser.parse_args(argv)
     check_backend_args(args)
@@ -143,6 +149,13 @@ def placement_text(backend: EnvBackend, step_timeout_s: float) -> str:
     return f"backend: {backend.describe()}; step timeout: {limit}"
 
 
+def build_settings(args: argparse.Namespace, env_ids: list[str], token: str | None,
+                   backend: EnvBackend) -> Settings:
+    """The service `Settings` the parsed flags ask for."""
+    return Settings(env_ids=env_ids, max_sessions=args.max_sessions, idle_timeout_s=args.idle_timeout,
+                    token=token, backend=backend, preload=args.preload)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `python -m envservice`."""
     args = parse_args(argv)
@@ -155,8 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     port = sock.getsockname()[1]
     host = f"[{args.host}]" if ":" in args.host else args.host
     backend = build_backend(args)
-    settings = Settings(env_ids=env_ids, max_sessions=args.max_sessions, idle_timeout_s=args.idle_timeout,
-                        token=token, backend=backend)
+    settings = build_settings(args, env_ids, token, backend)
     server = uvicorn.Server(uvicorn.Config(create_app(settings), log_level=args.log_level))
     announce = (server, f"http://{host}:{port}", env_ids, placement_text(backend, args.step_timeout))
     threading.Thread(target=announce_when_ready, args=announce, daemon=True).start()

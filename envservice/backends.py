@@ -10,6 +10,9 @@ The two worker backends share `PooledBackend`: each session's env is a `RemoteEn
 least-loaded worker. A worker that dies ends only its own sessions (`WorkerLost` -> `env_error`) and is
 replaced. A call past the limit kills its worker (`EnvCallTimeout` -> `env_timeout`): that frees the
 stuck env for real, at the price of the worker's other sessions, which end with `env_error`.
+
+`preload(entry_points)` (called by the server at start-up) imports the env classes on every worker, outside
+any call's time limit, and again on each replacement worker, so that no first reset pays for an import.
 """
 
 from __future__ import annotations
@@ -19,9 +22,9 @@ import os
 import queue
 import threading
 import uuid
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, Sequence
 
 from envservice import registry
 from envservice.envs.base import Task, TextEnv
@@ -32,6 +35,8 @@ logger = logging.getLogger("envservice")
 
 BACKENDS = ("inprocess", "process", "ray")
 DEFAULT_STEP_TIMEOUT_S = 60.0
+PRELOAD_TIMEOUT_S = 600.0
+"""How long a worker may take to import the preloaded env classes (imports are slow; no step limit applies)."""
 
 
 class EnvCallTimeout(Exception):
@@ -58,7 +63,8 @@ class RemoteEnvError(Exception):
 
 
 class EnvBackend(Protocol):
-    """Builds environment instances for sessions (the manager also accepts a backend with `build` only)."""
+    """Builds environment instances for sessions (the manager also accepts a backend with `build` only:
+    `preload` and `shutdown` are optional)."""
 
     def build(self, registration: registry.Registration) -> TextEnv:
         """A new environment instance (or a proxy with the same methods) for one session."""
@@ -68,6 +74,12 @@ class EnvBackend(Protocol):
 
     def shutdown(self) -> None:
         """Free what the backend holds (worker processes, actors, threads); called once sessions are closed."""
+
+    def preload(self, entry_points: Sequence[str]) -> dict[str, str]:
+        """Optional: import these `"module:Class"` env classes wherever envs run, before the first session.
+
+        Called once at start-up; never raises for a failing import. Returns {entry point: why it failed}.
+        """
 
 
 # ---- in-process ---------------------------------------------------------------------------------------
@@ -98,6 +110,10 @@ class InProcessBackend:
     def describe(self) -> str:
         """One phrase for logs and the ready line."""
         return "inprocess"
+
+    def preload(self, entry_points: Sequence[str]) -> dict[str, str]:
+        """Nothing to do: envs run in the service process, which imported their classes already."""
+        return {}
 
     def shutdown(self) -> None:
         """Stop the idle call threads (stuck ones are daemons and die with the process)."""
@@ -255,6 +271,8 @@ class PooledBackend:
         self.step_timeout_s = step_timeout_s
         self._lock = threading.Lock()
         self._stopping = False
+        self._preload_entry_points: tuple[str, ...] = ()  # what `preload` imported; replacements import it too
+        self._preloading: set[WorkerHandle] = set()  # workers importing it now (a death there disables it)
         self._workers: list[WorkerHandle] = [self._start_worker(i) for i in range(workers)]
 
     def _start_worker(self, index: int) -> WorkerHandle:
@@ -302,17 +320,75 @@ class PooledBackend:
         with self._lock:
             worker.load -= 1
 
+    def preload(self, entry_points: Sequence[str]) -> dict[str, str]:
+        """Import `entry_points` on every worker in parallel, outside the step limit; failures are logged.
+
+        Replacement workers (`replace`) import them too. Returns {entry point: why it failed} (the first
+        worker's reason); a worker that dies while importing also disables preloading of its successors.
+        """
+        entry_points = tuple(entry_points)
+        with self._lock:
+            self._preload_entry_points = entry_points
+            workers = list(self._workers)
+        if not entry_points:
+            return {}
+        failures: dict[str, str] = {}
+        with ThreadPoolExecutor(len(workers), thread_name_prefix="envservice-preload") as pool:
+            for failed in pool.map(lambda worker: self._preload_worker(worker, entry_points), workers):
+                for entry_point, reason in failed.items():
+                    failures.setdefault(entry_point, reason)
+        return failures
+
+    def _preload_worker(self, worker: WorkerHandle, entry_points: tuple[str, ...]) -> dict[str, str]:
+        """Import `entry_points` on one worker; {entry point: why it failed}, logged here."""
+        with self._lock:
+            self._preloading.add(worker)
+        try:
+            ok, payload = worker.request("preload", "", (entry_points,), PRELOAD_TIMEOUT_S)
+        except WorkerLost as exc:  # stays in `_preloading`: `replace` sees it died importing
+            self.replace(worker)
+            failures = {entry_point: f"{worker.describe()} died while importing it: {exc}"
+                        for entry_point in entry_points}
+        except TimeoutError:
+            failures = {entry_point: f"{worker.describe()} was still importing after {PRELOAD_TIMEOUT_S:g} s"
+                        for entry_point in entry_points}
+        else:
+            failures = payload if ok else {entry_point: repr(_reply_error(payload, worker.describe()))
+                                           for entry_point in entry_points}
+        with self._lock:
+            self._preloading.discard(worker)
+            stopping = self._stopping
+        if not stopping:  # a worker stopped by shutdown is no failure worth a warning
+            for entry_point, reason in failures.items():
+                logger.warning("preload: %s could not import %s: %s", worker.describe(), entry_point, reason)
+        return failures
+
     def replace(self, worker: WorkerHandle) -> None:
-        """Start a new worker in the place of a dead one (once, however many callers notice)."""
+        """Start a new worker in the place of a dead one (once, however many callers notice) and preload it."""
         with self._lock:
             if self._stopping or self._workers[worker.index] is not worker:
                 return
+            self._stop_preload_if_it_killed(worker)
             try:
                 self._workers[worker.index] = self._start_worker(worker.index)
             except Exception:
                 logger.exception("could not restart %s; will retry when it is used again", worker.describe())
                 return
-        logger.warning("%s is gone; started %s in its place", worker.describe(), self._workers[worker.index].describe())
+            new_worker, entry_points = self._workers[worker.index], self._preload_entry_points
+        logger.warning("%s is gone; started %s in its place", worker.describe(), new_worker.describe())
+        if entry_points:  # on a thread of its own: the caller may be answering a request (never under the lock)
+            threading.Thread(target=self._preload_worker, args=(new_worker, entry_points),
+                             name=f"envservice-preload-{worker.index}", daemon=True).start()
+
+    def _stop_preload_if_it_killed(self, worker: WorkerHandle) -> None:
+        """A worker that died while importing the preload list (an import that crashes the interpreter, say)
+        would take each successor down the same way, in a loop: preload no more replacements. Holds the lock."""
+        if worker not in self._preloading:
+            return
+        self._preloading.discard(worker)
+        self._preload_entry_points = ()
+        logger.error("%s died while preloading env classes; replacement workers are not preloaded (each env is "
+                     "imported by its first reset instead)", worker.describe())
 
     def shutdown(self) -> None:
         """Stop every worker (their envs are gone with them); a second call does nothing."""

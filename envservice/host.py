@@ -4,6 +4,9 @@ The service sends it `(method, key, args)` requests and gets `(ok, payload)` rep
 picklable values: an env class travels as its `"module:Class"` entry point and is imported where it runs,
 so a worker needs nothing registered. An exception inside an env becomes an `(False, error)` reply;
 nothing a single env does (short of killing the process) stops the host from serving the others.
+
+Besides the env calls (reset, step, evaluate, close), `preload` imports env classes ahead of the first
+reset and `imported` says which modules this worker holds.
 """
 
 from __future__ import annotations
@@ -11,9 +14,10 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import sys
 import threading
 import traceback
-from typing import Any
+from typing import Any, Sequence
 
 from envservice.envs.base import Task, TextEnv
 from envservice.errors import EnvServiceError
@@ -78,6 +82,23 @@ class EnvHost:
     def pid(self) -> int:
         """The process id of this host (tests and logs use it)."""
         return os.getpid()
+
+    def _preload(self, _key: str, entry_points: Sequence[str]) -> dict[str, str]:
+        """Import each entry point's class now, so that no first reset (under the step limit) pays for it.
+
+        Returns {entry point: repr of the exception} for those that failed; a failure is not an error reply.
+        """
+        failures: dict[str, str] = {}
+        for entry_point in entry_points:
+            try:
+                import_env_class(entry_point)
+            except Exception as exc:
+                failures[entry_point] = repr(exc)
+        return failures
+
+    def _imported(self, _key: str, module_names: Sequence[str]) -> list[str]:
+        """Which of `module_names` this worker has imported (diagnostics and tests of the preload)."""
+        return [name for name in module_names if name in sys.modules]
 
     def _reset(self, key: str, entry_point: str, task: Task) -> tuple[str, dict]:
         with self._lock:
