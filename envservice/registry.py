@@ -35,7 +35,14 @@ class Registration:
         if not isinstance(self.entry_point, str):
             return self.entry_point
         module_name, _, class_name = self.entry_point.partition(":")
-        cls = getattr(importlib.import_module(module_name), class_name)
+        try:
+            cls = getattr(importlib.import_module(module_name), class_name)
+        except Exception as exc:  # a missing or broken package: say which env and why, not a bare 500
+            raise EnvServiceError(
+                ErrorCode.env_error,
+                f"env {self.env_id!r} cannot be loaded: importing {self.entry_point!r} failed with {exc!r}; "
+                "install the package it needs (README, 'Installing') or stop serving it",
+            ) from exc
         if not (isinstance(cls, type) and issubclass(cls, TextEnv)):
             raise TypeError(f"entry point {self.entry_point!r} of {self.env_id!r} is not a TextEnv subclass")
         return cls
