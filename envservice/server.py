@@ -29,6 +29,7 @@ from envservice.protocol import (
     CreateRequest,
     CreateResponse,
     EnvList,
+    EnvSpec,
     ErrorCode,
     ErrorResponse,
     EvaluateRequest,
@@ -143,6 +144,17 @@ def _preload_backend(backend: EnvBackend, entry_points: dict[str, str]) -> dict[
     return {env_id: failed[entry_point] for env_id, entry_point in entry_points.items() if entry_point in failed}
 
 
+def _loadable_spec(env_id: str) -> EnvSpec | None:
+    """The env's public description, or None (logged) when its package cannot be imported."""
+    try:
+        return registry.get(env_id).spec()
+    except EnvServiceError as exc:
+        if exc.code != ErrorCode.env_error:
+            raise
+        logger.warning("GET /envs leaves out %r: %s", env_id, exc.message)
+        return None
+
+
 def _auth_dependency(token: str | None):
     def check_token(request: Request) -> None:
         if token is None:
@@ -178,8 +190,9 @@ def _add_routes(app: FastAPI, manager: SessionManager, env_ids: list[str], auth)
 
     @app.get("/envs", response_model=EnvList, dependencies=[auth])
     def envs() -> EnvList:
-        """The served environments with their tasks and limits."""
-        return EnvList(envs=[registry.get(env_id).spec() for env_id in env_ids])
+        """The served environments with their tasks and limits; one whose package cannot be loaded is left
+        out (its /create answers env_error saying why), so one missing optional package does not hide the rest."""
+        return EnvList(envs=[spec for spec in map(_loadable_spec, env_ids) if spec is not None])
 
     @app.get("/healthz", response_model=Health)
     def healthz() -> Health:

@@ -108,6 +108,8 @@ def test_an_env_that_fails_to_import_is_logged_and_the_others_are_served(make_cl
         assert "env 'brokenimport' cannot be loaded" in response.json()["message"]
         assert "ModuleNotFoundError" in response.json()["message"]
         assert client.post("/create", json={"env_id": "frozenlake"}).status_code == 200
+        # The listing leaves the broken env out instead of failing for every env.
+        assert [spec["id"] for spec in client.get("/envs").json()["envs"]] == ["frozenlake"]
     finally:
         registry.unregister("brokenimport")
 
