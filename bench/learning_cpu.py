@@ -203,10 +203,9 @@ def grpo_stage(warm_dir: Path, experiments: Path, args) -> Path:
         sys.executable, "launcher.py", "--conf", "bench/learning_cpu.yaml", "--with-envservice",
         "--backup-dir", str(experiments), "--",
         f"actor_rollout_ref.model.path={warm_dir.resolve()}",
-        # One batch holds every check map, so one epoch is one step: verl stops at the smaller of
-        # total_training_steps and total_epochs x batches, so both must say grpo_steps.
-        f"trainer.total_training_steps={args.grpo_steps}", f"trainer.total_epochs={args.grpo_steps}",
-        f"trainer.save_freq={args.grpo_steps}",
+        # One batch holds every check map, so one epoch is one step; BeyondAgentTrainer raises
+        # trainer.total_epochs to match the step count.
+        f"trainer.total_training_steps={args.grpo_steps}", f"trainer.save_freq={args.grpo_steps}",
         f"trainer.test_freq={max(1, args.grpo_steps // 3)}", f"actor_rollout_ref.actor.optim.lr={args.grpo_lr}",
     ]
     print(f"[learning] GRPO: {' '.join(command)}", flush=True)
