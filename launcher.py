@@ -3,12 +3,12 @@
     python launcher.py --conf examples/quickstart/cpu_tiny.yaml --with-envservice
     python launcher.py --conf CONF.yaml [--with-appworld] [--with-envservice] [--dry-run] [--backup-dir D] [-- overrides]
 
-The logic lives in recipe/beyond_agent/launch/ (see cli.py there).
+The logic lives in launch/ (see cli.py there).
 """
 
 import sys
 
-from recipe.beyond_agent.launch.cli import main
+from launch.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

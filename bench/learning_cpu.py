@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the three stages and print the success table."""
     args = parse_args(argv)
     from envservice.process import EnvServiceProcess
-    from recipe.beyond_agent.utils.tiny_model import build_tiny_model
+    from dev_tools.tiny_model import build_tiny_model
     from transformers import AutoTokenizer
 
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))

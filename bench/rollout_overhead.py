@@ -45,7 +45,7 @@ from recipe.beyond_agent.rollout.llm import (  # noqa: E402
 
 def ensure_model(model: str) -> Path:
     """The model folder, building the offline tiny model there if it is not built yet."""
-    from recipe.beyond_agent.utils.tiny_model import build_tiny_model
+    from dev_tools.tiny_model import build_tiny_model
 
     model_dir = Path(model)
     if not (model_dir / "beyond_agent_tiny_model.json").exists() and not (model_dir / "config.json").exists():
@@ -57,7 +57,7 @@ def ensure_model(model: str) -> Path:
 def services(args):
     """(vllm_url, model_dir, envservice_url), starting what was not given."""
     from envservice.process import EnvServiceProcess
-    from recipe.beyond_agent.utils.vllm_server import VLLMServer, VLLMServerConfig
+    from dev_tools.vllm_server import VLLMServer, VLLMServerConfig
 
     model_dir = ensure_model(args.model)
     with contextlib.ExitStack() as stack:

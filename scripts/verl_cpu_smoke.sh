@@ -7,7 +7,7 @@
 #
 # Environment: SMOKE_OUT (output folder, default outputs/verl_cpu_smoke), SMOKE_TIMEOUT (s, default 900).
 # Ray is started by verl's own ray.init inside the run and stops with it. The CPU-specific overrides and
-# environment, with the reason for each, live in recipe/beyond_agent/platform/overrides.py.
+# environment, with the reason for each, live in verl_cpu/overrides.py.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -16,16 +16,16 @@ out="${SMOKE_OUT:-outputs/verl_cpu_smoke}"
 model=outputs/tiny-qwen2
 data="$out/data"
 
-[ -f "$model/config.json" ] || "$python" -m recipe.beyond_agent.utils.tiny_model --out "$model"
-[ -f "$data/train.parquet" ] || "$python" -m recipe.beyond_agent.platform.smoke_data --out "$data" --rows 16
+[ -f "$model/config.json" ] || "$python" -m dev_tools.tiny_model --out "$model"
+[ -f "$data/train.parquet" ] || "$python" -m verl_cpu.smoke_data --out "$data" --rows 16
 
 # VERL_PLATFORM=cpu selects our verl platform, registered in every process by our verl.plugins entry point.
 while IFS= read -r assignment; do
   name="${assignment%%=*}"
   [ -n "${!name:-}" ] || export "$assignment"   # a value already in the environment wins
-done < <("$python" -m recipe.beyond_agent.platform.overrides --env)
+done < <("$python" -m verl_cpu.overrides --env)
 export RAY_DEDUP_LOGS=0
-mapfile -t cpu_overrides < <("$python" -m recipe.beyond_agent.platform.overrides)
+mapfile -t cpu_overrides < <("$python" -m verl_cpu.overrides)
 
 run_overrides=(
   trainer.use_v1=false                       # the legacy RayPPOTrainer our recipe subclasses
@@ -47,7 +47,7 @@ run_overrides=(
   actor_rollout_ref.rollout.max_model_len=256
   actor_rollout_ref.rollout.max_num_batched_tokens=512
   actor_rollout_ref.rollout.agent.default_agent_loop=single_turn_agent
-  reward.custom_reward_function.path="$root/recipe/beyond_agent/platform/smoke_reward.py"
+  reward.custom_reward_function.path="$root/verl_cpu/smoke_reward.py"
   reward.custom_reward_function.name=compute_score
   trainer.nnodes=1
   trainer.n_gpus_per_node=1

@@ -53,7 +53,7 @@ def vllm_urls(args: argparse.Namespace) -> Iterator[list[str]]:
     if args.vllm_url:
         yield args.vllm_url
         return
-    from recipe.beyond_agent.utils.vllm_server import VLLMServer, VLLMServerConfig
+    from dev_tools.vllm_server import VLLMServer, VLLMServerConfig
 
     print(f"[collect] starting vLLM for {args.model} ...", file=sys.stderr, flush=True)
     with VLLMServer(VLLMServerConfig(model=args.model, max_model_len=args.max_model_len)) as server:

@@ -17,7 +17,7 @@ import ray
 from omegaconf import OmegaConf
 
 from recipe.beyond_agent.settings import BeyondAgentSettings
-from recipe.beyond_agent.utils.verl_pin import ensure_pinned_verl
+from recipe.beyond_agent.verl_pin import ensure_pinned_verl
 
 
 def check_config(config) -> None:

@@ -15,7 +15,7 @@ from omegaconf import open_dict
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
 from recipe.beyond_agent.settings import BeyondAgentSettings
-from recipe.beyond_agent.utils.verl_pin import ensure_pinned_verl
+from recipe.beyond_agent.verl_pin import ensure_pinned_verl
 
 MANAGER_CLASS = "recipe.beyond_agent.rollout_manager.BeyondAgentLoopManager"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from recipe.beyond_agent.utils.tiny_model import TinyModelSpec, build_tiny_model
+from dev_tools.tiny_model import TinyModelSpec, build_tiny_model
 
 
 def folder_digest(folder: Path) -> dict[str, str]:

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from recipe.beyond_agent.utils.vllm_server import VLLMServer, VLLMServerConfig, VLLMServerError
+from dev_tools.vllm_server import VLLMServer, VLLMServerConfig, VLLMServerError
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

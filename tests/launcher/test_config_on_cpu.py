@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from recipe.beyond_agent.launch.config import LaunchConfigError, parse_config, parse_dotenv
-from recipe.beyond_agent.launch.services import activated, last_message
-from recipe.beyond_agent.launch.training import parse_step_line, step_summary, substitute, train_command
+from launch.config import LaunchConfigError, parse_config, parse_dotenv
+from launch.services import activated, last_message
+from launch.training import parse_step_line, step_summary, substitute, train_command
 
 pytestmark = pytest.mark.timeout(30)
 CONF = Path("launch.yaml")

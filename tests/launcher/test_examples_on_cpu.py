@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from recipe.beyond_agent.launch.config import load_config
-from recipe.beyond_agent.launch.training import train_command
+from launch.config import load_config
+from launch.training import train_command
 from recipe.beyond_agent.settings import BeyondAgentSettings
 
 pytestmark = pytest.mark.timeout(120)

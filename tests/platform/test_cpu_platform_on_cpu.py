@@ -15,8 +15,8 @@ import textwrap
 import pytest
 import torch
 
-from recipe.beyond_agent.platform import cpu
-from recipe.beyond_agent.platform.cpu import CPU_DEVICE_ID, PlatformCPU, build_device_module
+from verl_cpu import platform as cpu
+from verl_cpu.platform import CPU_DEVICE_ID, PlatformCPU, build_device_module
 
 
 def run_python(code: str, **env: str) -> str:
@@ -144,7 +144,7 @@ def test_rollout_env_vars_point_vllm_at_cpu(platform):
 
 
 def test_vllm_plugin_keeps_2d_weights_plain():
-    vllm_plugin = pytest.importorskip("recipe.beyond_agent.platform.vllm_cpu_plugin")
+    vllm_plugin = pytest.importorskip("verl_cpu.vllm_plugin")
     calls = []
     dispatch = vllm_plugin.keep_plain_linear(lambda layer, remove_weight: calls.append(layer))
     linear, experts = torch.nn.Linear(4, 3), torch.nn.Module()
@@ -160,12 +160,12 @@ def test_vllm_plugin_is_a_no_op_off_cpu(monkeypatch):
     from vllm.model_executor.layers import utils as layer_utils
     from vllm.platforms import current_platform
 
-    from recipe.beyond_agent.platform import vllm_cpu_plugin
+    from verl_cpu import vllm_plugin
 
-    monkeypatch.setattr(vllm_cpu_plugin, "_installed", False)
+    monkeypatch.setattr(vllm_plugin, "_installed", False)
     monkeypatch.setattr(type(current_platform), "is_cpu", lambda self: False)
     before = layer_utils.dispatch_cpu_unquantized_gemm
-    vllm_cpu_plugin.register()
+    vllm_plugin.register()
     assert layer_utils.dispatch_cpu_unquantized_gemm is before
 
 
@@ -173,12 +173,12 @@ def test_vllm_plugin_installs_on_cpu(monkeypatch):
     pytest.importorskip("vllm")
     from vllm.model_executor.layers import utils as layer_utils
 
-    from recipe.beyond_agent.platform import vllm_cpu_plugin
+    from verl_cpu import vllm_plugin
 
-    monkeypatch.setattr(vllm_cpu_plugin, "_installed", False)
-    monkeypatch.setattr(vllm_cpu_plugin, "plugin_wanted", lambda: True)
+    monkeypatch.setattr(vllm_plugin, "_installed", False)
+    monkeypatch.setattr(vllm_plugin, "plugin_wanted", lambda: True)
     monkeypatch.setattr(layer_utils, "dispatch_cpu_unquantized_gemm", layer_utils.dispatch_cpu_unquantized_gemm)
     original = layer_utils.dispatch_cpu_unquantized_gemm
-    vllm_cpu_plugin.register()
+    vllm_plugin.register()
     assert layer_utils.dispatch_cpu_unquantized_gemm.__wrapped__ is original
 

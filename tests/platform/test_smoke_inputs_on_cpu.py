@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from recipe.beyond_agent.platform.overrides import CPU_ENV, cpu_overrides
-from recipe.beyond_agent.platform.smoke_data import make_row, write_split
-from recipe.beyond_agent.platform.smoke_reward import MENTION_CREDIT, compute_score
+from verl_cpu.overrides import CPU_ENV, cpu_overrides
+from verl_cpu.smoke_data import make_row, write_split
+from verl_cpu.smoke_reward import MENTION_CREDIT, compute_score
 
 
 def test_reward_checks_the_last_integer():

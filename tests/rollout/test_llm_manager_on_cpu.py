@@ -28,7 +28,7 @@ from recipe.beyond_agent.rollout.llm import (
     VerlLLMServerBackend,
     parse_completion,
 )
-from recipe.beyond_agent.utils.vllm_server import VLLMServer, VLLMServerConfig, free_port
+from dev_tools.vllm_server import VLLMServer, VLLMServerConfig, free_port
 
 SAMPLING = SamplingParams(max_tokens=4)
 

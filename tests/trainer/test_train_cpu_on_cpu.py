@@ -22,7 +22,7 @@ import torch
 
 from envservice.process import EnvServiceProcess
 from recipe.beyond_agent.data import write_task_files
-from recipe.beyond_agent.platform.overrides import CPU_ENV, cpu_overrides
+from verl_cpu.overrides import CPU_ENV, cpu_overrides
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 STEP_LINE = re.compile(r"step:(\d+) - (.*)")

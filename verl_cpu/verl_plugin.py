@@ -14,6 +14,6 @@ def cpu_platform_requested() -> bool:
 
 
 if cpu_platform_requested():
-    from recipe.beyond_agent.platform.cpu import register_cpu_platform
+    from verl_cpu.platform import register_cpu_platform
 
     register_cpu_platform()

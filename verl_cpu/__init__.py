@@ -1,10 +1,10 @@
 """Running upstream verl and vLLM on a machine without an accelerator, through their plugin seams.
 
-- ``cpu.py``: a verl platform registered as ``"cpu"`` (selected with ``VERL_PLATFORM=cpu``) plus the
+- ``platform.py``: a verl platform registered as ``"cpu"`` (selected with ``VERL_PLATFORM=cpu``) plus the
   ``torch.cuda``-style device-module shim verl calls.
 - ``verl_plugin.py``: the ``verl.plugins`` entry point; registers the platform in every process that
   imports verl, and only when ``VERL_PLATFORM=cpu``.
-- ``vllm_cpu_plugin.py``: the ``vllm.general_plugins`` entry point; keeps vLLM's CPU Linear layers on
+- ``vllm_plugin.py``: the ``vllm.general_plugins`` entry point; keeps vLLM's CPU Linear layers on
   plain ``torch.nn.functional.linear`` so verl's in-place weight sync reaches them.
 - ``overrides.py``: the Hydra overrides and environment a CPU run needs, each with its reason.
 - ``smoke_data.py`` / ``smoke_reward.py``: a tiny offline dataset and reward for the CPU smoke run.

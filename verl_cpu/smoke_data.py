@@ -1,6 +1,6 @@
 """Write a tiny single-turn dataset in verl's gsm8k-like parquet schema for the CPU smoke run.
 
-    python -m recipe.beyond_agent.platform.smoke_data --out outputs/smoke_data --rows 16
+    python -m verl_cpu.smoke_data --out outputs/smoke_data --rows 16
 
 Writes ``train.parquet`` and ``val.parquet``; each row has a ``prompt`` chat list, a ``data_source``,
 ``reward_model: {style, ground_truth}`` and ``extra_info``, which is what verl's RLHFDataset and reward

@@ -1,7 +1,7 @@
 """The Hydra overrides and environment that verl 0.9.0 needs to train on a CPU-only machine.
 
-    python -m recipe.beyond_agent.platform.overrides          # one override per line (for shell scripts)
-    python -m recipe.beyond_agent.platform.overrides --env    # KEY=VALUE lines to export
+    python -m verl_cpu.overrides          # one override per line (for shell scripts)
+    python -m verl_cpu.overrides --env    # KEY=VALUE lines to export
 
 One list, with the reason for each entry, shared by ``scripts/verl_cpu_smoke.sh`` and any CPU run of our
 recipe. Keys missing from verl's YAML carry Hydra's ``+``.
@@ -32,7 +32,7 @@ CPU_OVERRIDES: tuple[tuple[str, str], ...] = (
 
 # Environment for every process of the run (Ray workers inherit the driver's environment).
 CPU_ENV: dict[str, str] = {
-    "VERL_PLATFORM": "cpu",  # selects recipe.beyond_agent.platform.cpu.PlatformCPU
+    "VERL_PLATFORM": "cpu",  # selects verl_cpu.platform.PlatformCPU
     "VERL_ENGINE_DEVICE": "cuda",  # verl registers its FSDP engines for cuda/npu; they run on CPU tensors
     "VLLM_TARGET_DEVICE": "cpu",
     "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB; vLLM's default 4 is too much beside the actor on a small box

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-PIN_FILE = Path(__file__).resolve().parent.parent / "REQUIRED_VERL.txt"
+PIN_FILE = Path(__file__).resolve().parent / "REQUIRED_VERL.txt"
 INSTALL_HINT = "run `bash scripts/install.sh` in the BeyondAgent checkout"
 
 

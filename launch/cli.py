@@ -15,14 +15,14 @@ import sys
 import traceback
 from pathlib import Path
 
-from recipe.beyond_agent.launch import experiment
-from recipe.beyond_agent.launch.config import LaunchConfig, LaunchConfigError, ServiceConfig, load_config
-from recipe.beyond_agent.launch.services import ServiceStartError, build_service, start_service
-from recipe.beyond_agent.launch.signals import Interrupted, ProcessTracker, install_handlers
-from recipe.beyond_agent.launch.training import (MetricsWriter, PrepareError, run_prepare, run_streamed, substitute,
+from launch import experiment
+from launch.config import LaunchConfig, LaunchConfigError, ServiceConfig, load_config
+from launch.services import ServiceStartError, build_service, start_service
+from launch.signals import Interrupted, ProcessTracker, install_handlers
+from launch.training import (MetricsWriter, PrepareError, run_prepare, run_streamed, substitute,
                                                  train_command, train_env)
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 EXIT_CONFIG, EXIT_SERVICE, EXIT_INTERRUPTED = 2, 3, 130
 
 

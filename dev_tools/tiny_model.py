@@ -1,6 +1,6 @@
 """Build a tiny Qwen2 model and a ChatML tokenizer offline, deterministically.
 
-    python -m recipe.beyond_agent.utils.tiny_model --out ~/.cache/beyond_agent/tiny-qwen2
+    python -m dev_tools.tiny_model --out ~/.cache/beyond_agent/tiny-qwen2
 
 Tests and the CPU quickstart use it instead of downloading a model: a 2-layer Qwen2 with random weights
 and a byte-level BPE tokenizer trained here on a generated corpus, with a ChatML chat template that knows

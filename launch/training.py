@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 from typing import Callable, TextIO
 
-from recipe.beyond_agent.launch.config import LaunchConfigError, PrepareStep, TrainConfig
-from recipe.beyond_agent.launch.signals import ProcessTracker
+from launch.config import LaunchConfigError, PrepareStep, TrainConfig
+from launch.signals import ProcessTracker
 
 PLACEHOLDER = re.compile(r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*)\}")
 STEP_LINE = re.compile(r"step:(\d+) - (.*)$")
@@ -45,11 +45,11 @@ def substitute(arg: str, values: dict[str, str], where: str) -> str:
 
 
 def cpu_settings() -> tuple[list[str], dict[str, str]]:
-    """The CPU overrides and environment from recipe/beyond_agent/platform/overrides.py."""
+    """The CPU overrides and environment from verl_cpu/overrides.py."""
     try:
-        from recipe.beyond_agent.platform.overrides import CPU_ENV, cpu_overrides
+        from verl_cpu.overrides import CPU_ENV, cpu_overrides
     except ImportError as error:
-        raise LaunchConfigError(f"train.cpu: true needs recipe.beyond_agent.platform.overrides ({error})") from None
+        raise LaunchConfigError(f"train.cpu: true needs verl_cpu.overrides ({error})") from None
     return cpu_overrides(), dict(CPU_ENV)
 
 

@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 from envservice.process import EnvServiceProcess
-from recipe.beyond_agent.launch.config import ServiceConfig
-from recipe.beyond_agent.launch.signals import Interrupted, ProcessTracker
+from launch.config import ServiceConfig
+from launch.signals import Interrupted, ProcessTracker
 
 PROGRESS_EVERY_S = 5.0
 

@@ -1,1 +1,0 @@
-"""Small helpers for the recipe: the offline tiny model, the verl pin check."""
