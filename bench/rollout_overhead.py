@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO_ROOT))
 from envservice.client import EnvClient  # noqa: E402
 from recipe.beyond_agent.rollout.actions import get_action_parser  # noqa: E402
 from recipe.beyond_agent.rollout.dataflow import DataflowConfig, EpisodeSpec, run_dataflows  # noqa: E402
-from recipe.beyond_agent.rollout.env_manager import ParallelEnvManager, bind_sampling  # noqa: E402
+from recipe.beyond_agent.rollout.env_manager import ParallelEnvManager  # noqa: E402
 from recipe.beyond_agent.rollout.handler import RolloutHandler, collate  # noqa: E402
 from recipe.beyond_agent.rollout.llm import (  # noqa: E402
     AsyncLLMServerManager,
@@ -75,14 +75,14 @@ def measure_manager(args, tokenizer, vllm_url, model, env_url) -> dict[str, dict
     specs = [EpisodeSpec("babyai", task_id=i % 10, seed=i, group_id=f"t{i}", index=i) for i in range(args.episodes)]
     config = DataflowConfig(max_rounds=args.rounds, max_prompt_length=1024, max_response_length=2048,
                             max_tokens_per_turn=args.max_tokens)
-    sampling = SamplingParams(max_tokens=args.max_tokens, temperature=1.0)
+    sampling = SamplingParams(temperature=1.0)
     modes = ["first call"] + [f"warm call {i + 1}" for i in range(args.warm_calls)] + ["sequential"]
     figures = {}
     with EnvClient(env_url, pool_size=args.episodes) as env_client:
         for mode in modes:
             with AsyncLLMServerManager(HttpVLLMBackend([vllm_url], model),
                                        LLMManagerConfig(max_in_flight=args.episodes)) as llm:
-                manager = ParallelEnvManager(env_client, bind_sampling(llm, sampling), tokenizer,
+                manager = ParallelEnvManager(env_client, llm.with_sampling(sampling), tokenizer,
                                              get_action_parser("plain"), config, max_workers=args.episodes)
                 started = time.monotonic()
                 if mode == "sequential":

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from dev_tools.tiny_model import build_tiny_model
+from recipe.beyond_agent.rollout.llm import SamplingParams
 from recipe.beyond_agent.verl_pin import ensure_pinned_verl
 from dev_tools.vllm_server import VLLMServer, VLLMServerConfig
 
@@ -41,10 +42,11 @@ def chat_once(server: VLLMServer, tokenizer, max_tokens: int) -> None:
     """Render the chat, generate one assistant turn from token ids, print ids, log-probs and text."""
     text = tokenizer.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)
     prompt_ids = tokenizer.encode(text, add_special_tokens=False)
-    completion = server.complete(prompt_ids, max_tokens=max_tokens, temperature=1.0, seed=0)
+    with server.llm_front() as llm:
+        completion = llm.generate("serve-check", prompt_ids, max_tokens, SamplingParams(temperature=1.0, seed=0))
     mean_logprob = sum(completion.logprobs) / max(len(completion.logprobs), 1)
     print(f"[serve_check] prompt: {len(prompt_ids)} tokens; reply: {len(completion.token_ids)} tokens "
-          f"(finish: {completion.finish_reason}, mean log-prob {mean_logprob:.2f})")
+          f"(finish: {completion.stop_reason}, mean log-prob {mean_logprob:.2f})")
     print(f"[serve_check] reply ids: {completion.token_ids[:16]}{' ...' if len(completion.token_ids) > 16 else ''}")
     print(f"[serve_check] reply text: {tokenizer.decode(completion.token_ids)!r}")
 
@@ -53,7 +55,9 @@ def measure_throughput(server: VLLMServer, prompt_ids: list[int], requests: int,
     """Generated tokens per second with `requests` concurrent requests."""
     started = time.perf_counter()
     with ThreadPoolExecutor(max_workers=requests) as pool:
-        results = list(pool.map(lambda seed: server.complete(prompt_ids, max_tokens, seed=seed), range(requests)))
+        with server.llm_front(max_in_flight=requests) as llm:
+            results = list(pool.map(lambda seed: llm.generate(f"r{seed}", prompt_ids, max_tokens,
+                                                              SamplingParams(seed=seed)), range(requests)))
     elapsed = time.perf_counter() - started
     return sum(len(r.token_ids) for r in results) / elapsed
 

@@ -1,15 +1,15 @@
 """Start an envservice in a child process we own, wait until it serves, and stop exactly it.
 
-Used by tests, the collection CLI and the launcher. Readiness is the service's own ready line *and* a
-healthy `/healthz` (not a string match alone); the child gets its own process group, and stopping it
-signals the service, then that group only.
+Used by the tests and the data and collection CLIs (the launcher starts envservice as one of its generic
+services). Readiness is the service's own ready line *and* a healthy `/healthz` (not a string match
+alone); the child is a `childproc.ChildProcess` in its own process group, and stopping it signals the
+service, then that group only.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Iterator
 
 import requests
+
+from childproc import ChildProcess, ChildStartError
 
 READY_LINE = re.compile(r"envservice ready on (http://[\d.]+:(\d+)) \(envs: ([^;)]*)(?:; backend: ([^;)]*))?")
 
@@ -34,6 +36,7 @@ class EnvServiceProcess:
         port: 0 lets the service pick a free loopback port (the ready line tells which).
         extra_args: more CLI flags, e.g. ["--max-sessions", "64"].
         log_path: where stderr goes (a temporary file by default).
+        env: additions to our environment for the service (e.g. PYTHONPATH for env plugins).
         backend, workers, step_timeout_s, ray_address: the placement flags of `python -m envservice`
             (None leaves the service's default).
     """
@@ -48,21 +51,28 @@ class EnvServiceProcess:
         self.startup_timeout_s = startup_timeout_s
         self.log_path = Path(log_path or f"/tmp/envservice_{os.getpid()}_{id(self)}.log")
         self.env = {**os.environ, **(env or {})}
-        self.process: subprocess.Popen | None = None
+        self.child: ChildProcess | None = None
         self.url: str | None = None
         self.envs: list[str] = []
         self.backend: str | None = None
         """The backend phrase of the ready line, e.g. 'process, 4 workers'."""
 
+    @property
+    def process(self) -> subprocess.Popen | None:
+        """The service's Popen (None before `start`)."""
+        return self.child.process if self.child else None
+
     def start(self) -> "EnvServiceProcess":
         """Launch and block until the ready line and `/healthz` both say it serves."""
-        with self.log_path.open("w") as log:
-            self.process = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=log, text=True,
-                                            env=self.env, start_new_session=True)
+        # stdout is a pipe (its first line is the ready line); stderr goes to the log.
+        self.child = ChildProcess.start(self.cmd, "envservice", self.log_path, env=self.env,
+                                        stdout=subprocess.PIPE, text=True)
         try:
-            match = READY_LINE.search(self._first_line())
+            line = self._ready_line()
+            match = READY_LINE.search(line)
             if not match:
-                raise EnvServiceStartError(f"envservice printed no ready line.\n{self.log_tail()}")
+                raise EnvServiceStartError(f"envservice printed no ready line (first line: {line!r}).\n"
+                                           f"{self.child.log_tail()}")
             self.url, self.envs, self.backend = match.group(1), match.group(3).split(", "), match.group(4)
             requests.get(f"{self.url}/healthz", timeout=10).raise_for_status()
         except BaseException:
@@ -70,38 +80,28 @@ class EnvServiceProcess:
             raise
         return self
 
-    def _first_line(self) -> str:
+    def _ready_line(self) -> str:
+        """The first line of stdout, read on a side thread so that a silent child cannot block us."""
         box: list[str] = []
-        reader = threading.Thread(target=lambda: box.append(self.process.stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(self.startup_timeout_s)
-        if not box or not box[0]:
-            state = f"exited with code {self.process.poll()}" if self.process.poll() is not None else "still starting"
-            raise EnvServiceStartError(f"envservice {state} after {self.startup_timeout_s:.0f} s without a "
-                                       f"ready line.\n{self.log_tail()}")
+        threading.Thread(target=lambda: box.append(self.child.process.stdout.readline()), daemon=True).start()
+        try:
+            self.child.wait_until(lambda: bool(box and box[0]), self.startup_timeout_s, "printing its ready line",
+                                  poll_s=0.05)
+        except ChildStartError as error:
+            state = "still starting" if error.timed_out else f"exited with code {error.exit_code}"
+            raise EnvServiceStartError(f"envservice {state} after {error.elapsed_s:.0f} s without a ready line.\n"
+                                       f"{error.log_tail}") from None
         return box[0]
 
     def log_tail(self, lines: int = 20) -> str:
         """The last lines of the service's stderr."""
-        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        return f"last lines of {self.log_path}:\n" + "\n".join(text.splitlines()[-lines:])
+        return self.child.log_tail(lines) if self.child else f"(envservice was not started; log {self.log_path})"
 
     def stop(self, grace_s: float = 10.0) -> None:
-        """SIGTERM the service, then SIGKILL what is left of its process group (at once when it exited,
-        after `grace_s` when it did not). The service stops its own workers or private Ray: signalling
-        them too would only make its shutdown wait on a dead Ray."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:  # the whole group is gone
-            pass
-        self.process.wait(timeout=grace_s)
+        """SIGTERM the service alone (it stops its own workers or private Ray: signalling them too would only
+        make its shutdown wait on them), then SIGKILL whatever is left of its process group."""
+        if self.child is not None:
+            self.child.stop(grace_s, first_signal_to="leader")
 
     def __enter__(self) -> "EnvServiceProcess":
         return self.start()

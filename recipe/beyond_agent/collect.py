@@ -21,7 +21,7 @@ from typing import Iterator
 
 from recipe.beyond_agent.rollout.actions import ACTION_PARSERS, get_action_parser
 from recipe.beyond_agent.rollout.dataflow import DataflowConfig, EpisodeResult, EpisodeSpec
-from recipe.beyond_agent.rollout.env_manager import ParallelEnvManager, bind_sampling
+from recipe.beyond_agent.rollout.env_manager import ParallelEnvManager
 from recipe.beyond_agent.rollout.llm import AsyncLLMServerManager, HttpVLLMBackend, LLMManagerConfig, SamplingParams
 
 
@@ -73,7 +73,7 @@ def collect(args: argparse.Namespace) -> list[EpisodeResult]:
     config = DataflowConfig(max_rounds=args.max_rounds, max_prompt_length=args.max_prompt_length,
                             max_response_length=args.max_response_length,
                             max_tokens_per_turn=args.max_tokens_per_turn)
-    sampling = SamplingParams(max_tokens=args.max_tokens_per_turn, temperature=args.temperature)
+    sampling = SamplingParams(temperature=args.temperature)
     service_args = ["--max-sessions", str(max(64, args.concurrency * 2))]
     with envservice_url([args.env], args.envservice_url, extra_args=service_args) as env_url, \
             vllm_urls(args) as llm_urls, \
@@ -81,7 +81,7 @@ def collect(args: argparse.Namespace) -> list[EpisodeResult]:
             AsyncLLMServerManager(HttpVLLMBackend(llm_urls, args.served_model_name or args.model),
                                   LLMManagerConfig(max_in_flight=args.concurrency)) as llm:
         print(f"[collect] envservice at {env_url}, vLLM at {', '.join(llm_urls)}", file=sys.stderr)
-        manager = ParallelEnvManager(env_client, bind_sampling(llm, sampling), tokenizer,
+        manager = ParallelEnvManager(env_client, llm.with_sampling(sampling), tokenizer,
                                      get_action_parser(args.action_format), config, max_workers=args.concurrency)
         output = _run_with_progress(manager, specs)
     _write_jsonl(args.out, output.results)

@@ -25,7 +25,7 @@ import numpy as np
 from envservice.client import EnvClient
 from recipe.beyond_agent.rollout.actions import get_action_parser
 from recipe.beyond_agent.rollout.dataflow import DEFAULT_SYSTEM_PROMPT, DataflowConfig, EpisodeResult, EpisodeSpec
-from recipe.beyond_agent.rollout.env_manager import ParallelEnvManager, RolloutOutput, bind_sampling, build_training_batch
+from recipe.beyond_agent.rollout.env_manager import ParallelEnvManager, RolloutOutput, build_training_batch
 from recipe.beyond_agent.rollout.llm import AsyncLLMServerManager, LLMManagerConfig, SamplingParams, VerlLLMServerBackend
 from recipe.beyond_agent.settings import BeyondAgentSettings, is_group_estimator
 
@@ -98,8 +98,7 @@ class BeyondAgentLoopManager:
             top_p = rollout.val_kwargs.top_p if rollout.val_kwargs.do_sample else 1.0
         else:
             temperature, top_p = rollout.temperature, rollout.top_p
-        return SamplingParams(max_tokens=self.settings.max_tokens_per_turn, temperature=float(temperature),
-                              top_p=float(top_p))
+        return SamplingParams(temperature=float(temperature), top_p=float(top_p))
 
     def dataflow_config(self, max_rounds: int) -> DataflowConfig:
         data = self.config.data
@@ -113,7 +112,7 @@ class BeyondAgentLoopManager:
         """Play one episode per row and return verl's rollout batch (see the module docstring)."""
         meta = dict(prompts.meta_info)
         specs = episode_specs(prompts.non_tensor_batch, self.settings.default_env_id)
-        manager = ParallelEnvManager(self.env_client, bind_sampling(self.llm, self.sampling(meta)), self.tokenizer,
+        manager = ParallelEnvManager(self.env_client, self.llm.with_sampling(self.sampling(meta)), self.tokenizer,
                                      self.parser, self.dataflow_config(self.max_rounds(meta)),
                                      max_workers=self.settings.concurrency)
         busy_before = self.llm.metrics().busy_time_s

@@ -11,6 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from dev_tools.vllm_server import VLLMServer, VLLMServerConfig, VLLMServerError
+from recipe.beyond_agent.rollout.llm import SamplingParams
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -35,24 +36,26 @@ def test_generates_ids_with_logprobs_that_match_transformers(vllm_server, tiny_m
     prompt_ids = tokenizer.encode(
         tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True), add_special_tokens=False
     )
-    completion = vllm_server.complete(prompt_ids, max_tokens=16, temperature=1.0, seed=7)
+    with vllm_server.llm_front() as llm:
+        completion = llm.generate("chat", prompt_ids, 16, SamplingParams(temperature=1.0, seed=7))
     assert len(completion.token_ids) in range(1, 17)
     assert len(completion.logprobs) == len(completion.token_ids)
     assert all(0 <= t < len(tokenizer) for t in completion.token_ids)
-    assert completion.finish_reason in ("stop", "length")
+    assert completion.stop_reason in ("stop", "length")
     expected = transformers_logprobs(tiny_model_dir, prompt_ids, completion.token_ids)
     assert completion.logprobs == pytest.approx(expected, abs=2e-3)
 
 
 def test_same_seed_gives_same_sample_and_concurrent_requests_all_answer(vllm_server):
     prompt_ids = [1, 547, 201, 366, 352, 2]
-    first = vllm_server.complete(prompt_ids, max_tokens=8, seed=3)
-    again = vllm_server.complete(prompt_ids, max_tokens=8, seed=3)
-    assert first.token_ids == again.token_ids
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(max_workers=6) as pool:
-        results = list(pool.map(lambda s: vllm_server.complete(prompt_ids, max_tokens=8, seed=s), range(6)))
+    with vllm_server.llm_front() as llm:
+        first = llm.generate("a", prompt_ids, 8, SamplingParams(seed=3))
+        again = llm.generate("b", prompt_ids, 8, SamplingParams(seed=3))
+        assert first.token_ids == again.token_ids
+        with ThreadPoolExecutor(max_workers=6) as pool:
+            results = list(pool.map(lambda s: llm.generate(f"e{s}", prompt_ids, 8, SamplingParams(seed=s)), range(6)))
     assert all(len(r.token_ids) == len(r.logprobs) >= 1 for r in results)
 
 

@@ -24,7 +24,7 @@ from recipe.beyond_agent.rollout.actions import get_action_parser
 from recipe.beyond_agent.rollout.dataflow import DataflowConfig, EpisodeSpec
 from recipe.beyond_agent.rollout.env_manager import ParallelEnvManager, build_training_batch
 from recipe.beyond_agent.rollout.llm import GenerationResult, LLMError
-from dev_tools.vllm_server import free_port
+from childproc import free_port
 
 pytestmark = pytest.mark.timeout(300)
 LOGPROB = -0.5

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+import requests
 
 from recipe.beyond_agent.rollout.llm import (
     AsyncLLMServerManager,
@@ -28,9 +29,11 @@ from recipe.beyond_agent.rollout.llm import (
     VerlLLMServerBackend,
     parse_completion,
 )
-from dev_tools.vllm_server import VLLMServer, VLLMServerConfig, free_port
+from childproc import free_port
+from dev_tools.vllm_server import VLLMServer, VLLMServerConfig
 
-SAMPLING = SamplingParams(max_tokens=4)
+MAX_TOKENS = 4
+SAMPLING = SamplingParams()
 
 
 class SleepyBackend:
@@ -40,7 +43,7 @@ class SleepyBackend:
         self.delay_s = delay_s
         self.calls: list[str] = []
 
-    async def generate(self, request_id, prompt_ids, sampling):
+    async def generate(self, request_id, prompt_ids, max_tokens, sampling):
         self.calls.append(request_id)
         await asyncio.sleep(self.delay_s)
         n = len(prompt_ids)
@@ -53,13 +56,13 @@ class FailingBackend:
     def __init__(self, error: Exception):
         self.error = error
 
-    async def generate(self, request_id, prompt_ids, sampling):
+    async def generate(self, request_id, prompt_ids, max_tokens, sampling):
         raise self.error
 
 
 def generate_in_threads(manager, num_threads: int, prompt_len: int = 3) -> list[GenerationResult]:
     with ThreadPoolExecutor(num_threads) as pool:
-        futures = [pool.submit(manager.generate, f"episode-{i}", [1] * prompt_len, SAMPLING)
+        futures = [pool.submit(manager.generate, f"episode-{i}", [1] * prompt_len, MAX_TOKENS, SAMPLING)
                    for i in range(num_threads)]
         return [f.result(timeout=60) for f in futures]
 
@@ -69,9 +72,7 @@ def generate_in_threads(manager, num_threads: int, prompt_len: int = 3) -> list[
 
 @pytest.mark.parametrize(
     "kwargs, field",
-    [({"max_tokens": 0}, "max_tokens"), ({"max_tokens": 2.5}, "max_tokens"),
-     ({"max_tokens": 4, "temperature": -0.1}, "temperature"), ({"max_tokens": 4, "top_p": 0.0}, "top_p"),
-     ({"max_tokens": 4, "top_p": 1.5}, "top_p")],
+    [({"temperature": -0.1}, "temperature"), ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p")],
 )
 def test_sampling_params_name_the_bad_field(kwargs, field):
     with pytest.raises(ValueError, match=f"SamplingParams.{field} must be"):
@@ -79,7 +80,7 @@ def test_sampling_params_name_the_bad_field(kwargs, field):
 
 
 def test_sampling_params_store_stop_token_ids_as_a_tuple():
-    assert SamplingParams(max_tokens=3, stop_token_ids=[5, 6]).stop_token_ids == (5, 6)
+    assert SamplingParams(stop_token_ids=[5, 6]).stop_token_ids == (5, 6)
 
 
 @pytest.mark.parametrize(
@@ -106,18 +107,21 @@ def test_generation_result_and_llm_error_validate_their_fields():
 def test_caller_mistakes_are_value_errors_not_llm_failures():
     with AsyncLLMServerManager(SleepyBackend()) as manager:
         with pytest.raises(ValueError, match="request_id must be a non-empty str"):
-            manager.generate("", [1], SAMPLING)
+            manager.generate("", [1], MAX_TOKENS, SAMPLING)
         with pytest.raises(ValueError, match="prompt_ids must be a non-empty list of int"):
-            manager.generate("e", [], SAMPLING)
+            manager.generate("e", [], MAX_TOKENS, SAMPLING)
+        for bad in (0, 2.5, True):  # how many tokens a turn may have is the request's own argument
+            with pytest.raises(ValueError, match="max_tokens must be an int >= 1"):
+                manager.generate("e", [1], bad, SAMPLING)
         with pytest.raises(ValueError, match="sampling must be a SamplingParams"):
-            manager.generate("e", [1], {"max_tokens": 4})
+            manager.generate("e", [1], MAX_TOKENS, {"temperature": 1.0})
         assert manager.metrics().requests == 0
 
 
 def test_generate_from_the_manager_s_own_loop_is_refused_instead_of_deadlocking():
     with AsyncLLMServerManager(SleepyBackend()) as manager:
         async def call_blocking_generate():
-            return manager.generate("e", [1], SAMPLING)
+            return manager.generate("e", [1], MAX_TOKENS, SAMPLING)
 
         future = asyncio.run_coroutine_threadsafe(call_blocking_generate(), manager._loop)
         with pytest.raises(RuntimeError, match="not from the manager's own loop"):
@@ -149,7 +153,7 @@ def test_busy_time_is_the_union_of_in_flight_intervals():
     with AsyncLLMServerManager(SleepyBackend(delay_s=0.2), LLMManagerConfig(max_in_flight=8)) as manager:
         generate_in_threads(manager, num_threads=4)  # four overlapping requests: ~0.2 s busy, not 0.8
         time.sleep(0.3)  # idle: not busy
-        manager.generate("alone", [1], SAMPLING)  # ~0.2 s more
+        manager.generate("alone", [1], MAX_TOKENS, SAMPLING)  # ~0.2 s more
         busy = manager.metrics().busy_time_s
     assert 0.4 <= busy < 0.65
 
@@ -159,7 +163,7 @@ def test_backend_slower_than_the_request_timeout_is_a_timeout_error():
     with AsyncLLMServerManager(SleepyBackend(delay_s=30), config) as manager:
         started = time.monotonic()
         with pytest.raises(LLMError) as info:
-            manager.generate("slow", [1], SAMPLING)
+            manager.generate("slow", [1], MAX_TOKENS, SAMPLING)
         assert time.monotonic() - started < 5
         assert info.value.kind == "timeout" and info.value.termination == "timeout"
         metrics = manager.metrics()
@@ -170,9 +174,9 @@ def test_waiting_too_long_for_a_slot_is_a_timeout_error():
     config = LLMManagerConfig(max_in_flight=1, queue_timeout_s=0.2, request_timeout_s=10)
     with AsyncLLMServerManager(SleepyBackend(delay_s=1.0), config) as manager:
         with ThreadPoolExecutor(2) as pool:
-            first = pool.submit(manager.generate, "first", [1], SAMPLING)
+            first = pool.submit(manager.generate, "first", [1], MAX_TOKENS, SAMPLING)
             time.sleep(0.1)
-            second = pool.submit(manager.generate, "second", [1], SAMPLING)
+            second = pool.submit(manager.generate, "second", [1], MAX_TOKENS, SAMPLING)
             with pytest.raises(LLMError, match="waited 0.2 s for a slot") as info:
                 second.result(timeout=5)
             assert info.value.kind == "timeout"
@@ -187,7 +191,7 @@ def test_waiting_too_long_for_a_slot_is_a_timeout_error():
 def test_backend_exceptions_become_one_typed_error(error, kind):
     with AsyncLLMServerManager(FailingBackend(error)) as manager:
         with pytest.raises(LLMError) as info:
-            manager.generate("e", [1], SAMPLING)
+            manager.generate("e", [1], MAX_TOKENS, SAMPLING)
         assert info.value.kind == kind and info.value.termination == "llm_error"
         assert manager.metrics().failures_by_kind == {kind: 1}
 
@@ -195,7 +199,7 @@ def test_backend_exceptions_become_one_typed_error(error, kind):
 def test_close_cancels_waiting_callers_and_stops_the_loop_thread():
     manager = AsyncLLMServerManager(SleepyBackend(delay_s=3600), LLMManagerConfig(request_timeout_s=3600))
     with ThreadPoolExecutor(2) as pool:
-        waiting = [pool.submit(manager.generate, f"e{i}", [1], SAMPLING) for i in range(2)]
+        waiting = [pool.submit(manager.generate, f"e{i}", [1], MAX_TOKENS, SAMPLING) for i in range(2)]
         while manager.metrics().in_flight < 2:
             time.sleep(0.01)
         started = time.monotonic()
@@ -207,7 +211,7 @@ def test_close_cancels_waiting_callers_and_stops_the_loop_thread():
     assert time.monotonic() - started < 5
     assert not manager._thread.is_alive()
     with pytest.raises(LLMError, match="closed"):
-        manager.generate("after", [1], SAMPLING)
+        manager.generate("after", [1], MAX_TOKENS, SAMPLING)
     manager.close()  # idempotent
 
 
@@ -250,11 +254,11 @@ def test_router_forgets_the_least_recently_used_ids_beyond_max_sticky():
 def test_http_backend_request_body():
     backend = HttpVLLMBackend(["http://127.0.0.1:1/"], model="tiny")
     assert backend.base_urls == ["http://127.0.0.1:1"]
-    body = backend.request_body([5, 6], SamplingParams(max_tokens=8, temperature=0.7, top_p=0.9, seed=3,
+    body = backend.request_body([5, 6], 8, SamplingParams(temperature=0.7, top_p=0.9, seed=3,
                                                        stop_token_ids=[2]))
     assert body == {"model": "tiny", "prompt": [5, 6], "max_tokens": 8, "temperature": 0.7, "top_p": 0.9,
                     "logprobs": 0, "return_token_ids": True, "seed": 3, "stop_token_ids": [2]}
-    assert "seed" not in backend.request_body([5], SAMPLING)
+    assert "seed" not in backend.request_body([5], MAX_TOKENS, SAMPLING)
     with pytest.raises(ValueError, match="base_urls must name at least one server"):
         HttpVLLMBackend([], model="tiny")
 
@@ -326,7 +330,7 @@ def test_closed_port_is_a_connection_error_at_once():
     with http_manager(f"http://127.0.0.1:{free_port()}", request_timeout_s=30) as manager:
         started = time.monotonic()
         with pytest.raises(LLMError) as info:
-            manager.generate("e", [1, 2], SAMPLING)
+            manager.generate("e", [1, 2], MAX_TOKENS, SAMPLING)
         assert info.value.kind == "connection"
         assert time.monotonic() - started < 5
         assert manager.metrics().in_flight == 0
@@ -336,7 +340,7 @@ def test_server_that_never_answers_is_a_timeout_error(silent_server):
     with http_manager(silent_server, request_timeout_s=1.0) as manager:
         started = time.monotonic()
         with pytest.raises(LLMError) as info:
-            manager.generate("e", [1, 2], SAMPLING)
+            manager.generate("e", [1, 2], MAX_TOKENS, SAMPLING)
         elapsed = time.monotonic() - started
         assert info.value.kind == "timeout"
         assert 0.9 <= elapsed < 5
@@ -353,7 +357,7 @@ def test_error_answers_are_typed(scripted_server, status, body, kind):
     scripted_server.reply = (status, body)
     with http_manager(f"http://127.0.0.1:{scripted_server.server_port}", request_timeout_s=10) as manager:
         with pytest.raises(LLMError) as info:
-            manager.generate("e", [1, 2], SAMPLING)
+            manager.generate("e", [1, 2], MAX_TOKENS, SAMPLING)
     assert info.value.kind == kind
 
 
@@ -361,7 +365,7 @@ def test_a_scripted_completion_is_read_back(scripted_server):
     choice = {"token_ids": [4, 2], "logprobs": {"token_logprobs": [-1.5, -0.25]}, "finish_reason": "length"}
     scripted_server.reply = (200, json.dumps({"choices": [choice]}).encode())
     with http_manager(f"http://127.0.0.1:{scripted_server.server_port}") as manager:
-        result = manager.generate("e", [1, 2], SamplingParams(max_tokens=2))
+        result = manager.generate("e", [1, 2], 2, SAMPLING)
     assert (result.token_ids, result.logprobs, result.stop_reason) == ([4, 2], [-1.5, -0.25], "length")
     assert result.latency_s > 0
 
@@ -404,9 +408,9 @@ def token_output(token_ids, log_probs, stop_reason):
 
 def test_verl_backend_sends_verl_sampling_params_and_maps_the_token_output():
     client = FakeVerlClient(token_output([11, 12, 2], [-0.1, -0.2, -0.3], "completed"))
-    sampling = SamplingParams(max_tokens=8, temperature=0.6, top_p=0.95, seed=1, stop_token_ids=[2])
+    sampling = SamplingParams(temperature=0.6, top_p=0.95, seed=1, stop_token_ids=[2])
     with AsyncLLMServerManager(VerlLLMServerBackend(client)) as manager:
-        result = manager.generate("uid-0-sample-1", [3, 4, 5], sampling)
+        result = manager.generate("uid-0-sample-1", [3, 4, 5], 8, sampling)
     assert client.calls == [{"request_id": "uid-0-sample-1", "prompt_ids": [3, 4, 5],
                              "sampling_params": {"max_tokens": 8, "temperature": 0.6, "top_p": 0.95,
                                                  "logprobs": True, "seed": 1, "stop_token_ids": [2]},
@@ -422,7 +426,7 @@ def test_verl_backend_sends_verl_sampling_params_and_maps_the_token_output():
 def test_verl_stop_reasons(token_ids, stop_reason, expected):
     client = FakeVerlClient(token_output(token_ids, [-1.0] * len(token_ids), stop_reason))
     with AsyncLLMServerManager(VerlLLMServerBackend(client)) as manager:
-        assert manager.generate("e", [1], SAMPLING).stop_reason == expected
+        assert manager.generate("e", [1], MAX_TOKENS, SAMPLING).stop_reason == expected
 
 
 @pytest.mark.parametrize(
@@ -434,7 +438,7 @@ def test_verl_outputs_we_cannot_train_on_are_malformed(log_probs, stop_reason, m
     client = FakeVerlClient(token_output([1, 2], log_probs, stop_reason))
     with AsyncLLMServerManager(VerlLLMServerBackend(client)) as manager:
         with pytest.raises(LLMError, match=message) as info:
-            manager.generate("e", [1], SAMPLING)
+            manager.generate("e", [1], MAX_TOKENS, SAMPLING)
     assert info.value.kind == "malformed"
 
 
@@ -463,8 +467,8 @@ def test_real_vllm_sixteen_threads_with_sticky_routing_over_two_urls(vllm_server
     backend.router.acquire = recording_acquire
 
     def episode(i: int) -> list[GenerationResult]:
-        sampling = SamplingParams(max_tokens=12, temperature=1.0, seed=i)
-        return [manager.generate(f"episode-{i}", [1, 547, 201, 366, 352 + turn], sampling) for turn in range(3)]
+        sampling = SamplingParams(temperature=1.0, seed=i)
+        return [manager.generate(f"episode-{i}", [1, 547, 201, 366, 352 + turn], 12, sampling) for turn in range(3)]
 
     with AsyncLLMServerManager(backend, LLMManagerConfig(max_in_flight=4, request_timeout_s=300)) as manager:
         with ThreadPoolExecutor(16) as pool:
@@ -487,14 +491,17 @@ def test_real_vllm_sixteen_threads_with_sticky_routing_over_two_urls(vllm_server
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_real_vllm_same_seed_same_tokens_as_the_plain_client(vllm_server):
+def test_real_vllm_same_seed_same_tokens_as_a_plain_request(vllm_server):
     prompt = [1, 547, 201, 366, 352, 2]
-    expected = vllm_server.complete(prompt, max_tokens=8, temperature=1.0, seed=5)
+    # The reference: one request written by hand, without our client.
+    plain = requests.post(f"{vllm_server.base_url}/v1/completions", timeout=120, json={
+        "model": vllm_server.config.model, "prompt": prompt, "max_tokens": 8, "temperature": 1.0, "seed": 5,
+        "logprobs": 0, "return_token_ids": True}).json()["choices"][0]
     backend = HttpVLLMBackend([vllm_server.base_url], model=vllm_server.config.model)
     with AsyncLLMServerManager(backend) as manager:
-        result = manager.generate("e", prompt, SamplingParams(max_tokens=8, temperature=1.0, seed=5))
-    assert result.token_ids == expected.token_ids
-    assert result.logprobs == pytest.approx(expected.logprobs, abs=1e-5)
+        result = manager.generate("e", prompt, 8, SamplingParams(temperature=1.0, seed=5))
+    assert result.token_ids == plain["token_ids"]
+    assert result.logprobs == pytest.approx(plain["logprobs"]["token_logprobs"], abs=1e-5)
 
 
 @pytest.mark.slow
@@ -503,10 +510,10 @@ def test_real_vllm_stopped_mid_run_gives_connection_errors_not_hangs(vllm_server
     # Runs last in this module: it stops the shared server.
     backend = HttpVLLMBackend([vllm_server.base_url], model=vllm_server.config.model)
     with AsyncLLMServerManager(backend, LLMManagerConfig(request_timeout_s=30)) as manager:
-        assert len(manager.generate("e", [1, 547], SamplingParams(max_tokens=4)).token_ids) >= 1
+        assert len(manager.generate("e", [1, 547], MAX_TOKENS, SAMPLING).token_ids) >= 1
         vllm_server.stop()
         started = time.monotonic()
         with pytest.raises(LLMError) as info:
-            manager.generate("e", [1, 547], SamplingParams(max_tokens=4))
+            manager.generate("e", [1, 547], MAX_TOKENS, SAMPLING)
         assert info.value.kind == "connection" and info.value.termination == "llm_error"
         assert time.monotonic() - started < 10

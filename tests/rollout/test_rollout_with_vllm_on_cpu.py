@@ -18,7 +18,7 @@ from envservice.client import EnvClient
 from envservice.process import EnvServiceProcess
 from recipe.beyond_agent.rollout.actions import get_action_parser
 from recipe.beyond_agent.rollout.dataflow import DataflowConfig, EpisodeSpec
-from recipe.beyond_agent.rollout.env_manager import ParallelEnvManager, bind_sampling, build_training_batch
+from recipe.beyond_agent.rollout.env_manager import ParallelEnvManager, build_training_batch
 from recipe.beyond_agent.rollout.llm import AsyncLLMServerManager, HttpVLLMBackend, SamplingParams
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -54,7 +54,7 @@ def test_real_episodes_keep_sampled_ids_and_render_the_chat(tiny_vllm_server, ti
     config = DataflowConfig(max_rounds=3, max_prompt_length=1024, max_response_length=512, max_tokens_per_turn=24)
     with EnvClient(envservice_url) as env_client, \
             AsyncLLMServerManager(HttpVLLMBackend([tiny_vllm_server.base_url], tiny_vllm_server.config.model)) as llm:
-        generate = RecordingGenerate(bind_sampling(llm, SamplingParams(max_tokens=24, temperature=1.0)))
+        generate = RecordingGenerate(llm.with_sampling(SamplingParams(temperature=1.0)))
         manager = ParallelEnvManager(env_client, generate, tokenizer, get_action_parser("plain"), config, max_workers=6)
         output = manager.run(specs)
         assert env_client.health().sessions == 0  # every session was released

@@ -83,7 +83,7 @@ class ParallelEnvManager:
     Args:
         env_client: an `envservice.EnvClient` (thread-safe; size its pool to `max_workers`).
         generate: generate(request_id, prompt_ids, max_tokens) -> turn with token_ids and logprobs; in
-            practice a bound `AsyncLLMServerManager.generate` with the run's sampling parameters.
+            practice `AsyncLLMServerManager.with_sampling(sampling)`.
         tokenizer: the policy's tokenizer (its chat template builds every prompt).
         parser: the action parser of the environment (`recipe.beyond_agent.rollout.actions`).
         config: limits shared by all episodes; `max_rounds` may be overridden per call.
@@ -119,15 +119,6 @@ class ParallelEnvManager:
                 if on_result is not None:
                     on_result(results[futures[future]])
         return RolloutOutput(results=results, metrics=summarize(results, time.monotonic() - started))
-
-
-def bind_sampling(llm: Any, sampling: Any) -> GenerateFn:
-    """A GenerateFn over an `AsyncLLMServerManager` whose per-turn `max_tokens` the dataflow decides."""
-
-    def generate(request_id: str, prompt_ids: list[int], max_tokens: int):
-        return llm.generate(request_id, prompt_ids, dataclasses.replace(sampling, max_tokens=max_tokens))
-
-    return generate
 
 
 def _with_rounds(config: DataflowConfig, max_rounds: int) -> DataflowConfig:

@@ -7,7 +7,7 @@ with a semaphore, applies a per-request timeout, turns every failure into one `L
 metrics the trainer reports (requests, failures, tokens, and the time during which at least one request
 was in flight, for "wall time / LLM busy time").
 
-Backends are tiny async objects with `generate(request_id, prompt_ids, sampling) -> GenerationResult`:
+Backends are tiny async objects with `generate(request_id, prompt_ids, max_tokens, sampling) -> GenerationResult`:
 - `HttpVLLMBackend` talks to vLLM OpenAI servers (`/v1/completions`, token ids in and out);
 - `VerlLLMServerBackend` wraps verl 0.9's async `LLMServerClient` (inside a verl trainer).
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import threading
 import time
 from collections import OrderedDict
@@ -57,10 +58,8 @@ class LLMError(RuntimeError):
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample one assistant turn."""
+    """How to sample assistant turns (how many tokens one turn may have is each request's `max_tokens`)."""
 
-    max_tokens: int
-    """Most new tokens for this turn (>= 1)."""
     temperature: float = 1.0
     """Softmax temperature (>= 0; 0 is greedy)."""
     top_p: float = 1.0
@@ -71,8 +70,6 @@ class SamplingParams:
     """Extra token ids that end the turn (the eos token always does); None for none."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"SamplingParams.max_tokens must be an int >= 1; got {self.max_tokens!r}")
         if self.temperature < 0:
             raise ValueError(f"SamplingParams.temperature must be >= 0; got {self.temperature!r}")
         if not 0 < self.top_p <= 1:
@@ -117,9 +114,9 @@ class LLMBackend(Protocol):
     failures you can classify; anything else becomes kind "backend". An optional `async aclose()` is
     awaited when the manager closes."""
 
-    async def generate(self, request_id: str, prompt_ids: list[int],
+    async def generate(self, request_id: str, prompt_ids: list[int], max_tokens: int,
                        sampling: SamplingParams) -> GenerationResult:
-        """Generate one turn for the episode `request_id`."""
+        """Generate one turn (at most `max_tokens` new tokens) for the episode `request_id`."""
         ...
 
 
@@ -244,17 +241,19 @@ class AsyncLLMServerManager:
     async def _make_semaphore(self) -> asyncio.Semaphore:
         return asyncio.Semaphore(self.config.max_in_flight)
 
-    def generate(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams) -> GenerationResult:
-        """Block until the turn is generated; raise LLMError on any failure. Safe from any thread except
-        the manager's own loop. `request_id` must be stable for the whole episode (see module doc)."""
-        _check_request(request_id, prompt_ids, sampling)
+    def generate(self, request_id: str, prompt_ids: list[int], max_tokens: int,
+                 sampling: SamplingParams = SamplingParams()) -> GenerationResult:
+        """Block until the turn (at most `max_tokens` new tokens) is generated; raise LLMError on any failure.
+        Safe from any thread except the manager's own loop. `request_id` must be stable for the whole episode
+        (see module doc)."""
+        _check_request(request_id, prompt_ids, max_tokens, sampling)
         if threading.current_thread() is self._thread:
             raise RuntimeError("AsyncLLMServerManager.generate blocks; call it from a dataflow thread, "
                                "not from the manager's own loop (await backend.generate there instead)")
         if self._closed:
             raise LLMError("closed", "the AsyncLLMServerManager is closed")
         self._metrics.submitted()
-        coro = self._generate(request_id, list(prompt_ids), sampling)
+        coro = self._generate(request_id, list(prompt_ids), max_tokens, sampling)
         try:
             future = asyncio.run_coroutine_threadsafe(coro, self._loop)
         except RuntimeError:  # close() finished between the check above and here
@@ -274,7 +273,8 @@ class AsyncLLMServerManager:
             return None
         return self.config.queue_timeout_s + self.config.request_timeout_s + 5.0
 
-    async def _generate(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams) -> GenerationResult:
+    async def _generate(self, request_id: str, prompt_ids: list[int], max_tokens: int,
+                        sampling: SamplingParams) -> GenerationResult:
         try:
             await asyncio.wait_for(self._slots.acquire(), self.config.queue_timeout_s)
         except asyncio.TimeoutError:
@@ -282,18 +282,19 @@ class AsyncLLMServerManager:
                                                    f"{self.config.queue_timeout_s} s for a slot")) from None
         self._metrics.started()
         try:
-            result = await self._call_backend(request_id, prompt_ids, sampling)
+            result = await self._call_backend(request_id, prompt_ids, max_tokens, sampling)
         finally:
             self._metrics.finished()
             self._slots.release()
         self._metrics.succeeded(result)
         return result
 
-    async def _call_backend(self, request_id: str, prompt_ids: list[int],
+    async def _call_backend(self, request_id: str, prompt_ids: list[int], max_tokens: int,
                             sampling: SamplingParams) -> GenerationResult:
         timeout_s = self.config.request_timeout_s
         try:
-            return await asyncio.wait_for(self.backend.generate(request_id, prompt_ids, sampling), timeout_s)
+            return await asyncio.wait_for(self.backend.generate(request_id, prompt_ids, max_tokens, sampling),
+                                          timeout_s)
         except LLMError as err:
             raise self._record(err) from err
         except asyncio.TimeoutError:
@@ -307,6 +308,10 @@ class AsyncLLMServerManager:
     def _record(self, err: LLMError) -> LLMError:
         self._metrics.failed(err.kind)
         return err
+
+    def with_sampling(self, sampling: SamplingParams):
+        """A dataflow's `generate(request_id, prompt_ids, max_tokens)` that samples with `sampling`."""
+        return functools.partial(self.generate, sampling=sampling)
 
     def metrics(self) -> LLMMetrics:
         """A consistent snapshot of the counters (safe from any thread)."""
@@ -343,12 +348,14 @@ class AsyncLLMServerManager:
         self.close()
 
 
-def _check_request(request_id: str, prompt_ids: list[int], sampling: SamplingParams) -> None:
+def _check_request(request_id: str, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams) -> None:
     """Caller mistakes are programming errors (ValueError), not LLM failures."""
     if not isinstance(request_id, str) or not request_id:
         raise ValueError(f"request_id must be a non-empty str (one per episode); got {request_id!r}")
     if not prompt_ids or not all(isinstance(t, int) for t in prompt_ids):
         raise ValueError(f"prompt_ids must be a non-empty list of int token ids; got {str(prompt_ids)[:80]}")
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        raise ValueError(f"max_tokens must be an int >= 1; got {max_tokens!r}")
     if not isinstance(sampling, SamplingParams):
         raise ValueError(f"sampling must be a SamplingParams; got {type(sampling).__name__}")
 
@@ -411,19 +418,19 @@ class HttpVLLMBackend:
         """Routing state (read it for tests or metrics)."""
         self._client: httpx.AsyncClient | None = None
 
-    def request_body(self, prompt_ids: list[int], sampling: SamplingParams) -> dict[str, Any]:
+    def request_body(self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams) -> dict[str, Any]:
         """The JSON body of one `/v1/completions` request."""
-        return {"model": self.model, "prompt": prompt_ids, "max_tokens": sampling.max_tokens,
+        return {"model": self.model, "prompt": prompt_ids, "max_tokens": max_tokens,
                 "temperature": sampling.temperature, "top_p": sampling.top_p,
                 "logprobs": 0, "return_token_ids": True, **sampling.optional_fields()}
 
-    async def generate(self, request_id: str, prompt_ids: list[int],
+    async def generate(self, request_id: str, prompt_ids: list[int], max_tokens: int,
                        sampling: SamplingParams) -> GenerationResult:
         """Route, post, and read one completion."""
         server = self.router.acquire(request_id)
         started = time.perf_counter()
         try:
-            payload = await self._post(self.base_urls[server], self.request_body(prompt_ids, sampling))
+            payload = await self._post(self.base_urls[server], self.request_body(prompt_ids, max_tokens, sampling))
         finally:
             self.router.release(server)
         return parse_completion(payload, latency_s=time.perf_counter() - started)
@@ -493,22 +500,22 @@ class VerlLLMServerBackend:
         """verl's LLMServerClient (or anything with its async `generate` signature)."""
 
     @staticmethod
-    def sampling_params(sampling: SamplingParams) -> dict[str, Any]:
+    def sampling_params(max_tokens: int, sampling: SamplingParams) -> dict[str, Any]:
         """The `sampling_params` dict verl's server turns into vLLM SamplingParams (`logprobs=True`
         becomes vLLM's `logprobs=0`: the sampled token's log-prob)."""
-        return {"max_tokens": sampling.max_tokens, "temperature": sampling.temperature,
+        return {"max_tokens": max_tokens, "temperature": sampling.temperature,
                 "top_p": sampling.top_p, "logprobs": True, **sampling.optional_fields()}
 
-    async def generate(self, request_id: str, prompt_ids: list[int],
+    async def generate(self, request_id: str, prompt_ids: list[int], max_tokens: int,
                        sampling: SamplingParams) -> GenerationResult:
         """One verl generation, mapped to a GenerationResult."""
         started = time.perf_counter()
         output = await self.llm_client.generate(request_id=request_id, prompt_ids=prompt_ids,
-                                                sampling_params=self.sampling_params(sampling))
-        return token_output_to_result(output, sampling, latency_s=time.perf_counter() - started)
+                                                sampling_params=self.sampling_params(max_tokens, sampling))
+        return token_output_to_result(output, max_tokens, latency_s=time.perf_counter() - started)
 
 
-def token_output_to_result(output: Any, sampling: SamplingParams, latency_s: float) -> GenerationResult:
+def token_output_to_result(output: Any, max_tokens: int, latency_s: float) -> GenerationResult:
     """Map a verl `TokenOutput` to a GenerationResult; LLMError("malformed") when log-probs are missing
     or the stop reason is unknown."""
     token_ids = list(output.token_ids)
@@ -519,7 +526,7 @@ def token_output_to_result(output: Any, sampling: SamplingParams, latency_s: flo
     if output.stop_reason == "aborted":
         stop_reason = "aborted"
     elif output.stop_reason in ("completed", "stop", "length", None):
-        stop_reason = "length" if len(token_ids) >= sampling.max_tokens else "stop"
+        stop_reason = "length" if len(token_ids) >= max_tokens else "stop"
     else:
         raise LLMError("malformed", f"unknown verl stop_reason {output.stop_reason!r}; expected 'completed' "
                                     "or 'aborted'")
