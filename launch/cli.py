@@ -1,9 +1,10 @@
-"""`python launcher.py --conf CONF.yaml [--with-appworld] [--with-envservice] [--dry-run] [--backup-dir D] [-- overrides]`
+"""`python launcher.py --conf CONF.yaml [--with NAME]... [--with-envservice] [--with-appworld] [--dry-run] [--backup-dir D] [-- overrides]`
 
-Reads `.env` and CONF.yaml, starts the env service(s) asked for (each in its own process group, logs in
-the experiment folder), waits until each is healthy, writes the experiment folder, runs the preparation
+Reads `.env` and CONF.yaml, starts the services asked for (each in its own process group, logs in the
+experiment folder), waits until each is healthy, writes the experiment folder, runs the preparation
 steps and training with its output streamed, and on exit, error, Ctrl-C or SIGTERM stops exactly the
 processes it started. A second Ctrl-C kills them at once. Everything after `--` is passed to training.
+`--with-envservice` and `--with-appworld` are short for `--with envservice` and `--with appworld`.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ from pathlib import Path
 
 from launch import experiment
 from launch.config import LaunchConfig, LaunchConfigError, ServiceConfig, load_config
-from launch.services import ServiceStartError, build_service, start_service
+from launch.services import PlannedService, ServiceStartError, plan_service, start_service
 from launch.signals import Interrupted, ProcessTracker, install_handlers
-from launch.training import (MetricsWriter, PrepareError, run_prepare, run_streamed, substitute,
-                                                 train_command, train_env)
+from launch.training import (METRICS_FILE, MetricsFollower, PrepareError, run_prepare, run_streamed, substitute,
+                             train_command, train_env)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EXIT_CONFIG, EXIT_SERVICE, EXIT_INTERRUPTED = 2, 3, 130
+SHORTCUTS = {"with_envservice": "envservice", "with_appworld": "appworld"}
 
 
 def say(message: str) -> None:
@@ -39,46 +41,65 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         argv, overrides = argv[:cut], argv[cut + 1:]
     parser = argparse.ArgumentParser(prog="launcher.py", description=__doc__.splitlines()[0])
     parser.add_argument("--conf", required=True, type=Path, help="the launcher YAML")
-    parser.add_argument("--with-appworld", action="store_true", help="start the AppWorld env service (appworld:)")
-    parser.add_argument("--with-envservice", action="store_true", help="start envservice with envservice.envs")
+    parser.add_argument("--with", dest="services", action="append", default=[], metavar="NAME",
+                        help="start the service NAME of the YAML (envservice, or an entry of services:)")
+    parser.add_argument("--with-envservice", action="store_true", help="same as --with envservice")
+    parser.add_argument("--with-appworld", action="store_true", help="same as --with appworld")
     parser.add_argument("--dry-run", action="store_true", help="print what would start and the training command")
     parser.add_argument("--backup-dir", type=Path, default=None,
                         help="folder for experiment folders (default: experiment.root in the YAML)")
     parser.add_argument("--env-file", type=Path, default=Path(".env"), help="the .env to read (default ./.env)")
-    return parser.parse_args(argv), overrides
+    args = parser.parse_args(argv)
+    args.services += [name for flag, name in SHORTCUTS.items() if getattr(args, flag)]
+    return args, overrides
 
 
-def services_to_start(config: LaunchConfig, args: argparse.Namespace) -> list[ServiceConfig]:
-    """The services the flags ask for, in start order."""
-    services = []
-    if args.with_envservice:
-        if config.envservice is None:
-            from envservice.registry import registered_ids
-
-            raise LaunchConfigError(f"--with-envservice needs envservice.envs in {config.conf_path} "
-                                    f"(valid env ids: {', '.join(registered_ids())})")
-        services.append(config.envservice)
-    if args.with_appworld:
-        services.append(config.appworld)
-    return services
+def services_to_start(config: LaunchConfig, names: list[str]) -> list[ServiceConfig]:
+    """The services named on the command line, in the YAML's order; unknown names list the defined ones."""
+    for name in names:
+        if name not in config.services:
+            raise LaunchConfigError(unknown_service(config, name))
+    chosen = [service for name, service in config.services.items() if name in names]
+    talking = [service.name for service in chosen if service.env_url]
+    if len(talking) > 1:
+        raise LaunchConfigError(f"services {', '.join(talking)} all set env_url: training talks to one env "
+                                "service; start only one of them")
+    return chosen
 
 
-def placeholder_values(folder: Path, urls: dict[str, str]) -> dict[str, str]:
-    """Values for `{...}` placeholders; training talks to envservice if started, else to AppWorld."""
-    return {"python": sys.executable, "repo": str(REPO_ROOT), "experiment_dir": str(folder),
-            "env_url": urls.get("envservice") or urls.get("appworld") or ""}
+def unknown_service(config: LaunchConfig, name: str) -> str:
+    """The error for `--with NAME` when the YAML defines no such service."""
+    defined = ", ".join(config.services) or "none"
+    if name == "envservice":
+        from envservice.registry import registered_ids
+
+        return (f"--with-envservice needs envservice.envs in {config.conf_path} "
+                f"(valid env ids: {', '.join(registered_ids())})")
+    hint = " (see services.appworld in examples/appworld/appworld.yaml)" if name == "appworld" else ""
+    return f"--with {name}: {config.conf_path} defines no service {name!r}; defined services: {defined}{hint}"
+
+
+def placeholder_values(folder: Path, env_url: str = "") -> dict[str, str]:
+    """Values for `{...}` placeholders."""
+    return {"python": sys.executable, "repo": str(REPO_ROOT), "experiment_dir": str(folder), "env_url": env_url}
+
+
+def env_url_of(planned: list[PlannedService]) -> str:
+    """The URL of the started service training talks to (`env_url: true`), or ''."""
+    return next((service.url for service in planned if service.config.env_url), "")
 
 
 def dry_run(config: LaunchConfig, args, overrides: list[str], services: list[ServiceConfig]) -> int:
     """Print the services, the folder, the preparation steps and the training command; start nothing."""
     root = args.backup_dir or Path(config.experiment_root)
     folder = root / f"{config.experiment_name}-<timestamp>"
-    urls = {svc.name: f"http://{svc.host}:{svc.port or '<free port>'}" for svc in services}
-    values = placeholder_values(folder, urls)
-    for svc in services:
-        service = build_service(svc, folder / "logs" / f"{svc.name}.log", config.dotenv)
-        print(f"would start {svc.name}: {shlex.join(service.cmd)}  (deadline {svc.startup_timeout_s:.0f} s)")
+    planned = [plan_service(svc, placeholder_values(folder), config.dotenv, port=svc.port or "<free port>")
+               for svc in services]
+    for service in planned:
+        print(f"would start {service.config.name}: {shlex.join(service.command)}  "
+              f"(deadline {service.config.startup_timeout_s:.0f} s)")
     print(f"would write the experiment folder {folder}")
+    values = placeholder_values(folder, env_url_of(planned))
     for step in config.prepare:
         print(f"would prepare {step.name}: " + shlex.join(substitute(a, values, "prepare") for a in step.command))
     env = train_env(config.train, {}, values)
@@ -88,8 +109,11 @@ def dry_run(config: LaunchConfig, args, overrides: list[str], services: list[Ser
     return 0
 
 
-def check_placeholders(config: LaunchConfig, values: dict[str, str], overrides: list[str]) -> None:
+def check_placeholders(config: LaunchConfig, services: list[ServiceConfig], values: dict[str, str],
+                       overrides: list[str]) -> None:
     """Fail before anything starts when a command names an unknown placeholder."""
+    for service in services:
+        plan_service(service, values, config.dotenv, port=service.port or "<free port>")
     train_command(config.train, values, overrides, token=False)
     train_env(config.train, {}, values)
     for step in config.prepare:
@@ -98,17 +122,20 @@ def check_placeholders(config: LaunchConfig, values: dict[str, str], overrides: 
 
 
 def start_services(config: LaunchConfig, services: list[ServiceConfig], folder: Path,
-                   tracker: ProcessTracker) -> dict[str, str]:
-    """Start each service in turn and wait until healthy; {name: url}."""
-    urls = {}
+                   tracker: ProcessTracker) -> list[PlannedService]:
+    """Start each service in turn and wait until it is healthy."""
+    planned = []
     for svc in services:
-        service = build_service(svc, folder / "logs" / f"{svc.name}.log", config.dotenv)
-        urls[svc.name] = start_service(svc, service, tracker, say)
-    return urls
+        service = plan_service(svc, placeholder_values(folder), config.dotenv)
+        start_service(service, folder / "logs" / f"{svc.name}.log", tracker.add, say)
+        planned.append(service)
+    return planned
 
 
-def write_backup(folder: Path, config: LaunchConfig, urls: dict[str, str], command: list[str], argv: list[str]) -> None:
+def write_backup(folder: Path, config: LaunchConfig, planned: list[PlannedService], command: list[str],
+                 argv: list[str]) -> None:
     """The experiment folder's record of this run (see experiment.py)."""
+    urls = {service.config.name: service.url for service in planned}
     resolved = {**config.redacted(), "service_urls": urls, "train_command": command}
     experiment.write_config(folder, resolved, config.conf_path)
     experiment.write_commands(folder, [sys.executable, "launcher.py", *argv], command)
@@ -119,23 +146,24 @@ def write_backup(folder: Path, config: LaunchConfig, urls: dict[str, str], comma
 
 def run(config: LaunchConfig, args, overrides: list[str], argv: list[str], tracker: ProcessTracker) -> int:
     """Everything after the config is loaded: services, backup, preparation, training. Returns training's code."""
-    services = services_to_start(config, args)
+    services = services_to_start(config, args.services)
     root = args.backup_dir or Path(config.experiment_root)
-    check_placeholders(config, placeholder_values(root, {svc.name: "http://check" for svc in services}), overrides)
+    check_placeholders(config, services, placeholder_values(root, "http://check"), overrides)
     folder = experiment.create_experiment_dir(root, config.experiment_name)
     say(f"experiment folder: {folder}")
     tracker.on_add = functools.partial(experiment.write_processes, folder)
     experiment.write_commands(folder, [sys.executable, "launcher.py", *argv], None)
-    urls = start_services(config, services, folder, tracker)
-    values = placeholder_values(folder, urls)
+    planned = start_services(config, services, folder, tracker)
+    values = placeholder_values(folder, env_url_of(planned))
     command = train_command(config.train, values, overrides, bool(config.dotenv.get("ENVSERVICE_TOKEN")))
-    write_backup(folder, config, urls, command, argv)
+    write_backup(folder, config, planned, command, argv)
     env = train_env(config.train, config.dotenv, values)
     for step in config.prepare:
         run_prepare(step, values, env, folder / "logs", tracker, say)
     say(f"training: {shlex.join(command)}")
-    metrics = MetricsWriter(folder / "metrics.jsonl", say)
+    metrics = MetricsFollower(folder / METRICS_FILE, say)
     code = run_streamed("train", command, env, folder / "logs" / "train.log", tracker, on_line=metrics)
+    metrics()
     say(f"training exited with code {code} after {metrics.steps} logged step(s); experiment folder: {folder}")
     return code
 
@@ -148,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(args.conf, args.env_file)
         if args.dry_run:
-            return dry_run(config, args, overrides, services_to_start(config, args))
+            return dry_run(config, args, overrides, services_to_start(config, args.services))
         install_handlers(tracker, say)
         return run(config, args, overrides, argv, tracker)
     except LaunchConfigError as error:

@@ -1,23 +1,28 @@
 """The launcher's inputs: the `.env` file and the launcher YAML, checked into small dataclasses.
 
-The YAML (every key optional except `train`):
+The YAML (every key optional except `train`) holds only what the launcher owns; the recipe's own keys go
+in `train.overrides`, a plain Hydra override list, and the recipe validates them:
 
     experiment: {name: quickstart, root: outputs/experiments}
     envservice: {envs: [babyai], host: 127.0.0.1, port: 0, args: [], startup_timeout_s: 120}
-    appworld:   {host: 127.0.0.1, port: 0, args: [], startup_timeout_s: 300}
+    services:                       # anything else the run needs; started with --with NAME
+      appworld: {command: [...], activate: $APPWORLD_ACTIVATION, env: {APPWORLD_ROOT: $APPWORLD_PATH},
+                 env_file: null, env_url: true, health_url: "http://{host}:{port}/healthz",
+                 host: 127.0.0.1, port: 0, startup_timeout_s: 300}
     prepare:    [{name: data, command: [...], skip_if_exists: path}]
     train:      {module: ..., config_path: ..., config_name: ..., cpu: false, overrides: [...], env: {}}
                 # or {command: [...], env: {}}
 
-Unknown keys are errors that name the key and list the valid ones. `.env` supplies host, port and token
-defaults (ENVSERVICE_HOST/PORT/TOKEN), AppWorld's Python environment (APPWORLD_PATH, APPWORLD_ACTIVATION)
-and tracker keys, which are passed on to every process we start.
+`envservice:` is the short form of the service `python -m envservice --envs ...` (started with
+--with-envservice). Unknown keys are errors that name the key and list the valid ones. `.env` supplies
+envservice's host, port and token defaults (ENVSERVICE_HOST/PORT/TOKEN), the `$NAME` values of service
+entries, and tracker keys; its values are passed on to every process we start.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +30,10 @@ import yaml
 
 DEFAULT_TRAIN_MODULE = "recipe.beyond_agent.main_beyond_agent"
 SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
+ENVSERVICE_KEYS = ("envs", "host", "port", "args", "startup_timeout_s")
+SERVICE_KEYS = ("command", "host", "port", "health_url", "env", "env_file", "activate", "startup_timeout_s", "env_url")
+TRAIN_KEYS = ("module", "config_path", "config_name", "cpu", "overrides", "command", "env")
+TOP_KEYS = ("experiment", "envservice", "services", "prepare", "train")
 
 
 class LaunchConfigError(ValueError):
@@ -33,15 +42,40 @@ class LaunchConfigError(ValueError):
 
 @dataclass
 class ServiceConfig:
-    """One env service to start: `python -m envservice --envs ...` with these settings."""
+    """One service the launcher starts when asked (`--with NAME`): a command in its own process group,
+    ready once `health_url` answers 200.
+
+    `command` and `health_url` may use the placeholders of `launch.training` plus `{host}` and `{port}`;
+    `env` values and `activate` may use `$NAME` from `.env`, `env_file` or our environment.
+    """
 
     name: str
-    envs: list[str]
+    """The service's name (`--with NAME`; its log is logs/NAME.log)."""
+    where: str
+    """Its key in the YAML, for messages: `envservice` or `services.NAME`."""
+    command: list[str]
+    """Program and arguments; `{python}` is this interpreter (with `activate`: the activated `python`)."""
     host: str = "127.0.0.1"
+    """Where it listens."""
     port: int = 0
-    args: list[str] = field(default_factory=list)
+    """Where it listens; 0: a free port on `host`, picked by the launcher."""
+    health_url: str = "http://{host}:{port}/healthz"
+    """Answers 200 once the service is ready."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment additions (applied after `.env` and `env_file`)."""
+    env_file: str | None = None
+    """A KEY=VALUE file whose values this service gets (besides `.env`)."""
+    activate: str | None = None
+    """Sourced (a file) or run (a command) first, in the same shell: another Python environment, say."""
     startup_timeout_s: float = 120.0
-    activation: str | None = None  # a script sourced first (AppWorld's own Python environment)
+    """How long it may take to become healthy."""
+    env_url: bool = False
+    """Training talks to this service: its URL becomes `{env_url}` and `beyond_agent.env.url`."""
+
+    @property
+    def timeout_key(self) -> str:
+        """The YAML key of the start-up deadline, for messages."""
+        return f"{self.where}.startup_timeout_s"
 
 
 @dataclass
@@ -73,26 +107,31 @@ class LaunchConfig:
     conf_path: Path
     experiment_name: str
     experiment_root: str
-    envservice: ServiceConfig | None
-    appworld: ServiceConfig
+    services: dict[str, ServiceConfig]
+    """The services the YAML defines, by name, in start order (`envservice` first)."""
     prepare: list[PrepareStep]
     train: TrainConfig
     dotenv: dict[str, str]
 
     def redacted(self) -> dict[str, Any]:
-        """A plain dict for the experiment folder, with secret-looking `.env` values hidden."""
-        from dataclasses import asdict
-
+        """A plain dict for the experiment folder, with secret-looking values hidden."""
         data = asdict(self)
         data["conf_path"] = str(self.conf_path)
-        data["dotenv"] = {key: redact(key, value) for key, value in self.dotenv.items()}
-        data["train"]["env"] = {key: redact(key, value) for key, value in self.train.env.items()}
+        data["dotenv"] = redact_all(self.dotenv)
+        data["train"]["env"] = redact_all(self.train.env)
+        for service in data["services"].values():
+            service["env"] = redact_all(service["env"])
         return data
 
 
 def redact(name: str, value: str) -> str:
     """Hide the value of anything named like a token or key."""
     return "***" if value and SECRET_NAME.search(name) else value
+
+
+def redact_all(values: dict[str, str]) -> dict[str, str]:
+    """`redact` applied to every entry."""
+    return {key: redact(key, value) for key, value in values.items()}
 
 
 def parse_dotenv(text: str, source: str = ".env") -> dict[str, str]:
@@ -138,26 +177,64 @@ def _str_list(value: Any, key: str) -> list[str]:
     return [str(item) for item in value]
 
 
-SERVICE_KEYS = ("envs", "host", "port", "args", "startup_timeout_s")
-TRAIN_KEYS = ("module", "config_path", "config_name", "cpu", "overrides", "command", "env")
-TOP_KEYS = ("experiment", "envservice", "appworld", "prepare", "train")
+def _str_dict(value: Any, key: str) -> dict[str, str]:
+    """A mapping of names to strings; anything else names the key."""
+    if not isinstance(value or {}, dict):
+        raise LaunchConfigError(f"{key}: expected a mapping of NAME: value")
+    return {str(name): str(item) for name, item in (value or {}).items()}
 
 
-def _service(data: dict, name: str, dotenv: dict[str, str], default_envs: list[str] | None) -> ServiceConfig | None:
-    """The `envservice:` or `appworld:` section, with host/port defaults from `.env`."""
-    section = _section(data, name, SERVICE_KEYS, "")
-    envs = _str_list(section.get("envs"), f"{name}.envs") or default_envs
+def _number(section: dict, key: str, default: float, where: str) -> float:
+    """`section[key]` as a float (the default when absent or empty); anything else names the key."""
+    value = section.get(key)
+    try:
+        return float(default if value in (None, "") else value)
+    except (TypeError, ValueError):
+        raise LaunchConfigError(f"{where}.{key}: expected a number, got {value!r}") from None
+
+
+def _envservice(data: dict, dotenv: dict[str, str]) -> ServiceConfig | None:
+    """The `envservice:` section: our own env service, with host/port defaults from `.env`."""
+    section = _section(data, "envservice", ENVSERVICE_KEYS, "")
+    envs = _str_list(section.get("envs"), "envservice.envs")
     if not envs:
         return None
-    try:
-        port_key = "APPWORLD_PORT" if name == "appworld" else "ENVSERVICE_PORT"
-        port = int(section.get("port", dotenv.get(port_key) or 0))
-        timeout = float(section.get("startup_timeout_s", 300.0 if name == "appworld" else 120.0))
-    except (TypeError, ValueError) as error:
-        raise LaunchConfigError(f"{name}.port / {name}.startup_timeout_s: expected numbers ({error})") from None
-    return ServiceConfig(name=name, envs=envs, host=str(section.get("host", dotenv.get("ENVSERVICE_HOST") or "127.0.0.1")),
-                         port=port, args=_str_list(section.get("args"), f"{name}.args"), startup_timeout_s=timeout,
-                         activation=(dotenv.get("APPWORLD_ACTIVATION") or None) if name == "appworld" else None)
+    command = ["{python}", "-m", "envservice", "--host", "{host}", "--port", "{port}", "--envs", ",".join(envs),
+               *_str_list(section.get("args"), "envservice.args")]
+    return ServiceConfig(name="envservice", where="envservice", command=command,
+                         host=str(section.get("host") or dotenv.get("ENVSERVICE_HOST") or "127.0.0.1"),
+                         port=int(_number(section, "port", float(dotenv.get("ENVSERVICE_PORT") or 0), "envservice")),
+                         startup_timeout_s=_number(section, "startup_timeout_s", 120.0, "envservice"), env_url=True)
+
+
+def _service(name: str, entry: Any) -> ServiceConfig:
+    """One entry of `services:`."""
+    where = f"services.{name}"
+    entry = _section({name: entry}, name, SERVICE_KEYS, "services.")
+    command = _str_list(entry.get("command"), f"{where}.command")
+    if not command:
+        raise LaunchConfigError(f"{where}.command: required (a list: program and arguments)")
+    return ServiceConfig(
+        name=name, where=where, command=command, host=str(entry.get("host") or "127.0.0.1"),
+        port=int(_number(entry, "port", 0.0, where)),
+        health_url=str(entry.get("health_url") or ServiceConfig.health_url),
+        env=_str_dict(entry.get("env"), f"{where}.env"), env_file=entry.get("env_file"),
+        activate=entry.get("activate"), startup_timeout_s=_number(entry, "startup_timeout_s", 120.0, where),
+        env_url=bool(entry.get("env_url", False)))
+
+
+def _services(data: dict, dotenv: dict[str, str]) -> dict[str, ServiceConfig]:
+    """`envservice:` (first) and the `services:` mapping, by name."""
+    section = data.get("services") or {}
+    if not isinstance(section, dict):
+        raise LaunchConfigError("services: expected a mapping of NAME: {command: [...], health_url: ..., ...}")
+    if "envservice" in section:
+        raise LaunchConfigError("services.envservice: the name belongs to the `envservice:` section; "
+                                "choose another name")
+    envservice = _envservice(data, dotenv)
+    services = {"envservice": envservice} if envservice else {}
+    services.update({str(name): _service(str(name), entry) for name, entry in section.items()})
+    return services
 
 
 def _prepare(data: dict) -> list[PrepareStep]:
@@ -189,13 +266,10 @@ def _train(data: dict) -> TrainConfig:
     if command and module_keys:
         raise LaunchConfigError(f"train.command cannot be combined with train.{module_keys[0]}: "
                                 "choose a module (Hydra) or a raw command")
-    env = section.get("env") or {}
-    if not isinstance(env, dict):
-        raise LaunchConfigError("train.env: expected a mapping of NAME: value")
     return TrainConfig(module=str(section.get("module", DEFAULT_TRAIN_MODULE)), config_path=section.get("config_path"),
                        config_name=section.get("config_name"), cpu=bool(section.get("cpu", False)),
                        overrides=_str_list(section.get("overrides"), "train.overrides"), command=command,
-                       env={str(key): str(value) for key, value in env.items()})
+                       env=_str_dict(section.get("env"), "train.env"))
 
 
 def parse_config(data: Any, conf_path: Path, dotenv: dict[str, str]) -> LaunchConfig:
@@ -209,9 +283,7 @@ def parse_config(data: Any, conf_path: Path, dotenv: dict[str, str]) -> LaunchCo
     return LaunchConfig(
         conf_path=conf_path, experiment_name=str(experiment.get("name", conf_path.stem)),
         experiment_root=str(experiment.get("root", "outputs/experiments")),
-        envservice=_service(data, "envservice", dotenv, None),
-        appworld=_service(data, "appworld", dotenv, ["appworld"]),
-        prepare=_prepare(data), train=_train(data), dotenv=dotenv,
+        services=_services(data, dotenv), prepare=_prepare(data), train=_train(data), dotenv=dotenv,
     )
 
 

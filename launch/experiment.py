@@ -9,7 +9,7 @@
       pip_freeze.txt       the installed packages
       processes.json       name, pid and process group of everything the launcher started
       logs/                each service's log, the preparation steps and training
-      metrics.jsonl        one line per training step (parsed from verl's console logger)
+      metrics.jsonl        one JSON object per logged step, written by verl's `file` tracker
 """
 
 from __future__ import annotations

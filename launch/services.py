@@ -1,23 +1,28 @@
-"""Start the env services the launcher was asked for, with progress, a deadline and a one-line error.
+"""Start the services the launcher was asked for, with progress, a deadline and a one-line error.
 
-Each service is an `envservice.process.EnvServiceProcess` (ready line + `/healthz`, own process group).
-AppWorld's service may run in its own Python environment: with APPWORLD_ACTIVATION set, the command
-becomes `bash -c '<activation> && exec python -m envservice ...'` (a path is `source`d), so the pid we
-record is still the service itself.
+A service is a `childproc.ChildProcess` (its own process group) built from a `ServiceConfig`: its command
+with `{host}`, `{port}` and the launcher's placeholders filled in, its environment (`.env`, `env_file`,
+`env` with `$NAME` expanded), and, when it has `activate`, run as
+`bash -c '{ <activation>; } >&2 && exec python "$@"'` so that the pid we record is still the service
+itself. It is ready once its `health_url` answers 200.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import shlex
-import threading
-import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from envservice.process import EnvServiceProcess
-from launch.config import ServiceConfig
-from launch.signals import Interrupted, ProcessTracker
+import requests
+
+from childproc import ChildProcess, ChildStartError, free_port
+from launch.config import LaunchConfigError, ServiceConfig, load_dotenv
+from launch.training import substitute
 
 PROGRESS_EVERY_S = 5.0
+ENV_REFERENCE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 
 
 class ServiceStartError(RuntimeError):
@@ -29,95 +34,105 @@ class ServiceStartError(RuntimeError):
         self.details = details
 
 
+@dataclass
+class PlannedService:
+    """A service with its port chosen and its command, environment and health URL resolved."""
+
+    config: ServiceConfig
+    command: list[str]
+    env: dict[str, str]
+    """Additions to our environment."""
+    health_url: str
+    url: str
+    """`http://host:port`: what training is given when the service has `env_url`."""
+
+
+def expand(text: str, variables: dict[str, str]) -> str:
+    """Replace `$NAME` and `${NAME}` with their values (an unset name becomes empty, as in a shell)."""
+    return ENV_REFERENCE.sub(lambda match: variables.get(match.group(1) or match.group(2), ""), text)
+
+
 def activated(command: list[str], activation: str) -> list[str]:
     """Run `python <args>` after the activation command (or `source <file>`), in one bash that execs python.
 
-    The activation's own stdout goes to the log (stderr): the service's stdout must start with its ready line.
+    The activation's own stdout goes to the log (stderr): nothing of it can be mistaken for the service's.
     """
     prefix = f"source {shlex.quote(activation)}" if Path(activation).is_file() else activation
-    return ["bash", "-c", f'{{ {prefix}; }} >&2 && exec python "$@"', "envservice", *command[1:]]
+    return ["bash", "-c", f'{{ {prefix}; }} >&2 && exec python "$@"', "service", *command[1:]]
+
+
+def plan_service(config: ServiceConfig, values: dict[str, str], dotenv: dict[str, str],
+                 port: int | str | None = None) -> PlannedService:
+    """Resolve one service: its port (`port`, else the configured one, else a free one), command,
+    environment and URLs. A dry run passes a text such as "<free port>" to show instead of a number."""
+    port = port if port is not None else (config.port or free_port(config.host))
+    filled = {**values, "host": config.host, "port": str(port)}
+    where = f"{config.where}.command"
+    command = [substitute(arg, filled, where) for arg in config.command]
+    env = service_env(config, dotenv)
+    activation = expand(config.activate, {**os.environ, **env}) if config.activate else ""
+    if activation.strip():
+        command = activated(command, activation.strip())
+    health_url = substitute(config.health_url, filled, f"{config.where}.health_url")
+    return PlannedService(config, command, env, health_url, f"http://{config.host}:{port}")
 
 
 def service_env(config: ServiceConfig, dotenv: dict[str, str]) -> dict[str, str]:
-    """The service's environment additions: `.env` values, and AppWorld's data root when given."""
-    env = dict(dotenv)
-    if config.name == "appworld" and dotenv.get("APPWORLD_PATH"):
-        env.setdefault("APPWORLD_ROOT", dotenv["APPWORLD_PATH"])  # the variable the appworld package reads
+    """The service's environment additions: `.env`, then `env_file`, then `env` (with `$NAME` expanded)."""
+    env = {**dotenv}
+    if config.env_file:
+        path = Path(config.env_file)
+        if not path.exists():
+            raise LaunchConfigError(f"{config.where}.env_file: {path} does not exist")
+        env.update(load_dotenv(path))
+    variables = {**os.environ, **env}
+    env.update({key: expand(value, variables) for key, value in config.env.items()})
     return {key: value for key, value in env.items() if value != ""}
 
 
-def build_service(config: ServiceConfig, log_path: Path, dotenv: dict[str, str]) -> EnvServiceProcess:
-    """An EnvServiceProcess for `config` (not started)."""
-    service = EnvServiceProcess(config.envs, host=config.host, port=config.port, extra_args=config.args,
-                                startup_timeout_s=config.startup_timeout_s, log_path=log_path,
-                                env=service_env(config, dotenv))
-    if config.activation:
-        service.cmd = activated(service.cmd, config.activation)
-    return service
+def start_service(planned: PlannedService, log_path: Path, on_start, say=print) -> ChildProcess:
+    """Start the service, hand its process to `on_start` at once (so a Ctrl-C stops it), wait until healthy."""
+    config = planned.config
+    say(f"starting {config.name}: {shlex.join(planned.command)} (log: {log_path})")
+    child = ChildProcess.start(planned.command, config.name, log_path, env={**os.environ, **planned.env})
+    on_start(child)
+    report = _progress(config, child, say)
+    try:
+        elapsed = child.wait_until(lambda: healthy(planned.health_url), config.startup_timeout_s,
+                                   f"answering {planned.health_url}", on_tick=report)
+    except ChildStartError as error:
+        raise failure(planned, error) from None
+    say(f"{config.name} is healthy at {planned.url} after {elapsed:.1f} s")
+    return child
 
 
-def last_message(log_path: Path) -> str:
-    """The last non-empty line of a log: for a Python error, the `Type: message` line."""
-    text = log_path.read_text(errors="replace") if log_path.exists() else ""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[-1] if lines else "(the log is empty)"
+def healthy(url: str) -> bool:
+    """Whether `url` answers 200 now."""
+    try:
+        return requests.get(url, timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
 
 
-def failure(config: ServiceConfig, service: EnvServiceProcess, error: BaseException, elapsed: float) -> ServiceStartError:
-    """Turn whatever went wrong into a ServiceStartError with one summary line."""
-    code = service.process.poll() if service.process else None
-    if service.url is None and elapsed >= config.startup_timeout_s - 0.5:  # we stopped it at the deadline
-        reason = (f"printed no ready line within {config.startup_timeout_s:.0f} s ({config.name}.startup_timeout_s); "
-                  f"last log line: {last_message(service.log_path)}")
-    elif code is not None:
-        reason = f"exited with code {code} after {elapsed:.1f} s: {last_message(service.log_path)}"
+def failure(planned: PlannedService, error: ChildStartError) -> ServiceStartError:
+    """One summary line for a service that did not start, and its log's tail."""
+    config = planned.config
+    if error.timed_out:
+        reason = (f"{planned.health_url} did not answer within {config.startup_timeout_s:.0f} s "
+                  f"({config.timeout_key}); last log line: {error.last_log_line}")
     else:
-        reason = f"{service.url}/healthz did not answer healthy: {type(error).__name__}: {error}"
-    return ServiceStartError(f"{config.name} service ({' '.join(config.envs)}) did not start: {reason}",
-                             service.log_tail())
+        reason = f"exited with code {error.exit_code} after {error.elapsed_s:.1f} s: {error.last_log_line}"
+    return ServiceStartError(f"{config.name} service did not start: {reason}", error.log_tail)
 
 
-def start_service(config: ServiceConfig, service: EnvServiceProcess, tracker: ProcessTracker, say=print) -> str:
-    """Start `service` in a thread, record its process group, print progress; return its URL when healthy."""
-    errors: list[BaseException] = []
-    thread = threading.Thread(target=_start_into, args=(service, errors), daemon=True)
-    started = time.monotonic()
-    say(f"starting {config.name}: {shlex.join(service.cmd)} (log: {service.log_path})")
-    thread.start()
-    try:
-        _wait_with_progress(config, service, thread, tracker, started, say)
-    except Interrupted:
-        _record_when_spawned(config, service, tracker)
-        raise
-    if errors:
-        raise failure(config, service, errors[0], time.monotonic() - started)
-    say(f"{config.name} is healthy at {service.url} after {time.monotonic() - started:.1f} s")
-    return service.url
+def _progress(config: ServiceConfig, child: ChildProcess, say):
+    """A tick callback that prints a progress line every few seconds."""
+    next_report = [PROGRESS_EVERY_S]
 
+    def report(elapsed: float) -> None:
+        if elapsed >= next_report[0]:
+            next_report[0] += PROGRESS_EVERY_S
+            say(f"  waiting for {config.name}: {elapsed:.0f} s of {config.startup_timeout_s:.0f} s; "
+                f"last log line: {child.last_log_line()[:120]}")
 
-def _start_into(service: EnvServiceProcess, errors: list[BaseException]) -> None:
-    try:
-        service.start()
-    except BaseException as error:  # reported by the main thread
-        errors.append(error)
-
-
-def _record_when_spawned(config: ServiceConfig, service: EnvServiceProcess, tracker: ProcessTracker) -> None:
-    """Record the child's group once Popen has returned (it returns in milliseconds)."""
-    deadline = time.monotonic() + 5.0
-    while service.process is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    if service.process is not None and all(c.process is not service.process for c in tracker.children):
-        tracker.add(config.name, service.process)
-
-
-def _wait_with_progress(config, service, thread, tracker, started, say) -> None:
-    """Join the start thread, recording the child and printing a progress line every few seconds."""
-    next_report = started + PROGRESS_EVERY_S
-    while thread.is_alive():
-        thread.join(0.2)
-        _record_when_spawned(config, service, tracker)
-        if time.monotonic() >= next_report:
-            next_report += PROGRESS_EVERY_S
-            say(f"  waiting for {config.name}: {time.monotonic() - started:.0f} s of "
-                f"{config.startup_timeout_s:.0f} s; last log line: {last_message(service.log_path)[:120]}")
+    return report

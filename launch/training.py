@@ -1,8 +1,13 @@
 """The training command, the preparation commands, and running them with their output streamed.
 
 Arguments may use placeholders, filled once the services are up: `{python}` (this interpreter),
-`{repo}` (the checkout), `{experiment_dir}`, `{env_url}` (the env service training talks to; empty when
-none was started). Hydra's own `${...}` interpolations are left alone.
+`{repo}` (the checkout), `{experiment_dir}`, `{env_url}` (the service training talks to, the one with
+`env_url: true`; empty when none was started). Hydra's own `${...}` interpolations are left alone.
+
+Per-step metrics are written by verl's own `file` tracker (`trainer.logger` must list `file`, as the
+recipe's config does by default) to `metrics.jsonl` in the experiment folder, one JSON object per
+`Tracking.log` call: `{"step": N, "data": {"actor/pg_loss": -0.1, ...}}`. The launcher only reads that
+file back to print a one-line summary per step; it never parses training's console output.
 """
 
 from __future__ import annotations
@@ -15,13 +20,14 @@ import sys
 from pathlib import Path
 from typing import Callable, TextIO
 
+from childproc import ChildProcess
 from launch.config import LaunchConfigError, PrepareStep, TrainConfig
 from launch.signals import ProcessTracker
 
 PLACEHOLDER = re.compile(r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*)\}")
-STEP_LINE = re.compile(r"step:(\d+) - (.*)$")
-# verl prints numpy scalars by their repr (`actor/pg_loss:np.float64(-0.16)`, `num_turns/max:np.int32(8)`).
-NUMPY_SCALAR = re.compile(r"^np\.[a-z]+[0-9]*\((.*)\)$")
+METRICS_FILE = "metrics.jsonl"
+METRICS_PATH_VARIABLE = "VERL_FILE_LOGGER_PATH"
+"""Where verl's `file` tracker writes; the launcher points it into the experiment folder."""
 # metric key -> label in the one-line summary printed per step
 SUMMARY_KEYS = {"critic/score/mean": "score", "critic/rewards/mean": "reward", "actor/pg_loss": "pg_loss", "actor/entropy": "entropy",
                 "response_length/mean": "response_len", "timing_s/step": "step_s"}
@@ -83,42 +89,20 @@ def train_env(config: TrainConfig, dotenv: dict[str, str], values: dict[str, str
     env.update({key: substitute(value, values, f"train.env.{key}") for key, value in config.env.items()})
     if values.get("env_url"):
         env["ENVSERVICE_URL"] = values["env_url"]
+    if values.get("experiment_dir"):
+        env.setdefault(METRICS_PATH_VARIABLE, str(Path(values["experiment_dir"]) / METRICS_FILE))
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
 
-def parse_step_line(line: str) -> dict | None:
-    """verl's console metrics line `step:N - key:value - ...` as a dict (with `step`), else None."""
-    match = STEP_LINE.search(line.rstrip())
-    if not match:
-        return None
-    metrics: dict = {"step": int(match.group(1))}
-    for part in match.group(2).split(" - "):
-        key, sep, value = part.rpartition(":")
-        if sep:
-            number = _number(value)
-            if number is not None:
-                metrics[key.strip()] = number
-    return metrics
-
-
-def _number(text: str) -> float | None:
-    """A metric value as a float: plain numbers and numpy scalar reprs; None for anything else."""
-    text = text.strip()
-    wrapped = NUMPY_SCALAR.match(text)
-    try:
-        return float(wrapped.group(1) if wrapped else text)
-    except ValueError:
-        return None
-
-
-def step_summary(metrics: dict) -> str:
+def step_summary(step: int, metrics: dict) -> str:
     """One short line with the metrics people watch, when present."""
-    shown = [f"{label}={metrics[key]:.4g}" for key, label in SUMMARY_KEYS.items() if key in metrics]
+    numbers = {key: value for key, value in metrics.items() if isinstance(value, (int, float))}
+    shown = [f"{label}={numbers[key]:.4g}" for key, label in SUMMARY_KEYS.items() if key in numbers]
     # Validation scores are named per data source: val-core/<source>/reward/mean@1.
-    shown += [f"{key.split('/')[1]}_val={value:.4g}" for key, value in metrics.items()
+    shown += [f"{key.split('/')[1]}_val={value:.4g}" for key, value in numbers.items()
               if key.startswith("val-core/") and key.endswith("/reward/mean@1")]
-    return f"step {metrics['step']}: " + (", ".join(shown) or f"{len(metrics) - 1} metrics")
+    return f"step {step}: " + (", ".join(shown) or f"{len(metrics)} metrics")
 
 
 def run_streamed(name: str, command: list[str], env: dict[str, str], log_path: Path, tracker: ProcessTracker,
@@ -126,35 +110,52 @@ def run_streamed(name: str, command: list[str], env: dict[str, str], log_path: P
     """Run `command` in its own process group; copy its output to the terminal and `log_path`; return its code."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as log:
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                                   errors="replace", env={**os.environ, **env}, start_new_session=True)
-        tracker.add(name, process)
-        for line in process.stdout:
+        child = tracker.add(ChildProcess.start(command, name, env={**os.environ, **env}, stdout=subprocess.PIPE,
+                                               stderr=subprocess.STDOUT, text=True, bufsize=1, errors="replace"))
+        for line in child.process.stdout:
             log.write(line)
             log.flush()
             echo.write(line)
             echo.flush()
             if on_line:
                 on_line(line)
-        return process.wait()
+        return child.process.wait()
 
 
-class MetricsWriter:
-    """Appends parsed step lines to metrics.jsonl and prints a one-line summary per step."""
+class MetricsFollower:
+    """Reads the lines verl's `file` tracker appended to metrics.jsonl and prints a summary per step.
+
+    Call it after each line of training output (it only looks at the file when it grew) and once more
+    when training has ended.
+    """
 
     def __init__(self, path: Path, say: Callable[[str], None]):
         self.path = path
         self.say = say
         self.steps = 0
+        """Records read so far."""
+        self._offset = 0
 
-    def __call__(self, line: str) -> None:
-        metrics = parse_step_line(line)
-        if metrics is None:
+    def __call__(self, _line: str = "") -> None:
+        if not self.path.exists() or self.path.stat().st_size == self._offset:
+            return
+        with self.path.open("rb") as source:
+            source.seek(self._offset)
+            chunk = source.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits for the next call
+        self._offset += len(complete)
+        for raw in complete.decode(errors="replace").splitlines():
+            self._show(raw)
+
+    def _show(self, raw: str) -> None:
+        try:
+            record = json.loads(raw)
+            step, data = int(record["step"]), dict(record["data"])
+        except (ValueError, KeyError, TypeError):
+            self.say(f"metrics.jsonl: a line is not verl's file-tracker format: {raw[:120]!r}")
             return
         self.steps += 1
-        with self.path.open("a") as out:
-            out.write(json.dumps(metrics) + "\n")
-        self.say(step_summary(metrics))
+        self.say(step_summary(step, data))
 
 
 def run_prepare(step: PrepareStep, values: dict[str, str], env: dict[str, str], logs: Path,

@@ -23,7 +23,7 @@ import yaml
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 FAKE_TRAIN = '''
-import os, signal, subprocess, sys, time
+import json, os, signal, subprocess, sys, time
 out = sys.argv[1]
 steps = int(sys.argv[2])
 then = sys.argv[3]            # "exit" | "hang" | "ignore-term"
@@ -33,8 +33,12 @@ child = subprocess.Popen(["sleep", "300"])
 with open(os.path.join(out, "train_pids.txt"), "w") as f:
     f.write(f"{os.getpid()} {child.pid}\\n")
 print("fake trainer sees", os.environ.get("ENVSERVICE_URL"), "args", sys.argv[4:], flush=True)
+metrics = os.environ["VERL_FILE_LOGGER_PATH"]  # set by the launcher; verl's `file` tracker writes there
 for step in range(1, steps + 1):
-    print(f"(TaskRunner pid={os.getpid()}) step:{step} - critic/score/mean:0.{step} - actor/pg_loss:-0.25", flush=True)
+    data = {"critic/score/mean": step / 10, "actor/pg_loss": -0.25}
+    with open(metrics, "a") as f:  # one line per Tracking.log call, in verl's file-tracker format
+        f.write(json.dumps({"step": step, "data": data}) + "\\n")
+    print(f"(TaskRunner pid={os.getpid()}) step:{step} - critic/score/mean:{step / 10} - actor/pg_loss:-0.25", flush=True)
     time.sleep(0.1)
 if then != "exit":
     time.sleep(300)
@@ -114,6 +118,17 @@ def fake_train(tmp_path: Path) -> Path:
     path = tmp_path / "fake_train.py"
     path.write_text(FAKE_TRAIN)
     return path
+
+
+def appworld_service() -> dict:
+    """The `services.appworld` entry of the AppWorld example, as a user copies it into their YAML."""
+    return yaml.safe_load((REPO_ROOT / "examples" / "appworld" / "appworld.yaml").read_text())["services"]["appworld"]
+
+
+@pytest.fixture
+def appworld():
+    """A `services:` section holding the example's AppWorld entry, with some keys replaced: appworld(**keys)."""
+    return lambda **keys: {"appworld": {**appworld_service(), **keys}}
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The launcher's pure parts: .env parsing, YAML checks that name the bad key, placeholders, step lines."""
+"""The launcher's pure parts: .env parsing, YAML checks that name the bad key, placeholders, services, metrics."""
 
 from __future__ import annotations
 
@@ -6,9 +6,12 @@ from pathlib import Path
 
 import pytest
 
+import json
+
+from childproc import ChildProcess
 from launch.config import LaunchConfigError, parse_config, parse_dotenv
-from launch.services import activated, last_message
-from launch.training import parse_step_line, step_summary, substitute, train_command
+from launch.services import activated, plan_service
+from launch.training import MetricsFollower, step_summary, substitute, train_command
 
 pytestmark = pytest.mark.timeout(30)
 CONF = Path("launch.yaml")
@@ -42,10 +45,41 @@ def test_train_is_required_and_command_excludes_module():
 
 
 def test_dotenv_supplies_service_defaults_and_appworld_activation():
-    config = parse_config({"envservice": {"envs": ["babyai"]}, "train": {}}, CONF,
-                          {"ENVSERVICE_HOST": "127.0.0.2", "ENVSERVICE_PORT": "8123", "APPWORLD_ACTIVATION": "act.sh"})
-    assert (config.envservice.host, config.envservice.port, config.envservice.activation) == ("127.0.0.2", 8123, None)
-    assert (config.appworld.envs, config.appworld.port, config.appworld.activation) == (["appworld"], 0, "act.sh")
+    dotenv = {"ENVSERVICE_HOST": "127.0.0.2", "ENVSERVICE_PORT": "8123", "APPWORLD_ACTIVATION": "conda activate aw",
+              "APPWORLD_PATH": "/data/aw"}
+    appworld = {"command": ["{python}", "-m", "envservice", "--envs", "appworld", "--port", "{port}"],
+                "activate": "$APPWORLD_ACTIVATION", "env": {"APPWORLD_ROOT": "${APPWORLD_PATH}"}, "env_url": True}
+    config = parse_config({"envservice": {"envs": ["babyai"]}, "services": {"appworld": appworld}, "train": {}},
+                          CONF, dotenv)
+    envservice = config.services["envservice"]
+    assert (envservice.host, envservice.port, envservice.activate) == ("127.0.0.2", 8123, None)
+    assert list(config.services) == ["envservice", "appworld"]
+    planned = plan_service(config.services["appworld"], {"python": "/venv/bin/python"}, dotenv, port=9001)
+    assert planned.command[:2] == ["bash", "-c"] and "conda activate aw" in planned.command[2]
+    assert planned.command[4:] == ["-m", "envservice", "--envs", "appworld", "--port", "9001"]
+    assert planned.env["APPWORLD_ROOT"] == "/data/aw" and planned.url == "http://127.0.0.1:9001"
+    assert planned.health_url == "http://127.0.0.1:9001/healthz"
+
+
+def test_a_service_without_activation_runs_our_python_and_its_env_file(tmp_path):
+    env_file = tmp_path / "svc.env"
+    env_file.write_text("SVC_TOKEN=abc\nDATA=/d\n")
+    entry = {"command": ["{python}", "server.py", "--port", "{port}"], "env_file": str(env_file),
+             "env": {"WHERE": "$DATA/x"}, "activate": "$UNSET_ACTIVATION"}
+    config = parse_config({"services": {"svc": entry}, "train": {}}, CONF, {})
+    planned = plan_service(config.services["svc"], {"python": "/venv/bin/python"}, {}, port=7)
+    assert planned.command == ["/venv/bin/python", "server.py", "--port", "7"]  # an empty activation is none
+    assert planned.env == {"SVC_TOKEN": "abc", "DATA": "/d", "WHERE": "/d/x"}
+    assert config.redacted()["services"]["svc"]["env"] == {"WHERE": "$DATA/x"}
+
+
+def test_bad_service_entries_name_the_key():
+    with pytest.raises(LaunchConfigError, match=r"services.svc.command: required"):
+        parse_config({"services": {"svc": {"port": 1}}, "train": {}}, CONF, {})
+    with pytest.raises(LaunchConfigError, match=r"services.svc: unknown key\(s\) \['cmd'\]; valid keys: command, "):
+        parse_config({"services": {"svc": {"cmd": ["x"]}}, "train": {}}, CONF, {})
+    with pytest.raises(LaunchConfigError, match=r"services.svc.startup_timeout_s: expected a number, got 'soon'"):
+        parse_config({"services": {"svc": {"command": ["x"], "startup_timeout_s": "soon"}}, "train": {}}, CONF, {})
 
 
 def test_secrets_are_redacted_in_the_record():
@@ -72,21 +106,24 @@ def test_module_command_adds_url_token_reference_and_cli_overrides_last():
                            "beyond_agent.env.token=${oc.env:ENVSERVICE_TOKEN}", "a=2"]
 
 
-def test_step_line_from_a_ray_actor_is_parsed():
-    line = "(TaskRunner pid=7) step:3 - critic/score/mean:0.5 - actor/pg_loss:-0.25 - note:abc\n"
-    metrics = parse_step_line(line)
-    assert metrics == {"step": 3, "critic/score/mean": 0.5, "actor/pg_loss": -0.25}
-    assert step_summary(metrics) == "step 3: score=0.5, pg_loss=-0.25"
-    assert parse_step_line("no metrics here") is None
+def test_metrics_follower_reads_verl_file_tracker_lines_as_they_arrive(tmp_path):
+    path, said = tmp_path / "metrics.jsonl", []
+    follow = MetricsFollower(path, said.append)
+    follow()  # no file yet
+    path.write_text(json.dumps({"step": 0, "data": {"val-core/frozenlake/reward/mean@1": 0.5625}}) + "\n"
+                    + json.dumps({"step": 1, "data": {"critic/score/mean": 0.5, "actor/pg_loss": -0.25,
+                                                      "note": "abc"}}) + "\n" + '{"step": 2, "da')
+    follow()
+    assert said == ["step 0: frozenlake_val=0.5625", "step 1: score=0.5, pg_loss=-0.25"] and follow.steps == 2
+    with path.open("a") as out:  # the half-written line is completed later
+        out.write('ta": {"actor/pg_loss": -1.5e-05}}\nnot json\n')
+    follow()
+    assert said[2:] == ["step 2: pg_loss=-1.5e-05", "metrics.jsonl: a line is not verl's file-tracker format: 'not json'"]
 
 
-def test_step_line_numpy_scalars_are_kept():
-    # Regression: verl prints actor losses and validation scores as numpy reprs; they were dropped.
-    line = ("step:0 - val-core/frozenlake/reward/mean@1:np.float64(0.5625) - num_turns/max:np.int32(8) "
-            "- actor/pg_loss:np.float64(-1.5e-05) - bad:np.float64(abc)\n")
-    assert parse_step_line(line) == {"step": 0, "val-core/frozenlake/reward/mean@1": 0.5625, "num_turns/max": 8.0,
-                                     "actor/pg_loss": -1.5e-05}
-    assert step_summary(parse_step_line(line)) == "step 0: pg_loss=-1.5e-05, frozenlake_val=0.5625"
+def test_step_summary_of_a_step_without_the_usual_keys():
+    assert step_summary(4, {"timing_s/step": 2.0, "x": 1}) == "step 4: step_s=2"
+    assert step_summary(5, {"x": "text"}) == "step 5: 1 metrics"
 
 
 def test_activation_execs_python_so_the_pid_is_the_service(tmp_path):
@@ -98,7 +135,7 @@ def test_activation_execs_python_so_the_pid_is_the_service(tmp_path):
     assert activated(["py", "-m", "x"], "conda activate aw")[2] == '{ conda activate aw; } >&2 && exec python "$@"'
 
 
-def test_last_message_is_the_error_line_of_a_traceback(tmp_path):
+def test_last_log_line_is_the_error_line_of_a_traceback(tmp_path):
     log = tmp_path / "s.log"
     log.write_text("Traceback (most recent call last):\n  File \"x\", line 1\nFileNotFoundError: no data at /d\n\n")
-    assert last_message(log) == "FileNotFoundError: no data at /d"
+    assert ChildProcess(None, "service", log).last_log_line() == "FileNotFoundError: no data at /d"
