@@ -35,6 +35,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port to bind; 0 picks a free one")
     parser.add_argument("--envs", default=None, help="comma-separated env ids (default: all registered)")
+    parser.add_argument("--register", action="append", default=[], metavar="ID=MODULE:CLASS",
+                        help="serve a TextEnv class under ID without packaging it (repeatable); installed packages "
+                        "register theirs through the envservice.envs entry point")
     parser.add_argument("--max-sessions", type=int, default=4096, help="most sessions open at once")
     parser.add_argument("--idle-timeout", type=float, default=600.0, help="seconds before an idle session is released")
     parser.add_argument("--token", default=None, help="bearer token required from clients (or ENVSERVICE_TOKEN)")
@@ -103,6 +106,15 @@ def build_backend(args: argparse.Namespace) -> EnvBackend:
         raise SystemExit(f"envservice: could not start --backend {args.backend}: {exc}") from exc
 
 
+def register_classes(assignments: list[str]) -> None:
+    """Register the `--register ID=module:Class` envs; a malformed or taken id exits with the reason."""
+    for assignment in assignments:
+        try:
+            registry.register_from_text(assignment)
+        except ValueError as exc:
+            raise SystemExit(f"envservice: {exc}") from None
+
+
 def parse_env_ids(spec: str | None) -> list[str]:
     """The env ids of `--envs`; an unknown id is an error that lists the registered ones."""
     known = registry.registered_ids()
@@ -159,6 +171,7 @@ def build_settings(args: argparse.Namespace, env_ids: list[str], token: str | No
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `python -m envservice`."""
     args = parse_args(argv)
+    register_classes(args.register)
     env_ids = parse_env_ids(args.envs)
     token = args.token or os.environ.get("ENVSERVICE_TOKEN") or None
     if not is_loopback(args.host) and token is None:

@@ -1,7 +1,10 @@
 """`check_env(env_id)`: does a registered environment keep the service's contract?
 
+    python -m envservice.check ENV_ID [--json] [--register ID=module:Class]
+
 One small function per clause. A failing clause raises `EnvCheckError` whose message says what was seen,
-what was expected and the likely cause.
+what was expected and the likely cause. The command line checks any registered env, plugins included,
+and exits 1 when a clause fails.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ def check_env(env_id: str, seed: int = 0) -> list[str]:
     """Run every clause on `env_id` (task 0 of its first split); return the names of the clauses checked."""
     registration = registry.get(env_id)
     cls = registration.env_class()
+    check_limits(registration)
     check_tasks(cls)
     split = next(iter(cls.splits))
     task = cls.resolve_task(0, split, seed, {})
@@ -44,8 +48,17 @@ def check_env(env_id: str, seed: int = 0) -> list[str]:
     ]
     for clause in clauses:
         clause()
-    return ["tasks", "reset_types", "reset_deterministic", "step_types", "evaluate",
+    return ["limits", "tasks", "reset_types", "reset_deterministic", "step_types", "evaluate",
             "step_after_end_refused", "release_closes"]
+
+
+def check_limits(registration: registry.Registration) -> None:
+    """The step and session limits in force are ints >= 1 (from the registration or the class attributes)."""
+    for name in ("max_steps", "max_sessions"):
+        value = getattr(registration, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise _fail("limits", f"{name}={value!r}", "an int >= 1",
+                        f"the class attribute `{name}` (or the registration's value) is not a positive int")
 
 
 def check_tasks(cls: type[TextEnv]) -> None:
@@ -188,3 +201,30 @@ def _types(value: Any) -> str:
     if isinstance(value, tuple):
         return "(" + ", ".join(type(v).__name__ for v in value) + ")"
     return type(value).__name__
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m envservice.check ENV_ID`: 0 when every clause holds, 1 (and the failing clause) otherwise."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(prog="python -m envservice.check", description=__doc__.splitlines()[0])
+    parser.add_argument("env_id", help="a registered env id (built-in, plugin or --register)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    parser.add_argument("--register", action="append", default=[], metavar="ID=MODULE:CLASS")
+    args = parser.parse_args(argv)
+    for assignment in args.register:
+        registry.register_from_text(assignment)
+    try:
+        clauses, failure = check_env(args.env_id, seed=args.seed), None
+    except (EnvCheckError, EnvServiceError) as exc:
+        clauses, failure = [], str(exc)
+    report = {"env_id": args.env_id, "passed": failure is None, "clauses": clauses, "failure": failure}
+    print(json.dumps(report) if args.json else
+          (f"{args.env_id}: every clause holds ({', '.join(clauses)})" if failure is None else failure))
+    return 0 if failure is None else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -11,7 +11,6 @@ reset and `imported` says which modules this worker holds.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import sys
@@ -21,6 +20,7 @@ from typing import Any, Sequence
 
 from envservice.envs.base import Task, TextEnv
 from envservice.errors import EnvServiceError
+from envservice.registry import load_env_class
 
 logger = logging.getLogger("envservice")
 
@@ -32,17 +32,6 @@ Reply = tuple[bool, Any]
 def entry_point_of(env_class: type[TextEnv]) -> str:
     """The `"module:Class"` string a worker imports to build `env_class`."""
     return f"{env_class.__module__}:{env_class.__qualname__}"
-
-
-def import_env_class(entry_point: str) -> type[TextEnv]:
-    """The `TextEnv` subclass named by a `"module:Class"` entry point."""
-    module_name, _, class_name = entry_point.partition(":")
-    cls: Any = importlib.import_module(module_name)
-    for part in class_name.split("."):
-        cls = getattr(cls, part)
-    if not (isinstance(cls, type) and issubclass(cls, TextEnv)):
-        raise TypeError(f"entry point {entry_point!r} is not a TextEnv subclass")
-    return cls
 
 
 class EnvHost:
@@ -91,7 +80,7 @@ class EnvHost:
         failures: dict[str, str] = {}
         for entry_point in entry_points:
             try:
-                import_env_class(entry_point)
+                load_env_class(entry_point)
             except Exception as exc:
                 failures[entry_point] = repr(exc)
         return failures
@@ -104,7 +93,7 @@ class EnvHost:
         with self._lock:
             env = self._envs.get(key)
         if env is None:  # the first reset of a handle builds its env (under the same time limit)
-            env = import_env_class(entry_point)()
+            env = load_env_class(entry_point)()
             with self._lock:
                 self._envs[key] = env
         return env.reset(task)

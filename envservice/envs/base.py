@@ -39,11 +39,19 @@ class TextEnv(abc.ABC):
     Subclasses set `description`, `splits` (task names per split) and `params` (valid option names with
     their meaning), and implement `reset`, `step`, `evaluate` and, when they hold resources, `close`.
     One instance serves one session at a time; `reset` may be called again with another task.
+    `max_steps` and `max_sessions` are the limits the service enforces unless the registration sets its own.
     """
 
     description: ClassVar[str] = ""
+    """One line for GET /envs."""
     splits: ClassVar[Mapping[str, Sequence[str]]] = {}
+    """Task names per split, e.g. {"train": [...], "test": [...]}."""
     params: ClassVar[Mapping[str, str]] = {}
+    """Valid `params` names of a create request, with what each does."""
+    max_steps: ClassVar[int] = 100
+    """Steps per episode at most (the service then truncates the episode)."""
+    max_sessions: ClassVar[int] = 1024
+    """Sessions of this env open at once at most (beyond: a capacity error)."""
 
     @abc.abstractmethod
     def reset(self, task: Task) -> tuple[str, dict[str, Any]]:

@@ -1,11 +1,9 @@
 """A deliberately faulty env for the tests of worker isolation and time limits (not a real environment).
 
 Tests that run envs in worker processes or Ray actors need an env class the *child* can import: a class
-defined in a test file or conftest cannot be imported there. This module is that class. It is registered
-as `faulty` only when asked, so it never shows up in a normal service:
-
-- `ENVSERVICE_TEST_ENVS=1` in the environment of `python -m envservice` (the registry reads it), or
-- `register_test_envs()` in a test process (undo with `unregister_test_envs()`).
+defined in a test file or conftest cannot be imported there. This module is that class. Nothing registers
+it: the tests do, as `faulty`, with `python -m envservice --register faulty=envservice.envs.testing:FaultyEnv`
+or `envservice.register(...)`, so it never shows up in a normal service.
 
 Actions: `inc` counts (reaching 3 solves the task), `boom` raises, `exit` calls `os._exit(3)`, `segfault`
 crashes the interpreter, `hang` sleeps for an hour. Every observation's info carries the pid of the
@@ -19,10 +17,9 @@ import os
 import time
 from typing import Any
 
-from envservice import registry
 from envservice.envs.base import StepResult, Task, TextEnv
 
-TEST_ENV_IDS = ("faulty",)
+ENTRY_POINT = "envservice.envs.testing:FaultyEnv"
 
 
 class FaultyEnv(TextEnv):
@@ -31,6 +28,8 @@ class FaultyEnv(TextEnv):
     description = "test env: counts to three or breaks on purpose (exit, segfault, hang, boom)"
     splits = {"train": ["count"]}
     params = {"hang_in_reset": "any non-empty value: reset sleeps for an hour"}
+    max_steps = 20
+    max_sessions = 64
 
     def reset(self, task: Task) -> tuple[str, dict[str, Any]]:
         if task.params.get("hang_in_reset"):
@@ -55,15 +54,3 @@ class FaultyEnv(TextEnv):
 
     def evaluate(self) -> tuple[float, bool]:
         return (1.0 if self.value >= 3 else 0.0), self.value >= 3
-
-
-def register_test_envs() -> None:
-    """Register `faulty` (20 steps, 64 sessions) unless it already is."""
-    if "faulty" not in registry.registered_ids():
-        registry.register("faulty", "envservice.envs.testing:FaultyEnv", max_steps=20, max_sessions=64)
-
-
-def unregister_test_envs() -> None:
-    """Remove what `register_test_envs` added."""
-    for env_id in TEST_ENV_IDS:
-        registry.unregister(env_id)

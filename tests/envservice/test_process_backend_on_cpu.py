@@ -1,7 +1,7 @@
 """`python -m envservice --backend process`: envs in worker processes, crashes and hung calls contained.
 
 The service runs on a loopback port with 2 workers, a 3 s step limit and the deliberately faulty test env
-(`envservice/envs/testing.py`, enabled by ENVSERVICE_TEST_ENVS=1 so that the workers can import it).
+(`envservice/envs/testing.py`, registered by this test with `--register faulty=...`; workers import it by its path).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import pytest
 
 from envservice.client import EnvClient
 from envservice.errors import EnvServiceError, EnvTimeoutError
+from envservice.envs.testing import ENTRY_POINT as FAULTY
 from envservice.process import EnvServiceProcess
 from recipe.beyond_agent.rollout.dataflow import Dataflow, DataflowConfig, EpisodeSpec
 
@@ -26,8 +27,8 @@ STEP_TIMEOUT_S = 3.0
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EnvServiceProcess]:
     log = tmp_path_factory.mktemp("envservice") / "service.log"
     with EnvServiceProcess(["frozenlake", "faulty"], backend="process", workers=2, step_timeout_s=STEP_TIMEOUT_S,
-                           log_path=log, startup_timeout_s=60,
-                           env={"ENVSERVICE_TEST_ENVS": "1", "ENVSERVICE_TOKEN": ""}) as process:
+                           log_path=log, startup_timeout_s=60, env={"ENVSERVICE_TOKEN": ""},
+                           extra_args=["--register", f"faulty={FAULTY}"]) as process:
         yield process
 
 

@@ -14,7 +14,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from envservice.envs.frozenlake import shortest_path_actions
-from envservice.envs.testing import register_test_envs, unregister_test_envs
+from envservice import registry
+from envservice.envs.testing import ENTRY_POINT as FAULTY
 from envservice.protocol import CreateResponse, ErrorResponse
 from envservice.server import Settings, create_app
 
@@ -41,14 +42,14 @@ def client() -> Iterator[TestClient]:
     from envservice.ray_hosts import RayBackend
 
     _start_local_ray()
-    register_test_envs()
+    registry.register("faulty", FAULTY)  # registered by the test, never by the library
     backend = RayBackend(2, STEP_TIMEOUT_S, actor_options={"num_cpus": 0.5})  # room for a replacement actor
     app = create_app(Settings(env_ids=["frozenlake", "faulty"], backend=backend))
     try:
         with TestClient(app, raise_server_exceptions=False) as test_client:
             yield test_client
     finally:
-        unregister_test_envs()
+        registry.unregister("faulty")
         ray.shutdown()
 
 
