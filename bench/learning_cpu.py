@@ -37,14 +37,9 @@ import torch  # noqa: E402
 
 from envservice.client import EnvClient  # noqa: E402
 from envservice.envs.frozenlake import shortest_path_actions  # noqa: E402
-from recipe.beyond_agent.rollout.actions import get_action_parser  # noqa: E402
-from recipe.beyond_agent.rollout.dataflow import (  # noqa: E402
-    DEFAULT_SYSTEM_PROMPT,
-    Dataflow,
-    DataflowConfig,
-    EpisodeSpec,
-)
+from recipe.beyond_agent.rollout.dataflow import Dataflow, DataflowConfig, EpisodeSpec  # noqa: E402
 from recipe.beyond_agent.rollout.handler import Episode, RolloutHandler  # noqa: E402
+from recipe.beyond_agent.tasks import EnvTask  # noqa: E402
 
 ENV_ID = "frozenlake"
 CHECK_MAPS = 16
@@ -78,7 +73,7 @@ def oracle_episode(client: EnvClient, tokenizer, task: int) -> Episode:
 
 
 def _new_handler(tokenizer, first_observation: str) -> RolloutHandler:
-    messages = [{"role": "system", "content": DEFAULT_SYSTEM_PROMPT}, {"role": "user", "content": first_observation}]
+    messages = EnvTask().first_messages(first_observation)  # what the recipe's default task shows the model
     return RolloutHandler(tokenizer, messages, LIMITS["max_prompt_length"], LIMITS["max_response_length"])
 
 
@@ -151,12 +146,11 @@ def success_rate(model, tokenizer, client: EnvClient, maps: int, temperature: fl
     torch.manual_seed(seed)
     config = DataflowConfig(**LIMITS)
     policy = TransformersPolicy(model, tokenizer.eos_token_id, temperature)
-    parser = get_action_parser("plain")
     successes = []
     for task in range(maps):
         for sample in range(samples):
             spec = EpisodeSpec(ENV_ID, task_id=task, seed=task, split="train", group_id=f"map-{task}", index=sample)
-            result = Dataflow(spec, client, policy, tokenizer, parser, config).run()
+            result = Dataflow(spec, client, policy, tokenizer, config).run()
             if result.infra_failure:
                 raise RuntimeError(f"map {task}: {result.termination}: {result.error}")
             successes.append(result.success)

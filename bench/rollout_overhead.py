@@ -31,10 +31,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 from envservice.client import EnvClient  # noqa: E402
-from recipe.beyond_agent.rollout.actions import get_action_parser  # noqa: E402
 from recipe.beyond_agent.rollout.dataflow import DataflowConfig, EpisodeSpec, run_dataflows  # noqa: E402
 from recipe.beyond_agent.rollout.env_manager import ParallelEnvManager  # noqa: E402
-from recipe.beyond_agent.rollout.handler import RolloutHandler, collate  # noqa: E402
+from recipe.beyond_agent.rollout.batch import collate  # noqa: E402
+from recipe.beyond_agent.rollout.handler import RolloutHandler  # noqa: E402
 from recipe.beyond_agent.rollout.llm import (  # noqa: E402
     AsyncLLMServerManager,
     HttpVLLMBackend,
@@ -82,8 +82,8 @@ def measure_manager(args, tokenizer, vllm_url, model, env_url) -> dict[str, dict
         for mode in modes:
             with AsyncLLMServerManager(HttpVLLMBackend([vllm_url], model),
                                        LLMManagerConfig(max_in_flight=args.episodes)) as llm:
-                manager = ParallelEnvManager(env_client, llm.with_sampling(sampling), tokenizer,
-                                             get_action_parser("plain"), config, max_workers=args.episodes)
+                manager = ParallelEnvManager(env_client, llm.with_sampling(sampling), tokenizer, config,
+                                             max_workers=args.episodes)
                 started = time.monotonic()
                 if mode == "sequential":
                     results = run_dataflows(specs, manager.dataflow)

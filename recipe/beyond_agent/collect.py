@@ -5,8 +5,9 @@
 
 It starts a vLLM server and an envservice itself unless given their URLs (`--vllm-url`,
 `--envservice-url`), runs every episode through the same ParallelEnvManager that training uses, and
-prints the success rate and throughput. Each line holds: env, task, the chat messages, prompt_ids,
-response_ids, response_mask, response_logprobs, reward, success, rounds, termination (and error).
+prints the success rate and throughput. Each line is `EpisodeResult.to_record()`: env, task, agent_task,
+the chat messages, prompt_ids, response_ids, response_mask, response_logprobs, turn_ends, reward (the
+task's), score (the env's), success, step_rewards, rounds, termination (and error), timings.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from recipe.beyond_agent.rollout.actions import ACTION_PARSERS, get_action_parser
+from recipe.beyond_agent.rollout.actions import ACTION_PARSERS
 from recipe.beyond_agent.rollout.dataflow import DataflowConfig, EpisodeResult, EpisodeSpec
 from recipe.beyond_agent.rollout.env_manager import ParallelEnvManager
 from recipe.beyond_agent.rollout.llm import AsyncLLMServerManager, HttpVLLMBackend, LLMManagerConfig, SamplingParams
+from recipe.beyond_agent.tasks import TASKS, AgentTask, build_task
 
 
 def parse_tasks(text: str) -> list[int]:
@@ -40,10 +42,11 @@ def parse_tasks(text: str) -> list[int]:
     return tasks
 
 
-def episode_specs(env_id: str, split: str, tasks: list[int], n: int, seed: int) -> list[EpisodeSpec]:
+def collection_specs(env_id: str, split: str, tasks: list[int], n: int, seed: int,
+                     agent_task: AgentTask) -> list[EpisodeSpec]:
     """n episodes per task; the n samples of one task form one group and share its seed."""
     return [EpisodeSpec(env_id, task_id=task, seed=seed + task, split=split, group_id=f"{env_id}:{task}",
-                        index=i * n + k)
+                        index=i * n + k, agent_task=agent_task)
             for i, task in enumerate(tasks) for k in range(n)]
 
 
@@ -69,7 +72,8 @@ def collect(args: argparse.Namespace) -> list[EpisodeResult]:
     from envservice.process import envservice_url
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    specs = episode_specs(args.env, args.split, args.tasks, args.n, args.seed)
+    agent_task = build_task({"name": args.agent_task, "action_format": args.action_format}, "--agent-task")
+    specs = collection_specs(args.env, args.split, args.tasks, args.n, args.seed, agent_task)
     config = DataflowConfig(max_rounds=args.max_rounds, max_prompt_length=args.max_prompt_length,
                             max_response_length=args.max_response_length,
                             max_tokens_per_turn=args.max_tokens_per_turn)
@@ -81,8 +85,8 @@ def collect(args: argparse.Namespace) -> list[EpisodeResult]:
             AsyncLLMServerManager(HttpVLLMBackend(llm_urls, args.served_model_name or args.model),
                                   LLMManagerConfig(max_in_flight=args.concurrency)) as llm:
         print(f"[collect] envservice at {env_url}, vLLM at {', '.join(llm_urls)}", file=sys.stderr)
-        manager = ParallelEnvManager(env_client, llm.with_sampling(sampling), tokenizer,
-                                     get_action_parser(args.action_format), config, max_workers=args.concurrency)
+        manager = ParallelEnvManager(env_client, llm.with_sampling(sampling), tokenizer, config,
+                                     max_workers=args.concurrency)
         output = _run_with_progress(manager, specs)
     _write_jsonl(args.out, output.results)
     _print_summary(output, llm.metrics())
@@ -129,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-model-len", type=int, default=4096, help="context of a vLLM server we start")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--action-format", default="plain", choices=sorted(ACTION_PARSERS))
+    parser.add_argument("--agent-task", default="env", choices=sorted(TASKS),
+                        help="the registered AgentTask that prompts and scores the episodes (default: env)")
     parser.add_argument("--concurrency", type=int, default=32, help="episodes in flight")
     parser.add_argument("--seed", type=int, default=0, help="task seed = seed + task index")
     parser.add_argument("--vllm-url", action="append", help="use running vLLM server(s) instead of starting one")

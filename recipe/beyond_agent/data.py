@@ -4,8 +4,11 @@
 
 Each row's `prompt` is the env's first observation of that task (asked from envservice, which this
 starts unless given `--envservice-url`); `extra_info` holds env_id, task_id, seed and split, which is all
-BeyondAgentLoopManager needs to replay the task. The prompt in the file is for verl's length filter and
-logs: the episode itself always starts from a fresh session.
+BeyondAgentLoopManager needs to replay the task, and `task` when `--agent-task` names the AgentTask the
+rows use (else the rows use the task configured for their env, or `default`). The episode starts from a
+fresh session, and its first messages are the row's `prompt` (edit it, and the model sees the edit;
+`{observation}` in a user message stands for the env's live first observation).
+Several files (one per env) can be mixed in one run: `data.train_files=[a/train.parquet,b/train.parquet]`.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from pathlib import Path
 from recipe.beyond_agent.collect import parse_tasks
 
 
-def task_rows(client, env_id: str, split: str, tasks: list[int], seed: int) -> list[dict]:
+def task_rows(client, env_id: str, split: str, tasks: list[int], seed: int, agent_task: str | None = None) -> list[dict]:
     """One verl RL row per task, with the first observation as the user prompt."""
     rows = []
     for index, task in enumerate(tasks):
@@ -29,7 +32,8 @@ def task_rows(client, env_id: str, split: str, tasks: list[int], seed: int) -> l
             "prompt": [{"role": "user", "content": observation}],
             "ability": "agent",
             "reward_model": {"style": "env", "ground_truth": ""},
-            "extra_info": {"env_id": env_id, "task_id": task, "seed": seed + task, "split": split, "index": index},
+            "extra_info": {"env_id": env_id, "task_id": task, "seed": seed + task, "split": split, "index": index,
+                           **({"task": agent_task} if agent_task else {})},
         })
     return rows
 
@@ -42,14 +46,15 @@ def write_parquet(rows: list[dict], path: Path) -> None:
 
 
 def write_task_files(env_id: str, out: Path, train_tasks: list[int], val_tasks: list[int], seed: int = 0,
-                     val_split: str = "test", envservice_url: str | None = None) -> tuple[Path, Path]:
+                     val_split: str = "test", envservice_url: str | None = None,
+                     agent_task: str | None = None) -> tuple[Path, Path]:
     """Write out/train.parquet and out/val.parquet; return their paths."""
     from envservice.client import EnvClient
     from envservice.process import envservice_url as serving
 
     with serving([env_id], envservice_url) as url, EnvClient(url) as client:
-        train_rows = task_rows(client, env_id, "train", train_tasks, seed)
-        val_rows = task_rows(client, env_id, val_split, val_tasks, seed)
+        train_rows = task_rows(client, env_id, "train", train_tasks, seed, agent_task)
+        val_rows = task_rows(client, env_id, val_split, val_tasks, seed, agent_task)
     train_path, val_path = out / "train.parquet", out / "val.parquet"
     write_parquet(train_rows, train_path)
     write_parquet(val_rows, val_path)
@@ -64,10 +69,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--val-split", default="test", help="split the validation tasks come from")
     parser.add_argument("--seed", type=int, default=0, help="task seed = seed + task index")
     parser.add_argument("--envservice-url", default=None)
+    parser.add_argument("--agent-task", default=None,
+                        help="the AgentTask of these rows (extra_info.task): an entry of beyond_agent.tasks or a "
+                        "registered task; default: the task configured for the env, else `default`")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     train, val = write_task_files(args.env, args.out, args.train_tasks, args.val_tasks, args.seed, args.val_split,
-                                  args.envservice_url)
+                                  args.envservice_url, args.agent_task)
     print(f"wrote {len(args.train_tasks)} train rows to {train} and {len(args.val_tasks)} val rows to {val}")
 
 

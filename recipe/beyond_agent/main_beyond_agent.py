@@ -11,6 +11,7 @@ datasets like verl's legacy runner does, then trains with BeyondAgentTrainer.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import hydra
 import ray
@@ -25,7 +26,29 @@ def check_config(config) -> None:
     if config.trainer.get("use_v1", False):
         raise SystemExit("BeyondAgent subclasses verl's legacy RayPPOTrainer: set trainer.use_v1=false "
                          "(recipe/beyond_agent/config/beyond_agent_trainer.yaml does)")
-    BeyondAgentSettings.from_config(config)
+    try:
+        BeyondAgentSettings.from_config(config)
+    except ValueError as error:  # a bad key: one sentence naming it, before Ray starts
+        raise SystemExit(f"beyond_agent config: {error}") from None
+
+
+METRICS_PATH_VARIABLE = "VERL_FILE_LOGGER_PATH"
+
+
+def metrics_path(config, environ=os.environ) -> Path | None:
+    """Where verl's `file` tracker writes this run's metrics (None when trainer.logger has no `file`).
+
+    VERL_FILE_LOGGER_PATH when set (the launcher points it into the experiment folder), else metrics.jsonl in
+    trainer.default_local_dir. verl's tracker truncates its file, so a file an earlier run left there (a
+    resumed run) is kept and this run writes the next free metrics.<n>.jsonl beside it.
+    """
+    if "file" not in list(config.trainer.get("logger") or []):
+        return None
+    path = Path(environ.get(METRICS_PATH_VARIABLE) or Path(config.trainer.default_local_dir) / "metrics.jsonl")
+    candidate, index = path, 1
+    while candidate.exists() and candidate.stat().st_size > 0:
+        candidate, index = path.with_name(f"{path.stem}.{index}{path.suffix}"), index + 1
+    return candidate
 
 
 def build_datasets(config, tokenizer, processor):
@@ -55,6 +78,11 @@ def _task_runner_class():
 
             print(f"[beyond_agent] TaskRunner pid {os.getpid()}", flush=True)
             OmegaConf.resolve(config)
+            metrics = metrics_path(config)
+            if metrics is not None:  # read by verl's `file` tracker when fit() starts, in this process
+                metrics.parent.mkdir(parents=True, exist_ok=True)
+                os.environ[METRICS_PATH_VARIABLE] = str(metrics)
+                print(f"[beyond_agent] metrics: {metrics}", flush=True)
             _, worker_group_cls = self.add_actor_rollout_worker(config)
             self.add_critic_worker(config)
             self.add_reward_model_resource_pool(config)

@@ -3,8 +3,8 @@
 verl's `fit()` runs unchanged. The trainer only fills verl's rollout-manager seam
 (`actor_rollout_ref.rollout.agent.agent_loop_manager_class`) with `BeyondAgentLoopManager`, which plays
 every episode against envservice with the round limit `RoundScheduler.max_rounds(global_step)`, returns
-env rewards as `rm_scores`, and reports its figures through verl's tracker. Our config is validated here,
-before any worker starts.
+each row's task reward as `rm_scores`, and reports its figures through verl's tracker. Our config is
+validated by `BeyondAgentSettings`, in the driver before Ray starts and where the rollout manager uses it.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from typing import Any
 from omegaconf import open_dict
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
-from recipe.beyond_agent.settings import BeyondAgentSettings
 from recipe.beyond_agent.verl_pin import ensure_pinned_verl
 
 MANAGER_CLASS = "recipe.beyond_agent.rollout_manager.BeyondAgentLoopManager"
@@ -33,7 +32,6 @@ class BeyondAgentTrainer(RayPPOTrainer):
 
     def __init__(self, config: Any, *args: Any, **kwargs: Any):
         ensure_pinned_verl()
-        self.beyond_agent = BeyondAgentSettings.from_config(config)  # fails early with the bad key named
         use_beyond_agent_rollout(config)
         super().__init__(config, *args, **kwargs)
         notice = align_total_epochs(self.config, len(self.train_dataloader), self.total_training_steps)

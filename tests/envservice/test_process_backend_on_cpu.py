@@ -111,7 +111,7 @@ def test_hung_reset_ends_the_episode_with_timeout(service, client) -> None:
     config = DataflowConfig(max_rounds=4, max_prompt_length=64, max_response_length=64, max_tokens_per_turn=8)
     spec = EpisodeSpec("faulty", params={"hang_in_reset": "1"})
     open_before = client.health().sessions
-    result = Dataflow(spec, client, None, None, None, config).run()
+    result = Dataflow(spec, client, None, None, config).run()
     assert (result.termination, result.infra_failure) == ("timeout", True)
     assert "did not finish reset within 3 s (--step-timeout); the session was not created" in result.error
     assert client.health().sessions == open_before

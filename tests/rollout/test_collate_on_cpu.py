@@ -7,7 +7,8 @@ import torch
 from verl import DataProto
 from verl.utils.model import compute_position_id_with_mask
 
-from recipe.beyond_agent.rollout import Episode, RolloutHandler, collate
+from recipe.beyond_agent.rollout.batch import collate
+from recipe.beyond_agent.rollout.handler import Episode, RolloutHandler
 
 PAD = 0
 

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from recipe.beyond_agent.rollout import TERMINATION_REASONS, Episode, collate
+from recipe.beyond_agent.rollout.batch import collate
+from recipe.beyond_agent.rollout.handler import TERMINATION_REASONS, Episode
 
 PAD = 7
 
@@ -29,6 +30,7 @@ def reference_tensors(rows: list[Episode], pad_id: int, prompt_len: int, respons
         "attention_mask": attention_mask,
         "position_ids": (attention_mask.cumsum(dim=1) - 1).clamp(min=0),
         "rm_scores": reference_rewards(rows, response_len),
+        "step_rewards": reference_step_rewards(rows, response_len),
     }
     if all(r.response_logprobs is not None for r in rows):
         tensors["rollout_log_probs"] = reference_pad(
@@ -44,6 +46,15 @@ def reference_rewards(rows: list[Episode], response_len: int) -> torch.Tensor:
             scores[i, policy_positions[-1]] = float(row.reward)
         elif row.response_ids:
             scores[i, len(row.response_ids) - 1] = float(row.reward)
+    return scores
+
+
+def reference_step_rewards(rows: list[Episode], response_len: int) -> torch.Tensor:
+    scores = torch.zeros(len(rows), response_len, dtype=torch.float32)
+    for i, row in enumerate(rows):
+        for end, reward in zip(row.turn_ends, row.step_rewards):
+            if end >= 0:
+                scores[i, end] += reward
     return scores
 
 
@@ -73,6 +84,8 @@ def random_episode(rng: random.Random, prompt_len: int, response_len: int, with_
         termination=rng.choice(TERMINATION_REASONS),
         num_turns=rng.randrange(5),
         prompt_truncated=rng.random() < 0.3,
+        turn_ends=(ends := sorted(rng.sample(range(n), rng.randrange(min(n, 4) + 1))) + [-1] * rng.randrange(2)),
+        step_rewards=[rng.choice([0.0, 0.5, -1.0, rng.uniform(-2, 2)]) for _ in ends],
     )
 
 

@@ -20,10 +20,11 @@ from envservice.client import EnvClient
 from envservice.envs.base import Task, TextEnv
 from envservice.envs.frozenlake import generate_map, shortest_path_actions
 from envservice.server import Settings, create_app
-from recipe.beyond_agent.rollout.actions import get_action_parser
 from recipe.beyond_agent.rollout.dataflow import DataflowConfig, EpisodeSpec
-from recipe.beyond_agent.rollout.env_manager import ParallelEnvManager, build_training_batch
+from recipe.beyond_agent.rollout.batch import training_batch
+from recipe.beyond_agent.rollout.env_manager import ParallelEnvManager
 from recipe.beyond_agent.rollout.llm import GenerationResult, LLMError
+from recipe.beyond_agent.tasks import AgentTask, EnvTask, StepRewardTask
 from childproc import free_port
 
 pytestmark = pytest.mark.timeout(300)
@@ -111,8 +112,7 @@ def frozenlake_oracle(request_id: str) -> list[str]:
 
 def make_manager(env_client, tokenizer, policy, **config) -> ParallelEnvManager:
     limits = dict(max_rounds=20, max_prompt_length=512, max_response_length=1024, max_tokens_per_turn=16)
-    return ParallelEnvManager(env_client, policy, tokenizer, get_action_parser("plain"),
-                              DataflowConfig(**{**limits, **config}), max_workers=8)
+    return ParallelEnvManager(env_client, policy, tokenizer, DataflowConfig(**{**limits, **config}), max_workers=8)
 
 
 def frozenlake_specs(maps: list[int], n: int) -> list[EpisodeSpec]:
@@ -172,15 +172,11 @@ def test_env_crash_and_llm_failure_end_only_their_episodes_and_are_not_reward(en
     assert [r.termination for r in output.results] == ["done", "done", "llm_error", "llm_error", "env_error", "env_error"]
     assert "server went away" in output.results[2].error and "env_error" in output.results[4].error
     assert output.metrics.infra_failures == 4 and output.metrics.success_rate == 1.0
-    batch, kept = build_training_batch(output.results, chatml_tokenizer.pad_token_id, 512, 1024,
-                                       policy="mask", group_based=True)
-    assert kept == list(range(6))
+    batch = training_batch(output.results, None, chatml_tokenizer.pad_token_id, 512, 1024, group_based=True)
+    assert batch.batch["responses"].shape[0] == 6  # every row comes back, in order (verl's fit() needs them)
     masked_rows = batch.batch["response_mask"].sum(-1).tolist()
     assert [m > 0 for m in masked_rows] == [True, True, False, False, False, False]
     assert batch.batch["rm_scores"].sum(-1).tolist() == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
-    dropped, kept = build_training_batch(output.results, chatml_tokenizer.pad_token_id, 512, 1024,
-                                         policy="drop", group_based=True, size_divisor=2)
-    assert kept == [0, 1] and dropped.batch["responses"].shape[0] == 2
 
 
 def test_slow_episode_ends_with_timeout(env_client, chatml_tokenizer):
@@ -220,3 +216,52 @@ def test_response_filled_exactly_by_an_observation_ends_with_length_not_a_zero_t
     result = output.results[0]
     assert (result.termination, result.rounds, asked) == ("length", 1, [16])
     assert len(result.episode.response_ids) == first_turn + first_observation
+
+
+class StepPenaltyTask(AgentTask):
+    """A user's task: the env's step rewards minus 0.1 per round."""
+
+    def reward(self, outcome):
+        return sum(outcome.step_rewards) - 0.1 * outcome.rounds
+
+
+def test_one_call_mixes_tasks_each_with_its_own_parser_and_reward(env_client, chatml_tokenizer):
+    tasks = {"map0": EnvTask(), "map1": StepPenaltyTask(action_format="tagged"), "map5": StepRewardTask()}
+    specs = [EpisodeSpec("frozenlake", task_id=int(g[3:]), seed=0, group_id=g, index=i, agent_task=tasks[g])
+             for i, g in enumerate(tasks)]
+
+    def script(rid):  # map1's policy wraps its actions in tags: only the tagged parser reads them
+        actions = frozenlake_oracle(rid)
+        return [f"<action>{a}</action>" for a in actions] if rid.startswith("map1-") else actions
+
+    output = make_manager(env_client, chatml_tokenizer, ScriptedPolicy(chatml_tokenizer, script)).run(specs)
+    results = output.results
+    assert [(r.termination, r.success) for r in results] == [("done", True)] * 3
+    path1 = len(frozenlake_oracle("map1-"))
+    assert [r.reward for r in results] == [1.0, pytest.approx(1.0 - 0.1 * path1), 1.0]
+    # Step rewards: one per turn, the env's reward for that turn's action (FrozenLake: 1.0 on the goal).
+    assert [r.step_rewards for r in results] == [[0.0] * (r.rounds - 1) + [1.0] for r in results]
+    records = [r.to_record() for r in results]
+    assert [rec["agent_task"] for rec in records] == ["env", f"{__name__}.StepPenaltyTask", "step_rewards"]
+    assert [rec["step_rewards"] for rec in records] == [r.step_rewards for r in results]
+
+    batch = training_batch(results, None, chatml_tokenizer.pad_token_id, 512, 1024, group_based=True).batch
+    assert batch["rm_scores"].sum(-1).tolist() == pytest.approx([r.reward for r in results])
+    for row, result in enumerate(results):  # each step reward sits on the last token of its turn
+        ends = result.episode.turn_ends
+        assert len(ends) == result.rounds and batch["response_mask"][row, ends].tolist() == [1] * result.rounds
+        assert batch["step_rewards"][row].nonzero().flatten().tolist() == [ends[-1]]
+        assert batch["step_rewards"][row, ends[-1]].item() == 1.0
+
+
+def test_a_task_whose_reward_raises_ends_its_episode_as_a_failure_not_reward(env_client, chatml_tokenizer):
+    class BrokenTask(AgentTask):
+        def reward(self, outcome):
+            raise KeyError("score_v2")
+
+    specs = [EpisodeSpec("frozenlake", task_id=0, seed=0, group_id="map0", index=0, agent_task=BrokenTask()),
+             EpisodeSpec("frozenlake", task_id=0, seed=0, group_id="map0", index=1)]
+    output = make_manager(env_client, chatml_tokenizer, ScriptedPolicy(chatml_tokenizer, frozenlake_oracle)).run(specs)
+    broken, fine = output.results
+    assert broken.infra_failure and broken.reward == 0.0 and "BrokenTask.reward raised KeyError" in broken.error
+    assert fine.termination == "done" and fine.reward == 1.0

@@ -8,8 +8,8 @@ import random
 import pytest
 from transformers import AutoTokenizer
 
-from recipe.beyond_agent.rollout import RolloutHandler
 from recipe.beyond_agent.rollout import handler as handler_module
+from recipe.beyond_agent.rollout.handler import RolloutHandler
 from recipe.beyond_agent.rollout.template_frames import PATH_STATS, analyse_template, encoder_for
 
 PIECES = [

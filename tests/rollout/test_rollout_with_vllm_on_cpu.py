@@ -16,9 +16,9 @@ from transformers import AutoTokenizer
 
 from envservice.client import EnvClient
 from envservice.process import EnvServiceProcess
-from recipe.beyond_agent.rollout.actions import get_action_parser
 from recipe.beyond_agent.rollout.dataflow import DataflowConfig, EpisodeSpec
-from recipe.beyond_agent.rollout.env_manager import ParallelEnvManager, build_training_batch
+from recipe.beyond_agent.rollout.batch import training_batch
+from recipe.beyond_agent.rollout.env_manager import ParallelEnvManager
 from recipe.beyond_agent.rollout.llm import AsyncLLMServerManager, HttpVLLMBackend, SamplingParams
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -55,7 +55,7 @@ def test_real_episodes_keep_sampled_ids_and_render_the_chat(tiny_vllm_server, ti
     with EnvClient(envservice_url) as env_client, \
             AsyncLLMServerManager(HttpVLLMBackend([tiny_vllm_server.base_url], tiny_vllm_server.config.model)) as llm:
         generate = RecordingGenerate(llm.with_sampling(SamplingParams(temperature=1.0)))
-        manager = ParallelEnvManager(env_client, generate, tokenizer, get_action_parser("plain"), config, max_workers=6)
+        manager = ParallelEnvManager(env_client, generate, tokenizer, config, max_workers=6)
         output = manager.run(specs)
         assert env_client.health().sessions == 0  # every session was released
 
@@ -75,9 +75,8 @@ def test_real_episodes_keep_sampled_ids_and_render_the_chat(tiny_vllm_server, ti
         assert rendered.startswith(decoded)
         assert rendered[len(decoded):] in ("\n", "<|im_end|>\n") or result.termination == "length"
 
-    batch, kept = build_training_batch(output.results, tokenizer.pad_token_id, 1024, 512)
+    batch = training_batch(output.results, None, tokenizer.pad_token_id, 1024, 512, group_based=True)
     assert batch.batch["responses"].shape == (6, 512) and batch.batch["prompts"].shape == (6, 1024)
-    assert kept == list(range(6))
 
 
 def test_collect_cli_writes_one_line_per_episode(tiny_vllm_server, tiny_model_dir, tmp_path, capsys):

@@ -8,6 +8,7 @@ GRPO advantage and metric functions applied to the batch exactly as fit() applie
 
 from __future__ import annotations
 
+import json
 import uuid
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from envservice.process import EnvServiceProcess
 from recipe.beyond_agent.data import write_task_files
 from recipe.beyond_agent.rollout.llm import AsyncLLMServerManager, HttpVLLMBackend
 from recipe.beyond_agent.rollout_manager import BeyondAgentLoopManager
+from recipe.beyond_agent.tasks import AgentTask
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "recipe" / "beyond_agent" / "config"
@@ -32,8 +34,23 @@ def recipe_config(overrides: list[str]):
 
 @pytest.fixture(scope="module")
 def envservice_url(tmp_path_factory):
-    with EnvServiceProcess(["babyai"], log_path=tmp_path_factory.mktemp("env") / "service.log") as service:
+    log = tmp_path_factory.mktemp("env") / "service.log"
+    with EnvServiceProcess(["babyai", "frozenlake"], log_path=log) as service:
         yield service.url
+
+
+class RoundsTask(AgentTask):
+    """A test task whose reward depends on what the episode did, so every row's reward can be told apart."""
+
+    def reward(self, outcome):
+        return 0.25 * outcome.rounds + sum(outcome.step_rewards)
+
+
+class PenaltyTask(AgentTask):
+    """Another: a penalty per round."""
+
+    def reward(self, outcome):
+        return -0.5 * outcome.rounds + outcome.score
 
 
 def verl_batch(config, tokenizer, rows: int):
@@ -98,3 +115,49 @@ def test_generate_sequences_feeds_verl_union_reward_grpo_and_metrics(
     assert "num_turns/mean" in metrics and "timing_s/beyond_agent/success_rate" in metrics
     dumped = Path(config.trainer.default_local_dir) / "trajectories" / "step_2.jsonl"
     assert len(dumped.read_text().splitlines()) == 4
+
+
+def test_a_batch_mixing_two_envs_gets_each_row_s_reward_from_its_own_task(
+        tiny_vllm_server, tiny_model_dir, envservice_url, tmp_path):
+    """Rows of babyai and frozenlake in one batch, each env with its own task (parser and reward)."""
+    from verl.utils import hf_tokenizer
+
+    babyai, _ = write_task_files("babyai", tmp_path / "babyai", [0, 1], [0], envservice_url=envservice_url)
+    frozenlake, _ = write_task_files("frozenlake", tmp_path / "frozenlake", [0, 1], [0], envservice_url=envservice_url)
+    config = recipe_config([
+        f"actor_rollout_ref.model.path={tiny_model_dir}", f"data.train_files=[{babyai},{frozenlake}]",
+        f"data.val_files={babyai}", "data.max_prompt_length=512", "data.max_response_length=256",
+        f"beyond_agent.env.url={envservice_url}", "beyond_agent.max_tokens_per_turn=8", "beyond_agent.rounds.rounds=3",
+        f"+beyond_agent.tasks.babyai._target_={__name__}.PenaltyTask", "+beyond_agent.tasks.babyai.action_format=tagged",
+        f"+beyond_agent.tasks.frozenlake._target_={__name__}.RoundsTask",
+        f"trainer.default_local_dir={tmp_path / 'ckpt'}",
+    ])
+    tokenizer = hf_tokenizer(str(tiny_model_dir))
+    batch = verl_batch(config, tokenizer, rows=4)
+    gen_batch = RayPPOTrainer_gen_batch(batch)
+    gen_batch.meta_info["global_steps"] = 1
+    with AsyncLLMServerManager(HttpVLLMBackend([tiny_vllm_server.base_url], tiny_vllm_server.config.model)) as llm:
+        output = BeyondAgentLoopManager(config, llm_client=None, llm=llm).generate_sequences(gen_batch)
+
+    envs = [info["env_id"] for info in output.non_tensor_batch["extra_info"]]
+    assert sorted(envs) == ["babyai", "babyai", "frozenlake", "frozenlake"]
+    labels = output.non_tensor_batch["agent_task"].tolist()
+    assert labels == [f"{__name__}.{'PenaltyTask' if env == 'babyai' else 'RoundsTask'}" for env in envs]
+    # The episode records (the trajectory dump, in batch order) carry what each task's reward is made of.
+    dumped = Path(config.trainer.default_local_dir) / "trajectories" / "step_1.jsonl"
+    records = [json.loads(line) for line in dumped.read_text().splitlines()]
+    assert [r["env"] for r in records] == envs and [r["agent_task"] for r in records] == labels
+    expected = [-0.5 * r["rounds"] + r["score"] if r["env"] == "babyai" else 0.25 * r["rounds"] + sum(r["step_rewards"])
+                for r in records]
+    assert output.batch["rm_scores"].sum(-1).tolist() == pytest.approx(expected)
+    assert [r["reward"] for r in records] == pytest.approx(expected)
+    assert output.batch["step_rewards"].sum(-1).tolist() == pytest.approx([sum(r["step_rewards"]) for r in records])
+    # The random model writes no <action> tags: babyai's tagged parser never lets the env step.
+    assert all(r["step_rewards"] == [0.0] * r["rounds"] for r in records if r["env"] == "babyai")
+
+
+def RayPPOTrainer_gen_batch(batch):
+    """What fit() hands the rollout manager: verl's own _get_gen_batch."""
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    return RayPPOTrainer._get_gen_batch(None, batch)

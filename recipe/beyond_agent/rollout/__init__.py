@@ -1,6 +1,12 @@
-"""Rollout side of the BeyondAgent recipe: per-episode token bookkeeping and the round schedule."""
+"""The rollout side of the BeyondAgent recipe.
 
-from .handler import TERMINATION_REASONS, Episode, RolloutHandler, collate
-from .rounds import RoundScheduler
+- `dataflow.py`: one episode (env session -> generate -> parse -> step -> observe ... -> evaluate -> release);
+- `env_manager.py`: ParallelEnvManager, a thread pool of dataflows sharing one LLM front;
+- `handler.py`: RolloutHandler, the exact token ids and masks of one episode;
+- `batch.py`: episodes -> the DataProto verl's fit() consumes (failures masked);
+- `llm.py`: AsyncLLMServerManager, the one LLM front, and its backends (vLLM over HTTP, verl's client);
+- `actions.py`: action parsers; `rounds.py`: RoundScheduler (ScalingInter-RL);
+- `template_frames.py`: the handler's template fast path.
 
-__all__ = ["TERMINATION_REASONS", "Episode", "RolloutHandler", "RoundScheduler", "collate"]
+Nothing is imported here, so that importing one module does not import them all.
+"""

@@ -5,6 +5,11 @@ itself and sends every LLM call to the shared LLM front (which owns the one even
 raises: whatever happens, it returns an `EpisodeResult` with exactly one termination reason, and its
 environment session is released in `finally`.
 
+The episode's `AgentTask` (on its `EpisodeSpec`, see `recipe/beyond_agent/tasks.py`) gives the first
+messages, parses each reply into an action and turns the env's final score and per-step rewards into the
+episode's reward. Each assistant turn gets one step reward: what the env returned for its action, 0.0
+when the env did not step (the reply was not an action, or the turn hit the length limit).
+
 Termination reasons (see `handler.TERMINATION_REASONS`):
 - `done`       the environment said the task ended (terminated, success or failure);
 - `max_rounds` the round limit of this training step, or the environment's own step limit (truncated);
@@ -25,15 +30,12 @@ from typing import Any, Callable, Protocol, Sequence
 import requests
 
 from envservice.errors import EnvServiceError, EnvTimeoutError
-from recipe.beyond_agent.rollout.actions import ActionParser
 from recipe.beyond_agent.rollout.handler import Episode, RolloutHandler
+from recipe.beyond_agent.tasks import AgentTask, EnvTask, EpisodeOutcome
 
 logger = logging.getLogger(__name__)
 
 INFRA_FAILURES = ("env_error", "llm_error", "timeout")
-DEFAULT_SYSTEM_PROMPT = (
-    "You are an agent acting in a text environment. Read the observation and reply with exactly one action."
-)
 
 
 class GeneratedTurn(Protocol):
@@ -65,11 +67,15 @@ class EpisodeSpec:
     """Episodes with the same group_id sample the same task (verl's `uid`): one GRPO group."""
     index: int = 0
     """Row of this episode in the batch."""
+    agent_task: AgentTask = field(default_factory=EnvTask)
+    """How this episode is prompted, parsed and scored (the row's task; see recipe/beyond_agent/tasks.py)."""
+    prompt: list[dict] | None = None
+    """The dataset row's prompt messages, if it has any (`AgentTask.first_messages` uses them)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class DataflowConfig:
-    """Limits and formats shared by every episode of one call."""
+    """The limits of every episode of one call (validated here; the recipe's settings hold one)."""
 
     max_rounds: int
     """Assistant turns at most (from RoundScheduler.max_rounds(step) in training)."""
@@ -79,10 +85,16 @@ class DataflowConfig:
     """Tokens of everything after the prompt: assistant turns and observations."""
     max_tokens_per_turn: int
     """New tokens per assistant turn at most (AgentGym-RL's rollout.max_tokens)."""
-    system_prompt: str = DEFAULT_SYSTEM_PROMPT
-    """System message of every episode."""
     episode_timeout_s: float = 600.0
     """Wall-clock budget of one episode; past it the episode ends with `timeout`."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_rounds", "max_prompt_length", "max_response_length", "max_tokens_per_turn"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"DataflowConfig.{name} must be an int >= 1; got {value!r}")
+        if not self.episode_timeout_s > 0:
+            raise ValueError(f"DataflowConfig.episode_timeout_s must be > 0; got {self.episode_timeout_s!r}")
 
 
 @dataclass
@@ -94,7 +106,12 @@ class EpisodeResult:
     """Token lists for training; None when the episode failed before its first prompt existed."""
     termination: str
     reward: float = 0.0
+    """The task's reward (`AgentTask.reward`); 0.0 for an infrastructure failure."""
     success: bool = False
+    score: float = 0.0
+    """The env's final `evaluate()` score (0.0 when the episode never got that far)."""
+    step_rewards: list[float] = field(default_factory=list)
+    """One per assistant turn: the env's reward for that turn's action (0.0 where it did not step)."""
     rounds: int = 0
     messages: list[dict] = field(default_factory=list)
     error: str | None = None
@@ -109,16 +126,23 @@ class EpisodeResult:
         return self.termination in INFRA_FAILURES
 
     def to_record(self) -> dict[str, Any]:
-        """One JSON-serialisable line: env, task, chat, ids, masks, log-probs, outcome and timings."""
+        """One JSON-serialisable line: env, task, chat, ids, masks, log-probs, outcome and timings.
+
+        `task` is the env's task id, `agent_task` the AgentTask that scored it; `turn_ends` gives the
+        response position of each assistant turn's last token (-1: the turn kept no token), aligned with
+        `step_rewards`.
+        """
         episode = self.episode
         return {
             "env": self.spec.env_id, "task": self.spec.task_id, "split": self.spec.split, "seed": self.spec.seed,
-            "group": self.spec.group_id, "messages": self.messages,
+            "agent_task": self.spec.agent_task.label, "group": self.spec.group_id, "messages": self.messages,
             "prompt_ids": episode.prompt_ids if episode else [],
             "response_ids": episode.response_ids if episode else [],
             "response_mask": episode.response_mask if episode else [],
             "response_logprobs": (episode.response_logprobs or []) if episode else [],
-            "reward": self.reward, "success": self.success, "rounds": self.rounds,
+            "turn_ends": episode.turn_ends if episode else [],
+            "reward": self.reward, "score": self.score, "success": self.success,
+            "step_rewards": self.step_rewards, "rounds": self.rounds,
             "termination": self.termination, "error": self.error,
             "env_time_s": round(self.env_time_s, 4), "llm_time_s": round(self.llm_time_s, 4),
             "wall_time_s": round(self.wall_time_s, 4),
@@ -137,18 +161,19 @@ class Dataflow:
     """Runs one episode against an envservice client and a generate function; see the module docstring."""
 
     def __init__(self, spec: EpisodeSpec, env_client: Any, generate: GenerateFn, tokenizer: Any,
-                 parser: ActionParser, config: DataflowConfig):
+                 config: DataflowConfig):
         self.spec = spec
+        self.task = spec.agent_task
         self.env = env_client
         self.generate = generate
         self.tokenizer = tokenizer
-        self.parser = parser
         self.config = config
         self.request_id = f"{spec.group_id or 'episode'}-{spec.index}-{uuid.uuid4().hex[:8]}"
         self._deadline = 0.0
         self._env_time = 0.0
         self._llm_time = 0.0
         self._rounds = 0
+        self._step_rewards: list[float] = []
 
     def run(self) -> EpisodeResult:
         """Play the episode; always returns a result and always releases the session."""
@@ -159,8 +184,8 @@ class Dataflow:
             session_id, first_observation = self._create_session()
             handler = self._new_handler(first_observation)
             self._play(handler, session_id)
-            reward, success = self._evaluate(session_id)
-            result = self._result(handler, handler.termination, reward=reward, success=success)
+            score, success = self._evaluate(session_id)
+            result = self._scored_result(handler, score, success)
         except _EpisodeFailure as failure:
             result = self._result(handler, failure.termination, error=str(failure))
         finally:
@@ -181,9 +206,10 @@ class Dataflow:
             self._rounds = round_number
             turn = self._generate(handler)
             handler.add_assistant(turn.token_ids, turn.logprobs)
-            if handler.done:  # the response hit max_response_length: `length`
+            if handler.done:  # the response hit max_response_length: `length`, and the env does not step
+                self._step_rewards.append(0.0)
                 return
-            observation, ended = self._act(handler, session_id, turn.token_ids)
+            observation, ended = self._act(session_id, turn.token_ids)
             if ended:
                 handler.finish(ended)
                 return
@@ -194,14 +220,17 @@ class Dataflow:
             if handler.done:
                 return
 
-    def _act(self, handler: RolloutHandler, session_id: str, token_ids: list[int]) -> tuple[str, str | None]:
-        """Parse the reply and step the env; returns (observation, termination or None)."""
+    def _act(self, session_id: str, token_ids: list[int]) -> tuple[str, str | None]:
+        """Parse the reply and step the env; records the turn's step reward; returns (observation, termination
+        or None)."""
         # Decoding here only feeds the action parser; training keeps the sampled ids.
         text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
-        parsed = self.parser.parse(text)
+        parsed = self.task.parse(text)
         if parsed.action is None:
+            self._step_rewards.append(0.0)  # no action, no env step
             return parsed.error, None  # the model sees why its reply was not an action
         step = self._env_call(self.env.step, session_id, parsed.action)
+        self._step_rewards.append(float(step.reward))
         if step.terminated:
             return step.observation, "done"
         if step.truncated:
@@ -245,10 +274,12 @@ class Dataflow:
         return created.session_id, created.observation
 
     def _new_handler(self, first_observation: str) -> RolloutHandler:
-        messages = [{"role": "system", "content": self.config.system_prompt},
-                    {"role": "user", "content": first_observation}]
-        return RolloutHandler(self.tokenizer, messages, self.config.max_prompt_length,
-                              self.config.max_response_length)
+        try:
+            messages = self.task.first_messages(first_observation, self.spec.prompt)
+            return RolloutHandler(self.tokenizer, messages, self.config.max_prompt_length,
+                                  self.config.max_response_length)
+        except ValueError as exc:  # a malformed row prompt is bad data for this episode, not a crash of the step
+            raise _EpisodeFailure("env_error", f"the first messages cannot start an episode: {exc}") from exc
 
     def _evaluate(self, session_id: str) -> tuple[float, bool]:
         evaluation = self._env_call(self.env.evaluate, session_id)
@@ -263,18 +294,31 @@ class Dataflow:
         except (EnvServiceError, requests.RequestException) as exc:
             logger.warning("could not release session %s: %s", session_id, exc)
 
+    def _scored_result(self, handler: RolloutHandler, score: float, success: bool) -> EpisodeResult:
+        """The result of an episode that ended normally, with its reward from the task."""
+        outcome = EpisodeOutcome(score=score, success=success, step_rewards=tuple(self._step_rewards),
+                                 termination=handler.termination, rounds=self._rounds)
+        try:
+            reward = float(self.task.reward(outcome))
+        except Exception as exc:  # a bug in a user's task ends this episode only, and is not reward
+            raise _EpisodeFailure("env_error", f"{self.task.label}.reward raised {type(exc).__name__}: {exc}") \
+                from exc
+        return self._result(handler, handler.termination, reward=reward, success=success, score=score)
+
     def _result(self, handler: RolloutHandler | None, termination: str, reward: float = 0.0,
-                success: bool = False, error: str | None = None) -> EpisodeResult:
+                success: bool = False, score: float = 0.0, error: str | None = None) -> EpisodeResult:
         episode = None
         if handler is not None:
             if handler.termination is None:
                 handler.finish(termination)
             handler.reward = reward
+            handler.step_rewards = list(self._step_rewards)
             episode = handler.to_episode()
             episode.termination = termination  # an infra failure after a length stop is still a failure
         return EpisodeResult(
-            spec=self.spec, episode=episode, termination=termination, reward=reward, success=success,
-            rounds=self._rounds, messages=list(handler.messages) if handler else [], error=error,
+            spec=self.spec, episode=episode, termination=termination, reward=reward, success=success, score=score,
+            step_rewards=list(self._step_rewards), rounds=self._rounds,
+            messages=list(handler.messages) if handler else [], error=error,
             env_time_s=self._env_time, llm_time_s=self._llm_time,
         )
 

@@ -1,4 +1,4 @@
-"""Token bookkeeping for one multi-turn episode, and the collation of many episodes into a verl batch.
+"""Token bookkeeping for one multi-turn episode (`rollout/batch.py` collates many into a verl batch).
 
 The sequence the policy is trained on is `prompt_ids + response_ids`:
 
@@ -44,18 +44,11 @@ Fast path (same ids as the full rendering, token for token; details in template_
 from __future__ import annotations
 
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
-from itertools import chain
-from typing import TYPE_CHECKING, Any, Callable, Sequence
-
-import numpy as np
-import torch
+from typing import Any, Callable, Sequence
 
 from recipe.beyond_agent.rollout.template_frames import PATH_STATS, Frame, encoder_for, frames_for
-
-if TYPE_CHECKING:
-    from verl import DataProto
 
 TERMINATION_REASONS = ("done", "max_rounds", "length", "env_error", "llm_error", "timeout")
 PROMPT_TRUNCATION_POLICIES = ("left", "error")
@@ -64,9 +57,10 @@ USE_FAST_PATH = True
 """Frames + direct cached encoding (see above); False renders every observation in full (the reference)."""
 
 
+
 @dataclass
 class Episode:
-    """A finished episode's token lists: what `collate` needs, free of any tokenizer."""
+    """A finished episode's token lists: what `batch.collate` needs, free of any tokenizer."""
 
     prompt_ids: list[int]
     """Prompt token ids (already capped to max_prompt_length)."""
@@ -84,6 +78,10 @@ class Episode:
     """Number of assistant turns."""
     prompt_truncated: bool = False
     """True if the head of the prompt was dropped to fit max_prompt_length."""
+    step_rewards: list[float] = field(default_factory=list)
+    """One per assistant turn: the env's reward for that turn's action (0.0 where the env did not step)."""
+    turn_ends: list[int] = field(default_factory=list)
+    """One per assistant turn: the response position of its last token (-1 when the turn kept no token)."""
 
 
 class RolloutHandler:
@@ -129,6 +127,8 @@ class RolloutHandler:
         """Why the episode ended (one of TERMINATION_REASONS), None while it runs."""
         self.reward: float = 0.0
         """Episode reward, set by the caller once the environment has scored the episode."""
+        self.step_rewards: list[float] = []
+        """One reward per assistant turn, set by the caller (see `Episode.step_rewards`)."""
         self.num_turns = 0
         """Number of assistant turns added."""
         self._messages: list[dict] = [dict(m) for m in messages]
@@ -140,6 +140,7 @@ class RolloutHandler:
         self._response_ids = array("q")
         self._response_mask = array("b")
         self._response_logprobs = array("d")
+        self._turn_ends = array("q")
         self._check_first_messages()
         self._setup_fast_path()
         # The text our ids stand for; the next observation delta is the template text after it.
@@ -169,7 +170,8 @@ class RolloutHandler:
         self._last_turn = turn
         self.num_turns += 1
         # Rule: generated tokens are trained on (mask 1) with the log-probs they were sampled with.
-        self._append(ids, 1, array("d", logprobs) if logprobs is not None else None)
+        kept = self._append(ids, 1, array("d", logprobs) if logprobs is not None else None)
+        self._turn_ends.append(len(self._response_ids) - 1 if kept else -1)
 
     def add_observation(self, content: str, role: str = "user") -> None:
         """Append the template delta of one new user/tool message plus the next generation prompt (mask 0)."""
@@ -261,6 +263,8 @@ class RolloutHandler:
             termination=self.termination,
             num_turns=self.num_turns,
             prompt_truncated=self.prompt_truncated,
+            step_rewards=list(self.step_rewards),
+            turn_ends=self._turn_ends.tolist(),
         )
 
     # ----- template text: frame (fast) or full rendering (slow) ---------------------------------------
@@ -359,8 +363,9 @@ class RolloutHandler:
         # Keep the tail: it holds the generation prompt and the latest task text.
         return ids[len(ids) - self.max_prompt_length:], True
 
-    def _append(self, ids: Sequence[int], mask_value: int, logprobs: array | None) -> None:
-        """Append ids with one mask value and their log-probs (None: 0.0 for each, as on mask-0 tokens)."""
+    def _append(self, ids: Sequence[int], mask_value: int, logprobs: array | None) -> int:
+        """Append ids with one mask value and their log-probs (None: 0.0 for each, as on mask-0 tokens);
+        returns how many were kept."""
         room = self.max_response_length - len(self._response_ids)
         if len(ids) > room:
             # Over budget: keep what fits and end the episode, recording why.
@@ -372,6 +377,7 @@ class RolloutHandler:
             self._response_logprobs.frombytes(bytes(8 * len(ids)))  # 8 zero bytes are the double 0.0
         else:
             self._response_logprobs.extend(logprobs)
+        return len(ids)
 
     def _check_accepting(self, method: str) -> None:
         if self.done:
@@ -456,138 +462,3 @@ def _token_id_array(token_ids: Sequence[int]) -> array:
 def _require_positive(name: str, value: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
-
-
-# ----- collation ------------------------------------------------------------------------------------
-
-
-def collate(
-    episodes: Sequence[Episode | RolloutHandler],
-    pad_token_id: int,
-    max_prompt_length: int,
-    max_response_length: int,
-) -> DataProto:
-    """Pad finished episodes into the DataProto verl's trainer expects from `generate_sequences`.
-
-    Prompts are left-padded to max_prompt_length and responses right-padded to max_response_length, so
-    every row's prompt ends and response starts at the same column. `rollout_log_probs` is present only
-    if every episode has log-probs. Non-tensor fields: `termination`, `__num_turns__`, `prompt_truncated`.
-    """
-    from verl import DataProto  # imported here: importing verl takes seconds, the handler does not need it
-
-    rows = [e.to_episode() if isinstance(e, RolloutHandler) else e for e in episodes]
-    if not rows:
-        raise ValueError("collate needs at least one episode")
-    for i, row in enumerate(rows):
-        _check_episode(i, row, max_prompt_length, max_response_length)
-    tensors = _sequence_tensors(rows, pad_token_id, max_prompt_length, max_response_length)
-    tensors["rm_scores"] = _reward_tensor(rows, tensors["response_mask"])  # [batch, response]
-    if all(row.response_logprobs is not None for row in rows):
-        # Padding gets 0.0; verl only reads positions where response_mask is 1.
-        positions = _flat_positions(_lengths(r.response_ids for r in rows), max_response_length, left=False)
-        tensors["rollout_log_probs"] = _pad(
-            [row.response_logprobs for row in rows], positions, max_response_length, 0.0, np.float32
-        )  # [batch, response]
-    non_tensors = {
-        "termination": np.array([row.termination for row in rows], dtype=object),
-        "__num_turns__": np.array([row.num_turns for row in rows], dtype=np.int32),
-        "prompt_truncated": np.array([row.prompt_truncated for row in rows], dtype=bool),
-    }
-    return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors)
-
-
-def _sequence_tensors(rows: list[Episode], pad_id: int, prompt_len: int, response_len: int) -> dict:
-    """prompts, responses, response_mask, input_ids, attention_mask, position_ids."""
-    prompt_lengths = _lengths(r.prompt_ids for r in rows)
-    response_lengths = _lengths(r.response_ids for r in rows)
-    prompt_at = _flat_positions(prompt_lengths, prompt_len, left=True)
-    response_at = _flat_positions(response_lengths, response_len, left=False)
-    prompts = _pad([r.prompt_ids for r in rows], prompt_at, prompt_len, pad_id, np.int64)  # [batch, prompt]
-    responses = _pad([r.response_ids for r in rows], response_at, response_len, pad_id, np.int64)
-    # Padding is never trained on: the mask is padded with 0.
-    response_mask = _pad([r.response_mask for r in rows], response_at, response_len, 0, np.int64)
-    # Left-padded prompt + right-padded response: each row's real tokens are one run starting here.
-    starts = prompt_len - prompt_lengths
-    lengths = prompt_lengths + response_lengths
-    width = prompt_len + response_len
-    attention_mask = np.zeros((len(rows), width), dtype=np.int64)  # [batch, prompt + response]
-    attention_mask.reshape(-1)[_runs(np.arange(len(rows)) * width + starts, lengths)] = 1
-    # Positions count real tokens only: left padding sits at 0 and right padding repeats the last
-    # position, as verl's compute_position_id_with_mask (cumsum(mask) - 1, clamped at 0) gives.
-    position_ids = np.arange(width) - starts[:, None]  # [batch, prompt + response]
-    np.clip(position_ids, 0, np.maximum(lengths - 1, 0)[:, None], out=position_ids)
-    return {
-        "prompts": prompts,  # [batch, prompt]
-        "responses": responses,  # [batch, response]
-        "response_mask": response_mask,  # [batch, response]
-        "input_ids": torch.cat([prompts, responses], dim=1),  # [batch, prompt + response]
-        "attention_mask": torch.from_numpy(attention_mask),
-        "position_ids": torch.from_numpy(position_ids),
-    }
-
-
-def _reward_tensor(rows: list[Episode], response_mask: torch.Tensor) -> torch.Tensor:
-    """Each reward on its row's last policy token (mask 1), zeros elsewhere.
-
-    Why the last mask-1 token and not simply the last response token: an episode cut by the length limit
-    can end inside an observation (mask 0), and verl's GAE and REINFORCE++ skip mask-0 positions when
-    they propagate returns, so a reward sitting there would be lost (tests/trainer shows it with verl's
-    own functions). Sum-based estimators (GRPO, RLOO) see the same total either way. A row with no
-    policy token keeps its reward on its last response token; an empty response gets no reward.
-    """
-    policy = response_mask.numpy() == 1  # [batch, response]; padding is 0, so never a policy token
-    last_policy = policy.shape[1] - 1 - np.argmax(policy[:, ::-1], axis=1)
-    last_token = _lengths(r.response_ids for r in rows) - 1
-    position = np.where(policy.any(axis=1), last_policy, last_token)
-    rewarded = np.flatnonzero(position >= 0)  # an empty response (position -1) gets no reward
-    scores = np.zeros(policy.shape, dtype=np.float32)  # [batch, response]
-    scores[rewarded, position[rewarded]] = np.array([float(rows[i].reward) for i in rewarded], dtype=np.float64)
-    return torch.from_numpy(scores)
-
-
-def _lengths(rows) -> np.ndarray:
-    return np.array([len(row) for row in rows], dtype=np.int64)
-
-
-def _flat_positions(lengths: np.ndarray, width: int, left: bool) -> np.ndarray:
-    """Where each value of the concatenated rows goes in a flattened [batch, width] array, each row
-    padded on the left or the right."""
-    starts = np.arange(len(lengths)) * width + (width - lengths if left else 0)
-    return _runs(starts, lengths)
-
-
-def _runs(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """The indices start[i] .. start[i] + lengths[i] - 1 for every i, concatenated."""
-    offsets = np.cumsum(lengths) - lengths  # where row i's values begin in the concatenation
-    return np.repeat(starts - offsets, lengths) + np.arange(int(lengths.sum()))
-
-
-def _pad(rows: list[Sequence], positions: np.ndarray, width: int, value, dtype) -> torch.Tensor:
-    """[batch, width] filled with `value`, the rows' values written at `positions` in one concatenation."""
-    out = np.full((len(rows), width), value, dtype=dtype)
-    out.reshape(-1)[positions] = np.fromiter(chain.from_iterable(rows), dtype=dtype, count=len(positions))
-    return torch.from_numpy(out)
-
-
-def _check_episode(index: int, row: Episode, prompt_len: int, response_len: int) -> None:
-    """Fail with the episode index and the field when an episode does not fit the batch."""
-    if row.termination not in TERMINATION_REASONS:
-        raise ValueError(
-            f"episode {index} has termination={row.termination!r}; call finish() with one of {TERMINATION_REASONS}"
-        )
-    if len(row.prompt_ids) > prompt_len:
-        raise ValueError(
-            f"episode {index}: prompt_ids has {len(row.prompt_ids)} tokens > max_prompt_length={prompt_len}"
-        )
-    if len(row.response_ids) > response_len:
-        raise ValueError(
-            f"episode {index}: response_ids has {len(row.response_ids)} tokens > max_response_length={response_len}"
-        )
-    lengths = {"response_mask": len(row.response_mask)}
-    if row.response_logprobs is not None:
-        lengths["response_logprobs"] = len(row.response_logprobs)
-    for name, length in lengths.items():
-        if length != len(row.response_ids):
-            raise ValueError(
-                f"episode {index}: {name} has {length} values but response_ids has {len(row.response_ids)}"
-            )

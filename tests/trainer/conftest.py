@@ -1,0 +1,42 @@
+"""Fixtures of the trainer tests: run `python -m recipe.beyond_agent.main_beyond_agent` on CPU for real.
+
+A fixture, not an importable helper: verl's wheel installs its own top-level `tests` package.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from verl_cpu.overrides import CPU_ENV, cpu_overrides
+
+# The tiny model on 2 cores: small batches, short contexts, one of everything.
+SMALL_RUN = [
+    "data.max_prompt_length=512", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+    "actor_rollout_ref.actor.use_kl_loss=false", "actor_rollout_ref.rollout.n=2",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+    "actor_rollout_ref.rollout.max_model_len=1024", "actor_rollout_ref.rollout.max_num_batched_tokens=2048",
+    "trainer.nnodes=1", "trainer.n_gpus_per_node=1", "trainer.test_freq=-1", "trainer.val_before_train=false",
+]
+
+
+@pytest.fixture
+def run_training(tiny_model_dir: Path):
+    """run_training(run_dir, overrides, env=None) -> the run's output; fails with its tail on a non-zero exit."""
+
+    def run(run_dir: Path, overrides: list[str], env: dict[str, str] | None = None) -> str:
+        command = [sys.executable, "-m", "recipe.beyond_agent.main_beyond_agent", *SMALL_RUN,
+                   f"actor_rollout_ref.model.path={tiny_model_dir}", f"trainer.default_local_dir={run_dir}",
+                   *overrides, *cpu_overrides()]
+        environment = {key: value for key, value in os.environ.items() if key != "VERL_FILE_LOGGER_PATH"}
+        environment.update({**CPU_ENV, "RAY_DEDUP_LOGS": "0", **(env or {})})
+        done = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=1500)
+        output = done.stdout + done.stderr
+        assert done.returncode == 0, output[-6000:]
+        return output
+
+    return run
