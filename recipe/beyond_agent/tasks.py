@@ -6,8 +6,8 @@ solved. An `AgentTask` knows the *agent's* side of one kind of episode:
 - `first_messages(observation, row_prompt)`: the system prompt and first user message. When the dataset
   row has a `prompt` (verl's `raw_prompt`, written by `recipe.beyond_agent.data`), the row's messages are
   used, so editing the parquet changes what the model sees; `{observation}` in a user message is replaced
-  by the environment's live first observation. Without a row prompt: the task's system prompt and the
-  observation.
+  by the environment's live first observation (and a prompt that does not end with a user message gets
+  the observation as one). Without a row prompt: the task's system prompt and the observation.
 - `parse(text)`: the action parser (`rollout/actions.py`), chosen by `action_format`.
 - `reward(outcome)`: the episode's reward from the env's final `evaluate()` score and its per-step
   rewards (`EpisodeOutcome`). Infrastructure failures never reach it: they are not reward.
@@ -100,6 +100,8 @@ class AgentTask:
         messages = [_row_message(i, m, observation) for i, m in enumerate(row_prompt)]
         if messages[0]["role"] != "system":
             messages.insert(0, {"role": "system", "content": self.system_prompt})
+        if messages[-1]["role"] != "user":  # a prompt with no task message: the observation is the task
+            messages.append({"role": "user", "content": observation})
         return messages
 
     def parse(self, text: str) -> ParsedAction:

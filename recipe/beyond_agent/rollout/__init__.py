@@ -6,7 +6,6 @@
 - `batch.py`: episodes -> the DataProto verl's fit() consumes (failures masked);
 - `llm.py`: AsyncLLMServerManager, the one LLM front, and its backends (vLLM over HTTP, verl's client);
 - `actions.py`: action parsers; `rounds.py`: RoundScheduler (ScalingInter-RL);
-- `template_frames.py`: the handler's template fast path.
 
 Nothing is imported here, so that importing one module does not import them all.
 """

@@ -24,37 +24,35 @@ Policies (each also recorded on the handler):
 - Response longer than `max_response_length`: the ids that fit are kept, `termination` becomes
   `"length"` and the handler stops accepting turns.
 
-Fast path (same ids as the full rendering, token for token; details in template_frames.py):
-- The prompt and each observation delta are built from the template's *frame*, the fixed text it writes
-  around message contents, instead of re-rendering the whole chat. A frame is learned once per
-  (tokenizer, template, tools) and conversation shape (roles, which turns ended with the end-of-turn
-  token, and empty contents if the template tests emptiness) by rendering that exact shape with probe
-  contents. It is used only when (1) the template's AST shows contents written to the output unchanged
-  (no `trim`, no `.split`, no comparisons; only emptiness/type tests), so a rendering is the frame
-  filled with the contents, and (2) the probe renderings confirm it, with awkward contents (whitespace
-  and newlines at both ends, unicode, quotes, special-token look-alikes), and show that the template
-  only appends. Anything else falls back to the full rendering + delta below; `PATH_STATS` counts both.
-- The delta text is encoded whole, exactly as the slow path does (so BPE merges across the frame/content
-  boundary are the tokenizer's own business), through the Rust tokenizer when that is provably the call
-  `tokenizer.encode` makes, memoised by text.
-- Assistant turns are decoded only when their text is needed (`messages`, a fallback rendering).
-`USE_FAST_PATH = False` turns all of this off (the reference the differential tests compare against).
+How an observation becomes ids (the "simple delta"): the template renders a short fixed chat, a dummy
+system and user message, an assistant turn and the new messages, with the generation prompt; the text
+after the assistant turn's content (after its end-of-turn token when our ids end with it) is what the
+template appends, and it is encoded whole with `tokenizer.encode`. So every boundary between our ids and
+a delta sits at the assistant turn's end, where the template writes a special token, and the ids equal the
+full rendering's. That holds for templates that only append and that write a message the same wherever it
+stands after the first exchange (the initial messages must hold the task as a user message). Each template
+(with its tools) is probed once for both, and refused with the place it differs: one that rewrites earlier
+turns (a header counting messages, Qwen3-style removal of past reasoning) or renders a message by its
+position (alternating markers, numbered turns).
+Assistant turns are decoded only when their text is needed (`messages`, logs).
 """
 
 from __future__ import annotations
 
+import json
+import threading
 from array import array
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable, Sequence
 
-from recipe.beyond_agent.rollout.template_frames import PATH_STATS, Frame, encoder_for, frames_for
-
 TERMINATION_REASONS = ("done", "max_rounds", "length", "env_error", "llm_error", "timeout")
 PROMPT_TRUNCATION_POLICIES = ("left", "error")
 OBSERVATION_ROLES = ("user", "tool")
-USE_FAST_PATH = True
-"""Frames + direct cached encoding (see above); False renders every observation in full (the reference)."""
+DUMMY_PREFIX = ({"role": "system", "content": "S"}, {"role": "user", "content": "U"})
+"""The fixed chat before the assistant turn whose suffix the simple delta reads."""
+ASSISTANT_MARK = "ASSISTANTCONTENTMARK"
+"""Content of that assistant turn: plain text that every template writes as given."""
 
 
 
@@ -142,10 +140,7 @@ class RolloutHandler:
         self._response_logprobs = array("d")
         self._turn_ends = array("q")
         self._check_first_messages()
-        self._setup_fast_path()
-        # The text our ids stand for; the next observation delta is the template text after it.
-        text = self._prompt_text()
-        self._transcript = _Transcript(text)
+        text = self._render(self._messages, add_generation_prompt=True)
         prompt_ids, self.prompt_truncated = self._cap_prompt(self._encode(text), prompt_truncation)
         self._prompt_ids = array("q", prompt_ids)
 
@@ -166,7 +161,6 @@ class RolloutHandler:
         message = {"role": "assistant"}  # "content" is filled in from `turn` when `messages` is read
         self._messages.append(message)
         self._undecoded.append((message, turn))
-        self._transcript.add(turn)
         self._last_turn = turn
         self.num_turns += 1
         # Rule: generated tokens are trained on (mask 1) with the log-probs they were sampled with.
@@ -184,7 +178,7 @@ class RolloutHandler:
         if last_role != "assistant":
             raise ValueError(f"observation after a {last_role!r} message: observations must follow an assistant turn")
         new = [_observation_message(i, m) for i, m in enumerate(messages)]
-        delta = self._observation_text(new)
+        delta = self._observation_text(self._last_turn, new)
         self._messages.extend(new)
         # Rule: observation, turn separators and the next generation prompt come from the environment and
         # the template, not the policy, so they are context only (mask 0, log-prob 0.0).
@@ -267,60 +261,20 @@ class RolloutHandler:
             turn_ends=self._turn_ends.tolist(),
         )
 
-    # ----- template text: frame (fast) or full rendering (slow) ---------------------------------------
+    # ----- template text ------------------------------------------------------------------------------
 
-    def _setup_fast_path(self) -> None:
-        """Pick the shared frames and encoder; messages with more than role/content keep the slow path."""
-        plain = all(m.keys() == {"role", "content"} and isinstance(m["content"], str) for m in self._messages)
-        fast = USE_FAST_PATH and plain
-        self._frames = frames_for(self.tokenizer, self.tools, self.end_of_turn_id) if fast else None
-        self._tests_emptiness = self._frames is not None and self._frames.tests_emptiness
-        self._encode: Callable[[str], Sequence[int]] = (
-            encoder_for(self.tokenizer) if USE_FAST_PATH else self._encode_slow
-        )
-        self._shape = 0  # the conversation's shape number in self._frames (0: no message yet)
-
-    def _prompt_text(self) -> str:
-        """The rendering of the initial messages with the generation prompt."""
-        shape, frame = self._next_shape(tuple([self._item(m) for m in self._messages]))
-        self._shape = shape
-        if frame is not None:
-            PATH_STATS["prompt_fast"] += 1
-            return frame.render([m["content"] for m in self._messages])
-        PATH_STATS["prompt_slow"] += 1
-        return self._render(self._messages, add_generation_prompt=True)
-
-    def _observation_text(self, new: list[dict]) -> str:
-        """The template text after our ids once `new` is added, ending with the next generation prompt."""
-        turn = self._last_turn
-        empty = self._tests_emptiness and self._is_empty(turn)
-        shape, frame = self._next_shape((("assistant", turn.ended, empty), *[self._item(m) for m in new]))
-        if frame is not None:
-            PATH_STATS["observation_fast"] += 1
-            delta = frame.render([m["content"] for m in new])
-            self._transcript.add(delta)
-        else:
-            PATH_STATS["observation_slow"] += 1
-            full = self._render(self.messages + new, add_generation_prompt=True)
-            delta = self._text_delta(full)
-            self._transcript = _Transcript(full)
-        self._shape = shape  # only now: a refused observation leaves the handler as it was
-        return delta
-
-    def _next_shape(self, step: tuple) -> tuple[int, Frame | None]:
-        """The shape after `step`, and the proven frame of its text (None: render in full)."""
-        if self._frames is None:
-            return -1, None
-        return self._frames.step(self._shape, step)
-
-    def _is_empty(self, turn: _AssistantTurn) -> bool:
-        # Decoding only to learn emptiness is skipped where the ids tell (byte-level decoders).
-        known = self._encode.decodes_to_empty(turn.ids, turn.ended)
-        return turn.content == "" if known is None else known
-
-    def _item(self, message: dict) -> tuple:
-        # Emptiness is part of the shape only for templates that test it (then '' renders differently).
-        return message["role"], False, self._tests_emptiness and message["content"] == ""
+    def _observation_text(self, turn: "_AssistantTurn", new: list[dict]) -> str:
+        """The template's text after our ids once `new` is added, ending with the next generation prompt."""
+        check_template_appends(self.tokenizer, self.tools, self._end_of_turn_text)
+        full = self._render([*DUMMY_PREFIX, {"role": "assistant", "content": ASSISTANT_MARK}, *new],
+                            add_generation_prompt=True)
+        cut = full.index(ASSISTANT_MARK) + len(ASSISTANT_MARK)
+        if turn.ended:  # our ids already end with the end-of-turn token: the delta starts after its text
+            if not full.startswith(self._end_of_turn_text, cut):
+                raise ValueError(f"the chat template does not close an assistant turn with the end-of-turn token "
+                                 f"{self._end_of_turn_text!r}: after the content it writes {full[cut:cut + 30]!r}")
+            cut += len(self._end_of_turn_text)
+        return full[cut:]
 
     # ----- internals ------------------------------------------------------------------------------
 
@@ -329,7 +283,7 @@ class RolloutHandler:
             messages, tools=self.tools, tokenize=False, add_generation_prompt=add_generation_prompt
         )
 
-    def _encode_slow(self, text: str) -> list[int]:
+    def _encode(self, text: str) -> list[int]:
         # The template writes special tokens as text; they must not be doubled by add_special_tokens.
         return self.tokenizer.encode(text, add_special_tokens=False)
 
@@ -339,18 +293,6 @@ class RolloutHandler:
     @cached_property
     def _end_of_turn_text(self) -> str:
         return self._decode([self.end_of_turn_id])
-
-    def _text_delta(self, full: str) -> str:
-        """The part of `full` after the text our ids stand for; the template must extend, not rewrite."""
-        rendered = self._transcript.text(self._end_of_turn_text)
-        if not full.startswith(rendered):
-            at = next(i for i, (a, b) in enumerate(zip(rendered + "\0", full + "\1")) if a != b)
-            raise ValueError(
-                "the chat template rewrote earlier turns, so the observation cannot be appended as a delta: "
-                f"at character {at} the ids so far stand for {rendered[at:at + 40]!r} but the template "
-                f"now renders {full[at:at + 40]!r}"
-            )
-        return full[len(rendered):]
 
     def _cap_prompt(self, ids: Sequence[int], policy: str) -> tuple[Sequence[int], bool]:
         if len(ids) <= self.max_prompt_length:
@@ -391,6 +333,8 @@ class RolloutHandler:
                 raise ValueError(f"message {i} needs 'role' and 'content' keys, got {sorted(message)}")
         if self._messages[-1]["role"] == "assistant":
             raise ValueError("the last initial message is from 'assistant' but should be the task (user)")
+        if not any(message["role"] == "user" for message in self._messages):
+            raise ValueError("the initial messages have no user message: give the task as a user message")
 
 
 class _AssistantTurn:
@@ -416,28 +360,71 @@ class _AssistantTurn:
             self._content = self._decode(self.content_ids)
         return self._content
 
-    def text(self, end_of_turn_text: str) -> str:
-        """What the template writes for this turn up to where the next delta starts."""
-        return self.content + end_of_turn_text if self.ended else self.content
 
 
-class _Transcript:
-    """The text our ids stand for, kept in pieces so that generated turns are decoded only if it is read."""
+_APPENDS: dict[tuple, str | None] = {}
+"""Probe verdicts by (template, tools, end-of-turn text): None when the template only appends, else why not."""
+_APPENDS_LOCK = threading.Lock()
 
-    __slots__ = ("_parts",)
 
-    def __init__(self, text: str):
-        self._parts: list[str | _AssistantTurn] = [text]
+def check_template_appends(tokenizer: Any, tools: list[dict] | None, end_of_turn_text: str) -> None:
+    """Refuse a chat template that rewrites earlier turns when a message is added (probed once per template).
 
-    def add(self, part: str | _AssistantTurn) -> None:
-        """Append template text, or a generated turn (its text comes later, if ever)."""
-        self._parts.append(part)
+    The probe renders the dummy chat up to an assistant turn that holds a `<think>` block, then again with a
+    user message after it; the second rendering must begin with the first, up to the end of that turn.
+    """
+    key = (str(tokenizer.chat_template), json.dumps(tools, sort_keys=True, default=str), end_of_turn_text)
+    with _APPENDS_LOCK:
+        if key not in _APPENDS:
+            _APPENDS[key] = _rewrite_found(tokenizer, tools, end_of_turn_text)
+        problem = _APPENDS[key]
+    if problem:
+        raise ValueError(problem)
 
-    def text(self, end_of_turn_text: str) -> str:
-        """The whole text (joined once, then kept joined)."""
-        joined = "".join(p if isinstance(p, str) else p.text(end_of_turn_text) for p in self._parts)
-        self._parts = [joined]
-        return joined
+
+def _rewrite_found(tokenizer: Any, tools: list[dict] | None, end_of_turn_text: str) -> str | None:
+    """Why the simple delta would be wrong for this template (None when it is right)."""
+    render = lambda messages, gen: tokenizer.apply_chat_template(  # noqa: E731
+        messages, tools=tools, tokenize=False, add_generation_prompt=gen)
+    turn = {"role": "assistant", "content": f"<think>reasoning</think>{ASSISTANT_MARK}"}
+    before = render([*DUMMY_PREFIX, turn], False)
+    if ASSISTANT_MARK not in before:
+        return "the chat template does not write an assistant message's content as given, so turns cannot be appended"
+    after = render([*DUMMY_PREFIX, turn, {"role": "user", "content": "O"}], True)
+    if not after.startswith(before[:before.index(ASSISTANT_MARK) + len(ASSISTANT_MARK)]):
+        at = next(i for i, (a, b) in enumerate(zip(before + "\0", after + "\1")) if a != b)
+        return ("the chat template rewrote earlier turns, so an observation cannot be appended as a delta: at "
+                f"character {at} a chat renders {before[at:at + 40]!r} but, once a message follows, "
+                f"{after[at:at + 40]!r}")
+    return _position_dependence(render)
+
+
+def _position_dependence(render: Callable[[list[dict], bool], str]) -> str | None:
+    """Whether a user or tool message after an assistant turn is written differently one exchange later."""
+    mark = {"role": "assistant", "content": ASSISTANT_MARK}
+    exchange = [{"role": "assistant", "content": "A"}, {"role": "user", "content": "U2"}]
+    # One exchange later, and one exchange plus a second observation later (an odd shift: parity counts).
+    laters = ([*DUMMY_PREFIX, *exchange], [*DUMMY_PREFIX, *exchange, {"role": "user", "content": "U3"}])
+    for role in OBSERVATION_ROLES:
+        new = {"role": role, "content": "O"}
+        try:
+            first = _after_mark(render([*DUMMY_PREFIX, mark, new], True))
+        except Exception:  # the template cannot render this role at all; adding such an observation will say so
+            continue
+        for later in laters:
+            try:
+                second = _after_mark(render([*later, mark, new], True))
+            except Exception:  # e.g. a template that insists on alternating roles
+                continue
+            if first != second:
+                return (f"the chat template writes a {role} message differently by its position in the chat "
+                        f"({first[:40]!r} after the first exchange, {second[:40]!r} later), so an observation "
+                        "cannot be appended as a delta")
+    return None
+
+
+def _after_mark(text: str) -> str:
+    return text[text.index(ASSISTANT_MARK) + len(ASSISTANT_MARK):]
 
 
 def _observation_message(index: int, message: dict) -> dict:
