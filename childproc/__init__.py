@@ -189,6 +189,16 @@ def _signal_group(pgid: int, sig: int) -> bool:
         return False
 
 
+def answers_200(url: str, timeout_s: float = 2.0) -> bool:
+    """Whether `url` answers HTTP 200 now: the readiness check of a child that serves HTTP."""
+    import requests
+
+    try:
+        return requests.get(url, timeout=timeout_s).status_code == 200
+    except requests.RequestException:
+        return False
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port that was free on `host` a moment ago (the OS picks it)."""
     import socket

@@ -14,9 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import requests
-
-from childproc import ChildProcess, ChildStartError, free_port
+from childproc import ChildProcess, ChildStartError, answers_200, free_port
 
 
 class VLLMServerError(RuntimeError):
@@ -91,7 +89,8 @@ class VLLMServer:
         """Launch the server and block until `/health` answers 200, or raise VLLMServerError."""
         self.child = ChildProcess.start(self.command(), "vLLM", self.log_path, env=self.environment())
         try:
-            self.startup_seconds = self.child.wait_until(self._healthy, self.config.startup_timeout_s,
+            self.startup_seconds = self.child.wait_until(lambda: answers_200(f"{self.base_url}/health"),
+                                                         self.config.startup_timeout_s,
                                                          "answering /health", poll_s=1.0)
         except ChildStartError as error:
             self.stop()
@@ -103,12 +102,6 @@ class VLLMServer:
             self.stop()
             raise
         return self
-
-    def _healthy(self) -> bool:
-        try:
-            return requests.get(f"{self.base_url}/health", timeout=2).status_code == 200
-        except requests.RequestException:
-            return False
 
     @property
     def process(self):

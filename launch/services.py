@@ -15,9 +15,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-import requests
-
-from childproc import ChildProcess, ChildStartError, free_port
+from childproc import ChildProcess, ChildStartError, answers_200, free_port
 from launch.config import LaunchConfigError, ServiceConfig, load_dotenv
 from launch.training import substitute
 
@@ -98,20 +96,12 @@ def start_service(planned: PlannedService, log_path: Path, on_start, say=print) 
     on_start(child)
     report = _progress(config, child, say)
     try:
-        elapsed = child.wait_until(lambda: healthy(planned.health_url), config.startup_timeout_s,
+        elapsed = child.wait_until(lambda: answers_200(planned.health_url), config.startup_timeout_s,
                                    f"answering {planned.health_url}", on_tick=report)
     except ChildStartError as error:
         raise failure(planned, error) from None
     say(f"{config.name} is healthy at {planned.url} after {elapsed:.1f} s")
     return child
-
-
-def healthy(url: str) -> bool:
-    """Whether `url` answers 200 now."""
-    try:
-        return requests.get(url, timeout=2).status_code == 200
-    except requests.RequestException:
-        return False
 
 
 def failure(planned: PlannedService, error: ChildStartError) -> ServiceStartError:
