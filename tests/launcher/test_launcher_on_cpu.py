@@ -195,7 +195,7 @@ def test_quickstart_yaml_runs_end_to_end_up_to_the_composed_trainer_config(launc
     folder = run.experiment_dir(backup)
     assert (folder / "data" / "train.parquet").exists() and (folder / "data" / "val.parquet").exists()
     train_log = (folder / "logs" / "train.log").read_text()
-    assert "beyond_agent:" in train_log and f"url: http://127.0.0.1:" in train_log
+    assert "beyond_agent:" in train_log and "url: http://127.0.0.1:" in train_log
     assert f"default_local_dir: {folder}/checkpoints" in train_log
     assert not [pid for pid in started_pids(folder, tmp_path) if helpers.is_alive(pid)]
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
-from typing import Any
 
 import pytest
 import uvicorn

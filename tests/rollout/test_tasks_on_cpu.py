@@ -9,7 +9,7 @@ from hydra import compose, initialize_config_dir
 from recipe.beyond_agent.rollout_manager import rows_to_episodes
 from recipe.beyond_agent.settings import BeyondAgentSettings
 from recipe.beyond_agent.tasks import (DEFAULT_SYSTEM_PROMPT, AgentTask, EnvTask, EpisodeOutcome, StepRewardTask,
-                                       TaskTable, build_task)
+                                       TaskTable)
 
 pytestmark = pytest.mark.timeout(60)
 

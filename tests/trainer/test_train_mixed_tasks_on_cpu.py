@@ -10,7 +10,6 @@ tracker writing metrics.jsonl. ~3 min on 2 cores.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 

@@ -55,7 +55,6 @@ ASSISTANT_MARK = "ASSISTANTCONTENTMARK"
 """Content of that assistant turn: plain text that every template writes as given."""
 
 
-
 @dataclass
 class Episode:
     """A finished episode's token lists: what `batch.collate` needs, free of any tokenizer."""
