@@ -31,9 +31,6 @@ class ChildStartError(RuntimeError):
     """
 
     def __init__(self, child: "ChildProcess", what: str, elapsed_s: float, exit_code: int | None):
-        self.child_name = child.name
-        self.what = what
-        """What we were waiting for, e.g. "answering /healthz"."""
         self.elapsed_s = elapsed_s
         self.exit_code = exit_code
         self.last_log_line = child.last_log_line()

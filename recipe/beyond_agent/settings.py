@@ -89,8 +89,6 @@ class BeyondAgentSettings:
     """Limits of every episode; `max_rounds` is the schedule's first value and is set per call."""
     llm: LLMManagerConfig
     """Requests in flight at once and their deadline (the shared LLM front)."""
-    concurrency: int
-    """Episodes in flight at once (threads); also the LLM front's in-flight limit."""
     tasks: TaskTable
     """The run's AgentTasks and the rule that gives each dataset row its own."""
     trajectories: TrajectoryDump
@@ -110,20 +108,24 @@ class BeyondAgentSettings:
         dump = _section(section.get("trajectories", {}), "beyond_agent.trajectories")
         rounds = RoundScheduler.from_config(_section(section.get("rounds", {"type": "fixed", "rounds": 8}),
                                                      "beyond_agent.rounds"))
-        concurrency = section.get("concurrency", 64)
         return cls(
             env=EnvSettings(url=env.get("url") or "", token=env.get("token") or None, env_id=env.get("env_id"),
                             timeout_s=float(env.get("timeout_s", 90.0))),
             rounds=rounds, val_max_rounds=_val_max_rounds(section.get("val_max_rounds")),
             episode=_named(DataflowConfig, max_rounds=rounds.max_rounds(0), **_episode_limits(config, section)),
-            llm=_named(LLMManagerConfig, max_in_flight=concurrency,
+            llm=_named(LLMManagerConfig, max_in_flight=section.get("concurrency", 64),
                        request_timeout_s=float(section.get("llm_request_timeout_s", 300.0))),
-            concurrency=concurrency, tasks=TaskTable.from_config(section.get("tasks")),
+            tasks=TaskTable.from_config(section.get("tasks")),
             trajectories=TrajectoryDump(every=int(dump.get("every", 0)), dir=str(dump.get("dir", "trajectories")),
                                         max_per_step=int(dump.get("max_per_step", 16))),
             train_sampling=_sampling(config, validate=False), val_sampling=_sampling(config, validate=True),
             group_based=is_group_estimator(_get(_get(config, "algorithm"), "adv_estimator") or "grpo"),
         )
+
+    @property
+    def concurrency(self) -> int:
+        """Episodes in flight at once (threads): `beyond_agent.concurrency`, also the LLM front's in-flight limit."""
+        return self.llm.max_in_flight
 
     def max_rounds(self, meta_info: Mapping[str, Any]) -> int:
         """The round limit of one rollout call: a pure function of verl's global step (validation may fix it)."""

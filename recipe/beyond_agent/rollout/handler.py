@@ -139,6 +139,8 @@ class RolloutHandler:
         self._response_logprobs = array("d")
         self._turn_ends = array("q")
         self._check_first_messages()
+        # Why the simple delta would be wrong for this template (probed once per template), or None.
+        self._template_problem = template_problem(tokenizer, tools)
         text = self._render(self._messages, add_generation_prompt=True)
         prompt_ids, self.prompt_truncated = self._cap_prompt(self._encode(text), prompt_truncation)
         self._prompt_ids = array("q", prompt_ids)
@@ -264,7 +266,8 @@ class RolloutHandler:
 
     def _observation_text(self, turn: "_AssistantTurn", new: list[dict]) -> str:
         """The template's text after our ids once `new` is added, ending with the next generation prompt."""
-        check_template_appends(self.tokenizer, self.tools, self._end_of_turn_text)
+        if self._template_problem:
+            raise ValueError(self._template_problem)
         full = self._render([*DUMMY_PREFIX, {"role": "assistant", "content": ASSISTANT_MARK}, *new],
                             add_generation_prompt=True)
         cut = full.index(ASSISTANT_MARK) + len(ASSISTANT_MARK)
@@ -362,26 +365,25 @@ class _AssistantTurn:
 
 
 _APPENDS: dict[tuple, str | None] = {}
-"""Probe verdicts by (template, tools, end-of-turn text): None when the template only appends, else why not."""
+"""Probe verdicts by (template, tools): None when the simple delta is right for the template, else why not."""
 _APPENDS_LOCK = threading.Lock()
 
 
-def check_template_appends(tokenizer: Any, tools: list[dict] | None, end_of_turn_text: str) -> None:
-    """Refuse a chat template that rewrites earlier turns when a message is added (probed once per template).
+def template_problem(tokenizer: Any, tools: list[dict] | None) -> str | None:
+    """Why the simple delta would be wrong for this chat template (None when it is right), probed once per
+    template: one that rewrites earlier turns when a message follows, or writes a message by its position.
 
     The probe renders the dummy chat up to an assistant turn that holds a `<think>` block, then again with a
     user message after it; the second rendering must begin with the first, up to the end of that turn.
     """
-    key = (str(tokenizer.chat_template), json.dumps(tools, sort_keys=True, default=str), end_of_turn_text)
+    key = (str(tokenizer.chat_template), json.dumps(tools, sort_keys=True, default=str))
     with _APPENDS_LOCK:
         if key not in _APPENDS:
-            _APPENDS[key] = _rewrite_found(tokenizer, tools, end_of_turn_text)
-        problem = _APPENDS[key]
-    if problem:
-        raise ValueError(problem)
+            _APPENDS[key] = _rewrite_found(tokenizer, tools)
+        return _APPENDS[key]
 
 
-def _rewrite_found(tokenizer: Any, tools: list[dict] | None, end_of_turn_text: str) -> str | None:
+def _rewrite_found(tokenizer: Any, tools: list[dict] | None) -> str | None:
     """Why the simple delta would be wrong for this template (None when it is right)."""
     render = lambda messages, gen: tokenizer.apply_chat_template(  # noqa: E731
         messages, tools=tools, tokenize=False, add_generation_prompt=gen)
