@@ -273,6 +273,7 @@ class PooledBackend:
         self._stopping = False
         self._preload_entry_points: tuple[str, ...] = ()  # what `preload` imported; replacements import it too
         self._preloading: set[WorkerHandle] = set()  # workers importing it now (a death there disables it)
+        self._loss_listeners: list[Callable[[], None]] = []
         self._workers: list[WorkerHandle] = [self._start_worker(i) for i in range(workers)]
 
     def _start_worker(self, index: int) -> WorkerHandle:
@@ -363,6 +364,11 @@ class PooledBackend:
                 logger.warning("preload: %s could not import %s: %s", worker.describe(), entry_point, reason)
         return failures
 
+    def add_loss_listener(self, listener: Callable[[], None]) -> None:
+        """Call `listener()` each time a worker is found dead, once its envs report `lost` (the session
+        manager then drops their sessions at once instead of when each is next touched or reaped)."""
+        self._loss_listeners.append(listener)
+
     def replace(self, worker: WorkerHandle) -> None:
         """Start a new worker in the place of a dead one (once, however many callers notice) and preload it."""
         with self._lock:
@@ -373,12 +379,24 @@ class PooledBackend:
                 self._workers[worker.index] = self._start_worker(worker.index)
             except Exception:
                 logger.exception("could not restart %s; will retry when it is used again", worker.describe())
-                return
-            new_worker, entry_points = self._workers[worker.index], self._preload_entry_points
+                new_worker = None
+            else:
+                new_worker, entry_points = self._workers[worker.index], self._preload_entry_points
+        self._tell_loss_listeners()
+        if new_worker is None:
+            return
         logger.warning("%s is gone; started %s in its place", worker.describe(), new_worker.describe())
         if entry_points:  # on a thread of its own: the caller may be answering a request (never under the lock)
             threading.Thread(target=self._preload_worker, args=(new_worker, entry_points),
                              name=f"envservice-preload-{worker.index}", daemon=True).start()
+
+    def _tell_loss_listeners(self) -> None:
+        """Run the loss listeners (never under `_lock`: they take the session manager's locks)."""
+        for listener in list(self._loss_listeners):
+            try:
+                listener()
+            except Exception:
+                logger.exception("a worker-loss listener failed")
 
     def _stop_preload_if_it_killed(self, worker: WorkerHandle) -> None:
         """A worker that died while importing the preload list (an import that crashes the interpreter, say)
@@ -413,6 +431,11 @@ class RemoteEnv:
         self.key = uuid.uuid4().hex
         self._released = False
 
+    @property
+    def lost(self) -> bool:
+        """True once the worker holding this env died or was killed: the env is gone with it."""
+        return not self.worker.alive
+
     def reset(self, task: Task) -> Any:
         return self.backend.call(self.worker, "reset", self.key, (self.entry_point, task))
 
@@ -429,7 +452,10 @@ class RemoteEnv:
         self._released = True
         self.backend.release(self.worker)
         if self.worker.alive:
-            self.backend.call(self.worker, "close", self.key)
+            try:
+                self.backend.call(self.worker, "close", self.key)
+            except WorkerLost:  # it died since: the env is gone with it, which is what closing asked for
+                pass
 
 
 def _reply_error(payload: tuple, where: str) -> Exception:

@@ -9,7 +9,13 @@ Placement and time limits: environments are built by an `EnvBackend` (`envservic
 in this process (default), in worker processes or in Ray actors. A backend returns an object with the
 `reset/step/evaluate/close` methods and enforces the per-call limit itself; a call past it raises
 `EnvCallTimeout`, which closes that session and answers `env_timeout`. A lost worker (`WorkerLost`) is
-an `env_error` like any env exception.
+an `env_error` like any env exception; a backend that can tell when a worker dies
+(`add_loss_listener`) has the dead worker's sessions dropped at once, so they stop counting against capacity.
+
+Accounting: every session ends exactly once, by one of `CLOSED_BY`; the manager counts sessions created and
+closed by each cause (`created == open + sum(closed)`, served by /healthz) and remembers the last
+`REMEMBERED_CLOSED` closed ids, so that a release of a session that is already closed (a retried release
+whose first reply was lost, or a session the reaper took) succeeds and says how it had been closed.
 """
 
 from __future__ import annotations
@@ -19,13 +25,14 @@ import math
 import threading
 import time
 import uuid
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from envservice import registry
 from envservice.backends import EnvBackend, EnvCallTimeout, InProcessBackend, RemoteEnvError, WorkerLost
 from envservice.envs.base import Task, TextEnv
-from envservice.errors import EnvServiceError
+from envservice.errors import EnvServiceError, clip
 from envservice.protocol import (
     CreateRequest,
     CreateResponse,
@@ -37,7 +44,13 @@ from envservice.protocol import (
 
 logger = logging.getLogger("envservice")
 
-__all__ = ["EnvBackend", "InProcessBackend", "Session", "SessionManager"]
+__all__ = ["EnvBackend", "InProcessBackend", "Session", "SessionManager", "CLOSED_BY"]
+
+CLOSED_BY = ("release", "reaper", "env_error", "env_timeout", "worker_lost", "shutdown")
+"""How a session can end: its release, the idle reaper, an env exception, an env call past the time limit,
+the death of the worker that held it, or the service's shutdown."""
+REMEMBERED_CLOSED = 20_000
+"""Closed session ids remembered (with how they closed) for idempotent releases; ~150 bytes each, ~3 MB in all."""
 
 
 @dataclass
@@ -75,8 +88,14 @@ class SessionManager:
         self._lock = threading.Lock()
         self._sessions: dict[str, Session] = {}
         self._reserved: dict[str, int] = {}
+        self._closed_ids: OrderedDict[str, str] = OrderedDict()  # session id -> how it closed (oldest first)
+        self.created = 0
+        self.closed: Counter[str] = Counter()
         self._reaper: threading.Thread | None = None
         self._stop = threading.Event()
+        add_loss_listener = getattr(self.backend, "add_loss_listener", None)  # optional, as `preload` is
+        if add_loss_listener is not None:
+            add_loss_listener(self.drop_lost_sessions)
 
     # ---- public operations -------------------------------------------------------------------------
 
@@ -95,6 +114,7 @@ class SessionManager:
         with self._lock:  # the reservation becomes the session in one step
             self._reserved[registration.env_id] -= 1
             self._sessions[session.session_id] = session
+            self.created += 1
         return CreateResponse(
             session_id=session.session_id, env_id=registration.env_id, task_id=task.name,
             seed=task.seed, observation=observation, info=info,
@@ -125,15 +145,57 @@ class SessionManager:
             return response
 
     def release(self, session_id: str) -> ReleaseResponse:
-        """Close the session's environment and forget the session (a second release is a 404)."""
-        session = self._pop(session_id)
-        self._close(session)
-        return ReleaseResponse(session_id=session_id, released=True)
+        """Close the session's environment and forget the session.
+
+        Idempotent: a session that is already closed (released before, reaped, failed) is released again
+        with `already_closed` and how it closed; only a session id never created (or forgotten long ago) is a 404.
+        """
+        with self._lock:
+            session = self._sessions.pop(session_id, None)
+            closed_by = self._closed_ids.get(session_id) if session is None else None
+            if session is not None:
+                self._record_closed(session_id, "release")
+        if session is not None:
+            self._close_env(session)
+            return ReleaseResponse(session_id=session_id, released=True)
+        if closed_by is not None:
+            return ReleaseResponse(session_id=session_id, released=True, already_closed=True, closed_by=closed_by)
+        raise self._unknown_session(session_id)
 
     def count(self) -> int:
         """Sessions currently open."""
         with self._lock:
             return len(self._sessions)
+
+    def ledger(self) -> dict[str, Any]:
+        """Sessions created, closed by each cause of `CLOSED_BY` (those that happened) and open, read at one
+        instant: `created == open + sum(closed)` always holds."""
+        with self._lock:
+            return {"created": self.created, "closed": dict(self.closed), "open": len(self._sessions)}
+
+    def drop_lost_sessions(self) -> list[str]:
+        """Drop the sessions whose env reports `lost` (its worker died): they free their capacity at once.
+
+        Called by the backend when a worker dies; their next call answers `unknown_session` saying why.
+        """
+        with self._lock:
+            lost = [s for s in self._sessions.values() if getattr(s.env, "lost", False)]
+        dropped = []
+        for session in lost:
+            # A busy session is left to its in-flight call, which fails with the worker and ends the session
+            # itself (and says why: env_error or env_timeout); waiting for its lock here could deadlock, as this
+            # may run on that very call's thread.
+            if not session.lock.acquire(blocking=False):
+                continue
+            try:
+                if self._discard(session, "worker_lost"):
+                    self._close_env(session, lock_held=True)
+                    dropped.append(session.session_id)
+            finally:
+                session.lock.release()
+        if dropped:
+            logger.warning("dropped %d session(s) of a worker that died", len(dropped))
+        return dropped
 
     def reap_idle(self) -> list[str]:
         """Release sessions unused for longer than `idle_timeout_s`; returns their ids."""
@@ -144,8 +206,8 @@ class SessionManager:
         for session in idle:
             if session.lock.acquire(blocking=False):  # busy sessions are not idle
                 session.lock.release()
-                if session.last_used < deadline and self._discard(session):
-                    self._close(session)
+                if session.last_used < deadline and self._discard(session, "reaper"):
+                    self._close_env(session)
                     reaped.append(session.session_id)
         if reaped:
             logger.info("reaped %d idle session(s)", len(reaped))
@@ -164,9 +226,10 @@ class SessionManager:
         if self._reaper is not None:
             self._reaper.join(timeout=5)
         with self._lock:
-            sessions, self._sessions = list(self._sessions.values()), {}
+            sessions = list(self._sessions.values())
         for session in sessions:
-            self._close(session)
+            if self._discard(session, "shutdown"):
+                self._close_env(session)
         backend_shutdown = getattr(self.backend, "shutdown", None)
         if backend_shutdown is not None:
             backend_shutdown()
@@ -222,20 +285,20 @@ class SessionManager:
         except EnvServiceError:
             raise
         except EnvCallTimeout as exc:
-            self._drop(session)
+            self._drop(session, "env_timeout")
             raise _timeout_error(env_id, what, exc, f"session {session.session_id} was closed") from exc
         except Exception as exc:
             _log_failure(env_id, what, f"session {session.session_id}", exc)
-            self._drop(session)
+            self._drop(session, "worker_lost" if isinstance(exc, WorkerLost) else "env_error")
             raise EnvServiceError(
                 ErrorCode.env_error,
                 f"env {env_id!r} failed in {what}: {_reason(exc)}; session {session.session_id} was closed",
             ) from exc
 
-    def _drop(self, session: Session) -> None:
+    def _drop(self, session: Session, closed_by: str) -> None:
         """Forget a failed session and close its env (its lock is held by the caller)."""
-        self._discard(session)
-        self._close(session, lock_held=True)
+        if self._discard(session, closed_by):
+            self._close_env(session, lock_held=True)
 
     def _apply_limits(self, session: Session, response: StepResponse) -> None:
         session.steps += 1
@@ -249,27 +312,37 @@ class SessionManager:
         with self._lock:
             session = self._sessions.get(session_id)
         if session is None:
-            raise _unknown_session(session_id)
+            raise self._unknown_session(session_id)
         return session
 
-    def _pop(self, session_id: str) -> Session:
+    def _discard(self, session: Session, closed_by: str) -> bool:
+        """Remove an open session from the table and record how it closed; False if it was gone already."""
         with self._lock:
-            session = self._sessions.pop(session_id, None)
-        if session is None:
-            raise _unknown_session(session_id)
-        return session
+            if self._sessions.pop(session.session_id, None) is None:
+                return False
+            self._record_closed(session.session_id, closed_by)
+            return True
 
-    def _discard(self, session: Session) -> bool:
+    def _record_closed(self, session_id: str, closed_by: str) -> None:
+        """Count a closed session and remember it for idempotent releases (holds `_lock`)."""
+        self.closed[closed_by] += 1
+        self._closed_ids[session_id] = closed_by
+        if len(self._closed_ids) > REMEMBERED_CLOSED:
+            self._closed_ids.popitem(last=False)
+
+    def _unknown_session(self, session_id: str) -> EnvServiceError:
+        """The 404 of a session that is not open, saying how it closed when that is remembered."""
         with self._lock:
-            return self._sessions.pop(session.session_id, None) is not None
+            closed_by = self._closed_ids.get(session_id)
+        how = f"it was closed ({closed_by})" if closed_by else "never created, or closed long ago"
+        return EnvServiceError(ErrorCode.unknown_session, f"session_id={clip(session_id)!r} is not open: {how}")
 
-    @staticmethod
-    def _check_open(session: Session) -> None:
+    def _check_open(self, session: Session) -> None:
         if session.closed:  # released while this request waited for the session lock
-            raise _unknown_session(session.session_id)
+            raise self._unknown_session(session.session_id)
 
     @staticmethod
-    def _close(session: Session, lock_held: bool = False) -> None:
+    def _close_env(session: Session, lock_held: bool = False) -> None:
         if lock_held:
             session.closed = True
             _close_quietly(session.env, session.registration.env_id)
@@ -284,12 +357,6 @@ class SessionManager:
                 self.reap_idle()
             except Exception:  # the reaper must outlive one bad close
                 logger.exception("idle reaping failed")
-
-
-def _unknown_session(session_id: str) -> EnvServiceError:
-    return EnvServiceError(
-        ErrorCode.unknown_session, f"session_id={session_id!r} is unknown (never created, released or reaped)"
-    )
 
 
 def _reason(exc: Exception) -> str:

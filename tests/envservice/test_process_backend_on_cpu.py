@@ -95,16 +95,35 @@ def test_hung_step_is_env_timeout_and_its_worker_is_replaced(service, client) ->
     assert STEP_TIMEOUT_S <= time.monotonic() - started < STEP_TIMEOUT_S + 5
     assert failure.value.status == 504 and f"did not finish step within {STEP_TIMEOUT_S:g} s" in failure.value.message
     assert f"worker 0 (pid {hung_pid}) was killed and restarted" in failure.value.message
-    with pytest.raises(EnvServiceError) as failure:  # the trade-off: its neighbour on that worker is lost too
+    # The trade-off: its neighbour on that worker is lost too, and stops counting against capacity at once.
+    assert client.health().sessions == 1
+    with pytest.raises(EnvServiceError) as failure:
         client.step(neighbour, "inc")
-    assert failure.value.code.value == "env_error"
-    assert "was killed because another session's step call ran past 3 s" in failure.value.message
+    assert failure.value.code.value == "unknown_session"
+    assert "it was closed (worker_lost)" in failure.value.message
     assert client.step(other, "inc").info["pid"] == other_pid
     assert _wait_gone(hung_pid)
     (fresh, fresh_pid), = _open(client, 1)
     assert fresh_pid != hung_pid and client.step(fresh, "inc").observation == "value 1"
     for session_id in (other, fresh):
         client.release(session_id)
+
+
+def test_dead_worker_sessions_stop_counting_against_capacity_at_once(service, client, wait_for) -> None:
+    (doomed, doomed_pid), (other, other_pid), (neighbour, neighbour_pid) = _open(client, 3)
+    assert neighbour_pid == doomed_pid != other_pid
+    before = client.health()
+    with pytest.raises(EnvServiceError) as failure:
+        client.step(doomed, "exit")
+    assert failure.value.code.value == "env_error"  # the call in flight says what happened to it
+    # The untouched neighbour is dropped as soon as the worker's death is seen, not when next touched or reaped.
+    assert wait_for(lambda: client.health().sessions == before.sessions - 2, 10)
+    after = client.health()
+    assert after.closed.get("worker_lost", 0) == before.closed.get("worker_lost", 0) + 2
+    assert after.created == after.sessions + sum(after.closed.values())  # every session accounted for
+    released = client.release(neighbour)  # releasing it anyway succeeds and says how it ended
+    assert (released.already_closed, released.closed_by) == (True, "worker_lost")
+    client.release(other)
 
 
 def test_hung_reset_ends_the_episode_with_timeout(service, client) -> None:
