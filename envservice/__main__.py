@@ -9,6 +9,9 @@ import; an env whose import fails is logged and the others are served (`--no-pre
 Where envs run: `--backend inprocess` (default), `process --workers N`, or
 `ray --ray-address auto|ray://HOST:10001|local --workers N`; `--step-timeout S` limits every env call
 (0: no limit). See envservice/backends.py.
+
+On a clean stop (SIGTERM, Ctrl-C) every open session is closed and one line accounts for all of them on
+stderr: `... envservice stopped: {"created": N, "closed": {"release": ..., "reaper": ..., ...}, "open": 0}`.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
+import logging
 import os
 import socket
 import sys
@@ -26,7 +30,7 @@ import uvicorn
 
 from envservice import registry
 from envservice.backends import BACKENDS, DEFAULT_STEP_TIMEOUT_S, EnvBackend, make_backend
-from envservice.server import Settings, create_app
+from envservice.server import DEFAULT_MAX_REQUEST_BYTES, Settings, create_app
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -40,6 +44,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "register theirs through the envservice.envs entry point")
     parser.add_argument("--max-sessions", type=int, default=4096, help="most sessions open at once")
     parser.add_argument("--idle-timeout", type=float, default=600.0, help="seconds before an idle session is released")
+    parser.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
+                        help=f"largest request body; larger ones get 413 before they are read (default "
+                        f"{DEFAULT_MAX_REQUEST_BYTES})")
     parser.add_argument("--token", default=None, help="bearer token required from clients (or ENVSERVICE_TOKEN)")
     parser.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
     parser.add_argument("--no-preload", dest="preload", action="store_false",
@@ -77,6 +84,8 @@ def check_backend_args(args: argparse.Namespace) -> None:
                          f"and a value >= 1 (got --backend {backend})")
     if backend != "ray" and (args.ray_address or args.ray_resources):
         raise SystemExit(f"envservice: --ray-address / --ray-resources need --backend ray (got --backend {backend})")
+    if args.max_request_bytes < 1024:
+        raise SystemExit(f"envservice: --max-request-bytes {args.max_request_bytes} is too small; give at least 1024")
     if args.step_timeout < 0:
         raise SystemExit(f"envservice: --step-timeout {args.step_timeout:g} is invalid; "
                          "give seconds > 0, or 0 for no limit")
@@ -165,7 +174,7 @@ def build_settings(args: argparse.Namespace, env_ids: list[str], token: str | No
                    backend: EnvBackend) -> Settings:
     """The service `Settings` the parsed flags ask for."""
     return Settings(env_ids=env_ids, max_sessions=args.max_sessions, idle_timeout_s=args.idle_timeout,
-                    token=token, backend=backend, preload=args.preload)
+                    token=token, backend=backend, preload=args.preload, max_request_bytes=args.max_request_bytes)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     host = f"[{args.host}]" if ":" in args.host else args.host
     backend = build_backend(args)
     settings = build_settings(args, env_ids, token, backend)
+    configure_logging()
     server = uvicorn.Server(uvicorn.Config(create_app(settings), log_level=args.log_level))
     announce = (server, f"http://{host}:{port}", env_ids, placement_text(backend, args.step_timeout))
     threading.Thread(target=announce_when_ready, args=announce, daemon=True).start()
@@ -190,6 +200,15 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         backend.shutdown()  # the app's shutdown did it already unless start-up failed
     return 0
+
+
+def configure_logging() -> None:
+    """The service's own log lines (start-up preload, reaping, env failures, the stop ledger) go to stderr."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    service_logger = logging.getLogger("envservice")
+    service_logger.addHandler(handler)
+    service_logger.setLevel(logging.INFO)
 
 
 if __name__ == "__main__":

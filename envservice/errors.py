@@ -7,6 +7,17 @@ from typing import Any, Sequence
 
 from envservice.protocol import ERROR_STATUS, ErrorCode, ErrorResponse
 
+CLIP_CHARS = 200
+"""How much of a caller's input an error message or observation quotes at most."""
+
+
+def clip(text: str, limit: int = CLIP_CHARS) -> str:
+    """`text` cut to `limit` characters with a marker saying how many were left out: a message never echoes
+    unbounded input back (a 50 MB action would otherwise come back whole)."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}…[+{len(text) - limit} chars]"
+
 
 class EnvServiceError(Exception):
     """An error with a protocol code: the server turns it into an `ErrorResponse`, the client raises it back.

@@ -1,8 +1,17 @@
 """The FastAPI application of the environment service (`create_app(settings)`).
 
-Routes: POST /create, /step, /evaluate, /release; GET /envs, /healthz. Errors are `ErrorResponse`
-bodies with the status of their code (`protocol.ERROR_STATUS`); malformed bodies are 422 with FastAPI's
-per-field details. When a token is set every route but /healthz needs `Authorization: Bearer <token>`.
+Routes: POST /create, /step, /evaluate, /release; GET /envs, /healthz (and FastAPI's /docs, /redoc,
+/openapi.json).
+
+Every response that is not 2xx, whatever failed, is an `ErrorResponse` (`code`, `message`, details) with the
+status of its code (`protocol.ERROR_STATUS`): our own errors, malformed bodies (422 naming each field, long
+inputs cut), bodies that are not JSON (400), unknown routes and methods (404, 405), oversized bodies (413) and
+bugs of the service itself (500 `internal_error`, logged with the request id every response carries in
+`X-Request-ID`). Messages quote a caller's input clipped (`errors.clip`), never whole.
+
+`RequestGuard`, the outermost layer, runs before anything reads the body: when a token is set every route
+but /healthz (docs included) needs `Authorization: Bearer <token>` (401 with `WWW-Authenticate` otherwise);
+then a body over `Settings.max_request_bytes` is refused with 413 (by its Content-Length, or while it streams).
 
 At start-up (before the server reports ready) the served envs' classes are imported, here and on the
 backend's workers (`preload_envs`), so that the first /create of an env does not stall on its import.
@@ -11,24 +20,29 @@ backend's workers (`preload_envs`), so that the first /create of an env does not
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 import time
+import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from envservice import registry
-from envservice.errors import EnvServiceError
+from envservice.errors import EnvServiceError, clip
 from envservice.host import entry_point_of
 from envservice.protocol import (
     CreateRequest,
     CreateResponse,
     EnvList,
+    ERROR_STATUS,
     EnvSpec,
     ErrorCode,
     ErrorResponse,
@@ -43,6 +57,11 @@ from envservice.protocol import (
 from envservice.sessions import EnvBackend, SessionManager
 
 logger = logging.getLogger("envservice")
+
+DEFAULT_MAX_REQUEST_BYTES = 1 << 20
+"""Largest request body accepted by default (1 MiB: ten of the longest actions the protocol allows)."""
+UNAUTHENTICATED_PATHS = frozenset({"/healthz"})
+"""Routes that answer without the token (liveness probes have none)."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +84,8 @@ class Settings:
     preload: bool = True
     """Import the served envs' classes at start-up, here and on every worker, before the service reports
     ready (`preload_envs`); False starts faster and leaves each import to the env's first /create."""
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    """Largest request body; a larger one is refused (413 `too_large`) before it is read."""
 
 
 @dataclass(frozen=True)
@@ -77,7 +98,7 @@ class Preload:
     """Env id -> why it could not be imported, in the service process or on a worker."""
 
 
-_ERROR_RESPONSES = {status: {"model": ErrorResponse} for status in (400, 401, 404, 409, 422, 500, 503, 504)}
+_ERROR_RESPONSES = {status: {"model": ErrorResponse} for status in sorted(set(ERROR_STATUS.values()))}
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -98,13 +119,162 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         manager.start_reaper(settings.reap_interval_s)
         yield
         manager.shutdown()
+        logger.info("envservice stopped: %s", json.dumps(manager.ledger()))
 
-    app = FastAPI(title="BeyondAgent envservice", lifespan=lifespan, responses=_ERROR_RESPONSES)
+    app = FastAPI(title="BeyondAgent envservice", lifespan=lifespan, responses=_ERROR_RESPONSES,
+                  default_response_class=ProtocolJSONResponse)
     app.state.sessions = manager
     app.state.preload = None
     _add_error_handlers(app)
-    _add_routes(app, manager, env_ids, _auth_dependency(settings.token))
+    _add_routes(app, manager, env_ids)
+    _describe_in_openapi(app, env_ids, settings.token is not None)
+    app.add_middleware(RequestGuard, token=settings.token, max_request_bytes=settings.max_request_bytes)
     return app
+
+
+SESSION_OPERATIONS = {"step": "step_step_post", "evaluate": "evaluate_evaluate_post", "release": "release_release_post"}
+"""The operations that take the `session_id` a /create returns (OpenAPI links from /create's 200 to them)."""
+
+
+def _describe_in_openapi(app: FastAPI, env_ids: list[str], token_required: bool) -> None:
+    """Make /openapi.json say what this instance serves: the env ids it accepts (an enum), the session id's
+    way from /create to the other calls (OpenAPI links, which clients and schema fuzzers follow), and the
+    bearer token when one is required."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = build()
+        schema["components"]["schemas"]["CreateRequest"]["properties"]["env_id"]["enum"] = list(env_ids)
+        links = {name: {"operationId": operation, "requestBody": {"session_id": "$response.body#/session_id"},
+                        "description": f"The new session's id, for /{name}."}
+                 for name, operation in SESSION_OPERATIONS.items()}
+        schema["paths"]["/create"]["post"]["responses"]["200"]["links"] = links
+        if token_required:
+            schema["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+            for path, operations in schema["paths"].items():
+                if path not in UNAUTHENTICATED_PATHS:
+                    for operation in operations.values():
+                        operation["security"] = [{"bearer": []}]
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+class ProtocolJSONResponse(JSONResponse):
+    """JSON responses that can always be written: text that UTF-8 cannot encode (a lone surrogate an env let
+    through) is escaped as `\\uXXXX` instead of failing after the env call was made."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
+def error_response(code: ErrorCode, message: str, request_id: str | None = None,
+                   headers: dict[str, str] | None = None, **fields: Any) -> ProtocolJSONResponse:
+    """An `ErrorResponse` with the status of `code`."""
+    body = ErrorResponse(code=code, message=message, request_id=request_id, **fields)
+    return ProtocolJSONResponse(jsonable_encoder(body, exclude_none=True), ERROR_STATUS[code], headers=headers)
+
+
+class _BodyTooLarge(Exception):
+    """The body streamed past the limit (no Content-Length told us before)."""
+
+
+class RequestGuard:
+    """The outermost ASGI layer: request id, token, body size, and the last word on unexpected exceptions.
+
+    It runs before FastAPI reads anything, so an unauthenticated or oversized upload is refused without being
+    read; the body of an accepted request is read here (bounded) and replayed to the app.
+    """
+
+    def __init__(self, app: ASGIApp, token: str | None, max_request_bytes: int) -> None:
+        self.app, self.token, self.max_request_bytes = app, token, max_request_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = uuid.uuid4().hex[:16]
+        scope.setdefault("state", {})["request_id"] = request_id
+        started = False
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
+            await send(message)
+
+        refusal = self._refusal(scope, request_id)
+        try:
+            if refusal is None:
+                body = await self._read_body(receive)
+                await self.app(scope, _replay(body, receive), send_with_id)
+                return
+        except _BodyTooLarge:
+            refusal = self._too_large(request_id)
+        except Exception:
+            logger.exception("internal error answering %s %s (request %s)", scope["method"], scope["path"], request_id)
+            if started:
+                raise  # half a response went out: only dropping the connection tells the client
+            refusal = error_response(ErrorCode.internal_error, f"the service failed on this request; its log has the "
+                                     f"traceback under request id {request_id}", request_id)
+        await refusal(scope, receive, send_with_id)
+
+    def _refusal(self, scope: Scope, request_id: str) -> ProtocolJSONResponse | None:
+        """The answer to a request refused on its headers alone (no token, too large), or None."""
+        headers = dict(scope["headers"])
+        if self.token is not None and scope["path"] not in UNAUTHENTICATED_PATHS and not self._authorised(headers):
+            return error_response(ErrorCode.unauthorized, "missing or wrong 'Authorization: Bearer <token>' header",
+                                  request_id, headers={"WWW-Authenticate": 'Bearer realm="envservice"'})
+        length = headers.get(b"content-length", b"0")
+        if not length.isdigit():
+            return error_response(ErrorCode.bad_request, f"Content-Length {clip(length.decode('latin-1'))!r} is "
+                                  "not a number", request_id)
+        if int(length) > self.max_request_bytes:
+            return self._too_large(request_id)
+        return None
+
+    def _authorised(self, headers: dict[bytes, bytes]) -> bool:
+        scheme, _, given = headers.get(b"authorization", b"").partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self.token.encode())
+
+    def _too_large(self, request_id: str) -> ProtocolJSONResponse:
+        return error_response(ErrorCode.too_large, f"the request body is over the service's limit of "
+                              f"{self.max_request_bytes} bytes (--max-request-bytes)", request_id)
+
+    async def _read_body(self, receive: Receive) -> bytes:
+        """The whole body, refusing it (`_BodyTooLarge`) as soon as it grows past the limit."""
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return b"".join(chunks)
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_request_bytes:
+                raise _BodyTooLarge()
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A `receive` that hands the app the body read already, then passes on what the server sends next."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
 
 
 def preload_envs(env_ids: Sequence[str], backend: EnvBackend) -> Preload:
@@ -155,40 +325,28 @@ def _loadable_spec(env_id: str) -> EnvSpec | None:
         return None
 
 
-def _auth_dependency(token: str | None):
-    def check_token(request: Request) -> None:
-        if token is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
-            raise EnvServiceError(ErrorCode.unauthorized, "missing or wrong 'Authorization: Bearer <token>' header")
-
-    return Depends(check_token)
-
-
-def _add_routes(app: FastAPI, manager: SessionManager, env_ids: list[str], auth) -> None:
-    @app.post("/create", response_model=CreateResponse, dependencies=[auth])
+def _add_routes(app: FastAPI, manager: SessionManager, env_ids: list[str]) -> None:
+    @app.post("/create", response_model=CreateResponse)
     def create(request: CreateRequest) -> CreateResponse:
         """Open a session and return its first observation."""
         return manager.create(request)
 
-    @app.post("/step", response_model=StepResponse, dependencies=[auth])
+    @app.post("/step", response_model=StepResponse)
     def step(request: StepRequest) -> StepResponse:
         """Apply one action."""
         return manager.step(request.session_id, request.action)
 
-    @app.post("/evaluate", response_model=EvaluateResponse, dependencies=[auth])
+    @app.post("/evaluate", response_model=EvaluateResponse)
     def evaluate(request: EvaluateRequest) -> EvaluateResponse:
         """Score the episode."""
         return manager.evaluate(request.session_id)
 
-    @app.post("/release", response_model=ReleaseResponse, dependencies=[auth])
+    @app.post("/release", response_model=ReleaseResponse)
     def release(request: ReleaseRequest) -> ReleaseResponse:
         """Close a session."""
         return manager.release(request.session_id)
 
-    @app.get("/envs", response_model=EnvList, dependencies=[auth])
+    @app.get("/envs", response_model=EnvList)
     def envs() -> EnvList:
         """The served environments with their tasks and limits; one whose package cannot be loaded is left
         out (its /create answers env_error saying why), so one missing optional package does not hide the rest."""
@@ -197,17 +355,53 @@ def _add_routes(app: FastAPI, manager: SessionManager, env_ids: list[str], auth)
     @app.get("/healthz", response_model=Health)
     def healthz() -> Health:
         """Liveness and load (no token needed)."""
-        return Health(status="ok", sessions=manager.count(), max_sessions=manager.max_sessions, envs=env_ids)
+        ledger = manager.ledger()
+        return Health(status="ok", sessions=ledger["open"], max_sessions=manager.max_sessions, envs=env_ids,
+                      created=ledger["created"], closed=ledger["closed"])
 
 
 def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(EnvServiceError)
-    async def service_error(_request: Request, exc: EnvServiceError) -> JSONResponse:
-        return JSONResponse(status_code=exc.status, content=jsonable_encoder(exc.to_response()))
+    async def service_error(request: Request, exc: EnvServiceError) -> JSONResponse:
+        return error_response(exc.code, exc.message, _request_id(request), valid_choices=exc.valid_choices,
+                              detail=exc.detail)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = jsonable_encoder(exc.errors())
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [_clipped_error(error) for error in jsonable_encoder(exc.errors())]
         fields = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}" for e in errors)
-        body = ErrorResponse(code=ErrorCode.invalid_request, message=f"invalid request: {fields}", detail=errors)
-        return JSONResponse(status_code=422, content=jsonable_encoder(body))
+        return error_response(ErrorCode.invalid_request, f"invalid request: {clip(fields, 2000)}",
+                              _request_id(request), detail=errors)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def framework_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """What Starlette/FastAPI answer themselves (no route, wrong method, a body that is not JSON)."""
+        code, message = _framework_error(request, exc)
+        return error_response(code, message, _request_id(request), headers=exc.headers)
+
+
+def _framework_error(request: Request, exc: StarletteHTTPException) -> tuple[ErrorCode, str]:
+    """Our code and message for an error the framework raised."""
+    route = f"{request.method} {clip(request.url.path, 100)}"
+    if exc.status_code == 404:
+        return ErrorCode.not_found, f"no route {route}; routes: POST /create, /step, /evaluate, /release; GET /envs, /healthz"
+    if exc.status_code == 405:
+        return ErrorCode.method_not_allowed, f"{route} is not allowed; allowed: {(exc.headers or {}).get('allow', '?')}"
+    if exc.status_code == 400:
+        cause = exc.__cause__
+        reason = f": {clip(repr(cause), 300)}" if cause is not None else ""
+        return ErrorCode.bad_request, f"the body of {route} could not be parsed as JSON{reason}"
+    return ErrorCode.bad_request, f"{route}: {clip(str(exc.detail), 300)}"
+
+
+def _clipped_error(error: dict[str, Any]) -> dict[str, Any]:
+    """A validation error whose `input` (may be the whole body) is cut to a bounded quote."""
+    if "input" in error:
+        quoted = error["input"] if isinstance(error["input"], str) else json.dumps(error["input"], default=str)
+        if len(quoted) > 200:
+            error["input"] = clip(quoted)
+    return error
+
+
+def _request_id(request: Request) -> str | None:
+    return request.scope.get("state", {}).get("request_id")

@@ -66,12 +66,20 @@ def test_malformed_body_is_422_naming_the_fields(make_client) -> None:
     _error(client.post("/create", json={"env_id": "babyai", "seed": "abc"}), 422, "invalid_request")
 
 
-def test_released_session_is_404(make_client, test_envs) -> None:
+def test_released_session_is_404_but_a_second_release_succeeds(make_client, test_envs) -> None:
     client = make_client()
     created = _create(client)
-    client.post("/release", json={"session_id": created.session_id})
-    for path, body in (("/step", {"action": "inc"}), ("/evaluate", {}), ("/release", {})):
-        _error(client.post(path, json={"session_id": created.session_id, **body}), 404, "unknown_session")
+    first = client.post("/release", json={"session_id": created.session_id}).json()
+    assert first == {"session_id": created.session_id, "released": True, "already_closed": False, "closed_by": None}
+    for path, body in (("/step", {"action": "inc"}), ("/evaluate", {})):
+        error = _error(client.post(path, json={"session_id": created.session_id, **body}), 404, "unknown_session")
+        assert "it was closed (release)" in error.message
+    # A retried release (its first reply lost) is a success that says the session was closed already.
+    again = client.post("/release", json={"session_id": created.session_id})
+    assert again.status_code == 200
+    assert again.json() == {"session_id": created.session_id, "released": True, "already_closed": True,
+                            "closed_by": "release"}
+    _error(client.post("/release", json={"session_id": "never-created"}), 404, "unknown_session")
 
 
 def test_step_after_end_is_409_but_evaluate_still_works(make_client, test_envs) -> None:

@@ -1,0 +1,295 @@
+"""Regression tests of the bugs an independent attack on envservice found, each named after its bug.
+
+In-process (FastAPI TestClient) where the app's answer is the point; over a real socket to a live
+`python -m envservice` where the transport is (keep-alive after an error, a body refused before it is read,
+a reply lost on the way back).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from typing import Any, Iterator
+
+import pytest
+import requests
+from requests.adapters import HTTPAdapter
+
+from envservice.client import EnvClient
+from envservice.envs.base import StepResult, Task, TextEnv
+from envservice.process import EnvServiceProcess
+from envservice.protocol import MAX_ACTION_CHARS, MAX_NAME_CHARS, MAX_SEED, ErrorResponse
+
+pytestmark = pytest.mark.timeout(120)
+
+TOKEN = "hardening-token"
+LIMIT_BYTES = 64 * 1024
+
+
+def _error(response, status: int, code: str) -> ErrorResponse:
+    assert response.status_code == status, response.text
+    error = ErrorResponse.model_validate(response.json())
+    assert error.code.value == code, response.text
+    assert response.headers["x-request-id"], "every answer carries a request id"
+    return error
+
+
+def _create(client, env_id: str = "counting", **fields) -> str:
+    response = client.post("/create", json={"env_id": env_id, **fields})
+    assert response.status_code == 200, response.text
+    return response.json()["session_id"]
+
+
+class SurrogateEnv(TextEnv):
+    """An env whose observation holds a lone surrogate (what an env could produce from bad bytes)."""
+
+    description = "test env: lone surrogate in its observation"
+    splits = {"train": ["only"]}
+
+    def reset(self, task: Task) -> tuple[str, dict[str, Any]]:
+        return "start", {}
+
+    def step(self, action: str) -> StepResult:
+        return "half a character: \ud800", 0.0, False, False, {}
+
+    def evaluate(self) -> tuple[float, bool]:
+        return 0.0, False
+
+
+# ---- one error format for everything ------------------------------------------------------------------
+
+
+def test_unknown_route_and_wrong_method_answer_in_our_format(make_client) -> None:
+    client = make_client()
+    assert "routes: POST /create" in _error(client.get("/nope"), 404, "not_found").message
+    error = _error(client.get("/step"), 405, "method_not_allowed")
+    assert "GET /step is not allowed" in error.message and client.get("/step").headers["allow"] == "POST"
+
+
+@pytest.mark.parametrize("body", [
+    b'{"session_id": "s", "action": "\xff\xfe"}',  # not UTF-8
+    b"[" * 100_000 + b"]" * 100_000,  # nesting deeper than the JSON parser recurses
+    b'{"session_id": "s", "action": ' + b"9" * 5000 + b"}",  # an integer past Python's digit limit
+    b'{"session_id": "s", "action": "x"',  # cut short
+], ids=["not_utf8", "deep_nesting", "huge_integer", "truncated"])
+def test_unparseable_body_is_an_error_in_our_format_not_the_frameworks(make_client, body: bytes) -> None:
+    response = make_client().post("/step", content=body, headers={"content-type": "application/json"})
+    assert response.status_code in (400, 422), response.text
+    error = ErrorResponse.model_validate(response.json())  # our body: code and message, not {"detail": ...}
+    assert error.code.value in ("bad_request", "invalid_request") and error.message
+    assert len(response.content) < 5000, "the error quotes the body whole"
+
+
+def test_internal_error_is_a_500_in_our_format_with_a_logged_request_id(make_client, caplog, monkeypatch) -> None:
+    client = make_client()
+
+    def broken() -> dict:
+        raise RuntimeError("simulated bug in the service")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(client.app.state.sessions, "ledger", broken)
+        response = client.get("/healthz")
+    error = _error(response, 500, "internal_error")
+    assert error.request_id == response.headers["x-request-id"] and error.request_id in error.message
+    assert any(error.request_id in record.getMessage() and record.exc_info for record in caplog.records)
+    assert "simulated bug" not in response.text  # the traceback stays in the log
+
+
+def test_lone_surrogate_in_observation_is_escaped_not_a_plain_text_500(make_client) -> None:
+    from envservice import registry
+
+    registry.register("surrogate", SurrogateEnv)
+    try:
+        client = make_client(env_ids=["surrogate"])
+        session_id = _create(client, "surrogate")
+        response = client.post("/step", json={"session_id": session_id, "action": "go"})
+        assert response.status_code == 200, response.text
+        assert "\\ud800" in response.text and response.json()["observation"] == "half a character: \ud800"
+    finally:
+        registry.unregister("surrogate")
+
+
+# ---- bounded input, clipped echoes --------------------------------------------------------------------------
+
+
+def test_overlong_action_and_id_are_422_naming_the_field_and_the_limit(make_client, test_envs) -> None:
+    client = make_client()
+    session_id = _create(client)
+    error = _error(client.post("/step", json={"session_id": session_id, "action": "x" * (MAX_ACTION_CHARS + 1)}),
+                   422, "invalid_request")
+    assert "body.action" in error.message and str(MAX_ACTION_CHARS) in error.message
+    error = _error(client.post("/release", json={"session_id": "s" * (MAX_NAME_CHARS + 1)}), 422, "invalid_request")
+    assert "body.session_id" in error.message and str(MAX_NAME_CHARS) in error.message
+    assert client.post("/step", json={"session_id": session_id, "action": "inc"}).json()["info"]["steps"] == 1
+
+
+def test_huge_input_is_never_echoed_whole_in_errors(make_client, test_envs) -> None:
+    client = make_client()
+    long_name = "t" * MAX_NAME_CHARS
+    response = client.post("/create", json={"env_id": "counting", "task_id": long_name})
+    assert "…[+" in _error(response, 400, "unknown_task").message and len(response.content) < 3000
+    # A body whose other field is huge: the 422's detail quotes its input clipped.
+    response = client.post("/step", json={"action": "a" * 90_000})
+    _error(response, 422, "invalid_request")
+    assert len(response.content) < 3000, "the whole action came back in the error detail"
+    response = client.post("/create", json={"env_id": "counting", "params": {"p" * 400: 1}})
+    assert len(response.content) < 3000 and "…[+" in _error(response, 400, "bad_request").message
+
+
+# ---- strict types ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fields", [
+    {"task_id": True}, {"task_id": -1}, {"seed": "5"}, {"seed": -1}, {"seed": MAX_SEED + 1}, {"seed": 1.5},
+    {"split": ""}, {"env_id": 7},
+], ids=["bool_task", "negative_task", "string_seed", "negative_seed", "seed_too_big", "float_seed", "empty_split",
+        "int_env"])
+def test_loose_types_are_422_before_any_env_is_built(make_client, test_envs, fields: dict) -> None:
+    from conftest import CountingEnv
+
+    client = make_client()
+    closes = CountingEnv.closes
+    error = _error(client.post("/create", json={"env_id": "counting", **fields}), 422, "invalid_request")
+    field = next(iter(fields))
+    assert f"body.{field}" in error.message
+    assert client.get("/healthz").json()["created"] == 0 and CountingEnv.closes == closes
+
+
+@pytest.mark.parametrize("params, says", [
+    ({"slippery": "false"}, "params.slippery='false' must be a JSON boolean, not a string"),
+    ({"slippery": 0}, "params.slippery=0 must be a JSON boolean, not an integer"),
+    ({"size": "6"}, "params.size='6' must be a JSON integer, not a string"),
+    ({"size": True}, "params.size=True must be a JSON integer, not a boolean"),
+])
+def test_env_params_are_checked_against_their_declared_types(make_client, params: dict, says: str) -> None:
+    client = make_client(env_ids=["frozenlake"])
+    assert says in _error(client.post("/create", json={"env_id": "frozenlake", "params": params}),
+                          400, "bad_request").message
+    types = client.get("/envs").json()["envs"][0]["param_types"]
+    assert types == {"size": "integer", "slippery": "boolean"}
+
+
+# ---- auth and limits before the body, over a real socket -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def guarded_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A live service with a token and a 64 KiB request limit."""
+    log = tmp_path_factory.mktemp("hardening") / "service.log"
+    with EnvServiceProcess(["frozenlake"], extra_args=["--token", TOKEN, "--max-request-bytes", str(LIMIT_BYTES)],
+                           log_path=log, startup_timeout_s=60, env={"ENVSERVICE_TOKEN": ""}) as service:
+        yield service.url
+
+
+def _raw_exchange(url: str, head: str, body: bytes = b"", timeout_s: float = 5.0) -> tuple[float, str]:
+    """Send a request head (and maybe part of a body) on a raw socket; (seconds to the answer, answer text)."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
+        started = time.monotonic()
+        sock.sendall(head.encode() + b"\r\n" + body)
+        answer = b""
+        while b"\r\n\r\n" not in answer or len(answer.partition(b"\r\n\r\n")[2]) < _content_length(answer):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+        return time.monotonic() - started, answer.decode("utf-8", "replace")
+
+
+def _content_length(answer: bytes) -> int:
+    for line in answer.partition(b"\r\n\r\n")[0].split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return int(value)
+    return 0
+
+
+def test_unauthenticated_upload_is_refused_before_its_body_is_read(guarded_service: str) -> None:
+    # The head announces 300 MiB and none of it is sent: an answer proves the server never waited for the body.
+    head = "POST /step HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 314572800\r\n"
+    seconds, answer = _raw_exchange(guarded_service, head)
+    assert answer.startswith("HTTP/1.1 401") and seconds < 2, answer
+    assert 'www-authenticate: bearer realm="envservice"' in answer.lower()
+    assert '"code":"unauthorized"' in answer
+
+
+def test_oversized_body_is_413_before_it_is_read(guarded_service: str) -> None:
+    head = (f"POST /step HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {LIMIT_BYTES + 1}\r\n")
+    seconds, answer = _raw_exchange(guarded_service, head, b'{"session_id": "')
+    assert answer.startswith("HTTP/1.1 413") and seconds < 2, answer
+    assert '"code":"too_large"' in answer and "--max-request-bytes" in answer
+
+
+def test_chunked_body_over_the_limit_is_413_while_it_streams(guarded_service: str) -> None:
+    def chunks() -> Iterator[bytes]:
+        yield b'{"session_id": "s", "action": "'
+        for _ in range(64):  # 4 MiB in all, far past the 64 KiB limit
+            yield b"x" * 65536
+
+    response = requests.post(f"{guarded_service}/step", data=chunks(), timeout=10,
+                             headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
+    _error(response, 413, "too_large")
+
+
+def test_docs_routes_need_the_token_and_healthz_does_not(guarded_service: str) -> None:
+    for path in ("/openapi.json", "/docs", "/redoc", "/envs"):
+        response = requests.get(guarded_service + path, timeout=5)
+        _error(response, 401, "unauthorized")
+        assert response.headers["www-authenticate"] == 'Bearer realm="envservice"'
+        authorised = requests.get(guarded_service + path, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=5)
+        assert authorised.status_code == 200, path
+    assert requests.get(guarded_service + "/healthz", timeout=5).status_code == 200
+
+
+def test_lone_surrogate_in_action_is_422_never_reaches_the_env_and_keeps_the_connection(guarded_service: str) -> None:
+    with EnvClient(guarded_service, token=TOKEN) as client:
+        created = client.create("frozenlake", task_id=0, seed=0)
+        http = requests.Session()
+        http.headers["Authorization"] = f"Bearer {TOKEN}"
+        body = '{"session_id": "%s", "action": "\\ud800"}' % created.session_id  # valid JSON, not valid text
+        response = http.post(f"{guarded_service}/step", data=body, headers={"Content-Type": "application/json"})
+        error = _error(response, 422, "invalid_request")
+        assert "body.action" in error.message
+        # The same keep-alive connection still works, and the refused step never reached the env.
+        step = http.post(f"{guarded_service}/step", json={"session_id": created.session_id, "action": "right"})
+        assert step.status_code == 200 and step.json()["info"]["steps"] == 1
+        client.release(created.session_id)
+
+
+class _DropsFirstReleaseReply(HTTPAdapter):
+    """Lets the first /release reach the server, then loses its reply (a dropped connection)."""
+
+    dropped = 0
+
+    def send(self, request, *args, **kwargs):
+        response = super().send(request, *args, **kwargs)
+        if request.url.endswith("/release") and not self.dropped:
+            self.dropped += 1
+            raise requests.ConnectionError("connection reset by peer (simulated, after the server answered)")
+        return response
+
+
+def test_retried_release_after_a_lost_reply_is_a_success(guarded_service: str) -> None:
+    with EnvClient(guarded_service, token=TOKEN, backoff_s=0.01) as client:
+        created = client.create("frozenlake", task_id=0, seed=0)
+        adapter = _DropsFirstReleaseReply()
+        client._http.mount("http://", adapter)
+        released = client.release(created.session_id)  # the first attempt worked; its retry must not say 404
+        assert adapter.dropped == 1
+        assert (released.released, released.already_closed, released.closed_by) == (True, True, "release")
+        health = client.health()
+        assert health.created == health.sessions + sum(health.closed.values())
+
+
+def test_every_answer_of_the_live_service_is_json_in_our_format(guarded_service: str) -> None:
+    """A sample of bad requests over the wire: each answer parses as an ErrorResponse (never plain text)."""
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    cases = [("GET", "/nope", None), ("DELETE", "/create", None), ("POST", "/create", b"{"),
+             ("POST", "/create", json.dumps({"env_id": "frozenlake", "seed": -3}).encode())]
+    for method, path, body in cases:
+        response = requests.request(method, guarded_service + path, data=body, headers={**auth,
+                                    "Content-Type": "application/json"}, timeout=5)
+        assert response.status_code >= 400 and response.headers["content-type"] == "application/json", response.text
+        ErrorResponse.model_validate(response.json())
