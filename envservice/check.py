@@ -21,6 +21,47 @@ from envservice.sessions import SessionManager
 PROBE_ACTION = "__envservice_check_unknown_action__"
 """An action no environment knows: it must be answered with an observation, not an exception."""
 
+_JUNK = "zq9 Xw_k#% ;,.[]()<>=+?!@&*~^"
+_LONG_NUMBER = "9" * 5000
+
+GARBAGE_ACTIONS: tuple[tuple[str, str], ...] = (
+    ("empty string", ""),
+    ("whitespace only", " \t \r\n \n\t  "),
+    ("newlines only", "\n" * 50),
+    ("100000 chars of junk", (_JUNK * (100_000 // len(_JUNK) + 1))[:100_000]),
+    ("one 100000-char token", "x" * 100_000),
+    ("a 20000-char token in a command", "take " + "a" * 20_000),
+    ("a 5000-digit number after 'go'", "go " + _LONG_NUMBER),
+    ("a 5000-digit count of apples", "take " + _LONG_NUMBER + " apples"),
+    ("a 5000-digit count to get", "get " + _LONG_NUMBER + " oak planks"),
+    ("a 5000-digit count to craft", f"craft {_LONG_NUMBER} stick using {_LONG_NUMBER} oak planks"),
+    ("a 5000-digit search", "search[" + _LONG_NUMBER + "]"),
+    ("a 100000-char answer", "answer[" + "x" * 100_000 + "]"),
+    ("1e400", "1e400"),
+    ("1e400 in a command", "get 1e400 stick"),
+    ("negative numbers", "-1"),
+    ("negative counts in commands", "craft -1 stick using -2 oak planks"),
+    ("a negative count to get", "get -3 oak planks"),
+    ("NUL bytes", "go\x00north\x00\x00"),
+    ("control characters", "\x1b[31mopen\x1b[0m \x07\x08\x7f\x0c\x0bdoor\r"),
+    ("a lone surrogate", "take \ud800 apple"),
+    ("emoji", "🙂🔥 go north 🚀👨‍👩‍👧"),
+    ("right-to-left text", "\u202ehtron og\u202c اذهب شمالا עבור צפונה"),
+    ("combining marks", "go" + "\u0301\u0302\u0303\u0308" * 50 + " north"),
+    ("CJK and zero-width", "向北走\u200b\ufeff 拿起苹果 りんごを取る"),
+    ("JSON", '{"action": "go north", "args": [1, -2.5e400, null, true], "nested": {"a": []}}'),
+    ("format-string injection", "{0.__class__}{0.__class__.__mro__}{}{action!r}"),
+    ("printf injection", "%s%n%x%(action)s%%"),
+    ("template injection", "${jndi:ldap://x} {{7*7}} <script>alert(1)</script>"),
+)
+"""Hostile actions of the `garbage_actions` clause: (what it is, the action text)."""
+
+GARBAGE_OBSERVATION_LIMIT = 10_000
+"""Characters an observation may have after a garbage action (more: the env echoes the action unbounded)."""
+
+_ECHO_WINDOW = 1000
+"""A run of this many characters of a long action found in the observation counts as an unbounded echo."""
+
 
 class EnvCheckError(AssertionError):
     """A clause of the environment contract does not hold."""
@@ -42,13 +83,14 @@ def check_env(env_id: str, seed: int = 0) -> list[str]:
         lambda: check_reset_types(cls, task),
         lambda: check_reset_deterministic(cls, task),
         lambda: check_step_types(cls, task),
+        lambda: check_garbage_actions(cls, task),
         lambda: check_evaluate(cls, task),
         lambda: check_step_after_end_refused(registration, split),
         lambda: check_release_closes(registration, split),
     ]
     for clause in clauses:
         clause()
-    return ["limits", "tasks", "reset_types", "reset_deterministic", "step_types", "evaluate",
+    return ["limits", "tasks", "reset_types", "reset_deterministic", "step_types", "garbage_actions", "evaluate",
             "step_after_end_refused", "release_closes"]
 
 
@@ -107,15 +149,47 @@ def check_step_types(cls: type[TextEnv], task: Task) -> None:
                         "is invalid", "step does not handle unknown actions") from exc
     finally:
         env.close()
-    ok = isinstance(result, tuple) and len(result) == 5
-    if ok:
-        obs, reward, terminated, truncated, info = result
-        ok = (isinstance(obs, str) and isinstance(reward, (int, float)) and not isinstance(reward, bool)
-              and math.isfinite(reward) and isinstance(terminated, bool) and isinstance(truncated, bool)
-              and isinstance(info, dict))
-    if not ok:
+    if not _is_step_result(result):
         raise _fail("step_types", _types(result), "(str, finite float, bool, bool, dict)",
                     "numpy scalars (np.bool_, np.float64) or a raw gym observation are returned unconverted")
+
+
+def check_garbage_actions(cls: type[TextEnv], task: Task) -> None:
+    """Each of `GARBAGE_ACTIONS` gives a step tuple with a bounded observation, not an exception.
+
+    One instance takes the actions in turn (slow resets: ALFWorld, ScienceWorld, TextWorld), reset again
+    whenever an action ended the episode.
+    """
+    env = cls()
+    try:
+        env.reset(task)
+        for label, action in GARBAGE_ACTIONS:
+            try:
+                result = env.step(action)
+            except Exception as exc:
+                raise _fail("garbage_actions", f"{type(exc).__name__}: {str(exc)[:300]} for {label} "
+                            f"({len(action)} chars: {action[:60]!r})", "an observation saying the action is not "
+                            "understood", "step passes the action to a parser or package call that raises on this "
+                            "input; validate it first or catch the input's exceptions") from exc
+            if not _is_step_result(result):
+                raise _fail("garbage_actions", _types(result) + f" for {label}", "(str, finite float, bool, bool, "
+                            "dict)", "a path of step for bad input returns another shape or numpy scalars")
+            _check_bounded(result[0], label, action)
+            if result[2] or result[3]:
+                env.reset(task)
+    finally:
+        env.close()
+
+
+def _check_bounded(observation: str, label: str, action: str) -> None:
+    """Fail when the observation is over `GARBAGE_OBSERVATION_LIMIT` or repeats a long stretch of the action."""
+    middle = len(action) // 2
+    window = action[middle - _ECHO_WINDOW // 2:middle + _ECHO_WINDOW // 2] if len(action) >= 2 * _ECHO_WINDOW else ""
+    if len(observation) > GARBAGE_OBSERVATION_LIMIT or (window and window in observation):
+        raise _fail("garbage_actions", f"a {len(observation)}-char observation for {label} ({len(action)} chars) "
+                    f"starting {observation[:80]!r}", f"an observation of at most {GARBAGE_OBSERVATION_LIMIT} chars "
+                    f"that quotes at most a few hundred chars of the action", "the env echoes the action unbounded; "
+                    "clip the echoed text (envservice.envs.base.clip_text)")
 
 
 def check_evaluate(cls: type[TextEnv], task: Task) -> None:
@@ -195,6 +269,16 @@ def _expect_code(call: Callable[[], Any], code: ErrorCode, clause: str) -> None:
                         "the env raised instead of answering") from exc
         return
     raise _fail(clause, f"a normal response {result!r}", f"error {code.value}", "the session state is not tracked")
+
+
+def _is_step_result(result: Any) -> bool:
+    """Whether `result` is (str, finite float, bool, bool, dict)."""
+    if not (isinstance(result, tuple) and len(result) == 5):
+        return False
+    obs, reward, terminated, truncated, info = result
+    return (isinstance(obs, str) and isinstance(reward, (int, float)) and not isinstance(reward, bool)
+            and math.isfinite(reward) and isinstance(terminated, bool) and isinstance(truncated, bool)
+            and isinstance(info, dict))
 
 
 def _types(value: Any) -> str:

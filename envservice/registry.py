@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Union
 
-from envservice.envs.base import TextEnv
+from envservice.envs.base import TextEnv, param_description, param_type_name
 from envservice.errors import EnvServiceError
 from envservice.protocol import EnvSpec, ErrorCode
 
@@ -88,7 +88,9 @@ class Registration:
         """The public description served by GET /envs."""
         cls = self.env_class()
         return EnvSpec(id=self.env_id, description=cls.description, tasks=cls.task_counts(),
-                       max_steps=self.max_steps, max_sessions=self.max_sessions, params=dict(cls.params))
+                       max_steps=self.max_steps, max_sessions=self.max_sessions,
+                       params={name: param_description(p) for name, p in cls.params.items()},
+                       param_types={name: param_type_name(p) for name, p in cls.params.items()})
 
 
 _REGISTRY: dict[str, Registration] = {}

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from envservice.envs.base import StepResult, Task, TextEnv
+from envservice.envs.base import Param, StepResult, Task, TextEnv
 from envservice.errors import EnvServiceError
 from envservice.protocol import ErrorCode
 
@@ -84,7 +84,7 @@ class AppWorldEnv(TextEnv):
     description = ("AppWorld (appworld 0.1.3.post1, user-downloaded data): tasks over simulated apps solved by "
                    "Python code actions run in AppWorld's shell; ends with apis.supervisor.complete_task().")
     splits = _splits()
-    params = {"experiment_name": f"AppWorld experiment folder for outputs (default {DEFAULT_EXPERIMENT!r})."}
+    params = {"experiment_name": Param(f"AppWorld experiment folder for outputs (default {DEFAULT_EXPERIMENT!r}).", str)}
 
     def __init__(self) -> None:
         self._world: Any = None

@@ -12,6 +12,7 @@ import minigrid  # noqa: F401  (registers the BabyAI levels with gymnasium)
 from minigrid.minigrid_env import MiniGridEnv
 
 from envservice.envs.base import StepResult, Task, TextEnv
+from envservice.envs.base import clip_text
 
 LEVELS = (
     "BabyAI-GoToRedBallNoDists-v0",
@@ -125,7 +126,8 @@ class BabyAIEnv(TextEnv):
         """Apply one text action; an unknown one is answered with the list of valid actions."""
         name = " ".join(action.strip().lower().rstrip(".").split())
         if name not in ACTIONS:
-            return f"Invalid action {action!r}. Valid actions: {', '.join(ACTIONS)}.", 0.0, False, False, {"invalid": True}
+            return (f"Invalid action {clip_text(action)!r}. Valid actions: {', '.join(ACTIONS)}.", 0.0, False, False,
+                    {"invalid": True})
         _, reward, terminated, truncated, _ = self._env.step(ACTIONS.index(name))
         self._return += float(reward)
         self._success = self._success or bool(terminated and reward > 0)

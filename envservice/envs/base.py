@@ -12,7 +12,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping, Sequence
 
-from envservice.errors import EnvServiceError
+from envservice.errors import EnvServiceError, clip
 from envservice.protocol import ErrorCode
 
 StepResult = tuple[str, float, bool, bool, dict[str, Any]]
@@ -20,6 +20,40 @@ StepResult = tuple[str, float, bool, bool, dict[str, Any]]
 
 MAX_LISTED_CHOICES = 50
 """How many valid choices an error lists at most (long task lists are cut, with a count)."""
+
+
+@dataclass(frozen=True)
+class Param:
+    """One option of a create request's `params`: what it does and the JSON type its value must have.
+
+    `type` is `bool`, `int`, `float` or `str`, checked strictly (JSON `true` is not an int, `"false"` is not a
+    boolean, `1` is a valid float). An env may still check ranges itself (e.g. a size from 3 to 12).
+    """
+
+    description: str
+    type: type = str
+
+
+PARAM_TYPE_NAMES = {bool: "boolean", int: "integer", float: "number", str: "string"}
+"""JSON name of each type a `Param` may declare (GET /envs shows them)."""
+
+
+def param_type_name(declared: "Param | str") -> str:
+    """The JSON type of a declared param ('any' for a bare description string: an untyped option)."""
+    return PARAM_TYPE_NAMES[declared.type] if isinstance(declared, Param) else "any"
+
+
+def param_description(declared: "Param | str") -> str:
+    """What a declared param does."""
+    return declared.description if isinstance(declared, Param) else declared
+
+
+def _has_json_type(value: Any, expected: type) -> bool:
+    if isinstance(value, bool) or expected is bool:  # bool is an int in Python, never in JSON
+        return isinstance(value, bool) and expected is bool
+    if expected is float:
+        return isinstance(value, (int, float))
+    return isinstance(value, expected)
 
 
 @dataclass(frozen=True)
@@ -46,8 +80,9 @@ class TextEnv(abc.ABC):
     """One line for GET /envs."""
     splits: ClassVar[Mapping[str, Sequence[str]]] = {}
     """Task names per split, e.g. {"train": [...], "test": [...]}."""
-    params: ClassVar[Mapping[str, str]] = {}
-    """Valid `params` names of a create request, with what each does."""
+    params: ClassVar[Mapping[str, "Param | str"]] = {}
+    """Valid `params` names of a create request: a `Param` (what it does and its JSON type, checked at create),
+    or just the description for an option that takes any JSON value."""
     max_steps: ClassVar[int] = 100
     """Steps per episode at most (the service then truncates the episode)."""
     max_sessions: ClassVar[int] = 1024
@@ -90,7 +125,7 @@ class TextEnv(abc.ABC):
         if split not in cls.splits:
             raise EnvServiceError(
                 ErrorCode.unknown_task,
-                f"split={split!r} is not a split of this environment",
+                f"split={clip(split)!r} is not a split of this environment",
                 valid_choices=sorted(cls.splits),
             )
         return cls.splits[split]
@@ -101,9 +136,17 @@ class TextEnv(abc.ABC):
         if unknown:
             raise EnvServiceError(
                 ErrorCode.bad_request,
-                f"params has unknown name(s) {unknown}",
+                f"params has unknown name(s) {[clip(name) for name in unknown[:MAX_LISTED_CHOICES]]}",
                 valid_choices=sorted(cls.params),
             )
+        for name, value in params.items():
+            declared = cls.params[name]
+            if isinstance(declared, Param) and not _has_json_type(value, declared.type):
+                raise EnvServiceError(
+                    ErrorCode.bad_request,
+                    f"params.{name}={clip(repr(value))} must be a JSON {PARAM_TYPE_NAMES[declared.type]}, "
+                    f"not {_json_type_of(value)}",
+                )
 
     @staticmethod
     def _task_index(task_id: int | str | None, names: Sequence[str]) -> int:
@@ -122,6 +165,20 @@ class TextEnv(abc.ABC):
             listed = f"; the first {MAX_LISTED_CHOICES} are listed" if len(names) > MAX_LISTED_CHOICES else ""
             raise EnvServiceError(
                 ErrorCode.unknown_task,
-                f"task_id={task_id!r} is not a task name of this split ({len(names)} tasks{listed})",
+                f"task_id={clip(task_id)!r} is not a task name of this split ({len(names)} tasks{listed})",
                 valid_choices=list(names[:MAX_LISTED_CHOICES]),
             ) from None
+
+
+def _json_type_of(value: Any) -> str:
+    """'a boolean', 'a string', ... for an error message."""
+    for python_type, name in ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"),
+                              (list, "array"), (dict, "object")):
+        if isinstance(value, python_type):
+            return f"a{'n' if name[0] in 'aeiou' else ''} {name}"
+    return "null"
+
+
+clip_text = clip
+"""Observations that quote the agent's action back clip it with this (`envservice.errors.clip`): an action of
+any length must give a bounded observation."""

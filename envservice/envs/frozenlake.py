@@ -8,7 +8,8 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.envs.toy_text.frozen_lake import generate_random_map
 
-from envservice.envs.base import StepResult, Task, TextEnv
+from envservice.envs.base import Param, StepResult, Task, TextEnv
+from envservice.envs.base import clip_text
 from envservice.errors import EnvServiceError
 from envservice.protocol import ErrorCode
 
@@ -58,8 +59,8 @@ class FrozenLakeEnv(TextEnv):
     description = "FrozenLake grid world (gymnasium): walk from S to G avoiding holes; actions left/down/right/up."
     splits = {"train": [f"map-{i}" for i in range(1000)], "test": [f"map-{i}" for i in range(200)]}
     params = {
-        "size": "Side of the square map, 3..12 (default 4).",
-        "slippery": "Whether moves may slip sideways (default false).",
+        "size": Param("Side of the square map, 3..12 (default 4).", int),
+        "slippery": Param("Whether moves may slip sideways (default false).", bool),
     }
 
     def __init__(self) -> None:
@@ -84,7 +85,8 @@ class FrozenLakeEnv(TextEnv):
         """Move one cell; an unknown action leaves the agent where it is and says which actions exist."""
         name = action.strip().lower().rstrip(".")
         if name not in ACTIONS:
-            return f"Invalid action {action!r}. Valid actions: {', '.join(ACTIONS)}.", 0.0, False, False, {"invalid": True}
+            return (f"Invalid action {clip_text(action)!r}. Valid actions: {', '.join(ACTIONS)}.", 0.0, False, False,
+                    {"invalid": True})
         self._state, reward, terminated, truncated, _ = self._env.step(ACTIONS.index(name))
         self._reward += float(reward)
         outcome = self._outcome(terminated)

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 from scienceworld import ScienceWorldEnv
 
-from envservice.envs.base import StepResult, Task, TextEnv
+from envservice.envs.base import Param, StepResult, Task, TextEnv
 from envservice.errors import EnvServiceError
 from envservice.protocol import ErrorCode
 
@@ -140,6 +140,18 @@ def stop_simulator(simulator: ScienceWorldEnv) -> None:
             process.wait(JVM_EXIT_TIMEOUT_S)
 
 
+NOT_TEXT = "No known action matches that input: it is not valid text (it holds an unpaired surrogate)."
+
+
+def _is_utf8(text: str) -> bool:
+    """Whether `text` encodes as UTF-8 (py4j sends commands as UTF-8: a lone surrogate fails the call)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _simplifications(task: Task) -> str:
     """The task's `simplifications` param, checked against the names ScienceWorld knows."""
     value = task.params.get("simplifications", "")
@@ -161,7 +173,7 @@ class ScienceWorldTextEnv(TextEnv):
     description = ("ScienceWorld (scienceworld 1.2.3): 30 science tasks x variations in a text simulator; "
                    "actions are commands such as 'look around', 'open door to kitchen', 'focus on water'.")
     splits = _splits()
-    params = {"simplifications": "Comma-separated ScienceWorld simplifications, e.g. 'easy' (default: none)."}
+    params = {"simplifications": Param("Comma-separated ScienceWorld simplifications, e.g. 'easy' (default: none).", str)}
 
     def __init__(self) -> None:
         self._sim: ScienceWorldEnv | None = start_simulator()
@@ -180,8 +192,11 @@ class ScienceWorldTextEnv(TextEnv):
 
     def step(self, action: str) -> StepResult:
         """Run one command; reward is the score change / 100; the episode ends when the task does (or fails)."""
+        command = action.strip()
+        if not _is_utf8(command):
+            return NOT_TEXT, 0.0, False, False, {"score": self._score / 100.0, "invalid": True}
         before = self._score
-        observation = self._run(action.strip())
+        observation = self._run(command)
         return observation, (self._score - before) / 100.0, self._completed, False, {"score": self._score / 100.0}
 
     def _run(self, command: str) -> str:

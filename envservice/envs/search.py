@@ -19,7 +19,8 @@ from typing import Any
 
 import bm25s
 
-from envservice.envs.base import StepResult, Task, TextEnv
+from envservice.envs.base import Param, StepResult, Task, TextEnv
+from envservice.envs.base import clip_text
 from envservice.errors import EnvServiceError
 from envservice.protocol import ErrorCode
 
@@ -188,7 +189,7 @@ class SearchQAEnv(TextEnv):
     description = ("Multi-hop QA over a BM25-indexed synthetic knowledge base (Search-R1 style); actions: "
                    "search[query] returns top-k passages, answer[text] ends with exact-match reward.")
     splits = {split: [f"q-{i}" for i in range(len(split_questions(split)))] for split in ("train", "test")}
-    params = {"top_k": f"Passages returned per search, 1..{MAX_TOP_K} (default {DEFAULT_TOP_K})."}
+    params = {"top_k": Param(f"Passages returned per search, 1..{MAX_TOP_K} (default {DEFAULT_TOP_K}).", int)}
 
     def __init__(self) -> None:
         self._question: Question | None = None
@@ -208,13 +209,14 @@ class SearchQAEnv(TextEnv):
         """Run a search (reward 0) or take the answer (ends the episode; reward 1 on exact match)."""
         match = ACTION_RE.match(action)
         if match is None:
-            return f"Invalid action {action[:200]!r}. {ACTION_HELP}", 0.0, False, False, {"invalid": True}
+            return f"Invalid action {clip_text(action)!r}. {ACTION_HELP}", 0.0, False, False, {"invalid": True}
         kind, argument = match.group(1).lower(), match.group(2).strip()
         if kind == "search":
             return self._search(argument), 0.0, False, False, {}
         self._correct = normalize_answer(argument) == normalize_answer(self._question.answer)
         verdict = "correct" if self._correct else "incorrect"
-        return f"Your answer {argument!r} is {verdict}.", float(self._correct), True, False, {"correct": self._correct}
+        observation = f"Your answer {clip_text(argument)!r} is {verdict}."
+        return observation, float(self._correct), True, False, {"correct": self._correct}
 
     def evaluate(self) -> tuple[float, bool]:
         """Score 1 for an exactly matching answer, else 0."""
@@ -228,5 +230,5 @@ class SearchQAEnv(TextEnv):
     def _search(self, query: str) -> str:
         results = Retriever.shared().search(query, self._top_k)
         if not results:
-            return f"No passage matches {query!r}."
+            return f"No passage matches {clip_text(query)!r}."
         return "\n".join(f"[{i}] {title}: {text}" for i, (title, text) in enumerate(results, 1))

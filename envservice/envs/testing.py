@@ -17,7 +17,8 @@ import os
 import time
 from typing import Any
 
-from envservice.envs.base import StepResult, Task, TextEnv
+from envservice.envs.base import Param, StepResult, Task, TextEnv
+from envservice.envs.base import clip_text
 
 ENTRY_POINT = "envservice.envs.testing:FaultyEnv"
 
@@ -27,7 +28,7 @@ class FaultyEnv(TextEnv):
 
     description = "test env: counts to three or breaks on purpose (exit, segfault, hang, boom)"
     splits = {"train": ["count"]}
-    params = {"hang_in_reset": "any non-empty value: reset sleeps for an hour"}
+    params = {"hang_in_reset": Param("non-empty: reset sleeps for an hour", str)}
     max_steps = 20
     max_sessions = 64
 
@@ -47,7 +48,7 @@ class FaultyEnv(TextEnv):
         if action == "hang":
             time.sleep(3600)
         if action != "inc":
-            return f"Invalid action {action!r}. Valid actions: inc.", 0.0, False, False, {"pid": os.getpid()}
+            return f"Invalid action {clip_text(action)!r}. Valid actions: inc.", 0.0, False, False, {"pid": os.getpid()}
         self.value += 1
         done = self.value >= 3
         return f"value {self.value}", float(done), done, False, {"pid": os.getpid()}

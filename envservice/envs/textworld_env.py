@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import tempfile
 import threading
+import unicodedata
 import warnings
 from pathlib import Path
 from typing import Any, Mapping
@@ -19,7 +20,7 @@ import textworld
 from textworld import EnvInfos, GameOptions
 from textworld.generator import compile_game, make_game
 
-from envservice.envs.base import StepResult, Task, TextEnv
+from envservice.envs.base import Param, StepResult, Task, TextEnv
 from envservice.errors import EnvServiceError
 from envservice.protocol import ErrorCode
 
@@ -114,6 +115,28 @@ def clean_text(text: str) -> str:
     return cleaned.strip()
 
 
+INPUT_BYTES = 198
+"""Jericho's input buffer (`jericho.jericho.INPUT_BUFFER_SIZE`): it cuts longer commands there, bytewise."""
+
+NOT_TEXT = "I did not understand that command: it is not valid text (it holds an unpaired surrogate)."
+
+
+def game_command(action: str) -> str | None:
+    """The command the interpreter is given, or None for an action that is not encodable text.
+
+    Control characters become spaces (a NUL ends Jericho's C string early: the interpreter then waits for the
+    rest of the line forever or crashes the process) and whitespace runs, newlines included, one space. The
+    command is cut to `INPUT_BYTES` on a character boundary (Jericho cuts bytewise and then fails to decode a
+    split character). Lone surrogates cannot be encoded as UTF-8: None.
+    """
+    text = " ".join("".join(" " if unicodedata.category(ch) == "Cc" else ch for ch in action).split())
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    return data[:INPUT_BYTES].decode("utf-8", errors="ignore").strip()
+
+
 class TextWorldEnv(TextEnv):
     """A generated TextWorld game; actions are parser commands ('go east', 'take key', 'open chest')."""
 
@@ -121,7 +144,8 @@ class TextWorldEnv(TextEnv):
                    "commands such as 'go east', 'take apple', 'open box', 'eat apple'.")
     splits = {"train": [f"game-{i}" for i in range(10_000)], "test": [f"game-{i}" for i in range(1_000)]}
     params = {
-        name: f"{name.replace('_', ' ').capitalize()} of the generated game, {low}..{high} (default {default})."
+        name: Param(f"{name.replace('_', ' ').capitalize()} of the generated game, {low}..{high} (default {default}).",
+                    int)
         for name, (default, low, high) in SIZE_PARAMS.items()
     }
 
@@ -144,8 +168,12 @@ class TextWorldEnv(TextEnv):
 
     def step(self, action: str) -> StepResult:
         """Run one command; reward is the score gained over the game's maximum score."""
+        command = game_command(action)
+        if command is None:
+            info = {"won": bool(self._state["won"]), "lost": bool(self._state["lost"]), "invalid": True}
+            return NOT_TEXT, 0.0, False, False, info
         before = self._state["score"]
-        self._state, score, done = self._env.step(action.strip())
+        self._state, score, done = self._env.step(command)
         reward = (score - before) / max(1, self._state["max_score"])
         info = {"won": bool(self._state["won"]), "lost": bool(self._state["lost"])}
         return clean_text(self._state.feedback), float(reward), bool(done), False, info

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 
 from envservice import registry
 from envservice.process import EnvServiceProcess
-from envservice.envs.base import StepResult, Task, TextEnv
+from envservice.envs.base import StepResult, Task, TextEnv, clip_text
 from envservice.server import Settings, create_app
 
 
@@ -38,7 +38,7 @@ class CountingEnv(TextEnv):
         if action == "boom":
             raise RuntimeError("simulated crash inside the env")
         if action != "inc":
-            return f"Invalid action {action!r}. Valid actions: inc.", 0.0, False, False, {}
+            return f"Invalid action {clip_text(action)!r}. Valid actions: inc.", 0.0, False, False, {}
         self.value += 1
         done = self.value >= 3
         return f"value {self.value}", float(done), done, False, {}

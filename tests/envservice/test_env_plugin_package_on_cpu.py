@@ -43,7 +43,7 @@ MODULE = '''
 """A user's env: count up to the task's target."""
 import os
 
-from envservice import Task, TextEnv
+from envservice import Task, TextEnv, clip_text
 
 
 class CounterEnv(TextEnv):
@@ -59,7 +59,7 @@ class CounterEnv(TextEnv):
 
     def step(self, action: str):
         if action != "inc":
-            return f"Unknown action {action!r}; valid: inc.", 0.0, False, False, {"pid": os.getpid()}
+            return f"Unknown action {clip_text(action)!r}; valid: inc.", 0.0, False, False, {"pid": os.getpid()}
         self.value += 1
         done = self.value >= self.target
         return f"Value {self.value}.", 0.5, done, False, {"pid": os.getpid()}

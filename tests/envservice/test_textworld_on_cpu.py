@@ -62,7 +62,7 @@ def test_games_are_cached_deterministic_and_split_apart(game_cache, monkeypatch,
 def test_bad_size_param_names_the_param_and_range() -> None:
     with pytest.raises(EnvServiceError, match=r"params.rooms=0 is invalid: give an integer in 1..20"):
         TextWorldEnv().reset(_task(0, rooms=0))
-    with pytest.raises(EnvServiceError, match=r"params.quest_length='3' is invalid"):
+    with pytest.raises(EnvServiceError, match=r"params.quest_length='3' must be a JSON integer, not a string"):
         TextWorldEnv().reset(_task(0, quest_length="3"))
     with pytest.raises(EnvServiceError, match=r"unknown name\(s\) \['size'\]"):
         _task(0, size=3)
