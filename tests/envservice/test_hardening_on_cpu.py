@@ -146,8 +146,7 @@ def test_huge_input_is_never_echoed_whole_in_errors(make_client, test_envs) -> N
 ], ids=["bool_task", "negative_task", "string_seed", "negative_seed", "seed_too_big", "float_seed", "empty_split",
         "int_env"])
 def test_loose_types_are_422_before_any_env_is_built(make_client, test_envs, fields: dict) -> None:
-    from conftest import CountingEnv
-
+    CountingEnv = test_envs["counting"]
     client = make_client()
     closes = CountingEnv.closes
     error = _error(client.post("/create", json={"env_id": "counting", **fields}), 422, "invalid_request")
