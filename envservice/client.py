@@ -94,7 +94,8 @@ class EnvClient:
         return self._call("POST", "/evaluate", EvaluateResponse, EvaluateRequest(session_id=session_id))
 
     def release(self, session_id: str) -> ReleaseResponse:
-        """Close the session."""
+        """Close the session. Idempotent, so it is retried on a lost reply: a session that is closed already
+        (by that first attempt, the reaper or an env failure) comes back with `already_closed` and `closed_by`."""
         return self._call("POST", "/release", ReleaseResponse, ReleaseRequest(session_id=session_id))
 
     def envs(self) -> list[EnvSpec]:
