@@ -80,8 +80,10 @@ class EnvClient:
         split: str = "train",
         params: dict[str, Any] | None = None,
     ) -> CreateResponse:
-        """Open a session; returns its id and first observation."""
-        body = CreateRequest(env_id=env_id, task_id=task_id, seed=seed, split=split, params=params or {})
+        """Open a session; returns its id and first observation. NumPy scalars (what a parquet row often holds)
+        are sent as the plain JSON values they stand for: the protocol's types are strict on the wire."""
+        body = CreateRequest(env_id=env_id, task_id=_plain(task_id), seed=_plain(seed), split=split,
+                             params={name: _plain(value) for name, value in (params or {}).items()})
         return self._call("POST", "/create", CreateResponse, body, idempotent=False)
 
     def step(self, session_id: str, action: str) -> StepResponse:
@@ -154,6 +156,12 @@ class EnvClient:
                     return _parse(response, model)
             time.sleep(self.backoff_s * (2**attempt))
         raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _plain(value: Any) -> Any:
+    """A NumPy scalar as the Python value it holds (`numpy.int64(3)` -> 3); anything else unchanged."""
+    item = getattr(value, "item", None)
+    return item() if callable(item) and type(value).__module__ == "numpy" else value
 
 
 def _not_sent(exc: requests.ConnectionError) -> bool:

@@ -292,3 +292,14 @@ def test_every_answer_of_the_live_service_is_json_in_our_format(guarded_service:
                                     "Content-Type": "application/json"}, timeout=5)
         assert response.status_code >= 400 and response.headers["content-type"] == "application/json", response.text
         ErrorResponse.model_validate(response.json())
+
+
+def test_client_sends_numpy_scalars_of_parquet_rows_as_plain_json(guarded_service: str) -> None:
+    """The wire is strict (an int is an int), but task ids and seeds read from parquet are NumPy scalars."""
+    import numpy as np
+
+    with EnvClient(guarded_service, token=TOKEN) as client:
+        created = client.create("frozenlake", task_id=np.int64(1), seed=np.int64(3),
+                                params={"size": np.int64(5), "slippery": np.bool_(False)})
+        assert (created.seed, len(created.info["map"])) == (3, 5)
+        client.release(created.session_id)
