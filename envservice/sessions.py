@@ -89,8 +89,8 @@ class SessionManager:
         self._sessions: dict[str, Session] = {}
         self._reserved: dict[str, int] = {}
         self._closed_ids: OrderedDict[str, str] = OrderedDict()  # session id -> how it closed (oldest first)
-        self.created = 0
-        self.closed: Counter[str] = Counter()
+        self._created = 0
+        self._closed_by_cause: Counter[str] = Counter()
         self._reaper: threading.Thread | None = None
         self._stop = threading.Event()
         add_loss_listener = getattr(self.backend, "add_loss_listener", None)  # optional, as `preload` is
@@ -114,7 +114,7 @@ class SessionManager:
         with self._lock:  # the reservation becomes the session in one step
             self._reserved[registration.env_id] -= 1
             self._sessions[session.session_id] = session
-            self.created += 1
+            self._created += 1
         return CreateResponse(
             session_id=session.session_id, env_id=registration.env_id, task_id=task.name,
             seed=task.seed, observation=observation, info=info,
@@ -171,7 +171,7 @@ class SessionManager:
         """Sessions created, closed by each cause of `CLOSED_BY` (those that happened) and open, read at one
         instant: `created == open + sum(closed)` always holds."""
         with self._lock:
-            return {"created": self.created, "closed": dict(self.closed), "open": len(self._sessions)}
+            return {"created": self._created, "closed": dict(self._closed_by_cause), "open": len(self._sessions)}
 
     def drop_lost_sessions(self) -> list[str]:
         """Drop the sessions whose env reports `lost` (its worker died): they free their capacity at once.
@@ -325,7 +325,7 @@ class SessionManager:
 
     def _record_closed(self, session_id: str, closed_by: str) -> None:
         """Count a closed session and remember it for idempotent releases (holds `_lock`)."""
-        self.closed[closed_by] += 1
+        self._closed_by_cause[closed_by] += 1
         self._closed_ids[session_id] = closed_by
         if len(self._closed_ids) > REMEMBERED_CLOSED:
             self._closed_ids.popitem(last=False)
