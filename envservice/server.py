@@ -36,7 +36,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from envservice import registry
-from envservice.errors import EnvServiceError, clip
+from envservice.errors import CLIP_CHARS, EnvServiceError, clip
 from envservice.host import entry_point_of
 from envservice.protocol import (
     CreateRequest,
@@ -132,8 +132,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     return app
 
 
-SESSION_OPERATIONS = {"step": "step_step_post", "evaluate": "evaluate_evaluate_post", "release": "release_release_post"}
-"""The operations that take the `session_id` a /create returns (OpenAPI links from /create's 200 to them)."""
+SESSION_ROUTES = ("/step", "/evaluate", "/release")
+"""The routes that take the `session_id` a /create returns (OpenAPI links from /create's 200 to them)."""
 
 
 def _describe_in_openapi(app: FastAPI, env_ids: list[str], token_required: bool) -> None:
@@ -147,9 +147,10 @@ def _describe_in_openapi(app: FastAPI, env_ids: list[str], token_required: bool)
             return app.openapi_schema
         schema = build()
         schema["components"]["schemas"]["CreateRequest"]["properties"]["env_id"]["enum"] = list(env_ids)
-        links = {name: {"operationId": operation, "requestBody": {"session_id": "$response.body#/session_id"},
-                        "description": f"The new session's id, for /{name}."}
-                 for name, operation in SESSION_OPERATIONS.items()}
+        links = {path.lstrip("/"): {"operationId": schema["paths"][path]["post"]["operationId"],
+                                    "requestBody": {"session_id": "$response.body#/session_id"},
+                                    "description": f"The new session's id, for {path}."}
+                 for path in SESSION_ROUTES}
         schema["paths"]["/create"]["post"]["responses"]["200"]["links"] = links
         if token_required:
             schema["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
@@ -173,11 +174,11 @@ class ProtocolJSONResponse(JSONResponse):
             return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
 
 
-def error_response(code: ErrorCode, message: str, request_id: str | None = None,
-                   headers: dict[str, str] | None = None, **fields: Any) -> ProtocolJSONResponse:
-    """An `ErrorResponse` with the status of `code`."""
-    body = ErrorResponse(code=code, message=message, request_id=request_id, **fields)
-    return ProtocolJSONResponse(jsonable_encoder(body, exclude_none=True), ERROR_STATUS[code], headers=headers)
+def error_response(error: EnvServiceError, request_id: str | None,
+                   headers: dict[str, str] | None = None) -> ProtocolJSONResponse:
+    """The wire form of `error` (`EnvServiceError.to_response`) with the request's id, at the error's status."""
+    body = error.to_response().model_copy(update={"request_id": request_id})
+    return ProtocolJSONResponse(jsonable_encoder(body, exclude_none=True), error.status, headers=headers)
 
 
 class _BodyTooLarge(Exception):
@@ -221,20 +222,22 @@ class RequestGuard:
             logger.exception("internal error answering %s %s (request %s)", scope["method"], scope["path"], request_id)
             if started:
                 raise  # half a response went out: only dropping the connection tells the client
-            refusal = error_response(ErrorCode.internal_error, f"the service failed on this request; its log has the "
-                                     f"traceback under request id {request_id}", request_id)
+            refusal = error_response(EnvServiceError(ErrorCode.internal_error, "the service failed on this request; "
+                                                     f"its log has the traceback under request id {request_id}"),
+                                     request_id)
         await refusal(scope, receive, send_with_id)
 
     def _refusal(self, scope: Scope, request_id: str) -> ProtocolJSONResponse | None:
         """The answer to a request refused on its headers alone (no token, too large), or None."""
         headers = dict(scope["headers"])
         if self.token is not None and scope["path"] not in UNAUTHENTICATED_PATHS and not self._authorised(headers):
-            return error_response(ErrorCode.unauthorized, "missing or wrong 'Authorization: Bearer <token>' header",
+            return error_response(EnvServiceError(ErrorCode.unauthorized,
+                                                  "missing or wrong 'Authorization: Bearer <token>' header"),
                                   request_id, headers={"WWW-Authenticate": 'Bearer realm="envservice"'})
         length = headers.get(b"content-length", b"0")
         if not length.isdigit():
-            return error_response(ErrorCode.bad_request, f"Content-Length {clip(length.decode('latin-1'))!r} is "
-                                  "not a number", request_id)
+            return error_response(EnvServiceError(ErrorCode.bad_request, f"Content-Length "
+                                                  f"{clip(length.decode('latin-1'))!r} is not a number"), request_id)
         if int(length) > self.max_request_bytes:
             return self._too_large(request_id)
         return None
@@ -244,8 +247,8 @@ class RequestGuard:
         return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self.token.encode())
 
     def _too_large(self, request_id: str) -> ProtocolJSONResponse:
-        return error_response(ErrorCode.too_large, f"the request body is over the service's limit of "
-                              f"{self.max_request_bytes} bytes (--max-request-bytes)", request_id)
+        return error_response(EnvServiceError(ErrorCode.too_large, f"the request body is over the service's limit "
+                                              f"of {self.max_request_bytes} bytes (--max-request-bytes)"), request_id)
 
     async def _read_body(self, receive: Receive) -> bytes:
         """The whole body, refusing it (`_BodyTooLarge`) as soon as it grows past the limit."""
@@ -363,21 +366,19 @@ def _add_routes(app: FastAPI, manager: SessionManager, env_ids: list[str]) -> No
 def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(EnvServiceError)
     async def service_error(request: Request, exc: EnvServiceError) -> JSONResponse:
-        return error_response(exc.code, exc.message, _request_id(request), valid_choices=exc.valid_choices,
-                              detail=exc.detail)
+        return error_response(exc, _request_id(request))
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = [_clipped_error(error) for error in jsonable_encoder(exc.errors())]
         fields = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}" for e in errors)
-        return error_response(ErrorCode.invalid_request, f"invalid request: {clip(fields, 2000)}",
-                              _request_id(request), detail=errors)
+        return error_response(EnvServiceError(ErrorCode.invalid_request, f"invalid request: {clip(fields, 2000)}",
+                                              detail=errors), _request_id(request))
 
     @app.exception_handler(StarletteHTTPException)
     async def framework_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         """What Starlette/FastAPI answer themselves (no route, wrong method, a body that is not JSON)."""
-        code, message = _framework_error(request, exc)
-        return error_response(code, message, _request_id(request), headers=exc.headers)
+        return error_response(EnvServiceError(*_framework_error(request, exc)), _request_id(request), exc.headers)
 
 
 def _framework_error(request: Request, exc: StarletteHTTPException) -> tuple[ErrorCode, str]:
@@ -398,7 +399,7 @@ def _clipped_error(error: dict[str, Any]) -> dict[str, Any]:
     """A validation error whose `input` (may be the whole body) is cut to a bounded quote."""
     if "input" in error:
         quoted = error["input"] if isinstance(error["input"], str) else json.dumps(error["input"], default=str)
-        if len(quoted) > 200:
+        if len(quoted) > CLIP_CHARS:  # a short input keeps its JSON type
             error["input"] = clip(quoted)
     return error
 

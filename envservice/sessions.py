@@ -151,13 +151,12 @@ class SessionManager:
         with `already_closed` and how it closed; only a session id never created (or forgotten long ago) is a 404.
         """
         with self._lock:
-            session = self._sessions.pop(session_id, None)
-            closed_by = self._closed_ids.get(session_id) if session is None else None
-            if session is not None:
-                self._record_closed(session_id, "release")
-        if session is not None:
+            session = self._sessions.get(session_id)
+        if session is not None and self._discard(session, "release"):
             self._close_env(session)
             return ReleaseResponse(session_id=session_id, released=True)
+        with self._lock:  # closed before, or by a concurrent call just now
+            closed_by = self._closed_ids.get(session_id)
         if closed_by is not None:
             return ReleaseResponse(session_id=session_id, released=True, already_closed=True, closed_by=closed_by)
         raise self._unknown_session(session_id)

@@ -172,8 +172,7 @@ class TextEnv(abc.ABC):
 
 def _json_type_of(value: Any) -> str:
     """'a boolean', 'a string', ... for an error message."""
-    for python_type, name in ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"),
-                              (list, "array"), (dict, "object")):
+    for python_type, name in {**PARAM_TYPE_NAMES, list: "array", dict: "object"}.items():  # bool before int
         if isinstance(value, python_type):
             return f"a{'n' if name[0] in 'aeiou' else ''} {name}"
     return "null"
