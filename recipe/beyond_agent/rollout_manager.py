@@ -15,7 +15,6 @@ channel verl's own agent loop uses for its counters.
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from recipe.beyond_agent.rollout.env_manager import ParallelEnvManager, RolloutO
 from recipe.beyond_agent.rollout.llm import AsyncLLMServerManager, VerlLLMServerBackend
 from recipe.beyond_agent.settings import BeyondAgentSettings
 from recipe.beyond_agent.tasks import TaskTable
+from recipe.beyond_agent.trajectories import episode_record, write_dump
 
 logger = logging.getLogger(__name__)
 
@@ -107,13 +107,12 @@ class BeyondAgentLoopManager:
         print(f"[beyond_agent] step {step} {kind} rollout: {m.episodes} episodes, success {m.success_rate:.3f}, "
               f"mean rounds {m.mean_rounds:.2f}, terminations {m.terminations}, wall {m.wall_time_s:.1f} s", flush=True)
         every = self.settings.trajectories.every
-        if every and not meta.get("validate") and step % every == 0:
-            self._dump_trajectories(step, output.results)
+        if every and (meta.get("validate") or step % every == 0):
+            self._dump_trajectories(step, "val" if meta.get("validate") else "train", output.results,
+                                    meta.get("policy_version"))
 
-    def _dump_trajectories(self, step: int, results: list[EpisodeResult]) -> None:
-        folder = Path(self.settings.trajectories.dir)
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"step_{step}.jsonl"
-        with path.open("w") as out:
-            for result in results[: self.settings.trajectories.max_per_step]:
-                out.write(json.dumps(result.to_record()) + "\n")
+    def _dump_trajectories(self, step: int, kind: str, results: list[EpisodeResult],
+                           policy_version: int | None) -> None:
+        kept = results[: self.settings.trajectories.max_per_step]
+        write_dump(Path(self.settings.trajectories.dir), step, kind,
+                   (episode_record(result, step, kind, policy_version) for result in kept))

@@ -64,7 +64,8 @@ class TrajectoryDump:
     """Which sampled episodes are written to disk (`beyond_agent.trajectories`)."""
 
     every: int = 0
-    """Write trajectories/step_<N>.jsonl every N training steps (0: never)."""
+    """Write trajectories/step_<N>.jsonl every N training steps, and val_step_<N>.jsonl at every validation
+    (0: never). The schema is `recipe/beyond_agent/trajectories.py`'s `TrajectoryRecord`."""
     dir: str = "trajectories"
     """The folder of those files."""
     max_per_step: int = 16

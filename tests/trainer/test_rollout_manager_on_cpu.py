@@ -22,6 +22,7 @@ from recipe.beyond_agent.data import write_task_files
 from recipe.beyond_agent.rollout.llm import AsyncLLMServerManager, HttpVLLMBackend
 from recipe.beyond_agent.rollout_manager import BeyondAgentLoopManager
 from recipe.beyond_agent.tasks import AgentTask
+from recipe.beyond_agent.trajectories import read_dump
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "recipe" / "beyond_agent" / "config"
@@ -90,6 +91,11 @@ def test_generate_sequences_feeds_verl_union_reward_grpo_and_metrics(
     with llm:
         manager = BeyondAgentLoopManager(config, llm_client=None, llm=llm)
         output = manager.generate_sequences(gen_batch)
+        validation = RayPPOTrainer._get_gen_batch(None, verl_batch(config, tokenizer, rows=1))
+        validation.meta_info.update(global_steps=2, validate=True)
+        manager.generate_sequences(validation)
+    val_dump = list(read_dump(Path(config.trainer.default_local_dir) / "trajectories" / "val_step_2.jsonl"))
+    assert [(r.step, r.kind) for r in val_dump] == [(2, "val")]  # validation episodes get their own file
 
     assert output.batch["responses"].shape == (4, 256) and output.batch["prompts"].shape == (4, 512)
     assert output.batch["input_ids"].shape == output.batch["attention_mask"].shape == (4, 768)
@@ -114,7 +120,10 @@ def test_generate_sequences_feeds_verl_union_reward_grpo_and_metrics(
                **compute_timing_metrics(merged, {"gen": 1.0, **output.meta_info["timing"]})}
     assert "num_turns/mean" in metrics and "timing_s/beyond_agent/success_rate" in metrics
     dumped = Path(config.trainer.default_local_dir) / "trajectories" / "step_2.jsonl"
-    assert len(dumped.read_text().splitlines()) == 4
+    records = list(read_dump(dumped))  # checked against the schema (recipe/beyond_agent/trajectories.py)
+    assert [(r.step, r.kind, r.index) for r in records] == [(2, "train", row) for row in range(4)]
+    for row, record in enumerate(records):  # the dump's mask is the batch's, unpadded
+        assert output.batch["response_mask"][row, :len(record.response_mask)].tolist() == record.response_mask
 
 
 def test_a_batch_mixing_two_envs_gets_each_row_s_reward_from_its_own_task(

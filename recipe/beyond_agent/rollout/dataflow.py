@@ -125,28 +125,11 @@ class EpisodeResult:
         """True when the episode ended for an infrastructure reason (not to be trained on)."""
         return self.termination in INFRA_FAILURES
 
-    def to_record(self) -> dict[str, Any]:
-        """One JSON-serialisable line: env, task, chat, ids, masks, log-probs, outcome and timings.
+    def to_record(self, step: int = 0, kind: str = "train", policy_version: int | None = None) -> dict[str, Any]:
+        """One JSON-serialisable line in the trajectory schema (`recipe/beyond_agent/trajectories.py`)."""
+        from recipe.beyond_agent.trajectories import episode_record
 
-        `task` is the env's task id, `agent_task` the AgentTask that scored it; `turn_ends` gives the
-        response position of each assistant turn's last token (-1: the turn kept no token), aligned with
-        `step_rewards`.
-        """
-        episode = self.episode
-        return {
-            "env": self.spec.env_id, "task": self.spec.task_id, "split": self.spec.split, "seed": self.spec.seed,
-            "agent_task": self.spec.agent_task.label, "group": self.spec.group_id, "messages": self.messages,
-            "prompt_ids": episode.prompt_ids if episode else [],
-            "response_ids": episode.response_ids if episode else [],
-            "response_mask": episode.response_mask if episode else [],
-            "response_logprobs": (episode.response_logprobs or []) if episode else [],
-            "turn_ends": episode.turn_ends if episode else [],
-            "reward": self.reward, "score": self.score, "success": self.success,
-            "step_rewards": self.step_rewards, "rounds": self.rounds,
-            "termination": self.termination, "error": self.error,
-            "env_time_s": round(self.env_time_s, 4), "llm_time_s": round(self.llm_time_s, 4),
-            "wall_time_s": round(self.wall_time_s, 4),
-        }
+        return episode_record(self, step, kind, policy_version).to_json()
 
 
 class _EpisodeFailure(Exception):
