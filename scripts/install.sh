@@ -27,6 +27,28 @@ pin_file="recipe/beyond_agent/REQUIRED_VERL.txt"
 verl_version="$(sed -n 's/^version=//p' "$pin_file")"
 [ -n "$verl_version" ] || { echo "install.sh: no 'version=' line in $pin_file" >&2; exit 1; }
 
+# Debian packages: chromium for the viewer's browser tests (tests/viewer drive it with Playwright).
+# Installed through apt-get when missing; a machine without apt-get or root gets a clear message instead.
+ensure_debian_packages() {
+  local missing=()
+  [ -x /usr/bin/chromium ] || missing+=(chromium)
+  [ "${#missing[@]}" -eq 0 ] && return 0
+  local sudo=()
+  [ "$(id -u)" -eq 0 ] || sudo=(sudo -n)
+  if ! command -v apt-get >/dev/null; then
+    echo "install.sh: warning: no apt-get; install ${missing[*]} yourself (the viewer's browser tests need /usr/bin/chromium)" >&2
+    return 0
+  fi
+  echo "install.sh: apt-get install ${missing[*]}"
+  if ! { "${sudo[@]}" apt-get install -y --no-install-recommends "${missing[@]}" >/tmp/beyond_apt.log 2>&1 \
+         || { "${sudo[@]}" apt-get update >>/tmp/beyond_apt.log 2>&1 \
+              && "${sudo[@]}" apt-get install -y --no-install-recommends "${missing[@]}" >>/tmp/beyond_apt.log 2>&1; }; }; then
+    echo "install.sh: warning: apt-get could not install ${missing[*]} (log: /tmp/beyond_apt.log);" \
+         "the viewer's browser tests need /usr/bin/chromium" >&2
+  fi
+}
+if [ "$flavour" = cpu ]; then ensure_debian_packages; fi
+
 # The stamp changes whenever anything that decides the install changes.
 stamp_file="$venv/.beyond_install_stamp"
 stamp="$flavour $(cat pyproject.toml "$pin_file" scripts/install.sh scripts/cpu-overrides.txt \
@@ -36,6 +58,7 @@ if [ "${BEYOND_FORCE_INSTALL:-0}" != 1 ] && [ -f "$stamp_file" ] && [ "$(cat "$s
   echo "install.sh: $venv is up to date ($flavour, verl $verl_version)"
   exit 0
 fi
+
 
 started=$(date +%s)
 echo "install.sh: installing the $flavour stack into $venv (verl $verl_version)"
