@@ -1,10 +1,11 @@
-"""`python launcher.py --conf CONF.yaml [--with NAME]... [--with-envservice] [--with-appworld] [--dry-run] [--backup-dir D] [-- overrides]`
+"""`python launcher.py --conf CONF.yaml [--with NAME]... [--with-envservice] [--with-appworld] [--with-viewer] [--dry-run] [--backup-dir D] [-- overrides]`
 
 Reads `.env` and CONF.yaml, starts the services asked for (each in its own process group, logs in the
 experiment folder), waits until each is healthy, writes the experiment folder, runs the preparation
 steps and training with its output streamed, and on exit, error, Ctrl-C or SIGTERM stops exactly the
 processes it started. A second Ctrl-C kills them at once. Everything after `--` is passed to training.
-`--with-envservice` and `--with-appworld` are short for `--with envservice` and `--with appworld`.
+`--with-envservice`, `--with-appworld` and `--with-viewer` are short for `--with envservice`, `--with appworld`
+and `--with viewer` (the run viewer, recipe/beyond_agent/viewer, built in unless the YAML defines its own).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from launch.training import (METRICS_FILE, MetricsFollower, PrepareError, run_pr
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EXIT_CONFIG, EXIT_SERVICE, EXIT_INTERRUPTED = 2, 3, 130
-SHORTCUTS = {"with_envservice": "envservice", "with_appworld": "appworld"}
+SHORTCUTS = {"with_envservice": "envservice", "with_appworld": "appworld", "with_viewer": "viewer"}
 
 
 def say(message: str) -> None:
@@ -45,6 +46,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                         help="start the service NAME of the YAML (envservice, or an entry of services:)")
     parser.add_argument("--with-envservice", action="store_true", help="same as --with envservice")
     parser.add_argument("--with-appworld", action="store_true", help="same as --with appworld")
+    parser.add_argument("--with-viewer", action="store_true",
+                        help="same as --with viewer: the run viewer on a free loopback port, stopped with training")
     parser.add_argument("--dry-run", action="store_true", help="print what would start and the training command")
     parser.add_argument("--backup-dir", type=Path, default=None,
                         help="folder for experiment folders (default: experiment.root in the YAML)")

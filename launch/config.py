@@ -234,7 +234,14 @@ def _services(data: dict, dotenv: dict[str, str]) -> dict[str, ServiceConfig]:
     envservice = _envservice(data, dotenv)
     services = {"envservice": envservice} if envservice else {}
     services.update({str(name): _service(str(name), entry) for name, entry in section.items()})
+    services.setdefault("viewer", viewer_service())
     return services
+
+
+def viewer_service() -> ServiceConfig:
+    """The run viewer over this experiment folder (`--with-viewer`); a `services.viewer` entry replaces it."""
+    command = ["{python}", "-m", "recipe.beyond_agent.viewer", "{experiment_dir}", "--host", "{host}", "--port", "{port}"]
+    return ServiceConfig(name="viewer", where="services.viewer", command=command, startup_timeout_s=60.0)
 
 
 def _prepare(data: dict) -> list[PrepareStep]:

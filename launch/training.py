@@ -23,11 +23,9 @@ from typing import Callable, TextIO
 from childproc import ChildProcess
 from launch.config import LaunchConfigError, PrepareStep, TrainConfig
 from launch.signals import ProcessTracker
+from recipe.beyond_agent.viewer.run_folder import METRICS_FILE, METRICS_PATH_VARIABLE
 
 PLACEHOLDER = re.compile(r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*)\}")
-METRICS_FILE = "metrics.jsonl"
-METRICS_PATH_VARIABLE = "VERL_FILE_LOGGER_PATH"
-"""Where verl's `file` tracker writes; the launcher points it into the experiment folder."""
 # metric key -> label in the one-line summary printed per step
 SUMMARY_KEYS = {"critic/score/mean": "score", "critic/rewards/mean": "reward", "actor/pg_loss": "pg_loss", "actor/entropy": "entropy",
                 "response_length/mean": "response_len", "timing_s/step": "step_s"}

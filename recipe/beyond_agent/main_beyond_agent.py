@@ -18,6 +18,7 @@ import ray
 from omegaconf import OmegaConf
 
 from recipe.beyond_agent.settings import BeyondAgentSettings
+from recipe.beyond_agent.viewer.run_folder import METRICS_FILE, METRICS_PATH_VARIABLE
 from recipe.beyond_agent.verl_pin import ensure_pinned_verl
 
 
@@ -32,8 +33,6 @@ def check_config(config) -> None:
         raise SystemExit(f"beyond_agent config: {error}") from None
 
 
-METRICS_PATH_VARIABLE = "VERL_FILE_LOGGER_PATH"
-
 
 def metrics_path(config, environ=os.environ) -> Path | None:
     """Where verl's `file` tracker writes this run's metrics (None when trainer.logger has no `file`).
@@ -44,7 +43,7 @@ def metrics_path(config, environ=os.environ) -> Path | None:
     """
     if "file" not in list(config.trainer.get("logger") or []):
         return None
-    path = Path(environ.get(METRICS_PATH_VARIABLE) or Path(config.trainer.default_local_dir) / "metrics.jsonl")
+    path = Path(environ.get(METRICS_PATH_VARIABLE) or Path(config.trainer.default_local_dir) / METRICS_FILE)
     candidate, index = path, 1
     while candidate.exists() and candidate.stat().st_size > 0:
         candidate, index = path.with_name(f"{path.stem}.{index}{path.suffix}"), index + 1

@@ -5,18 +5,24 @@ verl's `fit()` runs unchanged. The trainer only fills verl's rollout-manager sea
 every episode against envservice with the round limit `RoundScheduler.max_rounds(global_step)`, returns
 each row's task reward as `rm_scores`, and reports its figures through verl's tracker. Our config is
 validated by `BeyondAgentSettings`, in the driver before Ray starts and where the rollout manager uses it.
+When `fit()` returns or fails, the run's main curves are drawn into `curves.png` beside its metrics.jsonl
+(recipe/beyond_agent/viewer/curves.py), for people who never open the viewer.
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 from omegaconf import open_dict
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
 from recipe.beyond_agent.verl_pin import ensure_pinned_verl
+from recipe.beyond_agent.viewer.run_folder import CURVES_FILE, METRICS_PATH_VARIABLE, MetricsLog
 
 MANAGER_CLASS = "recipe.beyond_agent.rollout_manager.BeyondAgentLoopManager"
+
 
 
 def use_beyond_agent_rollout(config: Any) -> None:
@@ -37,6 +43,31 @@ class BeyondAgentTrainer(RayPPOTrainer):
         notice = align_total_epochs(self.config, len(self.train_dataloader), self.total_training_steps)
         if notice:
             print(notice, flush=True)
+
+    def fit(self) -> None:
+        """verl's fit(), then the curves PNG (also after a failure: the steps that ran are worth a look)."""
+        try:
+            super().fit()
+        finally:
+            write_curves_beside_metrics(os.environ.get(METRICS_PATH_VARIABLE))
+
+
+def write_curves_beside_metrics(metrics_file: str | None) -> Path | None:
+    """Draw curves.png next to the run's metrics file; a drawing failure is reported, never raised."""
+    if not metrics_file:
+        print("[beyond_agent] no curves.png: trainer.logger has no `file` tracker", flush=True)
+        return None
+    from recipe.beyond_agent.viewer.curves import write_curves_png  # matplotlib: only when drawing
+
+    folder = Path(metrics_file).parent
+    try:
+        written = write_curves_png(MetricsLog(folder), folder / CURVES_FILE)
+    except Exception as error:  # a plot must never turn a finished run into a failed one
+        print(f"[beyond_agent] curves.png not written: {type(error).__name__}: {error}", flush=True)
+        return None
+    print(f"[beyond_agent] curves: {written}" if written else "[beyond_agent] no curves.png: no metrics logged",
+          flush=True)
+    return written
 
 
 def align_total_epochs(config: Any, batches_per_epoch: int, total_training_steps: int) -> str | None:

@@ -53,7 +53,7 @@ def test_dotenv_supplies_service_defaults_and_appworld_activation():
                           CONF, dotenv)
     envservice = config.services["envservice"]
     assert (envservice.host, envservice.port, envservice.activate) == ("127.0.0.2", 8123, None)
-    assert list(config.services) == ["envservice", "appworld"]
+    assert list(config.services) == ["envservice", "appworld", "viewer"]  # the viewer is built in
     planned = plan_service(config.services["appworld"], {"python": "/venv/bin/python"}, dotenv, port=9001)
     assert planned.command[:2] == ["bash", "-c"] and "conda activate aw" in planned.command[2]
     assert planned.command[4:] == ["-m", "envservice", "--envs", "appworld", "--port", "9001"]
