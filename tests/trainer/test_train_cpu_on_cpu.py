@@ -79,6 +79,9 @@ def test_two_steps_then_resume_continues_step_and_round_schedule(run_training, t
         # Stepwise [1, 2, 3] every 1 step: step 1 allows one round, step 2 two.
         assert max(trajectory_rounds(run_dir, 1)) == 1 and max(trajectory_rounds(run_dir, 2)) == 2
         assert (run_dir / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+        curves = run_dir / "curves.png"  # drawn when fit() ends, beside metrics.jsonl
+        assert curves.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "[beyond_agent] curves:" in first
+        first_curves = curves.read_bytes()
         initial = load_file(str(tiny_model_dir / "model.safetensors"))
         trained = actor_weights(run_dir, 2)
         shared = sorted(set(trained) & set(initial))  # lm_head is tied to the embeddings in the saved model
@@ -90,3 +93,6 @@ def test_two_steps_then_resume_continues_step_and_round_schedule(run_training, t
     assert "trainer.total_epochs raised from 1 to 2" in resumed
     assert sorted(step_metrics(resumed)) == [3]  # continued at step 3, did not redo 1 and 2
     assert max(trajectory_rounds(run_dir, 3)) == 3  # and with step 3's round limit
+    assert curves.read_bytes() != first_curves  # redrawn with the resumed run's metrics.1.jsonl
+    record = json.loads((run_dir / "trajectories" / "step_3.jsonl").read_text().splitlines()[0])
+    assert (record["schema"], record["step"], record["kind"]) == (1, 3, "train")

@@ -1,0 +1,112 @@
+"""The viewer's readers and JSON API over the recorded run: live metrics, paging, filters, errors, the PNG."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+
+from recipe.beyond_agent.trajectories import TrajectoryFormatError, read_dump
+from recipe.beyond_agent.viewer.curves import write_curves_png
+from recipe.beyond_agent.viewer.run_folder import MetricsLog
+
+TRAJECTORIES = Path("checkpoints") / "trajectories"
+
+
+def metric_lines(folder: Path, name: str = "metrics.jsonl") -> list[dict]:
+    return [json.loads(line) for line in (folder / name).read_text().splitlines()]
+
+
+def dumped(folder: Path, name: str) -> list:
+    return list(read_dump(folder / TRAJECTORIES / name))
+
+
+def test_metrics_follow_appended_lines_and_wait_for_a_line_being_written(run_folder: Path):
+    log = MetricsLog(run_folder)
+    log.refresh()
+    recorded = metric_lines(run_folder)
+    assert sorted(log.steps) == [entry["step"] for entry in recorded]
+    key = "timing_s/beyond_agent/success_rate"
+    assert log.series([key])[key] == [[entry["step"], entry["data"][key]] for entry in recorded]
+    with (run_folder / "metrics.jsonl").open("a") as out:  # a step being written: half a line so far
+        out.write('{"step": 99, "data": {"timing_s/beyond_agent/success_rate": 0.5')
+    log.refresh()
+    assert 99 not in log.steps
+    with (run_folder / "metrics.jsonl").open("a") as out:
+        out.write(', "note": "text is skipped"}}\n')
+    log.refresh()
+    assert log.steps[99] == {key: 0.5}
+
+
+def test_a_resumed_run_file_replaces_the_steps_it_logged_again(run_folder: Path):
+    last = metric_lines(run_folder)[-1]["step"]
+    (run_folder / "metrics.1.jsonl").write_text(
+        json.dumps({"step": last, "data": {"actor/entropy": -1.0}}) + "\n"
+        + json.dumps({"step": last + 1, "data": {"actor/entropy": -2.0}}) + "\n")
+    log = MetricsLog(run_folder)
+    log.refresh()
+    assert log.series(["actor/entropy"])["actor/entropy"][-2:] == [[last, -1.0], [last + 1, -2.0]]
+
+
+def test_episode_pages_filter_and_name_bad_parameters(viewer_url: str, run_folder: Path):
+    steps = requests.get(f"{viewer_url}/api/steps", timeout=10).json()["steps"]
+    assert {"step": 1, "kind": "train"} in steps and any(s["kind"] == "val" for s in steps)
+    records = dumped(run_folder, "step_1.jsonl")
+    page = requests.get(f"{viewer_url}/api/episodes", params={"step": 1, "limit": 3}, timeout=10).json()
+    assert page["total"] == len(records) and [item["line"] for item in page["items"]] == [1, 2, 3]
+    assert page["items"][0]["trained_tokens"] == sum(records[0].response_mask)
+    second = requests.get(f"{viewer_url}/api/episodes", params={"step": 1, "limit": 3, "offset": 3}, timeout=10).json()
+    assert [item["line"] for item in second["items"]] == [4, 5, 6]
+
+    termination = records[-1].termination
+    kept = requests.get(f"{viewer_url}/api/episodes", params={"step": 1, "termination": termination},
+                        timeout=10).json()
+    assert kept["matched"] == sum(r.termination == termination for r in records)
+    assert {item["termination"] for item in kept["items"]} == {termination}
+    assert sorted(kept["facets"]["termination"]) == sorted({r.termination for r in records})
+
+    bad = requests.get(f"{viewer_url}/api/episodes", params={"step": 1, "sucess": "true"}, timeout=10)
+    assert bad.status_code == 400 and "sucess" in bad.json()["error"] and "success" in bad.json()["error"]
+    bad = requests.get(f"{viewer_url}/api/episodes", params={"step": 1, "kind": "eval"}, timeout=10)
+    assert bad.status_code == 400 and "train, val" in bad.json()["error"]
+    missing = requests.get(f"{viewer_url}/api/episodes", params={"step": 77}, timeout=10)
+    assert missing.status_code == 404 and "train 1" in missing.json()["error"]
+
+
+def test_one_episode_carries_every_token_with_its_mask_text_and_group(viewer_url: str, run_folder: Path):
+    records = dumped(run_folder, "step_1.jsonl")
+    episode = requests.get(f"{viewer_url}/api/episode", params={"step": 1, "line": 2}, timeout=60).json()
+    record = records[1]
+    response = episode["tokens"]["response"]
+    assert [t["id"] for t in response] == record.response_ids
+    assert [t["mask"] for t in response] == record.response_mask
+    assert all(t["text"] is not None for t in response) and episode["tokenizer_problem"] is None
+    assert [t["logprob"] for t in response] == record.response_logprobs
+    assert episode["group_lines"] == [i + 1 for i, r in enumerate(records) if r.group == record.group]
+    assert len(episode["group_lines"]) == 2  # rollout.n=2: GRPO compares these two
+
+
+def test_a_dump_line_that_is_not_a_record_is_named(viewer_url: str, run_folder: Path):
+    (run_folder / TRAJECTORIES / "step_50.jsonl").write_text('{"schema": 1, "kind": "train"}\n')
+    answer = requests.get(f"{viewer_url}/api/episodes", params={"step": 50}, timeout=10)
+    assert answer.status_code == 422
+    assert "step_50.jsonl:1" in answer.json()["error"] and "missing field" in answer.json()["error"]
+    with pytest.raises(TrajectoryFormatError, match="step_50.jsonl:1: missing field"):
+        dumped(run_folder, "step_50.jsonl")
+
+
+def test_the_curves_png_is_drawn_from_the_metrics(run_folder: Path, tmp_path: Path):
+    written = write_curves_png(MetricsLog(run_folder), tmp_path / "curves.png")
+    assert written.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and written.stat().st_size > 20_000
+    out = tmp_path / "cli.png"
+    done = subprocess.run([sys.executable, "-m", "recipe.beyond_agent.viewer", str(run_folder), "--png", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and out.read_bytes()[:4] == b"\x89PNG", done.stderr
+    (tmp_path / "empty").mkdir()
+    empty = subprocess.run([sys.executable, "-m", "recipe.beyond_agent.viewer", str(tmp_path / "empty"), "--png",
+                            str(tmp_path / "none.png")], capture_output=True, text=True, timeout=120)
+    assert empty.returncode == 1 and "no metrics" in empty.stderr

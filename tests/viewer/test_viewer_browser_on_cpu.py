@@ -1,0 +1,100 @@
+"""The viewer in a real headless Chromium (Debian's package, driven by Playwright) over the recorded run.
+
+The page is served by the real `python -m recipe.beyond_agent.viewer` process on loopback; plotly.js
+comes from the installed plotly package. What the browser shows is checked against the run's own files.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from recipe.beyond_agent.trajectories import read_dump
+
+pytestmark = pytest.mark.slow
+TRAJECTORIES = Path("checkpoints") / "trajectories"
+LOAD_MS = 30_000
+
+
+def open_route(page, url: str, route: str) -> None:
+    """Go to a route and wait until the page says it has drawn it."""
+    page.goto(f"{url}/{route}")
+    page.wait_for_function("(route) => document.body.dataset.loaded === route", arg=route, timeout=LOAD_MS)
+
+
+def plotted(page, panel: str) -> dict[str, list]:
+    """{metric key: [[step, value], ...]} of a dashboard panel, read from plotly's own data on the page."""
+    return page.evaluate("""(id) => Object.fromEntries(document.getElementById(id).data.map(
+        trace => [trace.meta, trace.x.map((x, i) => [x, trace.y[i]])]))""", f"panel-{panel}")
+
+
+def test_the_dashboard_draws_the_run_s_success_curve_and_follows_new_steps(page, viewer_url: str, run_folder: Path):
+    open_route(page, viewer_url, "#/dashboard")
+    logged = [json.loads(line) for line in (run_folder / "metrics.jsonl").read_text().splitlines()]
+    key = "timing_s/beyond_agent/success_rate"
+    success = plotted(page, "success")
+    assert success[key] == [[entry["step"], entry["data"][key]] for entry in logged]
+    val_keys = [k for k in success if k.startswith("val-")]  # validation points on the same chart
+    assert val_keys and all(points for points in (success[k] for k in val_keys))
+    for panel in ("reward", "rounds", "terminations", "time", "entropy", "losses"):
+        assert plotted(page, panel), f"panel {panel} has no data"
+    assert page.locator("#run-name").inner_text() == run_folder.name
+
+    next_step = logged[-1]["step"] + 1  # training goes on: the open page picks the new step up
+    with (run_folder / "metrics.jsonl").open("a") as out:
+        out.write(json.dumps({"step": next_step, "data": {key: 0.75}}) + "\n")
+    page.wait_for_function("(step) => document.getElementById('panel-success').dataset.drawn === String(step)",
+                           arg=next_step, timeout=LOAD_MS)
+    assert plotted(page, "success")[key][-1] == [next_step, 0.75]
+
+
+def test_an_episode_marks_exactly_the_mask_1_tokens_trained(page, viewer_url: str, run_folder: Path):
+    records = list(read_dump(run_folder / TRAJECTORIES / "step_1.jsonl"))
+    line = next(number for number, r in enumerate(records, start=1) if 0 < sum(r.response_mask) < len(r.response_mask))
+    record = records[line - 1]
+    open_route(page, viewer_url, f"#/episode?step=1&kind=train&line={line}")
+    pane = page.locator(".episode-pane")
+    assert pane.count() == 1
+    tokens = pane.locator(".tokens .tok[data-pos]")
+    assert tokens.count() == len(record.response_ids)
+    trained = pane.evaluate("""p => [...p.querySelectorAll('.tokens .tok.trained')].map(t => Number(t.dataset.pos))""")
+    context = pane.evaluate("""p => [...p.querySelectorAll('.tokens .tok.context')].map(t => Number(t.dataset.pos))""")
+    assert trained == [i for i, m in enumerate(record.response_mask) if m == 1]
+    assert context == [i for i, m in enumerate(record.response_mask) if m == 0]
+    # Trained tokens look different from context ones, and hovering shows the id and the log-prob.
+    colours = pane.evaluate("""p => [p.querySelector('.tokens .tok.trained'), p.querySelector('.tokens .tok.context')].map(
+        t => getComputedStyle(t).backgroundColor)""")
+    assert colours[0] != colours[1]
+    first = trained[0]
+    title = tokens.nth(first).get_attribute("title")
+    assert f"id {record.response_ids[first]}" in title and f"logprob {record.response_logprobs[first]:.4f}" in title
+    assert pane.locator(".tokens .tok.prompt").count() == len(record.prompt_ids)
+    assert pane.locator(".message.assistant").count() == record.rounds
+    assert pane.locator(".turn-end").count() == sum(end >= 0 for end in record.turn_ends)
+
+
+def test_the_list_filters_by_termination_and_two_of_a_group_show_side_by_side(page, viewer_url: str,
+                                                                              run_folder: Path):
+    records = list(read_dump(run_folder / TRAJECTORIES / "step_1.jsonl"))
+    open_route(page, viewer_url, "#/episodes?step=1&kind=train")
+    assert page.locator("tr.episode-row").count() == len(records)
+    terminations = sorted({r.termination for r in records})
+    chosen = terminations[-1]
+    page.select_option("#filter-termination", chosen)
+    page.click("#apply-filters")
+    page.wait_for_function("(t) => document.body.dataset.loaded.includes('termination=' + t)", arg=chosen,
+                           timeout=LOAD_MS)
+    shown = page.locator("tr.episode-row").evaluate_all("rows => rows.map(r => r.dataset.termination)")
+    assert shown == [r.termination for r in records if r.termination == chosen]
+
+    group = records[0].group
+    lines = [number for number, r in enumerate(records, start=1) if r.group == group]
+    open_route(page, viewer_url, f"#/episode?step=1&kind=train&line={lines[0]}")
+    page.click(f".compare-link[data-line='{lines[1]}']")
+    page.wait_for_function("() => document.querySelectorAll('.episode-pane').length === 2", timeout=LOAD_MS)
+    panes = page.locator(".episode-pane").evaluate_all("ps => ps.map(p => Number(p.dataset.line))")
+    assert panes == lines[:2]
+    boxes = [page.locator(".episode-pane").nth(i).bounding_box() for i in range(2)]
+    assert boxes[0]["x"] + boxes[0]["width"] <= boxes[1]["x"]  # side by side, not stacked
