@@ -74,6 +74,7 @@ class BeyondAgentLoopManager:
         model = config.actor_rollout_ref.model
         self.tokenizer = hf_tokenizer(model.path, trust_remote_code=model.get("trust_remote_code", False))
         self.llm = llm or AsyncLLMServerManager(VerlLLMServerBackend(llm_client), self.settings.llm)
+        self._dumped: dict[tuple[int, str], int] = {}  # (step, kind) -> episodes dumped by this process
         self.env_client = EnvClient(self.settings.env.url, token=self.settings.env.token,
                                     timeout=self.settings.env.timeout_s, pool_size=self.settings.concurrency)
 
@@ -113,6 +114,12 @@ class BeyondAgentLoopManager:
 
     def _dump_trajectories(self, step: int, kind: str, results: list[EpisodeResult],
                            policy_version: int | None) -> None:
-        kept = results[: self.settings.trajectories.max_per_step]
+        # verl validates in as many batches as data.val_batch_size makes: the first batch of a step starts
+        # its file, later ones add to it, all of them together up to max_per_step episodes.
+        written = self._dumped.get((step, kind), 0) if kind == "val" else 0
+        kept = results[: max(self.settings.trajectories.max_per_step - written, 0)]
+        if written and not kept:
+            return
         write_dump(Path(self.settings.trajectories.dir), step, kind,
-                   (episode_record(result, step, kind, policy_version) for result in kept))
+                   (episode_record(result, step, kind, policy_version) for result in kept), append=written > 0)
+        self._dumped[(step, kind)] = written + len(kept)

@@ -156,12 +156,17 @@ def parse_dump_file_name(name: str) -> tuple[int, str] | None:
     return int(match.group("step")), "val" if match.group("prefix") else "train"
 
 
-def write_dump(folder: Path, step: int, kind: str, records: Iterable[TrajectoryRecord]) -> Path:
-    """Write one step's records atomically (temporary file, then rename); returns the file's path."""
+def write_dump(folder: Path, step: int, kind: str, records: Iterable[TrajectoryRecord], append: bool = False) -> Path:
+    """Write one step's records atomically (temporary file, then rename); returns the file's path.
+
+    `append` keeps the file's earlier lines first (validation comes in several batches per step).
+    """
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / dump_file_name(step, kind)
     partial = path.with_name(f".{path.name}.partial")
     with partial.open("w") as out:
+        if append and path.exists():
+            out.write(path.read_text())
         for record in records:
             out.write(json.dumps(record.to_json(), ensure_ascii=False) + "\n")
     os.replace(partial, path)

@@ -94,8 +94,9 @@ def test_generate_sequences_feeds_verl_union_reward_grpo_and_metrics(
         validation = RayPPOTrainer._get_gen_batch(None, verl_batch(config, tokenizer, rows=1))
         validation.meta_info.update(global_steps=2, validate=True)
         manager.generate_sequences(validation)
+        manager.generate_sequences(validation)  # a second validation batch of the same step adds to its file
     val_dump = list(read_dump(Path(config.trainer.default_local_dir) / "trajectories" / "val_step_2.jsonl"))
-    assert [(r.step, r.kind) for r in val_dump] == [(2, "val")]  # validation episodes get their own file
+    assert [(r.step, r.kind) for r in val_dump] == [(2, "val")] * 2  # validation episodes get their own file
 
     assert output.batch["responses"].shape == (4, 256) and output.batch["prompts"].shape == (4, 512)
     assert output.batch["input_ids"].shape == output.batch["attention_mask"].shape == (4, 768)

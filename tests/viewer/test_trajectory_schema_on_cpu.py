@@ -29,6 +29,8 @@ def test_a_finished_episode_becomes_a_record_that_reads_back_unchanged(tmp_path:
     path = write_dump(tmp_path / "trajectories", 4, "train", [record, record])
     assert path.name == "step_4.jsonl" and [p.name for p in path.parent.iterdir()] == ["step_4.jsonl"]
     assert list(read_dump(path)) == [record, record]
+    write_dump(tmp_path / "trajectories", 4, "train", [record], append=True)  # a later batch of the same step
+    assert len(list(read_dump(path))) == 3
     assert write_dump(tmp_path / "trajectories", 4, "val", []).name == "val_step_4.jsonl"
     assert [parse_dump_file_name(n) for n in ("step_4.jsonl", "val_step_12.jsonl", ".step_4.jsonl.partial")] == [
         (4, "train"), (12, "val"), None]
