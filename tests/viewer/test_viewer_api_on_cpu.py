@@ -90,6 +90,13 @@ def test_one_episode_carries_every_token_with_its_mask_text_and_group(viewer_url
     assert len(episode["group_lines"]) == 2  # rollout.n=2: GRPO compares these two
 
 
+def test_the_run_s_config_and_versions_are_served(viewer_url: str, run_folder: Path):
+    run = requests.get(f"{viewer_url}/api/run", timeout=10).json()
+    assert run["name"] == run_folder.name and run["versions"]["verl"] == "0.9.0"
+    assert run["versions"]["commit"] and "actor_rollout_ref:" in run["training_config"]
+    assert run["launcher_config"] == (run_folder / "config.yaml").read_text()
+
+
 def test_a_dump_line_that_is_not_a_record_is_named(viewer_url: str, run_folder: Path):
     (run_folder / TRAJECTORIES / "step_50.jsonl").write_text('{"schema": 1, "kind": "train"}\n')
     answer = requests.get(f"{viewer_url}/api/episodes", params={"step": 50}, timeout=10)

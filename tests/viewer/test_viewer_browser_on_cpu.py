@@ -71,6 +71,9 @@ def test_an_episode_marks_exactly_the_mask_1_tokens_trained(page, viewer_url: st
     title = tokens.nth(first).get_attribute("title")
     assert f"id {record.response_ids[first]}" in title and f"logprob {record.response_logprobs[first]:.4f}" in title
     assert pane.locator(".tokens .tok.prompt").count() == len(record.prompt_ids)
+    pane.locator("input.show-ids").check()  # the exact ids, in place of their texts
+    shown = pane.evaluate("p => [...p.querySelectorAll('.tokens .tok[data-pos]')].map(t => Number(t.textContent))")
+    assert shown == record.response_ids
     assert pane.locator(".message.assistant").count() == record.rounds
     assert pane.locator(".turn-end").count() == sum(end >= 0 for end in record.turn_ends)
 

@@ -248,9 +248,16 @@ function turns(episode) {
 function tokenLegend(episode) {
   const legend = el("p", {class: "token-legend"},
     el("span", {class: "tok trained", text: "trained (mask 1)"}), el("span", {class: "tok context", text: "context (mask 0)"}),
-    el("span", {class: "tok prompt", text: "prompt"}), "hover a token for its id and log-prob");
+    el("span", {class: "tok prompt", text: "prompt"}), "hover a token for its id and log-prob ");
+  const toggle = el("input", {type: "checkbox", class: "show-ids"});
+  toggle.addEventListener("change", () => showIds(legend.closest(".episode-pane"), toggle.checked));
+  legend.append(el("label", {}, toggle, " show token ids"));
   if (episode.tokenizer_problem) legend.append(el("div", {class: "error", text: episode.tokenizer_problem}));
   return legend;
+}
+
+function showIds(pane, ids) {
+  for (const span of pane.querySelectorAll(".tokens .tok")) span.textContent = ids ? `${span.dataset.id} ` : span.dataset.text;
 }
 
 function tokenText(token) {
@@ -261,14 +268,16 @@ function tokenText(token) {
 function tokens(episode) {
   const holder = el("div", {class: "tokens"});
   for (const token of episode.tokens.prompt) {
-    holder.append(el("span", {class: "tok prompt", title: `prompt · id ${token.id}`, text: tokenText(token)}));
+    holder.append(el("span", {class: "tok prompt", title: `prompt · id ${token.id}`, "data-id": token.id,
+                               "data-text": tokenText(token), text: tokenText(token)}));
   }
   const ends = new Map(episode.turn_ends.map((end, turn) => [end, turn]));
   episode.tokens.response.forEach((token, position) => {
     const trained = token.mask === 1;
     const logprob = token.logprob === null ? "" : ` · logprob ${token.logprob.toFixed(4)}`;
     holder.append(el("span", {class: `tok ${trained ? "trained" : "context"}`, "data-pos": position,
-                               "data-mask": token.mask, title: `position ${position} · id ${token.id} · mask ${token.mask}${logprob}`,
+                               "data-mask": token.mask, "data-id": token.id, "data-text": tokenText(token),
+                               title: `position ${position} · id ${token.id} · mask ${token.mask}${logprob}`,
                                text: tokenText(token)}));
     if (ends.has(position)) {
       const turn = ends.get(position);
