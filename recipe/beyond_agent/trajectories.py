@@ -28,6 +28,8 @@ from typing import Any, Iterable, Iterator
 SCHEMA_VERSION = 1
 """Bumped whenever a field changes meaning or disappears (new optional fields keep the version)."""
 KINDS = ("train", "val")
+OPTIONAL_FIELDS = ("policy_version", "extra")
+"""Fields a reader fills with their defaults when a line lacks them."""
 FILE_PATTERN = re.compile(r"^(?P<prefix>val_)?step_(?P<step>\d+)\.jsonl$")
 
 
@@ -118,9 +120,6 @@ class TrajectoryRecord:
             raise TrajectoryFormatError(f"{where}: response_ids, response_mask and response_logprobs differ "
                                         "in length")
         return cls(**{key: value for key, value in data.items() if key in known})
-
-
-OPTIONAL_FIELDS = ("policy_version", "extra")
 
 
 def episode_record(result: Any, step: int, kind: str, policy_version: int | None = None) -> TrajectoryRecord:

@@ -7,6 +7,7 @@ import ipaddress
 import sys
 from pathlib import Path
 
+from childproc import free_port
 from recipe.beyond_agent.viewer.curves import write_curves_png
 from recipe.beyond_agent.viewer.run_folder import MetricsLog
 
@@ -49,11 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     if not _is_loopback(args.host):
         print(f"viewer: warning: listening on {args.host}: anyone who can reach it reads this run "
               "(the viewer has no login)", file=sys.stderr)
+    port = args.port or free_port(args.host)
     app = create_app(args.folder.resolve(), args.tokenizer)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
-    server = uvicorn.Server(config)
-    print(f"viewer: serving {args.folder.resolve()} (the page's address follows once it listens)", file=sys.stderr)
-    server.run()
+    print(f"viewer: serving {args.folder.resolve()} at http://{args.host}:{port}/", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=args.host, port=port, log_level="warning")
     return 0
 
 

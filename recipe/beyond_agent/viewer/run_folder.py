@@ -42,6 +42,11 @@ def _below(folder: Path, name: str, depth: int = SEARCH_DEPTH) -> list[Path]:
     return found
 
 
+def _write_order(path: Path) -> int:
+    """metrics.jsonl first, then metrics.1.jsonl, metrics.2.jsonl, ... (one per resumed run)."""
+    return int(METRICS_NAME.match(path.name).group(1) or 0)
+
+
 @dataclass
 class MetricsLog:
     """The run's per-step metrics, followed as verl's file tracker appends them.
@@ -57,14 +62,12 @@ class MetricsLog:
     _updated: float = 0.0
 
     def files(self) -> list[Path]:
-        """The metrics files of this run, in write order."""
-        for level in range(SEARCH_DEPTH + 1):
-            candidates = [path for path in self.folder.glob("/".join(["*"] * level + ["metrics*.jsonl"]))
-                          if METRICS_NAME.match(path.name)]
-            if candidates:  # the shallowest folder that has any
-                return sorted(candidates, key=lambda path: (path.parent, int(METRICS_NAME.match(path.name).group(1)
-                                                                                or 0)))
-        return []
+        """The metrics files of this run, in write order (those of the shallowest folder that has any)."""
+        found = [path for path in _below(self.folder, "metrics*.jsonl") if METRICS_NAME.match(path.name)]
+        if not found:
+            return []
+        run_folder = found[0].parent  # _below lists shallower folders first
+        return sorted((path for path in found if path.parent == run_folder), key=_write_order)
 
     def refresh(self) -> None:
         """Read the whole lines appended since the last call."""
