@@ -168,6 +168,8 @@ def run(config: LaunchConfig, args, overrides: list[str], argv: list[str], track
     code = run_streamed("train", command, env, folder / "logs" / "train.log", tracker, on_line=metrics)
     metrics()
     say(f"training exited with code {code} after {metrics.steps} logged step(s); experiment folder: {folder}")
+    if metrics.steps:
+        say(f"look at it: python -m recipe.beyond_agent.viewer {folder}  (curves also in curves.png)")
     return code
 
 
