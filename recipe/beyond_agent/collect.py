@@ -5,9 +5,10 @@
 
 It starts a vLLM server and an envservice itself unless given their URLs (`--vllm-url`,
 `--envservice-url`), runs every episode through the same ParallelEnvManager that training uses, and
-prints the success rate and throughput. Each line is `EpisodeResult.to_record()`: env, task, agent_task,
-the chat messages, prompt_ids, response_ids, response_mask, response_logprobs, turn_ends, reward (the
-task's), score (the env's), success, step_rewards, rounds, termination (and error), timings.
+prints the success rate and throughput. Each line is a `TrajectoryRecord` (recipe/beyond_agent/trajectories.py,
+the schema of training's dumps, with step 0): env, task, agent_task, the chat messages, prompt_ids,
+response_ids, response_mask, response_logprobs, turn_ends, reward (the task's), score (the env's), success,
+step_rewards, rounds, termination (and error), timings. `read_dump` reads the file back, checked.
 """
 
 from __future__ import annotations
