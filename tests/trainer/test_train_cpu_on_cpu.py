@@ -33,7 +33,7 @@ def overrides(data: tuple[Path, Path], env_url: str, steps: int) -> list[str]:
         # One epoch of 2 batches: the resumed run's 3 steps need a second epoch, which BeyondAgentTrainer
         # adds (verl alone would stop at the end of epoch 1 without a word).
         f"trainer.total_training_steps={steps}", "trainer.total_epochs=1", "trainer.save_freq=1",
-        "trainer.logger=[console]", "trainer.resume_mode=auto", f"beyond_agent.env.url={env_url}",
+        "trainer.logger=[console,file]", "trainer.resume_mode=auto", f"beyond_agent.env.url={env_url}",
         "beyond_agent.max_tokens_per_turn=12", "beyond_agent.rounds.type=stepwise", "beyond_agent.rounds.rounds=[1,2,3]",
         "+beyond_agent.rounds.every=1",
     ]
