@@ -29,6 +29,7 @@ import time
 import uvicorn
 
 from envservice import registry
+from envservice.env_config import EnvConfigError, load_env_config
 from envservice.backends import BACKENDS, DEFAULT_STEP_TIMEOUT_S, EnvBackend, make_backend
 from envservice.server import DEFAULT_MAX_REQUEST_BYTES, Settings, create_app
 
@@ -42,6 +43,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--register", action="append", default=[], metavar="ID=MODULE:CLASS",
                         help="serve a TextEnv class under ID without packaging it (repeatable); installed packages "
                         "register theirs through the envservice.envs entry point")
+    parser.add_argument("--env-config", action="append", default=[], metavar="FILE",
+                        help="a YAML file of envs to serve: remote servers (AgentGym, OpenEnv), Gymnasium games and "
+                        "configured classes (see envservice/env_config.py; repeatable)")
     parser.add_argument("--max-sessions", type=int, default=4096, help="most sessions open at once")
     parser.add_argument("--idle-timeout", type=float, default=600.0, help="seconds before an idle session is released")
     parser.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
@@ -115,12 +119,18 @@ def build_backend(args: argparse.Namespace) -> EnvBackend:
         raise SystemExit(f"envservice: could not start --backend {args.backend}: {exc}") from exc
 
 
-def register_classes(assignments: list[str]) -> None:
-    """Register the `--register ID=module:Class` envs; a malformed or taken id exits with the reason."""
+def register_classes(assignments: list[str], env_configs: list[str] = ()) -> None:
+    """Register the `--register ID=module:Class` envs and those of each `--env-config FILE`; a malformed entry
+    or a taken id exits with the reason."""
     for assignment in assignments:
         try:
             registry.register_from_text(assignment)
         except ValueError as exc:
+            raise SystemExit(f"envservice: {exc}") from None
+    for path in env_configs:
+        try:
+            load_env_config(path)
+        except EnvConfigError as exc:
             raise SystemExit(f"envservice: {exc}") from None
 
 
@@ -180,7 +190,7 @@ def build_settings(args: argparse.Namespace, env_ids: list[str], token: str | No
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `python -m envservice`."""
     args = parse_args(argv)
-    register_classes(args.register)
+    register_classes(args.register, args.env_config)
     env_ids = parse_env_ids(args.envs)
     token = args.token or os.environ.get("ENVSERVICE_TOKEN") or None
     if not is_loopback(args.host) and token is None:

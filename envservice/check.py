@@ -297,9 +297,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     parser.add_argument("--register", action="append", default=[], metavar="ID=MODULE:CLASS")
+    parser.add_argument("--env-config", action="append", default=[], metavar="FILE",
+                        help="a YAML file of envs (remote servers, Gymnasium games; see envservice/env_config.py)")
     args = parser.parse_args(argv)
-    for assignment in args.register:
-        registry.register_from_text(assignment)
+    from envservice.__main__ import register_classes
+
+    register_classes(args.register, args.env_config)
     try:
         clauses, failure = check_env(args.env_id, seed=args.seed), None
     except (EnvCheckError, EnvServiceError) as exc:

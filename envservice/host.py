@@ -30,8 +30,9 @@ Reply = tuple[bool, Any]
 
 
 def entry_point_of(env_class: type[TextEnv]) -> str:
-    """The `"module:Class"` string a worker imports to build `env_class`."""
-    return f"{env_class.__module__}:{env_class.__qualname__}"
+    """The reference a worker imports to build `env_class`: `"module:Class"`, or for a configured class
+    `"module:Class#<config JSON>"` (see `registry.configured_class`)."""
+    return env_class.__dict__.get("class_reference") or f"{env_class.__module__}:{env_class.__qualname__}"
 
 
 class EnvHost:

@@ -13,16 +13,23 @@ An entry point is a `"module:Class"` string, imported on first use (listing ids 
 or a `TextEnv` subclass (in-process only: worker processes and Ray actors import an env by its module
 path). Limits come from the registration when it gives them, else from the class attributes `max_steps`
 and `max_sessions` (see `TextEnv`).
+
+A registration may also carry a `config` (settings of a configurable class such as a remote AgentGym
+server or a Gymnasium game; `envservice.env_config` reads them from YAML). The env class is then
+`Class.configure(config)`, and the reference that workers import it by is `"module:Class#<config JSON>"`,
+so a worker process or Ray actor builds the same configured class with nothing registered.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+import json
 import logging
 import threading
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import Union
+from typing import Any, Mapping, Union
 
 from envservice.envs.base import TextEnv, param_description, param_type_name
 from envservice.errors import EnvServiceError
@@ -35,8 +42,32 @@ ENTRY_POINT_GROUP = "envservice.envs"
 EntryPoint = Union[str, type[TextEnv]]
 
 
-def load_env_class(entry_point: str) -> type[TextEnv]:
-    """The `TextEnv` subclass named by a `"module:Class"` entry point (`Class` may be dotted)."""
+CONFIG_SEPARATOR = "#"
+"""Separates a class reference's entry point from its config JSON: `"module:Class#{...}"`."""
+
+
+def load_env_class(reference: str) -> type[TextEnv]:
+    """The `TextEnv` subclass named by `"module:Class"` (`Class` may be dotted), or by `"module:Class#<config
+    JSON>"`: that class configured with the JSON's settings (the same class object on every call)."""
+    entry_point, separator, config_json = reference.partition(CONFIG_SEPARATOR)
+    cls = _import_env_class(entry_point)
+    return configured_class(cls, config_json) if separator else cls
+
+
+@functools.lru_cache(maxsize=None)
+def configured_class(cls: type[TextEnv], config_json: str) -> type[TextEnv]:
+    """`cls.configure(config)` for a canonical config JSON, made once; it remembers its own reference."""
+    configured = cls.configure(json.loads(config_json))
+    configured.class_reference = f"{cls.__module__}:{cls.__qualname__}{CONFIG_SEPARATOR}{config_json}"
+    return configured
+
+
+def canonical_json(config: Mapping[str, Any]) -> str:
+    """The one JSON text of a config (sorted keys), so that equal configs share one configured class."""
+    return json.dumps(config, sort_keys=True, separators=(",", ":"))
+
+
+def _import_env_class(entry_point: str) -> type[TextEnv]:
     module_name, class_name = split_entry_point(entry_point)
     cls = importlib.import_module(module_name)
     for part in class_name.split("."):
@@ -59,19 +90,21 @@ class Registration:
     session_limit: int | None = None
     """Sessions of this env open at once at most; None: the class's `max_sessions`."""
     origin: str = "code"
-    """Who registered it: `built-in`, `plugin <distribution>`, `--register` or `code`."""
+    """Who registered it: `built-in`, `plugin <distribution>`, `--register`, `--env-config FILE` or `code`."""
+    config: Mapping[str, Any] | None = None
+    """Settings of a configurable class (`TextEnv.config_fields`); None: the class as it is."""
 
     def env_class(self) -> type[TextEnv]:
-        """The `TextEnv` subclass, importing its module on first use."""
-        if not isinstance(self.entry_point, str):
-            return self.entry_point
+        """The `TextEnv` subclass (configured when the registration has a config), imported on first use."""
         try:
-            return load_env_class(self.entry_point)
+            cls = self.entry_point if not isinstance(self.entry_point, str) else load_env_class(self.entry_point)
+            return cls if self.config is None else configured_class(cls, canonical_json(self.config))
         except Exception as exc:  # a missing or broken package: say which env and why, not a bare 500
             raise EnvServiceError(
                 ErrorCode.env_error,
                 f"env {self.env_id!r} cannot be loaded: importing {self.entry_point!r} failed with {exc!r}; install "
-                f"the package it needs (README, 'Installing') or stop serving it (registered by: {self.origin})",
+                f"the package it needs (README, 'Installing'), fix its config, or stop serving it "
+                f"(registered by: {self.origin})",
             ) from exc
 
     @property
@@ -99,14 +132,15 @@ _plugins_loaded = False
 
 
 def register(env_id: str, entry_point: EntryPoint, *, max_steps: int | None = None, max_sessions: int | None = None,
-             origin: str = "code") -> Registration:
+             origin: str = "code", config: Mapping[str, Any] | None = None) -> Registration:
     """Register an environment id; re-registering an id is an error (call `unregister` first)."""
     for name, value in (("max_steps", max_steps), ("max_sessions", max_sessions)):
         if value is not None and (not isinstance(value, int) or value < 1):
             raise ValueError(f"{env_id!r}: {name} must be >= 1 (an int, or None for the class's), got {value!r}")
     if isinstance(entry_point, str):
         split_entry_point(entry_point)
-    registration = Registration(env_id, entry_point, max_steps, max_sessions, origin)
+    registration = Registration(env_id, entry_point, max_steps, max_sessions, origin,
+                                None if config is None else dict(config))
     with _LOCK:
         if env_id in _REGISTRY:
             raise ValueError(f"environment id {env_id!r} is already registered ({_REGISTRY[env_id].origin})")

@@ -28,6 +28,7 @@ class Param:
 
     `type` is `bool`, `int`, `float` or `str`, checked strictly (JSON `true` is not an int, `"false"` is not a
     boolean, `1` is a valid float). An env may still check ranges itself (e.g. a size from 3 to 12).
+    A class's `config_fields` may also declare `list` or `dict` (a JSON array or object).
     """
 
     description: str
@@ -87,6 +88,13 @@ class TextEnv(abc.ABC):
     """Steps per episode at most (the service then truncates the episode)."""
     max_sessions: ClassVar[int] = 1024
     """Sessions of this env open at once at most (beyond: a capacity error)."""
+    config_fields: ClassVar[Mapping[str, Param]] = {}
+    """Settings a registration may give this class (the `config:` of an env-config entry, see
+    `envservice.env_config`): name -> what it is and its JSON type. Empty: the class takes no settings."""
+    required_config: ClassVar[tuple[str, ...]] = ()
+    """Names of `config_fields` a registration must give."""
+    config: ClassVar[Mapping[str, Any]] = {}
+    """The settings a configured subclass is bound to (see `configure`); empty on an unconfigured class."""
 
     @abc.abstractmethod
     def reset(self, task: Task) -> tuple[str, dict[str, Any]]:
@@ -102,6 +110,22 @@ class TextEnv(abc.ABC):
 
     def close(self) -> None:
         """Free what the instance holds; called once when its session is released."""
+
+    @classmethod
+    def configure(cls, config: Mapping[str, Any]) -> type["TextEnv"]:
+        """A subclass bound to `config`, with the class attributes that follow from it (`configured_attributes`).
+
+        One class serves several registrations this way (two AgentGym servers, two Gymnasium games). A bad
+        name or type raises `ValueError` naming the field and the valid choices.
+        """
+        check_config(cls, config)
+        attributes = cls.configured_attributes(config)
+        return type(cls.__name__, (cls,), {"config": dict(config), "__module__": cls.__module__, **attributes})
+
+    @classmethod
+    def configured_attributes(cls, config: Mapping[str, Any]) -> dict[str, Any]:
+        """Class attributes that follow from `config` (e.g. `splits`, `description`); default: none."""
+        return {}
 
     @classmethod
     def task_counts(cls) -> dict[str, int]:
@@ -168,6 +192,28 @@ class TextEnv(abc.ABC):
                 f"task_id={clip(task_id)!r} is not a task name of this split ({len(names)} tasks{listed})",
                 valid_choices=list(names[:MAX_LISTED_CHOICES]),
             ) from None
+
+
+def check_config(cls: type[TextEnv], config: Mapping[str, Any]) -> None:
+    """`config` names only `cls.config_fields`, with their JSON types, and gives every required one."""
+    if not isinstance(config, Mapping):
+        raise ValueError(f"{cls.__name__}: config must be a mapping of setting names to values, got {config!r}")
+    valid = sorted(cls.config_fields)
+    unknown = sorted(set(config) - set(cls.config_fields))
+    if unknown:
+        raise ValueError(f"{cls.__name__}: config has unknown setting(s) {unknown}; valid settings: {valid or 'none'}")
+    missing = [name for name in cls.required_config if name not in config]
+    if missing:
+        raise ValueError(f"{cls.__name__}: config lacks required setting(s) {missing} "
+                         f"({'; '.join(f'{n}: {cls.config_fields[n].description}' for n in missing)})")
+    for name, value in config.items():
+        declared = cls.config_fields[name]
+        if declared.type in PARAM_TYPE_NAMES and not _has_json_type(value, declared.type):
+            raise ValueError(f"{cls.__name__}: config.{name}={value!r} must be a JSON "
+                             f"{PARAM_TYPE_NAMES[declared.type]}, not {_json_type_of(value)}")
+        if declared.type in (list, dict) and not isinstance(value, declared.type):
+            raise ValueError(f"{cls.__name__}: config.{name}={value!r} must be a JSON "
+                             f"{'array' if declared.type is list else 'object'}, not {_json_type_of(value)}")
 
 
 def _json_type_of(value: Any) -> str:
