@@ -12,6 +12,10 @@ Each top-level key is an env id; its entry names a class (`kind:` for the shippe
       kind: gymnasium
       config: {gym_id: FrozenLake-v1, make_kwargs: {map_name: 8x8}, action_names: [left, down, right, up]}
 
+String values may name environment variables: `$NAME`, `${NAME}` or `${NAME:-default}` (the launcher
+passes `.env`'s values on), e.g. `url: ${WEBSHOP_URL:-http://127.0.0.1:36001}`; an unset one with no default
+is an error naming it.
+
 Every entry is checked when the file is read (the class imported, its config validated), so a typo stops
 the service at start-up with a message naming the file, the env id and the field, never at the first
 episode.
@@ -19,6 +23,8 @@ episode.
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -35,6 +41,41 @@ KINDS: Mapping[str, str] = {
 
 ENTRY_KEYS = ("kind", "class", "config", "max_steps", "max_sessions")
 """The keys an env entry may have."""
+
+
+VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|([A-Za-z_][A-Za-z0-9_]*))")
+"""`$NAME`, `${NAME}` or `${NAME:-default}` in a string value."""
+
+
+def expand_variables(text: str, variables: Mapping[str, str], strict: bool = False) -> str:
+    """`text` with `$NAME`, `${NAME}` and `${NAME:-default}` replaced from `variables` (an unset or empty name
+    takes its default). An unset name with no default becomes empty, or with `strict` raises `KeyError(name)`."""
+    def value(match: re.Match) -> str:
+        name = match.group(1) or match.group(3)
+        if variables.get(name):
+            return variables[name]
+        if match.group(2) is not None:
+            return match.group(2)
+        if strict:
+            raise KeyError(name)
+        return ""
+
+    return VARIABLE.sub(value, text)
+
+
+def _expanded(value: Any, where: str) -> Any:
+    """A config value with environment variables expanded in every string inside it."""
+    if isinstance(value, str):
+        try:
+            return expand_variables(value, os.environ, strict=True)
+        except KeyError as exc:
+            raise EnvConfigError(f"{where}: ${{{exc.args[0]}}} is not set; set it (e.g. in .env) or give a "
+                                 f"default: ${{{exc.args[0]}:-value}}") from None
+    if isinstance(value, dict):
+        return {key: _expanded(item, f"{where}.{key}") for key, item in value.items()}
+    if isinstance(value, list):
+        return [_expanded(item, f"{where}[{index}]") for index, item in enumerate(value)]
+    return value
 
 
 class EnvConfigError(ValueError):
@@ -81,6 +122,7 @@ def _register_entry(path: Path, env_id: str, entry: Any) -> registry.Registratio
     config = entry.get("config") or {}
     if not isinstance(config, dict):
         raise EnvConfigError(f"{where}.config: expected a mapping of settings, got {config!r}")
+    config = _expanded(config, f"{where}.config")
     try:
         registration = registry.register(env_id, entry_point, max_steps=entry.get("max_steps"),
                                          max_sessions=entry.get("max_sessions"), origin=f"--env-config {path}",

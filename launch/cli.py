@@ -19,7 +19,7 @@ from pathlib import Path
 
 from launch import experiment
 from launch.config import LaunchConfig, LaunchConfigError, ServiceConfig, load_config
-from launch.services import PlannedService, ServiceStartError, plan_service, start_service
+from launch.services import PlannedService, ServiceStartError, plan_service, start_service, wait_for_external
 from launch.signals import Interrupted, ProcessTracker, install_handlers
 from launch.training import (METRICS_FILE, MetricsFollower, PrepareError, run_prepare, run_streamed, substitute,
                              train_command, train_env)
@@ -58,11 +58,13 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def services_to_start(config: LaunchConfig, names: list[str]) -> list[ServiceConfig]:
-    """The services named on the command line, in the YAML's order; unknown names list the defined ones."""
+    """The user's own servers (always: training needs them), then the services named on the command line, in
+    the YAML's order; unknown names list the defined ones."""
     for name in names:
         if name not in config.services:
             raise LaunchConfigError(unknown_service(config, name))
-    chosen = [service for name, service in config.services.items() if name in names]
+    chosen = [service for service in config.services.values() if service.external]
+    chosen += [service for name, service in config.services.items() if name in names and not service.external]
     talking = [service.name for service in chosen if service.env_url]
     if len(talking) > 1:
         raise LaunchConfigError(f"services {', '.join(talking)} all set env_url: training talks to one env "
@@ -99,6 +101,10 @@ def dry_run(config: LaunchConfig, args, overrides: list[str], services: list[Ser
     planned = [plan_service(svc, placeholder_values(folder), config.dotenv, port=svc.port or "<free port>")
                for svc in services]
     for service in planned:
+        if service.config.external:
+            print(f"would wait for {service.config.name} (your own server) at {service.health_url}  "
+                  f"(deadline {service.config.startup_timeout_s:.0f} s)")
+            continue
         print(f"would start {service.config.name}: {shlex.join(service.command)}  "
               f"(deadline {service.config.startup_timeout_s:.0f} s)")
     print(f"would write the experiment folder {folder}")
@@ -130,7 +136,10 @@ def start_services(config: LaunchConfig, services: list[ServiceConfig], folder: 
     planned = []
     for svc in services:
         service = plan_service(svc, placeholder_values(folder), config.dotenv)
-        start_service(service, folder / "logs" / f"{svc.name}.log", tracker.add, say)
+        if svc.external:
+            wait_for_external(service, say)
+        else:
+            start_service(service, folder / "logs" / f"{svc.name}.log", tracker.add, say)
         planned.append(service)
     return planned
 

@@ -4,17 +4,21 @@ The YAML (every key optional except `train`) holds only what the launcher owns; 
 in `train.overrides`, a plain Hydra override list, and the recipe validates them:
 
     experiment: {name: quickstart, root: outputs/experiments}
-    envservice: {envs: [babyai], host: 127.0.0.1, port: 0, args: [], startup_timeout_s: 120}
+    envservice: {envs: [babyai], env_config: envs.yaml, host: 127.0.0.1, port: 0, args: [], startup_timeout_s: 120}
     services:                       # anything else the run needs; started with --with NAME
       appworld: {command: [...], activate: $APPWORLD_ACTIVATION, env: {APPWORLD_ROOT: $APPWORLD_PATH},
                  env_file: null, env_url: true, health_url: "http://{host}:{port}/healthz",
                  host: 127.0.0.1, port: 0, startup_timeout_s: 300}
+      webshop:  {health_url: "$WEBSHOP_URL/", startup_timeout_s: 30, hint: "start your WebShop server: ..."}
+                # no command: the user's own server; always waited for, never started
     prepare:    [{name: data, command: [...], skip_if_exists: path}]
     train:      {module: ..., config_path: ..., config_name: ..., cpu: false, overrides: [...], env: {}}
                 # or {command: [...], env: {}}
 
-`envservice:` is the short form of the service `python -m envservice --envs ...` (started with
---with-envservice). Unknown keys are errors that name the key and list the valid ones. `.env` supplies
+`envservice:` is the short form of the service `python -m envservice --envs ... [--env-config FILE]`
+(started with --with-envservice). A service with no `command` is the user's own (an AgentGym WebShop
+server, say): the launcher never starts it, but waits for its `health_url` before anything else and, when
+it does not answer, stops with `hint`. Unknown keys are errors that name the key and list the valid ones. `.env` supplies
 envservice's host, port and token defaults (ENVSERVICE_HOST/PORT/TOKEN), the `$NAME` values of service
 entries, and tracker keys; its values are passed on to every process we start.
 """
@@ -30,8 +34,9 @@ import yaml
 
 DEFAULT_TRAIN_MODULE = "recipe.beyond_agent.main_beyond_agent"
 SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
-ENVSERVICE_KEYS = ("envs", "host", "port", "args", "startup_timeout_s")
-SERVICE_KEYS = ("command", "host", "port", "health_url", "env", "env_file", "activate", "startup_timeout_s", "env_url")
+ENVSERVICE_KEYS = ("envs", "env_config", "host", "port", "args", "startup_timeout_s")
+SERVICE_KEYS = ("command", "host", "port", "health_url", "env", "env_file", "activate", "startup_timeout_s", "env_url",
+                "hint")
 TRAIN_KEYS = ("module", "config_path", "config_name", "cpu", "overrides", "command", "env")
 TOP_KEYS = ("experiment", "envservice", "services", "prepare", "train")
 
@@ -71,6 +76,13 @@ class ServiceConfig:
     """How long it may take to become healthy."""
     env_url: bool = False
     """Training talks to this service: its URL becomes `{env_url}` and `beyond_agent.env.url`."""
+    hint: str | None = None
+    """What to do when the service does not become healthy (e.g. how to start the user's server)."""
+
+    @property
+    def external(self) -> bool:
+        """The user's own server (no `command`): waited for, never started or stopped by the launcher."""
+        return not self.command
 
     @property
     def timeout_key(self) -> str:
@@ -199,7 +211,11 @@ def _envservice(data: dict, dotenv: dict[str, str]) -> ServiceConfig | None:
     envs = _str_list(section.get("envs"), "envservice.envs")
     if not envs:
         return None
+    env_config = section.get("env_config")
+    if env_config is not None and not isinstance(env_config, str):
+        raise LaunchConfigError(f"envservice.env_config: expected the path of an env-config YAML, got {env_config!r}")
     command = ["{python}", "-m", "envservice", "--host", "{host}", "--port", "{port}", "--envs", ",".join(envs),
+               *(["--env-config", env_config] if env_config else []),
                *_str_list(section.get("args"), "envservice.args")]
     return ServiceConfig(name="envservice", where="envservice", command=command,
                          host=str(section.get("host") or dotenv.get("ENVSERVICE_HOST") or "127.0.0.1"),
@@ -212,15 +228,16 @@ def _service(name: str, entry: Any) -> ServiceConfig:
     where = f"services.{name}"
     entry = _section({name: entry}, name, SERVICE_KEYS, "services.")
     command = _str_list(entry.get("command"), f"{where}.command")
-    if not command:
-        raise LaunchConfigError(f"{where}.command: required (a list: program and arguments)")
+    if not command and not entry.get("health_url"):
+        raise LaunchConfigError(f"{where}: give a command (a list: program and arguments) to start it, or only a "
+                                "health_url to wait for a server you run yourself")
     return ServiceConfig(
         name=name, where=where, command=command, host=str(entry.get("host") or "127.0.0.1"),
         port=int(_number(entry, "port", 0.0, where)),
         health_url=str(entry.get("health_url") or ServiceConfig.health_url),
         env=_str_dict(entry.get("env"), f"{where}.env"), env_file=entry.get("env_file"),
         activate=entry.get("activate"), startup_timeout_s=_number(entry, "startup_timeout_s", 120.0, where),
-        env_url=bool(entry.get("env_url", False)))
+        env_url=bool(entry.get("env_url", False)), hint=entry.get("hint"))
 
 
 def _services(data: dict, dotenv: dict[str, str]) -> dict[str, ServiceConfig]:

@@ -4,23 +4,25 @@ A service is a `childproc.ChildProcess` (its own process group) built from a `Se
 with `{host}`, `{port}` and the launcher's placeholders filled in, its environment (`.env`, `env_file`,
 `env` with `$NAME` expanded), and, when it has `activate`, run as
 `bash -c '{ <activation>; } >&2 && exec python "$@"'` so that the pid we record is still the service
-itself. It is ready once its `health_url` answers 200.
+itself. It is ready once its `health_url` answers 200. A service with no command is the user's own
+server: `wait_for_external` only waits for its `health_url`.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import shlex
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
+from envservice.env_config import expand_variables
 from childproc import ChildProcess, ChildStartError, answers_200, free_port
 from launch.config import LaunchConfigError, ServiceConfig, load_dotenv
 from launch.training import substitute
 
 PROGRESS_EVERY_S = 5.0
-ENV_REFERENCE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 
 
 class ServiceStartError(RuntimeError):
@@ -46,8 +48,9 @@ class PlannedService:
 
 
 def expand(text: str, variables: dict[str, str]) -> str:
-    """Replace `$NAME` and `${NAME}` with their values (an unset name becomes empty, as in a shell)."""
-    return ENV_REFERENCE.sub(lambda match: variables.get(match.group(1) or match.group(2), ""), text)
+    """Replace `$NAME`, `${NAME}` and `${NAME:-default}` with their values (an unset name with no default
+    becomes empty, as in a shell); the same rule as envservice's env-config files."""
+    return expand_variables(text, variables)
 
 
 def activated(command: list[str], activation: str) -> list[str]:
@@ -71,7 +74,10 @@ def plan_service(config: ServiceConfig, values: dict[str, str], dotenv: dict[str
     activation = expand(config.activate, {**os.environ, **env}) if config.activate else ""
     if activation.strip():
         command = activated(command, activation.strip())
-    health_url = substitute(config.health_url, filled, f"{config.where}.health_url")
+    health_url = expand(substitute(config.health_url, filled, f"{config.where}.health_url"), {**os.environ, **env})
+    if config.external:  # the user's server: its URL is where its health URL points
+        parts = urlsplit(health_url)
+        return PlannedService(config, [], env, health_url, f"{parts.scheme}://{parts.netloc}")
     return PlannedService(config, command, env, health_url, f"http://{config.host}:{port}")
 
 
@@ -102,6 +108,23 @@ def start_service(planned: PlannedService, log_path: Path, on_start, say=print) 
         raise failure(planned, error) from None
     say(f"{config.name} is healthy at {planned.url} after {elapsed:.1f} s")
     return child
+
+
+def wait_for_external(planned: PlannedService, say=print, poll_s: float = 0.5) -> None:
+    """Wait until the user's own server answers its health URL; else a `ServiceStartError` with its hint."""
+    config = planned.config
+    say(f"waiting for {config.name} (your own server) at {planned.health_url}")
+    deadline = time.monotonic() + config.startup_timeout_s
+    while not answers_200(planned.health_url):
+        if time.monotonic() >= deadline:
+            hint = f" {config.hint}" if config.hint else ""
+            raise ServiceStartError(
+                f"{config.name} is not running: nothing answered {planned.health_url} with 200 within "
+                f"{config.startup_timeout_s:.0f} s ({config.timeout_key}).{hint}",
+                f"the launcher does not start {config.where} (it has no command); start it, or fix "
+                f"{config.where}.health_url")
+        time.sleep(poll_s)
+    say(f"{config.name} answers at {planned.url}")
 
 
 def failure(planned: PlannedService, error: ChildStartError) -> ServiceStartError:

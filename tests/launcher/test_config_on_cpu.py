@@ -33,7 +33,7 @@ def test_unknown_top_level_key_lists_valid_keys():
 
 
 def test_unknown_service_key_names_section_and_choices():
-    with pytest.raises(LaunchConfigError, match=r"envservice: unknown key\(s\) \['env'\]; valid keys: envs, host"):
+    with pytest.raises(LaunchConfigError, match=r"envservice: unknown key\(s\) \['env'\]; valid keys: envs, env_config, host"):
         parse_config({"envservice": {"env": ["babyai"]}, "train": {}}, CONF, {})
 
 
@@ -74,7 +74,7 @@ def test_a_service_without_activation_runs_our_python_and_its_env_file(tmp_path)
 
 
 def test_bad_service_entries_name_the_key():
-    with pytest.raises(LaunchConfigError, match=r"services.svc.command: required"):
+    with pytest.raises(LaunchConfigError, match=r"services.svc: give a command \(a list: program and arguments\)"):
         parse_config({"services": {"svc": {"port": 1}}, "train": {}}, CONF, {})
     with pytest.raises(LaunchConfigError, match=r"services.svc: unknown key\(s\) \['cmd'\]; valid keys: command, "):
         parse_config({"services": {"svc": {"cmd": ["x"]}}, "train": {}}, CONF, {})
@@ -139,3 +139,21 @@ def test_last_log_line_is_the_error_line_of_a_traceback(tmp_path):
     log = tmp_path / "s.log"
     log.write_text("Traceback (most recent call last):\n  File \"x\", line 1\nFileNotFoundError: no data at /d\n\n")
     assert ChildProcess(None, "service", log).last_log_line() == "FileNotFoundError: no data at /d"
+
+
+def test_a_service_without_command_is_the_users_own_server_and_needs_a_health_url():
+    config = parse_config({"services": {"shop": {"health_url": "$WEBSHOP_URL/", "hint": "start it"}}, "train": {}},
+                          CONF, {})
+    assert config.services["shop"].external and config.services["shop"].hint == "start it"
+    assert not config.services["viewer"].external
+    with pytest.raises(LaunchConfigError, match=r"services.shop: give a command .* or only a health_url"):
+        parse_config({"services": {"shop": {"port": 3}}, "train": {}}, CONF, {})
+
+
+def test_envservice_env_config_becomes_the_flag():
+    config = parse_config({"envservice": {"envs": ["webshop"], "env_config": "examples/webshop/envs.yaml"},
+                           "train": {}}, CONF, {})
+    command = config.services["envservice"].command
+    assert command[command.index("--env-config") + 1] == "examples/webshop/envs.yaml"
+    with pytest.raises(LaunchConfigError, match=r"envservice.env_config: expected the path"):
+        parse_config({"envservice": {"envs": ["x"], "env_config": ["a"]}, "train": {}}, CONF, {})

@@ -15,7 +15,9 @@ from recipe.beyond_agent.settings import BeyondAgentSettings
 
 pytestmark = pytest.mark.timeout(120)
 REPO_ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted((REPO_ROOT / "examples").glob("*/*.yaml"))
+ENV_CONFIGS = sorted((REPO_ROOT / "examples").glob("*/envs.yaml"))
+"""envservice env-config files (`--env-config`), not launcher YAMLs."""
+EXAMPLES = sorted(set((REPO_ROOT / "examples").glob("*/*.yaml")) - set(ENV_CONFIGS))
 SCRIPTS = sorted((REPO_ROOT / "examples").glob("**/run_*.sh"))
 SECRET = re.compile(r"(TOKEN|API_KEY|SECRET|PASSWORD)\s*[=:]\s*\S", re.IGNORECASE)
 
@@ -25,10 +27,31 @@ def example_id(path: Path) -> str:
 
 
 def test_every_environment_has_a_yaml_and_a_script():
-    for env in ("babyai", "textcraft", "frozenlake", "sciworld", "alfworld", "textworld", "search", "appworld"):
+    for env in ("babyai", "textcraft", "frozenlake", "sciworld", "alfworld", "textworld", "search", "appworld",
+                "webshop", "webarena"):
         assert (REPO_ROOT / "examples" / env / f"{env}.yaml").exists()
         assert (REPO_ROOT / "examples" / env / f"run_{env}.sh").exists()
     assert (REPO_ROOT / "examples" / "quickstart" / "cpu_tiny.yaml").exists()
+
+
+@pytest.mark.parametrize("path", ENV_CONFIGS, ids=example_id)
+def test_env_configs_load_and_every_launcher_yaml_names_an_existing_one(path, monkeypatch):
+    """Each shipped env-config registers its envs (class imported, config valid, `${VAR:-default}` filled)."""
+    from envservice import registry
+    from envservice.env_config import load_env_config
+
+    monkeypatch.delenv("WEBSHOP_URL", raising=False)
+    registrations = load_env_config(path)
+    try:
+        assert registrations and all(r.env_class().task_counts() for r in registrations)
+        assert all(r.config["url"].startswith("http://127.0.0.1:") for r in registrations if "url" in r.config)
+    finally:
+        for registration in registrations:
+            registry.unregister(registration.env_id)
+    for example in EXAMPLES:
+        env_config = (load_config(example, Path("/nonexistent.env")).services.get("envservice") or None)
+        if env_config and "--env-config" in env_config.command:
+            assert (REPO_ROOT / env_config.command[env_config.command.index("--env-config") + 1]).exists()
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=example_id)

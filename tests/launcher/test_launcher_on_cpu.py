@@ -7,15 +7,20 @@ processes the test started itself (one in pytest's process group, one in its own
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from childproc import ChildProcess, answers_200, free_port
+
 pytestmark = pytest.mark.timeout(180)
 QUICKSTART = "examples/quickstart/cpu_tiny.yaml"
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def train_conf(conf, fake_train: Path, out: Path, steps: int, then: str, **extra) -> Path:
@@ -231,3 +236,44 @@ def test_unknown_placeholder_is_named_before_anything_starts(launch, conf, tmp_p
     assert ("[launcher] error: train.command: unknown placeholder {envservice_url}; valid: {python}, {repo}, "
             "{experiment_dir}, {env_url}") in run.text()
     assert "starting envservice" not in run.text() and not (tmp_path / "exp").exists()
+
+
+def webshop_conf(conf, fake_train: Path, out: Path, server_url: str) -> Path:
+    """The WebShop example's shape: the user's own AgentGym server (no command) and envservice in front of it."""
+    return conf({
+        "experiment": {"name": "webshop"},
+        "services": {"webshop_server": {"health_url": "$WEBSHOP_URL/", "startup_timeout_s": 3,
+                                        "hint": "Start your WebShop server or set WEBSHOP_URL."}},
+        "envservice": {"envs": ["webshop"], "env_config": str(REPO_ROOT / "examples/webshop/envs.yaml")},
+        "train": {"command": ["{python}", str(fake_train), str(out), "1", "exit"]},
+    }, name="webshop.yaml")
+
+
+def test_the_users_own_server_is_waited_for_and_its_absence_is_one_clear_line(launch, conf, fake_train, tmp_path,
+                                                                              helpers):
+    url = f"http://127.0.0.1:{free_port()}"
+    (tmp_path / ".env").write_text(f"WEBSHOP_URL={url}\n")
+    path = webshop_conf(conf, fake_train, tmp_path, url)
+    run = launch("--conf", str(path), "--env-file", str(tmp_path / ".env"), "--with-envservice",
+                 "--backup-dir", str(tmp_path / "a"))
+    assert run.wait(60) != 0
+    text = run.text()
+    assert f"webshop_server is not running: nothing answered {url}/ with 200 within 3 s " \
+           "(services.webshop_server.startup_timeout_s). Start your WebShop server or set WEBSHOP_URL." in text
+    assert "starting envservice" not in text  # nothing was started for a run that cannot work
+
+    server = ChildProcess.start([sys.executable, "-m", "envservice.remote.agentgym_example_server", "--env-type",
+                                 "webshop", "--port", url.rsplit(":", 1)[1]], "webshop", tmp_path / "webshop.log")
+    try:
+        server.wait_until(lambda: answers_200(f"{url}/"), 60, "answering /")
+        run = launch("--conf", str(path), "--env-file", str(tmp_path / ".env"), "--with-envservice",
+                     "--backup-dir", str(tmp_path / "b"))
+        assert run.wait(120) == 0, run.text()
+        text = run.text()
+        assert f"webshop_server answers at {url}" in text and "--env-config" in text
+        assert "envservice is healthy at http://127.0.0.1:" in text and "step:1" in text
+        folder = run.experiment_dir(tmp_path / "b")
+        assert server.pid not in started_pids(folder, tmp_path)  # the launcher never owns the user's server
+        assert server.group_alive() and os.path.exists(folder / "logs" / "envservice.log")
+    finally:
+        server.stop()

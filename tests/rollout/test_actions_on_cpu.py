@@ -21,7 +21,7 @@ def test_registry_builds_parsers_by_name_and_lists_valid_names_on_error():
     assert isinstance(get_action_parser("plain"), PlainActionParser)
     assert get_action_parser("tagged", tag="move").tag == "move"
     assert get_action_parser("tool_call", tools=["calculator"]).tools == ["calculator"]
-    with pytest.raises(ValueError, match=r"'json' is not registered.*\['plain', 'tagged', 'tool_call'\]"):
+    with pytest.raises(ValueError, match=r"'json' is not registered.*\['plain', 'raw', 'react', 'tagged', 'tool_call'\]"):
         get_action_parser("json")
 
 
@@ -152,3 +152,26 @@ def test_tool_call_unknown_tool_names_the_available_ones():
     parsed = ToolCallActionParser(tools=["calculator", "search"]).parse(
         '<tool_call>{"name": "browse", "arguments": {}}</tool_call>')
     assert parsed == ParsedAction(None, "Unknown tool 'browse'; available tools: calculator, search.")
+
+
+@pytest.mark.parametrize("text, action", [
+    ("Thought:\nI should look for shoes.\n\nAction:\nsearch[red shoes]", "search[red shoes]"),
+    ("Thought: click it\nAction: click[Buy Now]\n", "click[Buy Now]"),
+    ("Action: go north\nThought: wait, no\naction:   go south  \nmore text", "go south"),  # the last Action: wins
+])
+def test_react_takes_the_first_line_after_the_last_action_marker(text, action):
+    assert get_action_parser("react").parse(text) == ParsedAction(action, None)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("I think I will search.", "No 'Action:' found"),
+    ("Thought: hm\nAction:\n   \n", "Nothing followed 'Action:'"),
+])
+def test_react_malformed_replies_tell_the_model_the_format(text, message):
+    assert message in get_action_parser("react").parse(text).error
+
+
+def test_raw_sends_the_whole_reply_for_servers_that_parse_it_themselves():
+    reply = "Let me think.\nIn summary, the next action I will perform is ```click [1234]```\n"
+    assert get_action_parser("raw").parse(reply) == ParsedAction(reply.strip(), None)
+    assert "empty" in get_action_parser("raw").parse(" \n").error

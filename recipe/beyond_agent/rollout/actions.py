@@ -78,6 +78,36 @@ class PlainActionParser:
         return ParsedAction(stripped.splitlines()[0].strip(), None)
 
 
+@register_action_parser("react")
+class ReactActionParser:
+    """AgentGym's ReAct format: `Thought: ...` then `Action:` and the action; the first non-empty line after
+    the last `Action:` is the action (AgentGym's servers, e.g. WebShop's `click[...]`, expect it bare)."""
+
+    _marker = re.compile(r"Action\s*:", re.IGNORECASE)
+
+    def parse(self, text: str) -> ParsedAction:
+        parts = self._marker.split(text)
+        if len(parts) < 2:
+            return ParsedAction(None, "No 'Action:' found. Reply as 'Thought: <your reasoning>' and then "
+                                      "'Action: <one action>'.")
+        lines = [line.strip() for line in parts[-1].splitlines() if line.strip()]
+        if not lines:
+            return ParsedAction(None, "Nothing followed 'Action:'. Write one action after it.")
+        return ParsedAction(lines[0], None)
+
+
+@register_action_parser("raw")
+class RawActionParser:
+    """The whole reply, stripped, for servers that parse the model's text themselves (AgentGym's WebArena
+    server reads the action out of "In summary, the next action I will perform is ```...```")."""
+
+    def parse(self, text: str) -> ParsedAction:
+        stripped = text.strip()
+        if not stripped:
+            return ParsedAction(None, "Your reply was empty. Reply with your reasoning and one action.")
+        return ParsedAction(stripped, None)
+
+
 @register_action_parser("tagged")
 class TaggedActionParser:
     """The action is inside `<tag>...</tag>` (default tag `action`); the last such block wins, so the
