@@ -203,3 +203,15 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (a name or an address) only reaches this machine: `localhost`, 127.0.0.0/8 or ::1."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

@@ -17,7 +17,6 @@ stderr: `... envservice stopped: {"created": N, "closed": {"release": ..., "reap
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import json
 import logging
 import os
@@ -28,6 +27,7 @@ import time
 
 import uvicorn
 
+from childproc import is_loopback
 from envservice import registry
 from envservice.env_config import EnvConfigError, load_env_config
 from envservice.backends import BACKENDS, DEFAULT_STEP_TIMEOUT_S, EnvBackend, make_backend
@@ -144,16 +144,6 @@ def parse_env_ids(spec: str | None) -> list[str]:
     if unknown or not ids:
         raise SystemExit(f"envservice: --envs has unknown id(s) {unknown or [spec]}; valid ids: {', '.join(known)}")
     return ids
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` only accepts connections from this machine."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

@@ -40,7 +40,6 @@ on threads), and it runs an event-loop thread per session. This module speaks th
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import json
 import logging
 import math
@@ -50,6 +49,7 @@ import time
 from typing import Any, Mapping, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
+from childproc import is_loopback
 from envservice.envs.base import Param, StepResult, Task, TextEnv
 from envservice.errors import EnvServiceError, clip
 from envservice.protocol import ErrorCode
@@ -580,13 +580,7 @@ def _kwargs_text(kwargs: dict[str, Any]) -> str:
 
 def _is_loopback(url: str) -> bool:
     """Whether the URL's host is this machine (no proxy is used for it)."""
-    host = urlsplit(url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return is_loopback(urlsplit(url).hostname or "")
 
 
 def _close_stack(stack: contextlib.ExitStack) -> None:

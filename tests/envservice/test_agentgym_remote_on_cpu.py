@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -157,16 +156,7 @@ def play_to_success(client: EnvClient, env_id: str, data_idx: int) -> str:
     return created.session_id
 
 
-def wait_for(condition, timeout_s: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.2)
-    return condition()
-
-
-def test_remote_sessions_are_closed_after_release_reaping_a_killed_client_and_shutdown(servers, tmp_path):
+def test_remote_sessions_are_closed_after_release_reaping_a_killed_client_and_shutdown(servers, tmp_path, wait_for):
     url = servers["webshop"]
     config = write_config(tmp_path / "envs.yaml", {"webshop-remote": ("webshop", url),
                                                     "babyai-remote": ("babyai", servers["babyai"])})
@@ -182,7 +172,7 @@ def test_remote_sessions_are_closed_after_release_reaping_a_killed_client_and_sh
         # reaping: a session nobody releases is reaped after the idle timeout, and its remote env closed
         client.create("webshop-remote", task_id="4")
         assert len(open_remote_envs(url)) == baseline + 1
-        assert wait_for(lambda: len(open_remote_envs(url)) == baseline)
+        assert wait_for(lambda: len(open_remote_envs(url)) == baseline, 20.0)
 
         # a client killed in the middle of an episode: its session is reaped too
         script = textwrap.dedent(f"""
@@ -199,7 +189,7 @@ def test_remote_sessions_are_closed_after_release_reaping_a_killed_client_and_sh
         assert len(open_remote_envs(url)) == baseline + 1
         os.kill(victim.pid, signal.SIGKILL)
         victim.wait()
-        assert wait_for(lambda: len(open_remote_envs(url)) == baseline)
+        assert wait_for(lambda: len(open_remote_envs(url)) == baseline, 20.0)
 
         # a server without /close: sequential sessions reuse one remote env instead of leaking one each
         babyai_before = len(open_remote_envs(servers["babyai"]))

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import sys
 from pathlib import Path
 
-from childproc import free_port
+from childproc import free_port, is_loopback
 from recipe.beyond_agent.viewer.curves import write_curves_png
 from recipe.beyond_agent.viewer.run_folder import MetricsLog
 
@@ -25,13 +24,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
-
-
 def main(argv: list[str] | None = None) -> int:
     """Serve the viewer (or write the PNG); returns the exit code."""
     args = parse_args(argv)
@@ -47,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from recipe.beyond_agent.viewer.app import create_app
 
-    if not _is_loopback(args.host):
+    if not is_loopback(args.host):
         print(f"viewer: warning: listening on {args.host}: anyone who can reach it reads this run "
               "(the viewer has no login)", file=sys.stderr)
     port = args.port or free_port(args.host)
