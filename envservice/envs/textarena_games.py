@@ -15,6 +15,8 @@ from the game's outcome.
 
 from __future__ import annotations
 
+import abc
+
 import importlib
 import random
 import re
@@ -64,17 +66,20 @@ class TextArenaGameEnv(TextEnv):
         """Keyword arguments of the game class from a task's params (range-checked: `bad_request`)."""
         return {}
 
+    @abc.abstractmethod
     def normalize_move(self, action: str) -> str | None:
         """The action in the game's canonical format, or None when it holds no move of this game."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def won(self) -> bool:
         """Whether the player won the current game."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def progress(self) -> float:
         """Partial credit in [0, 1] of a game not won (the game's own completion measure)."""
-        raise NotImplementedError
+        ...
 
     @classmethod
     def resolve_task(cls, task_id: int | str | None, split: str, seed: int | None,
