@@ -16,7 +16,6 @@ from the game's outcome.
 from __future__ import annotations
 
 import abc
-
 import importlib
 import random
 import re
