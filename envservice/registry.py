@@ -102,7 +102,8 @@ class Registration:
         except Exception as exc:  # a missing or broken package: say which env and why, not a bare 500
             raise EnvServiceError(
                 ErrorCode.env_error,
-                f"env {self.env_id!r} cannot be loaded: importing {self.entry_point!r} failed with {exc!r}; install "
+                f"env {self.env_id!r} cannot be loaded: importing or configuring {self.entry_point!r} failed with "
+                f"{exc!r}; install "
                 f"the package it needs (README, 'Installing'), fix its config, or stop serving it "
                 f"(registered by: {self.origin})",
             ) from exc
