@@ -50,7 +50,7 @@ def test_rows_choose_their_task_by_name_then_env_then_default():
     ({"_target_": "no_such_module.Task"}, r"beyond_agent.tasks.x._target_='no_such_module.Task' cannot be imported"),
     ({"_target_": "collections.OrderedDict"}, r"_target_='collections.OrderedDict' is not an AgentTask subclass"),
     ({"name": "env", "colour": "red"}, r"beyond_agent.tasks.x: EnvTask\(colour='red'\) failed: .*colour"),
-    ({"action_format": "json"}, r"action_format='json' is not registered; choose one of \['plain', 'tagged'"),
+    ({"action_format": "json"}, r"action_format='json' is not registered; choose one of \['plain', 'raw', 'react', 'tagged'"),
     ({"name": "env", "_target_": "a.B"}, r"gives both _target_ \('a.B'\) and name \('env'\)"),
 ])
 def test_bad_task_entries_name_the_entry_and_the_choices(entry, message):
