@@ -103,8 +103,7 @@ class Registration:
             raise EnvServiceError(
                 ErrorCode.env_error,
                 f"env {self.env_id!r} cannot be loaded: importing or configuring {self.entry_point!r} failed with "
-                f"{exc!r}; install "
-                f"the package it needs (README, 'Installing'), fix its config, or stop serving it "
+                f"{exc!r}; install the package it needs (README, 'Installing'), fix its config, or stop serving it "
                 f"(registered by: {self.origin})",
             ) from exc
 

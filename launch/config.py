@@ -77,7 +77,7 @@ class ServiceConfig:
     env_url: bool = False
     """Training talks to this service: its URL becomes `{env_url}` and `beyond_agent.env.url`."""
     hint: str | None = None
-    """What to do when the service does not become healthy (e.g. how to start the user's server)."""
+    """For the user's own server (no `command`): what to do when it does not answer (how to start it)."""
 
     @property
     def external(self) -> bool:

@@ -47,12 +47,6 @@ class PlannedService:
     """`http://host:port`: what training is given when the service has `env_url`."""
 
 
-def expand(text: str, variables: dict[str, str]) -> str:
-    """Replace `$NAME`, `${NAME}` and `${NAME:-default}` with their values (an unset name with no default
-    becomes empty, as in a shell); the same rule as envservice's env-config files."""
-    return expand_variables(text, variables)
-
-
 def activated(command: list[str], activation: str) -> list[str]:
     """Run `python <args>` after the activation command (or `source <file>`), in one bash that execs python.
 
@@ -71,10 +65,10 @@ def plan_service(config: ServiceConfig, values: dict[str, str], dotenv: dict[str
     where = f"{config.where}.command"
     command = [substitute(arg, filled, where) for arg in config.command]
     env = service_env(config, dotenv)
-    activation = expand(config.activate, {**os.environ, **env}) if config.activate else ""
+    activation = expand_variables(config.activate, {**os.environ, **env}) if config.activate else ""
     if activation.strip():
         command = activated(command, activation.strip())
-    health_url = expand(substitute(config.health_url, filled, f"{config.where}.health_url"), {**os.environ, **env})
+    health_url = expand_variables(substitute(config.health_url, filled, f"{config.where}.health_url"), {**os.environ, **env})
     if config.external:  # the user's server: its URL is where its health URL points
         parts = urlsplit(health_url)
         return PlannedService(config, [], env, health_url, f"{parts.scheme}://{parts.netloc}")
@@ -90,7 +84,7 @@ def service_env(config: ServiceConfig, dotenv: dict[str, str]) -> dict[str, str]
             raise LaunchConfigError(f"{config.where}.env_file: {path} does not exist")
         env.update(load_dotenv(path))
     variables = {**os.environ, **env}
-    env.update({key: expand(value, variables) for key, value in config.env.items()})
+    env.update({key: expand_variables(value, variables) for key, value in config.env.items()})
     return {key: value for key, value in env.items() if value != ""}
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import requests
 from requests.adapters import HTTPAdapter
@@ -60,8 +60,8 @@ class Dialect:
     """The request key that names the server-side env: `env_idx` or `id`."""
     create_id_key: str | None
     """The key of the new env's id in `/create`'s answer; None: the answer is the bare id."""
-    reset_fields: Callable[[int], dict[str, Any]]
-    """The `/reset` payload (besides the id) that loads data index `i`."""
+    index_field: str
+    """The `/reset` field that carries the data index (`session_id`, `data_idx`, `game`, `idx`)."""
     observation_key: str
     """The key of the observation in `/step`'s answer (and `/reset`'s unless `observe_after_reset`)."""
     done_key: str = "done"
@@ -78,17 +78,23 @@ class Dialect:
     """A `/reset` answer key shown before the observation (SciWorld's `task_description`)."""
     actions_key: str | None = None
     """A key listing the valid actions, appended to observations (ALFWorld's `available_actions`)."""
+    reset_extra: Mapping[str, Any] = field(default_factory=dict)
+    """Fixed `/reset` fields besides the id and the index (WebArena's `seed`, ALFWorld's `world_type`)."""
+
+    def reset_payload(self, data_idx: int) -> dict[str, Any]:
+        """The `/reset` payload (besides the id) that loads data index `data_idx`."""
+        return {self.index_field: data_idx, **self.reset_extra}
 
 
 DIALECTS: Mapping[str, Dialect] = {
-    "webshop": Dialect("env_idx", None, lambda i: {"session_id": i}, "state", observe_after_reset=True),
-    "webarena": Dialect("env_idx", "env_idx", lambda i: {"seed": 0, "idx": i}, "observation", done_key="terminated"),
-    "sciworld": Dialect("id", "id", lambda i: {"data_idx": i}, "observation", score_key="score", score_scale=100.0,
+    "webshop": Dialect("env_idx", None, "session_id", "state", observe_after_reset=True),
+    "webarena": Dialect("env_idx", "env_idx", "idx", "observation", done_key="terminated", reset_extra={"seed": 0}),
+    "sciworld": Dialect("id", "id", "data_idx", "observation", score_key="score", score_scale=100.0,
                         has_close=False, reset_prefix_key="task_description"),
-    "babyai": Dialect("id", "id", lambda i: {"data_idx": i}, "observation", score_key="score", has_close=False),
-    "textcraft": Dialect("id", "id", lambda i: {"data_idx": i}, "observation"),
-    "alfworld": Dialect("id", "id", lambda i: {"game": i, "world_type": "Text"}, "observation",
-                        actions_key="available_actions"),
+    "babyai": Dialect("id", "id", "data_idx", "observation", score_key="score", has_close=False),
+    "textcraft": Dialect("id", "id", "data_idx", "observation"),
+    "alfworld": Dialect("id", "id", "game", "observation", actions_key="available_actions",
+                        reset_extra={"world_type": "Text"}),
 }
 """The AgentGym env types we speak, by the `env_type` a config names."""
 
@@ -184,7 +190,7 @@ class AgentGymEnv(TextEnv):
             raise AgentGymServerError("AgentGymEnv is not configured: register it with kind: agentgym and a config")
         if self.remote_id is None:
             self.remote_id = self._acquire()
-        answer = self._post("reset", self.dialect.reset_fields(int(task.name)))
+        answer = self._post("reset", self.dialect.reset_payload(int(task.name)))
         self.score, self.done = 0.0, False
         if self.dialect.observe_after_reset:
             observation = _text(self._get("observation"))

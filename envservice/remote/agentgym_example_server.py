@@ -116,7 +116,7 @@ def create_app(env_type: str, env_id: str = "frozenlake") -> FastAPI:
 
     @app.post("/reset")
     async def reset(request: Request) -> Any:
-        body = await _body(request, dialect.id_field, _reset_index_field(env_type))
+        body = await _body(request, dialect.id_field, dialect.index_field)
         return _guarded(env_type, lambda: _reset_answer(env_type, dialect, table, body))
 
     @app.post("/step")
@@ -141,10 +141,6 @@ def create_app(env_type: str, env_id: str = "frozenlake") -> FastAPI:
             return {"closed": closed}
 
     return app
-
-
-def _reset_index_field(env_type: str) -> str:
-    return {"webshop": "session_id", "webarena": "idx", "alfworld": "game"}.get(env_type, "data_idx")
 
 
 async def _body(request: Request, *required: str) -> dict[str, Any]:
@@ -184,7 +180,7 @@ def _observation_of(table: EnvTable, env_id: int) -> str:
 
 def _reset_answer(env_type: str, dialect: Dialect, table: EnvTable, body: dict[str, Any]) -> Any:
     env_id = body[dialect.id_field]
-    observation, score, done = table.reset(env_id, body[_reset_index_field(env_type)])
+    observation, score, done = table.reset(env_id, body[dialect.index_field])
     if env_type == "webshop":
         return [observation, None]
     if env_type == "webarena":
