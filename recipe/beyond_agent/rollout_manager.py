@@ -11,24 +11,35 @@ entry, else `default`) and its own prompt (verl's `raw_prompt`, from the parquet
 batch can mix environments, parsers and rewards. What goes back to verl per row is `rollout/batch.py`'s
 `training_batch`; our figures go in `meta_info["timing"]`, which verl logs as `timing_s/<key>`, the same
 channel verl's own agent loop uses for its counters.
+
+With `beyond_agent.rollout_mode: async` the training episodes are played ahead, in the background, by an
+`AsyncEpisodePool` (rollout/async_pool.py) that the trainer feeds from its dataloader (`start_async`,
+`take_rows`); `generate_sequences` then returns the finished episodes of the rows verl hands it, found by the
+row key the trainer's loader wrote (`ROW_KEY`). Validation always plays its episodes on the spot.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from envservice.client import EnvClient
+from recipe.beyond_agent.rollout.async_pool import AsyncEpisodePool, PendingRow, episode_versions
 from recipe.beyond_agent.rollout.batch import training_batch
-from recipe.beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec
-from recipe.beyond_agent.rollout.env_manager import ParallelEnvManager, RolloutOutput
+from recipe.beyond_agent.rollout.dataflow import Dataflow, EpisodeResult, EpisodeSpec
+from recipe.beyond_agent.rollout.env_manager import ParallelEnvManager, RolloutOutput, summarize
 from recipe.beyond_agent.rollout.llm import AsyncLLMServerManager, VerlLLMServerBackend
+from recipe.beyond_agent.rollout.versions import PolicyVersionGate
 from recipe.beyond_agent.settings import BeyondAgentSettings
 from recipe.beyond_agent.tasks import TaskTable
 from recipe.beyond_agent.trajectories import episode_record, write_dump
 
 logger = logging.getLogger(__name__)
+
+ROW_KEY = "beyond_agent_row_key"
+"""Non-tensor field the async loader writes on every row it hands verl: the key of its finished episodes."""
 
 
 def rows_to_episodes(non_tensor_batch: dict, default_env_id: str | None, tasks: TaskTable) -> list[EpisodeSpec]:
@@ -77,6 +88,11 @@ class BeyondAgentLoopManager:
         self._dumped: dict[tuple[int, str], int] = {}  # (step, kind) -> episodes dumped by this process
         self.env_client = EnvClient(self.settings.env.url, token=self.settings.env.token,
                                     timeout=self.settings.env.timeout_s, pool_size=self.settings.concurrency)
+        self.gate = PolicyVersionGate(partial_rollout=self.settings.async_rollout.partial_rollout)
+        """Weight versions of generated turns; the trainer's weight sync goes through it in async mode."""
+        self._pool: AsyncEpisodePool | None = None
+        self._taken: dict[str, tuple[PendingRow, list[EpisodeResult]]] = {}
+        self._taken_metrics: dict[str, float] = {}
 
     @classmethod
     def create(cls, config: Any, llm_client: Any, teacher_client: Any = None,
@@ -88,18 +104,93 @@ class BeyondAgentLoopManager:
         """Play one episode per row and return verl's rollout batch (see the module docstring)."""
         meta = dict(prompts.meta_info)
         settings = self.settings
-        specs = rows_to_episodes(prompts.non_tensor_batch, settings.env.env_id, settings.tasks)
-        manager = ParallelEnvManager(self.env_client, self.llm.with_sampling(settings.sampling(meta)),
-                                     self.tokenizer, settings.episode, max_workers=settings.concurrency)
         busy_before = self.llm.metrics().busy_time_s
-        output = manager.run(specs, max_rounds=settings.max_rounds(meta))
+        if self._pool is not None and not meta.get("validate") and ROW_KEY in prompts.non_tensor_batch:
+            output = self._finished_output(prompts.non_tensor_batch[ROW_KEY])
+        else:
+            specs = rows_to_episodes(prompts.non_tensor_batch, settings.env.env_id, settings.tasks)
+            manager = self._episode_manager(settings.sampling(meta), gated=self._pool is not None)
+            output = manager.run(specs, max_rounds=settings.max_rounds(meta))
         batch = training_batch(output.results, prompts, self.tokenizer.pad_token_id,
                                settings.episode.max_prompt_length, settings.episode.max_response_length,
                                group_based=settings.group_based)
-        batch.meta_info = {"timing": rollout_timing(output, self.llm.metrics().busy_time_s - busy_before),
-                           "reward_extra_keys": ["success"]}
+        timing = rollout_timing(output, self.llm.metrics().busy_time_s - busy_before)
+        timing.update({f"beyond_agent/{key}": value for key, value in output.extra.items()})
+        batch.meta_info = {"timing": timing, "reward_extra_keys": ["success"]}
         self._log_step(meta, output)
         return batch
+
+    def _episode_manager(self, sampling: Any, gated: bool) -> ParallelEnvManager:
+        """Episodes with this sampling; `gated`: through the version gate (async mode), so that weight syncs
+        wait for requests in flight and every turn records its version."""
+        generate = self.llm.with_sampling(sampling)
+        if gated:
+            generate = self.gate.generate_fn(generate)
+        return ParallelEnvManager(self.env_client, generate, self.tokenizer, self.settings.episode,
+                                  max_workers=self.settings.concurrency)
+
+    # ---- asynchronous rollout (rollout/async_pool.py) -------------------------------------------
+
+    def start_async(self, rows: Iterator[dict], batch_size: int, samples_per_row: int, trained_steps: int) -> None:
+        """Start playing training episodes in the background, drawing dataset rows from `rows`."""
+        settings = self.settings
+        manager = self._episode_manager(settings.train_sampling, gated=True)
+
+        def make_specs(key: str, row: dict) -> list[EpisodeSpec]:
+            group = {name: [row.get(name)] * samples_per_row for name in ("extra_info", "raw_prompt", "task")
+                     if name in row}
+            group["uid"] = [key] * samples_per_row
+            return rows_to_episodes(group, settings.env.env_id, settings.tasks)
+
+        def run_episode(spec: EpisodeSpec, max_rounds: int) -> EpisodeResult:
+            config = dataclasses.replace(settings.episode, max_rounds=max_rounds)
+            with self.gate.episode():
+                return manager.dataflow(spec, config).run()
+
+        self._pool = AsyncEpisodePool(
+            rows, make_specs, run_episode, lambda step: settings.max_rounds({"global_steps": step}), self.gate,
+            batch_size, settings.async_rollout, settings.concurrency,
+            describe=lambda result: result.spec.agent_task.label)
+        self._pool.start(trained_steps)
+
+    def take_rows(self) -> list[PendingRow]:
+        """The next training step's rows, all episodes finished (blocks until they are)."""
+        taken = self._pool.take_batch()
+        for row in taken.rows:
+            self._taken[row.key] = (row, row.results())
+        self._taken_metrics = taken.metrics
+        return taken.rows
+
+    def version_changed(self) -> None:
+        """The trainer synced new weights: the pool may draw rows again."""
+        if self._pool is not None:
+            self._pool.version_changed()
+
+    def close_async(self) -> dict[str, int]:
+        """Stop the background rollout; the run's accounting of every admitted episode."""
+        if self._pool is None:
+            return {}
+        accounting = self._pool.close()
+        print(f"[beyond_agent] async rollout accounting: {accounting}", flush=True)
+        return accounting
+
+    def _finished_output(self, row_keys: Any) -> RolloutOutput:
+        """The taken episodes of these rows, in verl's row order (rows repeated n times, interleaved)."""
+        seen: dict[str, int] = {}
+        results = []
+        for key in row_keys:
+            if key not in self._taken:
+                raise KeyError(f"row {key!r} was not handed out by the async loader; in async mode every training "
+                               "batch must come from BeyondAgentTrainer's loader")
+            index = seen.get(key, 0)
+            seen[key] = index + 1
+            results.append(self._taken[key][1][index])
+        walls = [r.wall_time_s for r in results]
+        output = RolloutOutput(results=results, metrics=summarize(results, max(walls, default=0.0)),
+                               extra=dict(self._taken_metrics))
+        for key in seen:
+            self._taken.pop(key, None)
+        return output
 
     def _log_step(self, meta: dict, output: RolloutOutput) -> None:
         step = int(meta.get("global_steps", 0))

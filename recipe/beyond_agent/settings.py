@@ -15,11 +15,13 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from recipe.beyond_agent.rollout.async_pool import AsyncRolloutSettings
 from recipe.beyond_agent.rollout.dataflow import DataflowConfig
 from recipe.beyond_agent.rollout.llm import LLMManagerConfig, SamplingParams
 from recipe.beyond_agent.rollout.rounds import RoundScheduler
 from recipe.beyond_agent.tasks import TaskTable
 
+ROLLOUT_MODES = ("sync", "async")
 # Estimators whose baseline is computed from the other samples of the same prompt (verl's `uid` group):
 # an infrastructure failure takes its whole group out of training with it.
 NON_GROUP_ESTIMATORS = ("gae", "reinforce_plus_plus", "remax")
@@ -99,6 +101,10 @@ class BeyondAgentSettings:
     """Sampling of validation rollouts (greedy unless val_kwargs.do_sample)."""
     group_based: bool
     """Whether the advantage estimator baselines each sample against its group (GRPO, RLOO, ...)."""
+    rollout_mode: str = "sync"
+    """sync: each step plays its own episodes; async: episodes are played ahead while the actor trains."""
+    async_rollout: AsyncRolloutSettings = AsyncRolloutSettings()
+    """The staleness bound and policies of async mode (`beyond_agent.async_rollout`)."""
 
     @classmethod
     def from_config(cls, config: Any) -> "BeyondAgentSettings":
@@ -121,7 +127,15 @@ class BeyondAgentSettings:
                                         max_per_step=int(dump.get("max_per_step", 16))),
             train_sampling=_sampling(config, validate=False), val_sampling=_sampling(config, validate=True),
             group_based=is_group_estimator(_get(_get(config, "algorithm"), "adv_estimator") or "grpo"),
+            rollout_mode=_rollout_mode(config, section),
+            async_rollout=AsyncRolloutSettings.from_mapping(_section(section.get("async_rollout") or {},
+                                                                     "beyond_agent.async_rollout")),
         )
+
+    @property
+    def is_async(self) -> bool:
+        """Whether training episodes are played ahead in the background (`rollout_mode: async`)."""
+        return self.rollout_mode == "async"
 
     @property
     def concurrency(self) -> int:
@@ -163,6 +177,20 @@ def _sampling(config: Any, validate: bool) -> SamplingParams:
     return _named(SamplingParams, temperature=float(_get(val, "temperature", 1.0)), top_p=float(_get(val, "top_p", 1.0)))
 
 
+def _rollout_mode(config: Any, section: dict) -> str:
+    """`beyond_agent.rollout_mode`, checked against what the rollout engine must allow for it."""
+    mode = section.get("rollout_mode", "sync")
+    if mode not in ROLLOUT_MODES:
+        raise ValueError(f"beyond_agent.rollout_mode={mode!r} is not valid; choose one of {', '.join(ROLLOUT_MODES)}")
+    rollout = _get(_get(config, "actor_rollout_ref"), "rollout")
+    if mode == "async" and _get(rollout, "free_cache_engine", False):
+        # verl puts the rollout engine to sleep after each generation when this is on, and async episodes
+        # are still generating then.
+        raise ValueError("beyond_agent.rollout_mode=async needs actor_rollout_ref.rollout.free_cache_engine=false "
+                         "(the rollout server must keep serving while the actor trains)")
+    return mode
+
+
 def _val_max_rounds(value: Any) -> int | None:
     if value is None:
         return None
@@ -183,7 +211,7 @@ def _named(build: Callable, *args: Any, **kwargs: Any) -> Any:
 
 
 SECTION_KEYS = ("env", "rounds", "val_max_rounds", "tasks", "max_tokens_per_turn", "concurrency", "episode_timeout_s",
-                "llm_request_timeout_s", "trajectories")
+                "llm_request_timeout_s", "trajectories", "rollout_mode", "async_rollout")
 MOVED_KEYS = {"action_format": "beyond_agent.tasks.default.action_format",
               "system_prompt": "beyond_agent.tasks.default.system_prompt"}
 

@@ -7,6 +7,18 @@ each row's task reward as `rm_scores`, and reports its figures through verl's tr
 validated by `BeyondAgentSettings`, in the driver before Ray starts and where the rollout manager uses it.
 When `fit()` returns or fails, the run's main curves are drawn into `curves.png` beside its metrics.jsonl
 (recipe/beyond_agent/viewer/curves.py), for people who never open the viewer.
+
+Asynchronous rollout (`beyond_agent.rollout_mode: async`) also runs on verl's unchanged `fit()`, through
+three seams of the legacy trainer instead of a copy of `fit()`:
+- the train dataloader `fit()` iterates is wrapped (`AsyncRowLoader`): each batch it yields is made of rows
+  whose episodes the rollout manager already finished in the background, keyed so that
+  `generate_sequences` returns exactly those episodes;
+- the checkpoint manager's `update_weights` (verl's weight sync, called by `fit()` after each actor update)
+  runs inside the manager's version gate, so that a sync happens between generation requests and every
+  generated turn records the version that produced it;
+- `_compute_old_log_prob` and `_update_actor` (helpers `fit()` calls): with `old_log_probs: behaviour` the
+  policy loss's π_old is the rollout's sampling log-probs, and the gap between those and the trainer's own
+  recomputation is logged (`beyond_agent/async/logprob_gap_*`) with the actor's metrics of that step.
 """
 
 from __future__ import annotations
@@ -15,9 +27,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+import torch
 from omegaconf import open_dict
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
+from recipe.beyond_agent.rollout_manager import ROW_KEY
+from recipe.beyond_agent.settings import BeyondAgentSettings
 from recipe.beyond_agent.verl_pin import ensure_pinned_verl
 from recipe.beyond_agent.viewer.run_folder import CURVES_FILE, METRICS_PATH_VARIABLE, MetricsLog
 
@@ -43,13 +58,127 @@ class BeyondAgentTrainer(RayPPOTrainer):
         notice = align_total_epochs(self.config, len(self.train_dataloader), self.total_training_steps)
         if notice:
             print(notice, flush=True)
+        self.beyond_settings = BeyondAgentSettings.from_config(self.config)
+        """Our validated `beyond_agent:` section."""
+        self._async_actor_metrics: dict[str, float] = {}
+
+    def init_workers(self) -> None:
+        """verl's workers; in async mode its weight sync then goes through the rollout's version gate."""
+        super().init_workers()
+        if self.beyond_settings.is_async:
+            route_weight_sync_through_gate(self.checkpoint_manager, self.async_rollout_manager)
 
     def fit(self) -> None:
         """verl's fit(), then the curves PNG (also after a failure: the steps that ran are worth a look)."""
         try:
+            if self.beyond_settings.is_async:
+                self.train_dataloader = AsyncRowLoader(self.train_dataloader, self)
             super().fit()
         finally:
+            if self.beyond_settings.is_async:
+                self.async_rollout_manager.close_async()
             write_curves_beside_metrics(os.environ.get(METRICS_PATH_VARIABLE))
+
+    def _compute_old_log_prob(self, batch: Any):
+        """verl's recomputation; in async mode also the rollout/trainer gap, and π_old = the behaviour policy
+        when `old_log_probs: behaviour`."""
+        old_log_prob, mfu = super()._compute_old_log_prob(batch)
+        if not self.beyond_settings.is_async:
+            return old_log_prob, mfu
+        if "rollout_log_probs" not in batch.batch:
+            raise RuntimeError("async rollout needs the rollout's sampling log-probs (rollout_log_probs), and this "
+                               "batch has none: the LLM server must return log-probs")
+        recomputed = old_log_prob.batch["old_log_probs"]
+        behaviour = batch.batch["rollout_log_probs"].to(recomputed.dtype)
+        self._async_actor_metrics = log_prob_gap_metrics(recomputed, behaviour, batch.batch["response_mask"])
+        if self.beyond_settings.async_rollout.old_log_probs == "behaviour":
+            old_log_prob.batch["old_log_probs"] = behaviour
+        return old_log_prob, mfu
+
+    def _update_actor(self, batch: Any) -> Any:
+        """verl's actor update; the step's rollout/trainer log-prob gap joins its metrics."""
+        output = super()._update_actor(batch)
+        output.meta_info["metrics"].update(self._async_actor_metrics)
+        self._async_actor_metrics = {}
+        return output
+
+
+class AsyncRowLoader:
+    """The train dataloader `fit()` iterates in async mode: batches of rows whose episodes already finished.
+
+    On the first iteration it starts the rollout manager's background pool, which draws rows from the
+    wrapped dataloader (epoch after epoch) as far ahead as the staleness bound allows. Each batch it yields
+    is verl's collated rows plus `ROW_KEY`. Its length and checkpoint state are the wrapped loader's (the
+    state is the background's reading position: a resumed run skips the rows that were in flight).
+    """
+
+    def __init__(self, dataloader: Any, trainer: "BeyondAgentTrainer"):
+        self.dataloader = dataloader
+        self.trainer = trainer
+        self._started = False
+
+    def __len__(self) -> int:
+        return len(self.dataloader)
+
+    def state_dict(self) -> dict:
+        """The wrapped loader's state (for verl's checkpoints)."""
+        return self.dataloader.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore the wrapped loader's state (verl's resume)."""
+        self.dataloader.load_state_dict(state)
+
+    def __iter__(self):
+        from verl.utils.dataset.rl_dataset import collate_fn
+
+        manager = self.trainer.async_rollout_manager
+        if not self._started:
+            config = self.trainer.config
+            manager.start_async(endless_rows(self.dataloader), batch_size=config.data.train_batch_size,
+                                samples_per_row=config.actor_rollout_ref.rollout.n,
+                                trained_steps=self.trainer.global_steps - 1)
+            self._started = True
+        for _ in range(len(self.dataloader)):
+            yield collate_fn([{**row.row, ROW_KEY: row.key} for row in manager.take_rows()])
+
+
+def endless_rows(dataloader: Any):
+    """The dataloader's rows one by one, epoch after epoch (each row one element of every batch field)."""
+    while True:
+        for batch in dataloader:
+            size = len(next(iter(batch.values())))
+            for index in range(size):
+                yield {key: values[index] for key, values in batch.items()}
+
+
+def route_weight_sync_through_gate(checkpoint_manager: Any, rollout_manager: Any) -> None:
+    """Wrap verl's `checkpoint_manager.update_weights` so that a sync waits for generation requests in flight
+    (or whole episodes, without partial rollout), and publishes the new policy version when done."""
+    sync = checkpoint_manager.update_weights
+
+    def update_weights(global_steps: int | None = None):
+        with rollout_manager.gate.updating(int(global_steps or 0)):
+            result = sync(global_steps)
+        rollout_manager.version_changed()
+        return result
+
+    checkpoint_manager.update_weights = update_weights
+
+
+def log_prob_gap_metrics(trainer: torch.Tensor, rollout: torch.Tensor, response_mask: torch.Tensor) -> dict[str, float]:
+    """How far the rollout's sampling log-probs are from the trainer's recomputation, over response tokens.
+
+    Non-zero even at zero staleness (different kernels and precision); with stale tokens it also holds the
+    policy's drift. `ratio_mean` is the mean importance ratio π_trainer / π_rollout.
+    """
+    mask = response_mask.bool()
+    if not mask.any():
+        return {}
+    gap = (trainer - rollout)[mask]
+    return {"beyond_agent/async/logprob_gap_abs_mean": gap.abs().mean().item(),
+            "beyond_agent/async/logprob_gap_abs_max": gap.abs().max().item(),
+            "beyond_agent/async/logprob_gap_mean": gap.mean().item(),
+            "beyond_agent/async/ratio_mean": gap.exp().mean().item()}
 
 
 def write_curves_beside_metrics(metrics_file: str | None) -> Path | None:

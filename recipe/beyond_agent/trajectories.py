@@ -94,7 +94,8 @@ class TrajectoryRecord:
     wall_time_s: float
     """Seconds from session creation to release."""
     policy_version: int | None = None
-    """Version of the weights that sampled it, when the rollout knows it (asynchronous rollout)."""
+    """Version (verl global step) of the oldest weights that sampled it, when the rollout knows it
+    (asynchronous rollout; `extra["turn_policy_versions"]` then has one version per assistant turn)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Anything else a writer wants to keep; readers ignore what they do not know."""
 
@@ -123,8 +124,13 @@ class TrajectoryRecord:
 
 
 def episode_record(result: Any, step: int, kind: str, policy_version: int | None = None) -> TrajectoryRecord:
-    """The record of a finished `EpisodeResult` (rollout/dataflow.py)."""
+    """The record of a finished `EpisodeResult` (rollout/dataflow.py); the policy version, unless given,
+    is the oldest of its turns' versions (async rollout tags each turn)."""
     spec, episode = result.spec, result.episode
+    turn_versions = list(getattr(episode, "turn_policy_versions", None) or [])
+    known = [version for version in turn_versions if version is not None]
+    if policy_version is None and known:
+        policy_version = min(known)
     return TrajectoryRecord(
         schema=SCHEMA_VERSION, step=step, kind=kind, index=spec.index, env=spec.env_id, task=spec.task_id,
         split=spec.split, seed=spec.seed, agent_task=spec.agent_task.label, group=spec.group_id,
@@ -137,7 +143,8 @@ def episode_record(result: Any, step: int, kind: str, policy_version: int | None
         step_rewards=list(result.step_rewards), reward=result.reward, score=result.score, success=result.success,
         rounds=result.rounds, termination=result.termination, error=result.error,
         env_time_s=round(result.env_time_s, 4), llm_time_s=round(result.llm_time_s, 4),
-        wall_time_s=round(result.wall_time_s, 4), policy_version=policy_version)
+        wall_time_s=round(result.wall_time_s, 4), policy_version=policy_version,
+        extra={"turn_policy_versions": turn_versions} if known else {})
 
 
 def dump_file_name(step: int, kind: str) -> str:

@@ -188,7 +188,7 @@ class Dataflow:
                 return
             self._rounds = round_number
             turn = self._generate(handler)
-            handler.add_assistant(turn.token_ids, turn.logprobs)
+            handler.add_assistant(turn.token_ids, turn.logprobs, getattr(turn, "policy_version", None))
             if handler.done:  # the response hit max_response_length: `length`, and the env does not step
                 self._step_rewards.append(0.0)
                 return

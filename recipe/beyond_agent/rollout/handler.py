@@ -79,6 +79,10 @@ class Episode:
     """One per assistant turn: the env's reward for that turn's action (0.0 where the env did not step)."""
     turn_ends: list[int] = field(default_factory=list)
     """One per assistant turn: the response position of its last token (-1 when the turn kept no token)."""
+    turn_policy_versions: list[int | None] = field(default_factory=list)
+    """One per assistant turn: the policy version (verl global step) of the weights that sampled it, None
+    when the rollout does not track versions (synchronous rollout). With `turn_ends` it gives every
+    generated token's version."""
 
 
 class RolloutHandler:
@@ -138,6 +142,7 @@ class RolloutHandler:
         self._response_mask = array("b")
         self._response_logprobs = array("d")
         self._turn_ends = array("q")
+        self._turn_versions: list[int | None] = []
         self._check_first_messages()
         # Why the simple delta would be wrong for this template (probed once per template), or None.
         self._template_problem = template_problem(tokenizer, tools)
@@ -147,8 +152,10 @@ class RolloutHandler:
 
     # ----- building the sequence -------------------------------------------------------------------
 
-    def add_assistant(self, token_ids: Sequence[int], logprobs: Sequence[float] | None = None) -> None:
-        """Append one generated turn exactly as sampled (mask 1), end-of-turn token included if present."""
+    def add_assistant(self, token_ids: Sequence[int], logprobs: Sequence[float] | None = None,
+                      policy_version: int | None = None) -> None:
+        """Append one generated turn exactly as sampled (mask 1), end-of-turn token included if present;
+        `policy_version` is the version of the weights that sampled it, when the rollout knows it."""
         self._check_accepting("add_assistant")
         if self._messages[-1]["role"] == "assistant":
             raise ValueError("add_assistant called twice in a row: add an observation between assistant turns")
@@ -167,6 +174,7 @@ class RolloutHandler:
         # Rule: generated tokens are trained on (mask 1) with the log-probs they were sampled with.
         kept = self._append(ids, 1, array("d", logprobs) if logprobs is not None else None)
         self._turn_ends.append(len(self._response_ids) - 1 if kept else -1)
+        self._turn_versions.append(policy_version)
 
     def add_observation(self, content: str, role: str = "user") -> None:
         """Append the template delta of one new user/tool message plus the next generation prompt (mask 0)."""
@@ -260,6 +268,7 @@ class RolloutHandler:
             prompt_truncated=self.prompt_truncated,
             step_rewards=list(self.step_rewards),
             turn_ends=self._turn_ends.tolist(),
+            turn_policy_versions=list(self._turn_versions),
         )
 
     # ----- template text ------------------------------------------------------------------------------

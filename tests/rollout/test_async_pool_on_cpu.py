@@ -1,0 +1,285 @@
+"""The async rollout's parts on their own: the version gate, the pool's admission bound, carry-over of slow
+rows, dropping of rows past the staleness bound, and the accounting of every episode.
+
+Episodes here are real `EpisodeResult`s built by a scripted episode function (no LLM or env): what is under
+test is the scheduling, which must not depend on what the episodes contain.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+
+import pytest
+
+from recipe.beyond_agent.rollout.async_pool import AsyncEpisodePool, AsyncRolloutSettings, row_staleness
+from recipe.beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec
+from recipe.beyond_agent.rollout.handler import Episode
+from recipe.beyond_agent.rollout.versions import PolicyVersionGate
+from recipe.beyond_agent.settings import BeyondAgentSettings
+
+pytestmark = pytest.mark.timeout(60)
+
+
+# ---- the gate -------------------------------------------------------------------------------------
+
+def test_gate_tags_turns_and_an_update_waits_for_the_request_in_flight():
+    gate = PolicyVersionGate(version=3)
+    release = threading.Event()
+    events = []
+
+    def slow_generate(request_id, prompt_ids, max_tokens):
+        events.append("generating")
+        release.wait(5)
+        return type("Turn", (), {"token_ids": [1, 2], "logprobs": [-0.1, -0.2]})()
+
+    generate = gate.generate_fn(slow_generate)
+    results = []
+    request = threading.Thread(target=lambda: results.append(generate("r", [0], 2)))
+    request.start()
+    while not events:
+        time.sleep(0.01)
+
+    def update():
+        with gate.updating(4):
+            events.append("synced")
+
+    updater = threading.Thread(target=update)
+    updater.start()
+    time.sleep(0.2)
+    assert "synced" not in events  # the sync waits for the request in flight
+    release.set()
+    request.join(5)
+    updater.join(5)
+    assert events == ["generating", "synced"]
+    assert results[0].policy_version == 3 and results[0].token_ids == [1, 2]  # sampled before the sync
+    assert generate("r", [0], 2).policy_version == 4
+
+
+def test_gate_blocks_new_requests_during_an_update():
+    gate = PolicyVersionGate()
+    inside_update = threading.Event()
+    finish_update = threading.Event()
+    versions = []
+
+    def update():
+        with gate.updating(1):
+            inside_update.set()
+            finish_update.wait(5)
+
+    updater = threading.Thread(target=update)
+    updater.start()
+    inside_update.wait(5)
+
+    def request():
+        with gate.request() as version:
+            versions.append(version)
+
+    requester = threading.Thread(target=request)
+    requester.start()
+    time.sleep(0.2)
+    assert versions == []  # held while the weights change
+    finish_update.set()
+    requester.join(5)
+    updater.join(5)
+    assert versions == [1]
+
+
+def test_without_partial_rollout_an_update_waits_for_the_whole_episode():
+    gate = PolicyVersionGate(partial_rollout=False)
+    order = []
+    episode_may_end = threading.Event()
+
+    def episode():
+        with gate.episode():
+            with gate.request() as first:
+                order.append(("turn", first))
+            episode_may_end.wait(5)  # between turns: a partial-rollout sync could happen here
+            with gate.request() as second:
+                order.append(("turn", second))
+
+    def update():
+        with gate.updating(1):
+            order.append(("sync", 1))
+
+    player = threading.Thread(target=episode)
+    player.start()
+    while not order:
+        time.sleep(0.01)
+    updater = threading.Thread(target=update)
+    updater.start()
+    time.sleep(0.2)
+    episode_may_end.set()
+    player.join(5)
+    updater.join(5)
+    assert order == [("turn", 0), ("turn", 0), ("sync", 1)]  # both turns on the old weights
+
+
+def test_with_partial_rollout_an_episode_continues_on_the_new_weights():
+    gate = PolicyVersionGate(partial_rollout=True)
+    with gate.episode():
+        with gate.request() as first:
+            pass
+        with gate.updating(1):  # would deadlock if the episode were counted
+            pass
+        with gate.request() as second:
+            pass
+    assert (first, second) == (0, 1)
+
+
+# ---- the pool -------------------------------------------------------------------------------------
+
+class ScriptedEpisodes:
+    """make_specs / run_episode for the pool: each row has n episodes of one LLM turn (tagged with the gate's
+    version) followed by an env step whose duration is scripted by task id (or that waits for an event)."""
+
+    def __init__(self, gate: PolicyVersionGate, n: int = 2, durations: dict[int, float] | None = None,
+                 blockers: dict[int, threading.Event] | None = None):
+        self.gate, self.n, self.durations, self.blockers = gate, n, durations or {}, blockers or {}
+        self.started: list[int] = []
+        self.lock = threading.Lock()
+
+    def rows(self):
+        return ({"extra_info": {"env_id": "frozenlake", "task_id": task}} for task in itertools.count())
+
+    def make_specs(self, key, row):
+        return [EpisodeSpec(env_id=row["extra_info"]["env_id"], task_id=row["extra_info"]["task_id"],
+                            group_id=key, index=i) for i in range(self.n)]
+
+    def run_episode(self, spec, max_rounds):
+        with self.lock:
+            self.started.append(spec.task_id)
+        with self.gate.request() as version:
+            time.sleep(0.005)  # the LLM turn
+        time.sleep(self.durations.get(spec.task_id, 0.01))  # the env step: a slow env never holds a sync
+        if spec.task_id in self.blockers:
+            self.blockers[spec.task_id].wait(5)
+        episode = Episode(prompt_ids=[1], response_ids=[2], response_mask=[1], response_logprobs=[-0.5],
+                          termination="done", num_turns=1, turn_ends=[0], turn_policy_versions=[version])
+        return EpisodeResult(spec=spec, episode=episode, termination="done", reward=1.0, success=True, rounds=1)
+
+
+def make_pool(script, gate, batch_size=2, max_staleness=1, **settings):
+    return AsyncEpisodePool(script.rows(), script.make_specs, script.run_episode, max_rounds=lambda step: 3,
+                            gate=gate, batch_size=batch_size, concurrency=8,
+                            settings=AsyncRolloutSettings(max_staleness=max_staleness, **settings))
+
+
+def train_step(gate, pool, step):
+    """What the trainer does after a step: sync weights (version = step), tell the pool."""
+    with gate.updating(step):
+        pass
+    pool.version_changed()
+
+
+def wait_until(condition, timeout_s=5.0):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("max_staleness", [0, 1, 2])
+def test_rows_are_drawn_ahead_only_as_far_as_the_staleness_bound(max_staleness):
+    gate = PolicyVersionGate()
+    script = ScriptedEpisodes(gate)
+    pool = make_pool(script, gate, batch_size=2, max_staleness=max_staleness)
+    pool.start()
+    ahead = 2 * (max_staleness + 1)  # rows: this step's batch and K more
+    wait_until(lambda: pool.counts["admitted_rows"] == ahead)
+    time.sleep(0.3)
+    assert pool.counts["admitted_rows"] == ahead
+    taken = pool.take_batch()
+    # While step 1 trains (weights still version 0), a row drawn now would queue behind the K batches
+    # already waiting and train at step K + 2 on weights K + 1: one version too stale. So nothing is drawn
+    # until the sync; then exactly one batch more.
+    time.sleep(0.3)
+    assert pool.counts["admitted_rows"] == ahead
+    train_step(gate, pool, 1)
+    wait_until(lambda: pool.counts["admitted_rows"] == ahead + 2)
+    assert len(taken.rows) == 2 and taken.metrics["async/staleness_max"] == 0
+    pool.close()
+
+
+def test_a_slow_row_is_carried_over_and_finished_rows_train_first():
+    gate = PolicyVersionGate()
+    script = ScriptedEpisodes(gate, durations={0: 0.6})  # row of task 0 is the long tail
+    pool = make_pool(script, gate, batch_size=2, max_staleness=2)
+    pool.start()
+    first = pool.take_batch()
+    first_tasks = [row.row["extra_info"]["task_id"] for row in first.rows]
+    assert len(first_tasks) == 2 and 0 not in first_tasks  # not held by task 0: rows drawn after it trained first
+    assert first.metrics["async/carried_over_episodes"] >= 2  # task 0's two episodes were still running
+    time.sleep(0.8)  # step 1 trains meanwhile; task 0 finishes, after the rows of steps 2 and 3 did
+    for step in (1, 2):
+        train_step(gate, pool, step)
+        batch = pool.take_batch()
+        if 0 in [row.row["extra_info"]["task_id"] for row in batch.rows]:
+            break
+    else:
+        pytest.fail("the slow row never trained")
+    # Sampled by version 0, trained at step 2 or 3 against version 1 or 2: within the bound, and visible.
+    assert batch.metrics["async/staleness_max"] == step
+    assert batch.metrics["async/dropped_stale_episodes"] == 0
+    pool.close()
+
+
+def test_a_row_that_finished_past_the_bound_is_dropped_counted_and_labelled():
+    gate = PolicyVersionGate()
+    release = threading.Event()
+    script = ScriptedEpisodes(gate, blockers={0: release})  # task 0: sampled at version 0, env hangs
+    pool = make_pool(script, gate, batch_size=1, max_staleness=1)
+    pool.start()
+    pool.take_batch()  # step 1: task 1
+    train_step(gate, pool, 1)
+    pool.take_batch()  # step 2: task 2
+    train_step(gate, pool, 2)
+    release.set()
+    wait_until(lambda: all(f.done() for row in list(pool._waiting) for f in row.futures))
+    third = pool.take_batch()  # step 3 trains against version 2: task 0 is 2 > 1 versions stale
+    assert [row.row["extra_info"]["task_id"] for row in third.rows] != [0]
+    assert third.metrics["async/dropped_stale_episodes"] == 2
+    assert third.metrics["async/dropped_stale/frozenlake"] == 2  # labelled (here: by env id)
+    assert third.metrics["async/staleness_max"] <= 1
+    accounting = pool.close()
+    assert accounting["dropped_stale"] == 2 and accounting["trained"] == 6
+    assert accounting["admitted"] == (accounting["trained"] + accounting["dropped_stale"]
+                                      + accounting["left_unfinished_at_end"] + accounting["left_finished_at_end"])
+
+
+def test_row_staleness_counts_from_the_oldest_turn():
+    gate = PolicyVersionGate(version=5)
+    script = ScriptedEpisodes(gate)
+    pool = make_pool(script, gate, batch_size=1, max_staleness=3)
+    pool.start()
+    row = pool.take_batch().rows[0]
+    row.results()[1].episode.turn_policy_versions = [3, 5]  # a partial rollout: first turn on version 3
+    assert row_staleness(row, 6) == 3
+    pool.close()
+
+
+# ---- settings -------------------------------------------------------------------------------------
+
+def config(**beyond_agent):
+    return {"beyond_agent": {"env": {"url": "http://127.0.0.1:8000"}, **beyond_agent},
+            "data": {"max_prompt_length": 256, "max_response_length": 256},
+            "actor_rollout_ref": {"rollout": {"temperature": 1.0, "free_cache_engine": False}}}
+
+
+def test_async_settings_are_read_and_bad_values_are_named():
+    settings = BeyondAgentSettings.from_config(config(rollout_mode="async", async_rollout={"max_staleness": 4}))
+    assert settings.is_async and settings.async_rollout.max_staleness == 4
+    assert settings.async_rollout.old_log_probs == "behaviour" and settings.async_rollout.partial_rollout
+    with pytest.raises(ValueError, match=r"rollout_mode='later' is not valid; choose one of sync, async"):
+        BeyondAgentSettings.from_config(config(rollout_mode="later"))
+    with pytest.raises(ValueError, match=r"async_rollout has unknown key\(s\) \['staleness'\]; valid keys: max_staleness"):
+        BeyondAgentSettings.from_config(config(async_rollout={"staleness": 2}))
+    with pytest.raises(ValueError, match=r"old_log_probs='proximal' is not valid; choose one of behaviour, recompute"):
+        BeyondAgentSettings.from_config(config(async_rollout={"old_log_probs": "proximal"}))
+    with pytest.raises(ValueError, match=r"max_staleness must be an int >= 0"):
+        BeyondAgentSettings.from_config(config(async_rollout={"max_staleness": -1}))
+    sleeping = config(rollout_mode="async")
+    sleeping["actor_rollout_ref"]["rollout"]["free_cache_engine"] = True
+    with pytest.raises(ValueError, match=r"needs actor_rollout_ref.rollout.free_cache_engine=false"):
+        BeyondAgentSettings.from_config(sleeping)

