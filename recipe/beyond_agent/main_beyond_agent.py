@@ -10,6 +10,7 @@ datasets like verl's legacy runner does, then trains with BeyondAgentTrainer.
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 
@@ -28,7 +29,12 @@ def check_config(config) -> None:
         raise SystemExit("BeyondAgent subclasses verl's legacy RayPPOTrainer: set trainer.use_v1=false "
                          "(recipe/beyond_agent/config/beyond_agent_trainer.yaml does)")
     try:
-        BeyondAgentSettings.from_config(config)
+        settings = BeyondAgentSettings.from_config(config)
+        # The trainer points verl's seams at the delta weight path itself; this dry run on a copy refuses a
+        # run it cannot serve now, instead of inside Ray minutes later.
+        from recipe.beyond_agent.weights.verl_backend import configure_weight_sync
+
+        configure_weight_sync(copy.deepcopy(config), settings.weight_sync)
     except ValueError as error:  # a bad key: one sentence naming it, before Ray starts
         raise SystemExit(f"beyond_agent config: {error}") from None
 

@@ -20,6 +20,7 @@ from recipe.beyond_agent.rollout.dataflow import DataflowConfig
 from recipe.beyond_agent.rollout.llm import LLMManagerConfig, SamplingParams
 from recipe.beyond_agent.rollout.rounds import RoundScheduler
 from recipe.beyond_agent.tasks import TaskTable
+from recipe.beyond_agent.weights.delta import WeightSyncConfig
 
 ROLLOUT_MODES = ("sync", "async")
 # Estimators whose baseline is computed from the other samples of the same prompt (verl's `uid` group):
@@ -105,6 +106,8 @@ class BeyondAgentSettings:
     """sync: each step plays its own episodes; async: episodes are played ahead while the actor trains."""
     async_rollout: AsyncRolloutSettings = AsyncRolloutSettings()
     """The staleness bound and policies of async mode (`beyond_agent.async_rollout`)."""
+    weight_sync: WeightSyncConfig = WeightSyncConfig(mode="full")
+    """How weights reach the rollout after each update (`beyond_agent.weight_sync`; full: verl's own sync)."""
 
     @classmethod
     def from_config(cls, config: Any) -> "BeyondAgentSettings":
@@ -130,6 +133,7 @@ class BeyondAgentSettings:
             rollout_mode=_rollout_mode(config, section),
             async_rollout=AsyncRolloutSettings.from_mapping(_section(section.get("async_rollout") or {},
                                                                      "beyond_agent.async_rollout")),
+            weight_sync=_weight_sync(section.get("weight_sync")),
         )
 
     @property
@@ -191,6 +195,15 @@ def _rollout_mode(config: Any, section: dict) -> str:
     return mode
 
 
+def _weight_sync(node: Any) -> WeightSyncConfig:
+    """`beyond_agent.weight_sync`; absent means full syncs (verl's behaviour)."""
+    section = None if node is None else _section(node, "beyond_agent.weight_sync")
+    try:
+        return WeightSyncConfig.from_mapping(section)
+    except ValueError as error:  # its messages name `weight_sync.<key>`
+        raise ValueError(f"beyond_agent.{error}") from None
+
+
 def _val_max_rounds(value: Any) -> int | None:
     if value is None:
         return None
@@ -211,7 +224,7 @@ def _named(build: Callable, *args: Any, **kwargs: Any) -> Any:
 
 
 SECTION_KEYS = ("env", "rounds", "val_max_rounds", "tasks", "max_tokens_per_turn", "concurrency", "episode_timeout_s",
-                "llm_request_timeout_s", "trajectories", "rollout_mode", "async_rollout")
+                "llm_request_timeout_s", "trajectories", "rollout_mode", "async_rollout", "weight_sync")
 MOVED_KEYS = {"action_format": "beyond_agent.tasks.default.action_format",
               "system_prompt": "beyond_agent.tasks.default.system_prompt"}
 

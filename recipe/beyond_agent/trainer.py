@@ -35,6 +35,7 @@ from recipe.beyond_agent.rollout_manager import ROW_KEY
 from recipe.beyond_agent.settings import BeyondAgentSettings
 from recipe.beyond_agent.verl_pin import ensure_pinned_verl
 from recipe.beyond_agent.viewer.run_folder import CURVES_FILE, METRICS_PATH_VARIABLE, MetricsLog
+from recipe.beyond_agent.weights.verl_backend import configure_weight_sync, route_weight_sync_metrics
 
 MANAGER_CLASS = "recipe.beyond_agent.rollout_manager.BeyondAgentLoopManager"
 
@@ -61,12 +62,15 @@ class BeyondAgentTrainer(RayPPOTrainer):
         self.beyond_settings = BeyondAgentSettings.from_config(self.config)
         """Our validated `beyond_agent:` section."""
         self._async_actor_metrics: dict[str, float] = {}
+        configure_weight_sync(self.config, self.beyond_settings.weight_sync)  # weight_sync.mode=delta: verl's seams
+        self._last_actor_output = None  # the actor update whose metrics the next weight sync's figures join
 
     def init_workers(self) -> None:
         """verl's workers; in async mode its weight sync then goes through the rollout's version gate."""
         super().init_workers()
         if self.beyond_settings.is_async:
             route_weight_sync_through_gate(self.checkpoint_manager, self.async_rollout_manager)
+        route_weight_sync_metrics(self)  # delta mode only: weight_sync/* metrics join the step's actor metrics
 
     def fit(self) -> None:
         """verl's fit(), then the curves PNG (also after a failure: the steps that ran are worth a look)."""
@@ -100,6 +104,7 @@ class BeyondAgentTrainer(RayPPOTrainer):
         output = super()._update_actor(batch)
         output.meta_info["metrics"].update(self._async_actor_metrics)
         self._async_actor_metrics = {}
+        self._last_actor_output = output
         return output
 
 
@@ -136,7 +141,8 @@ class AsyncRowLoader:
             config = self.trainer.config
             manager.start_async(endless_rows(self.dataloader), batch_size=config.data.train_batch_size,
                                 samples_per_row=config.actor_rollout_ref.rollout.n,
-                                trained_steps=self.trainer.global_steps - 1)
+                                trained_steps=self.trainer.global_steps - 1,
+                                total_steps=self.trainer.total_training_steps)
             self._started = True
         for _ in range(len(self.dataloader)):
             yield collate_fn([{**row.row, ROW_KEY: row.key} for row in manager.take_rows()])

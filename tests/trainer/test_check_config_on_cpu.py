@@ -1,0 +1,36 @@
+"""The driver refuses configs it cannot run before Ray starts, in one line naming the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from recipe.beyond_agent.main_beyond_agent import check_config
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "recipe/beyond_agent/config"
+
+
+def composed(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        return compose("beyond_agent_trainer", overrides=list(overrides))
+
+
+def test_the_recipe_default_passes():
+    check_config(composed())
+    check_config(composed("beyond_agent.rollout_mode=async", "actor_rollout_ref.rollout.free_cache_engine=false",
+                          "beyond_agent.weight_sync.mode=delta"))
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["trainer.use_v1=true"], "set trainer.use_v1=false"),
+    (["beyond_agent.rollout_mode=async", "actor_rollout_ref.rollout.free_cache_engine=true"],
+     "rollout_mode=async needs actor_rollout_ref.rollout.free_cache_engine=false"),
+    (["beyond_agent.weight_sync.mode=delta", "actor_rollout_ref.rollout.free_cache_engine=true"],
+     "weight_sync.mode=delta cannot run with actor_rollout_ref.rollout.free_cache_engine=true"),
+    (["beyond_agent.weight_sync.mode=sparse"], "weight_sync.mode must be one of"),
+])
+def test_a_run_that_cannot_work_is_refused_naming_the_key(overrides, message):
+    with pytest.raises(SystemExit, match=message):
+        check_config(composed(*overrides))

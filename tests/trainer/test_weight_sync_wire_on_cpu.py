@@ -1,0 +1,289 @@
+"""Delta weight sync on verl's wire, in-process: the stream format, the receiving end the vLLM worker extension
+runs (`DeltaSyncEndpoint`), the trainer-side checkpoint engine, and the config seams.
+
+The receiving end is the real class the extension uses; only the transport between the engine and it is
+replaced by a function (the real transport, verl's bucketed IPC, is exercised in a subprocess below and by
+tests/trainer/test_weight_sync_delta_on_cpu.py end to end).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from recipe.beyond_agent.settings import BeyondAgentSettings
+from recipe.beyond_agent.weights import PayloadKind, SyncMode, WeightDeltaSender, WeightSyncConfig
+from recipe.beyond_agent.weights.verl_backend import (
+    BACKEND,
+    MANAGER_CLASS,
+    WORKER_EXTENSION_CLASS,
+    DeltaCheckpointEngine,
+    configure_weight_sync,
+)
+from recipe.beyond_agent.weights.wire import (
+    HEADER_NAME,
+    PREFIX,
+    REFUSED_MARKER,
+    DeltaSyncEndpoint,
+    SyncRefusedError,
+    pack_sync,
+    unpack_sync,
+)
+
+INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def bits(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.reshape(-1).view(INT_OF_SIZE[tensor.element_size()])
+
+
+class Weights:
+    """A small model's worth of tensors in mixed dtypes; `step()` changes a few elements of some of them."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.generator = torch.Generator().manual_seed(seed)
+        self.tensors = {
+            "model.embed_tokens.weight": torch.randn(37, 16, generator=self.generator).to(torch.bfloat16),
+            "model.layers.0.self_attn.q_proj.weight": torch.randn(16, 16, generator=self.generator),
+            "model.layers.0.input_layernorm.weight": torch.ones(16),
+            "model.norm.weight": torch.ones(15, dtype=torch.bfloat16),  # odd byte counts mis-align the next array
+            "lm_head.weight": torch.randn(37, 16, generator=self.generator).to(torch.bfloat16),
+        }
+
+    def step(self) -> None:
+        for name in ("model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight", "model.norm.weight"):
+            flat = self.tensors[name].reshape(-1)
+            picks = torch.randint(0, flat.numel(), (3,), generator=self.generator)
+            flat[picks] = flat[picks] + 0.5
+
+    def items(self) -> list[tuple[str, torch.Tensor]]:
+        return [(name, tensor.clone()) for name, tensor in self.tensors.items()]
+
+
+class Loader:
+    """Records what the endpoint loads (the extension loads the same list into vLLM's model)."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, torch.Tensor]] = []
+
+    def __call__(self, weights: list[tuple[str, torch.Tensor]]) -> dict:
+        self.calls.append({name: tensor.clone() for name, tensor in weights})
+        return {}
+
+
+def assert_loaded_equal(loaded: dict[str, torch.Tensor], expected: list[tuple[str, torch.Tensor]]) -> None:
+    assert list(loaded) == [name for name, _ in expected]
+    for name, tensor in expected:
+        assert loaded[name].dtype == tensor.dtype and loaded[name].shape == tensor.shape, name
+        assert torch.equal(bits(loaded[name]), bits(tensor)), name
+
+
+def copy_stream(named: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+    """What the receiver holds after the transport: its own copies."""
+    return [(name, tensor.clone()) for name, tensor in named]
+
+
+def test_stream_round_trip_and_deltas_are_smaller() -> None:
+    weights, sender = Weights(), WeightDeltaSender(WeightSyncConfig("delta", full_every=3))
+    endpoint, loader = DeltaSyncEndpoint(), Loader()
+    sizes = []
+    for step in range(5):
+        sync = sender.encode(weights.items())
+        named, header_bytes = pack_sync(sync)
+        assert named[0][0] == HEADER_NAME and all(name.startswith(PREFIX) for name, _ in named)
+        assert all(tensor.dtype == torch.uint8 and tensor.dim() == 1 for _, tensor in named)
+        header, payloads = unpack_sync(copy_stream(named))
+        assert header == sync.header
+        report = endpoint.accept(copy_stream(named), load=loader)
+        assert report["seq"] == step and report["mode"] == sync.header.mode.value
+        assert_loaded_equal(loader.calls[-1], weights.items())
+        sizes.append((sync.header.mode, sum(t.nbytes for _, t in named), header_bytes))
+        weights.step()
+    assert [mode for mode, _, _ in sizes] == [SyncMode.FULL, SyncMode.DELTA, SyncMode.DELTA, SyncMode.FULL,
+                                              SyncMode.DELTA]
+    full_wire = sizes[0][1]
+    assert all(wire < full_wire for mode, wire, _ in sizes if mode is SyncMode.DELTA)
+    assert endpoint.applied == 5 and endpoint.failures == 0
+
+
+def _corrupt_first_delta_value(named: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+    index = next(i for i, (name, _) in enumerate(named) if name.endswith("/values"))
+    name, tensor = named[index]
+    corrupted = tensor.clone()
+    corrupted[0] ^= 1
+    return [*named[:index], (name, corrupted), *named[index + 1:]]
+
+
+CORRUPTIONS = {
+    "flipped_value_bit": _corrupt_first_delta_value,
+    "missing_positions": lambda named: [(n, t) for n, t in named if not n.endswith("/positions")][:],
+    "truncated_values": lambda named: [(n, t[:-1] if n.endswith("/values") else t) for n, t in named],
+    "garbled_header": lambda named: [(HEADER_NAME, named[0][1][:-3])] + named[1:],
+    "no_header": lambda named: named[1:],
+    "foreign_tensor": lambda named: named + [("model.norm.weight", torch.ones(4))],
+}
+
+
+@pytest.mark.parametrize("corruption", list(CORRUPTIONS))
+def test_corrupted_delta_loads_nothing_and_waits_for_a_full_sync(corruption: str) -> None:
+    weights, sender = Weights(), WeightDeltaSender(WeightSyncConfig("delta", full_every=100))
+    endpoint, loader = DeltaSyncEndpoint(label="test"), Loader()
+    for _ in range(2):
+        named, _ = pack_sync(sender.encode(weights.items()))
+        endpoint.accept(copy_stream(named), load=loader)
+        weights.step()
+    served = loader.calls[-1]
+    sync = sender.encode(weights.items())
+    assert sync.header.mode is SyncMode.DELTA and any(p.kind is PayloadKind.DELTA for p in sync.payloads)
+    named, _ = pack_sync(sync)
+
+    with pytest.raises(SyncRefusedError) as refused:
+        endpoint.accept(CORRUPTIONS[corruption](copy_stream(named)), load=loader)
+    assert REFUSED_MARKER in str(refused.value)
+    assert len(loader.calls) == 2 and loader.calls[-1] is served  # nothing loaded
+    assert endpoint.failures == 1
+
+    # The next delta is refused too, even a sound one: only a full sync restores a state both sides know.
+    weights.step()
+    with pytest.raises(SyncRefusedError, match="FullSyncRequiredError"):
+        endpoint.accept(copy_stream(pack_sync(sender.encode(weights.items()))[0]), load=loader)
+    assert len(loader.calls) == 2 and endpoint.failures == 2
+
+    sender.request_full(str(refused.value))
+    heal = sender.encode(weights.items())
+    assert heal.header.mode is SyncMode.FULL and heal.header.reason.startswith("requested:")
+    endpoint.accept(copy_stream(pack_sync(heal)[0]), load=loader)
+    assert_loaded_equal(loader.calls[-1], weights.items())
+    weights.step()
+    delta = sender.encode(weights.items())
+    assert delta.header.mode is SyncMode.DELTA
+    endpoint.accept(copy_stream(pack_sync(delta)[0]), load=loader)
+    assert_loaded_equal(loader.calls[-1], weights.items())
+
+
+class InProcessAdapter:
+    """Stands in for verl's ServerAdapter + vLLM: hands the stream to the endpoint and, like vLLM's RPC and Ray,
+    turns a refusal into an error whose message carries the receiver's."""
+
+    def __init__(self, corrupt_seq: int | None = None) -> None:
+        self.endpoint, self.loader, self.corrupt_seq, self.calls = DeltaSyncEndpoint(), Loader(), corrupt_seq, []
+
+    async def update_weights(self, weights, global_steps=None, **kwargs):
+        self.calls.append(kwargs)
+        named = copy_stream(list(weights))
+        header, _ = unpack_sync(copy_stream(named))
+        if header.seq == self.corrupt_seq:
+            named = _corrupt_first_delta_value(named)
+        try:
+            self.endpoint.accept(named, load=self.loader)
+        except SyncRefusedError as err:
+            raise RuntimeError(f"Call to collective_rpc method failed: Worker failed with error '{err}'") from None
+
+
+def test_engine_turns_a_refusal_into_a_full_sync_request() -> None:
+    engine = DeltaCheckpointEngine(bucket_size=1 << 20, is_master=True, full_every=100)
+    engine.adapter = adapter = InProcessAdapter(corrupt_seq=2)
+    weights, results = Weights(), []
+    for step in range(5):
+        results.append(asyncio.run(engine.send_weights(iter(weights.items()), global_steps=step)))
+        if step != 2:  # the refused sync: the rollout still serves the previous weights
+            assert_loaded_equal(adapter.loader.calls[-1], weights.items())
+        weights.step()
+    assert adapter.calls[0] == {"peft_config": None, "base_sync_done": True, "beyond_weight_sync": 1}
+    failed = [m["weight_sync/verify_failed"] for m in results]
+    full = [m["weight_sync/full"] for m in results]
+    assert failed == [0.0, 0.0, 1.0, 0.0, 0.0]
+    assert full == [1.0, 0.0, 0.0, 1.0, 0.0]  # the sync after the refusal is full (requested)
+    assert len(adapter.loader.calls) == 4 and adapter.endpoint.failures == 1
+    assert all(m["weight_sync/bytes_sent"] < m["weight_sync/bytes_full"] for m, f in zip(results, full) if not f)
+    assert all(m["weight_sync/wire_bytes"] == m["weight_sync/bytes_sent"] + m["weight_sync/header_bytes"]
+               for m in results)
+
+
+def test_verl_bucket_transport_carries_the_stream(tmp_path: Path) -> None:
+    """verl's own BucketedWeightSender/Receiver (shared memory, as on CPU), with buckets smaller than the sync."""
+    script = textwrap.dedent("""
+        import asyncio, threading, torch
+        from verl.workers.rollout.vllm_rollout.bucketed_weight_transfer import BucketedWeightReceiver, BucketedWeightSender
+        from recipe.beyond_agent.weights import WeightDeltaSender, WeightSyncConfig
+        from recipe.beyond_agent.weights.wire import DeltaSyncEndpoint, pack_sync
+        torch.manual_seed(0)
+        weights = {f"w{i}": torch.randn(20000 + i).to(torch.bfloat16 if i % 2 else torch.float32) for i in range(40)}
+        sender, endpoint, loaded = WeightDeltaSender(WeightSyncConfig("delta", full_every=10)), DeltaSyncEndpoint(), []
+        handle = "ipc://@DIR@/bucket.sock"
+        for step in range(3):
+            named, _ = pack_sync(sender.encode([(k, v.clone()) for k, v in weights.items()]))
+            received = []
+            receiver = BucketedWeightReceiver(zmq_handle=handle, device=torch.device("cpu"), use_shm=True)
+            thread = threading.Thread(target=receiver.receive_weights,
+                                      args=(lambda ws, last: received.extend((n, t.clone()) for n, t in ws),))
+            thread.start()
+            asyncio.run(BucketedWeightSender(zmq_handle=handle, bucket_size_mb=1, use_shm=True).async_send_weights(iter(named)))
+            thread.join()
+            endpoint.accept(received, load=lambda ws: loaded.append(dict(ws)))
+            assert all(torch.equal(loaded[-1][k], v) for k, v in weights.items()), step
+            for k in list(weights)[::3]:
+                weights[k][::97] += 1
+        print("OK", endpoint.applied)
+    """).replace("@DIR@", str(tmp_path))
+    env = {**os.environ, "VERL_PLATFORM": "cpu"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0 and "OK 3" in done.stdout, (done.stdout + done.stderr)[-4000:]
+
+
+def _config(**rollout):
+    base = {"name": "vllm", "mode": "async", "free_cache_engine": False, "quantization": None,
+            "checkpoint_engine": {"backend": "naive", "engine_kwargs": {}, "custom_backend_module": None},
+            "engine_kwargs": {"vllm": {}, "sglang": {}}}
+    base.update(rollout)
+    config = OmegaConf.create({"actor_rollout_ref": {"rollout": base, "model": {"lora": {"rank": 0}}}})
+    OmegaConf.set_struct(config, True)
+    return config
+
+
+def test_full_mode_leaves_the_config_alone_and_delta_mode_sets_the_seams() -> None:
+    config = _config()
+    before = OmegaConf.to_container(config)
+    configure_weight_sync(config, WeightSyncConfig("full"))
+    assert OmegaConf.to_container(config) == before
+
+    configure_weight_sync(config, WeightSyncConfig("delta", full_every=4))
+    rollout = config.actor_rollout_ref.rollout
+    assert rollout.checkpoint_engine.backend == BACKEND
+    assert rollout.checkpoint_engine.custom_backend_module == "recipe.beyond_agent.weights.verl_backend"
+    assert rollout.checkpoint_engine.engine_kwargs[BACKEND] == {"full_every": 4}
+    assert rollout.checkpoint_manager_class == MANAGER_CLASS
+    assert rollout.engine_kwargs.vllm.worker_extension_cls == WORKER_EXTENSION_CLASS
+
+
+@pytest.mark.parametrize(("rollout", "message"), [
+    ({"name": "sglang"}, "actor_rollout_ref.rollout.name=sglang"),
+    ({"free_cache_engine": True}, "actor_rollout_ref.rollout.free_cache_engine=true"),
+    ({"checkpoint_engine": {"backend": "nccl", "engine_kwargs": {}, "custom_backend_module": None}},
+     "checkpoint_engine.backend=nccl"),
+    ({"engine_kwargs": {"vllm": {"worker_extension_cls": "my.Ext"}}}, "worker_extension_cls=my.Ext"),
+])
+def test_delta_mode_refuses_runs_it_does_not_serve(rollout: dict, message: str) -> None:
+    with pytest.raises(ValueError, match="weight_sync.mode=delta cannot run with") as caught:
+        configure_weight_sync(_config(**rollout), WeightSyncConfig("delta"))
+    assert message in str(caught.value)
+
+
+def test_settings_read_the_weight_sync_section() -> None:
+    base = {"beyond_agent": {"env": {"url": "http://127.0.0.1:8000"}},
+            "data": {"max_prompt_length": 512, "max_response_length": 256},
+            "actor_rollout_ref": {"rollout": {"temperature": 1.0}}}
+    assert BeyondAgentSettings.from_config(base).weight_sync == WeightSyncConfig("full", 10)
+    base["beyond_agent"]["weight_sync"] = {"mode": "delta", "full_every": 2}
+    assert BeyondAgentSettings.from_config(base).weight_sync == WeightSyncConfig("delta", 2)
+    base["beyond_agent"]["weight_sync"] = {"mode": "sparse"}
+    with pytest.raises(ValueError, match=r"beyond_agent\.weight_sync\.mode must be one of"):
+        BeyondAgentSettings.from_config(base)
