@@ -131,8 +131,10 @@ class BeyondAgentLoopManager:
 
     # ---- asynchronous rollout (rollout/async_pool.py) -------------------------------------------
 
-    def start_async(self, rows: Iterator[dict], batch_size: int, samples_per_row: int, trained_steps: int) -> None:
-        """Start playing training episodes in the background, drawing dataset rows from `rows`."""
+    def start_async(self, rows: Iterator[dict], batch_size: int, samples_per_row: int, trained_steps: int,
+                    total_steps: int | None = None) -> None:
+        """Start playing training episodes in the background, drawing dataset rows from `rows` (none beyond
+        what steps up to `total_steps` can train)."""
         settings = self.settings
         manager = self._episode_manager(settings.train_sampling, gated=True)
 
@@ -150,7 +152,7 @@ class BeyondAgentLoopManager:
         self._pool = AsyncEpisodePool(
             rows, make_specs, run_episode, lambda step: settings.max_rounds({"global_steps": step}), self.gate,
             batch_size, settings.async_rollout, settings.concurrency,
-            describe=lambda result: result.spec.agent_task.label)
+            describe=lambda result: result.spec.agent_task.label, total_steps=total_steps)
         self._pool.start(trained_steps)
 
     def take_rows(self) -> list[PendingRow]:

@@ -160,9 +160,9 @@ class ScriptedEpisodes:
         return EpisodeResult(spec=spec, episode=episode, termination="done", reward=1.0, success=True, rounds=1)
 
 
-def make_pool(script, gate, batch_size=2, max_staleness=1, **settings):
+def make_pool(script, gate, batch_size=2, max_staleness=1, total_steps=None, **settings):
     return AsyncEpisodePool(script.rows(), script.make_specs, script.run_episode, max_rounds=lambda step: 3,
-                            gate=gate, batch_size=batch_size, concurrency=8,
+                            gate=gate, batch_size=batch_size, concurrency=8, total_steps=total_steps,
                             settings=AsyncRolloutSettings(max_staleness=max_staleness, **settings))
 
 
@@ -200,6 +200,22 @@ def test_rows_are_drawn_ahead_only_as_far_as_the_staleness_bound(max_staleness):
     wait_until(lambda: pool.counts["admitted_rows"] == ahead + 2)
     assert len(taken.rows) == 2 and taken.metrics["async/staleness_max"] == 0
     pool.close()
+
+
+def test_no_row_is_drawn_that_no_remaining_step_could_train():
+    gate = PolicyVersionGate()
+    script = ScriptedEpisodes(gate)
+    pool = make_pool(script, gate, batch_size=2, max_staleness=3, total_steps=2)
+    pool.start()
+    wait_until(lambda: pool.counts["admitted_rows"] == 4)
+    pool.take_batch()
+    train_step(gate, pool, 1)
+    pool.take_batch()
+    train_step(gate, pool, 2)
+    time.sleep(0.3)
+    accounting = pool.close()
+    assert accounting["admitted_rows"] == 4 and accounting["trained_rows"] == 4  # K = 3 alone would allow 8
+    assert accounting["left_finished_at_end"] == accounting["left_unfinished_at_end"] == 0
 
 
 def test_a_slow_row_is_carried_over_and_finished_rows_train_first():

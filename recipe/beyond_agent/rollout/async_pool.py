@@ -126,12 +126,14 @@ class AsyncEpisodePool:
         settings: the staleness bound.
         concurrency: episodes running at once.
         describe: result -> the label its drop is counted under (env or task name).
+        total_steps: the run's last step, if known: no row is drawn that no remaining step could train.
     """
 
     def __init__(self, rows: Iterator[dict[str, Any]], make_specs: Callable[[str, dict], Sequence[EpisodeSpec]],
                  run_episode: Callable[[EpisodeSpec, int], EpisodeResult], max_rounds: Callable[[int], int],
                  gate: PolicyVersionGate, batch_size: int, settings: AsyncRolloutSettings, concurrency: int,
-                 describe: Callable[[EpisodeResult], str] = lambda result: result.spec.env_id):
+                 describe: Callable[[EpisodeResult], str] = lambda result: result.spec.env_id,
+                 total_steps: int | None = None):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self._rows = rows
@@ -142,6 +144,7 @@ class AsyncEpisodePool:
         self.batch_size = batch_size
         self.settings = settings
         self._describe = describe
+        self.total_steps = total_steps
         self._executor = ThreadPoolExecutor(max_workers=max(concurrency, 1), thread_name_prefix="async-episode")
         self._condition = threading.Condition()
         self._waiting: deque[PendingRow] = deque()  # drawn, not yet taken (running or finished)
@@ -224,7 +227,10 @@ class AsyncEpisodePool:
     def _allowed_waiting_rows(self) -> int:
         """Rows that may wait (drawn, not taken) without a FIFO row exceeding the bound (module docstring)."""
         steps_ahead = self.settings.max_staleness + self.gate.version - self._taken_steps
-        return self.batch_size * (steps_ahead + 1)
+        allowed = self.batch_size * (steps_ahead + 1)
+        if self.total_steps is not None:  # rows past the last step would only be played and thrown away
+            allowed = min(allowed, self.batch_size * (self.total_steps - self._taken_steps))
+        return allowed
 
     def _feed(self) -> None:
         try:
