@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import re
 import subprocess
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from launch.config import load_config
 from launch.training import train_command
@@ -32,6 +34,9 @@ def test_every_environment_has_a_yaml_and_a_script():
         assert (REPO_ROOT / "examples" / env / f"{env}.yaml").exists()
         assert (REPO_ROOT / "examples" / env / f"run_{env}.sh").exists()
     assert (REPO_ROOT / "examples" / "quickstart" / "cpu_tiny.yaml").exists()
+    assert (REPO_ROOT / "examples" / "quickstart" / "cpu_async_m2po.yaml").exists()
+    for env, mode in M2PO_VARIANTS.values():   # each AgentBench-recipe variant has its thin run script
+        assert (REPO_ROOT / "examples" / env / f"run_{env}_m2po_{mode}.sh").exists()
 
 
 @pytest.mark.parametrize("path", ENV_CONFIGS, ids=example_id)
@@ -71,14 +76,85 @@ def test_script_starts_with_its_command_and_dry_runs(path):
     assert "training command: " in result.stdout
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=example_id)
-def test_training_overrides_compose_with_the_recipe_config(path, tmp_path):
-    """Every key the example sets exists in verl's + our config, and our `beyond_agent:` section is valid."""
-    config = load_config(path, tmp_path / "no.env")
-    values = {"python": "python", "repo": str(REPO_ROOT), "experiment_dir": str(tmp_path), "env_url": "http://x:1"}
+def compose_example(path: Path, experiment_dir: Path):
+    """The recipe config the example's training command composes (its experiment folder: `experiment_dir`)."""
+    config = load_config(path, experiment_dir / "no.env")
+    values = {"python": "python", "repo": str(REPO_ROOT), "experiment_dir": str(experiment_dir), "env_url": "http://x:1"}
     command = train_command(config.train, values, [], token=False)
     overrides = [arg for arg in command[3:] if not arg.startswith(("--config", "hydra."))]
     with initialize_config_dir(config_dir=str(REPO_ROOT / "recipe/beyond_agent/config"), version_base=None):
-        composed = compose(config_name="beyond_agent_trainer", overrides=overrides)
+        return compose(config_name="beyond_agent_trainer", overrides=overrides)
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=example_id)
+def test_training_overrides_compose_with_the_recipe_config(path, tmp_path):
+    """Every key the example sets exists in verl's + our config, and our `beyond_agent:` section is valid."""
+    composed = compose_example(path, tmp_path)
     assert composed.beyond_agent.env.url == "http://x:1"
     BeyondAgentSettings.from_config(composed)
+
+
+M2PO_VARIANTS = {f"{env}/{env}_m2po_{mode}.yaml": (env, mode) for env in ("alfworld", "webshop")
+                 for mode in ("full", "delta")}
+"""The AgentBench (AstraFlow) seed's recipe per env, with verl's full weight sync or delta sync."""
+AGENTBENCH = {"alfworld": {"batch": 128, "rounds": 15}, "webshop": {"batch": 256, "rounds": 10}}
+
+
+@pytest.mark.parametrize("name", sorted(M2PO_VARIANTS))
+def test_m2po_variants_carry_the_agentbench_settings(name, tmp_path, monkeypatch):
+    env, mode = M2PO_VARIANTS[name]
+    monkeypatch.delenv("MODEL_PATH", raising=False)
+    composed = compose_example(REPO_ROOT / "examples" / name, tmp_path)
+    actor, rollout = composed.actor_rollout_ref.actor, composed.actor_rollout_ref.rollout
+    assert composed.actor_rollout_ref.model.path == "Qwen/Qwen2.5-7B-Instruct"
+    assert (composed.trainer.nnodes, composed.trainer.n_gpus_per_node) == (1, 8)
+    assert composed.data.train_batch_size == AGENTBENCH[env]["batch"] and composed.data.max_response_length == 16384
+    assert actor.policy_loss.loss_mode == "m2po" and actor.policy_loss.m2po_budget == 0.04
+    assert actor.use_kl_loss is False and composed.algorithm.use_kl_in_reward is False
+    assert actor.optim.lr == 1e-6 and actor.optim.lr_scheduler_type == "constant"
+    assert actor.optim.lr_warmup_steps == 0 and actor.optim.lr_warmup_steps_ratio == 0.0
+    assert rollout.n == 8 and rollout.free_cache_engine is False and rollout.gpu_memory_utilization <= 0.4
+    assert composed.trainer.total_training_steps == 1200 and composed.trainer.test_freq == 10
+    section = composed.beyond_agent
+    assert section.max_tokens_per_turn == 512 and section.val_max_rounds == 10
+    assert section.rounds.type == "fixed" and section.rounds.rounds == AGENTBENCH[env]["rounds"]
+    assert section.rollout_mode == "async" and section.async_rollout.max_staleness == 2
+    assert section.weight_sync.mode == mode
+    if mode == "delta":
+        assert section.weight_sync.full_every == 10
+    settings = BeyondAgentSettings.from_config(composed)
+    assert settings.is_async and settings.async_rollout.max_staleness == 2
+
+
+def _leaves(node, prefix=""):
+    """A nested container as {dotted key: value}."""
+    if isinstance(node, dict):
+        return {k: v for key, value in node.items() for k, v in _leaves(value, f"{prefix}{key}.").items()}
+    return {prefix.rstrip("."): node}
+
+
+@pytest.mark.parametrize("env", sorted(AGENTBENCH))
+def test_m2po_full_and_delta_variants_differ_only_in_weight_sync(env, tmp_path):
+    paths = {mode: REPO_ROOT / "examples" / env / f"{env}_m2po_{mode}.yaml" for mode in ("full", "delta")}
+    launch = {mode: asdict(load_config(path, tmp_path / "no.env")) for mode, path in paths.items()}
+    for mode, config in launch.items():
+        assert config.pop("experiment_name") == f"{env}_m2po_{mode}"
+        config.pop("conf_path"), config["train"].pop("overrides")
+    assert launch["full"] == launch["delta"]   # services, envservice, data preparation, train module and env
+    composed = {mode: _leaves(OmegaConf.to_container(compose_example(path, tmp_path), resolve=False))
+                for mode, path in paths.items()}
+    differ = {key for key in composed["full"].keys() | composed["delta"].keys()
+              if composed["full"].get(key, "<absent>") != composed["delta"].get(key, "<absent>")}
+    assert {key for key in differ if not key.startswith("beyond_agent.weight_sync.")} == {"trainer.experiment_name"}
+    assert composed["full"]["beyond_agent.weight_sync.mode"] == "full"
+    assert composed["delta"]["beyond_agent.weight_sync.mode"] == "delta"
+
+
+def test_cpu_async_quickstart_runs_m2po_asynchronously(tmp_path):
+    composed = compose_example(REPO_ROOT / "examples/quickstart/cpu_async_m2po.yaml", tmp_path)
+    assert composed.actor_rollout_ref.actor.policy_loss.loss_mode == "m2po"
+    assert composed.actor_rollout_ref.rollout.free_cache_engine is False
+    assert composed.beyond_agent.rollout_mode == "async" and composed.beyond_agent.async_rollout.max_staleness == 2
+    assert composed.beyond_agent.weight_sync.mode == "delta" and composed.beyond_agent.weight_sync.full_every == 2
+    assert composed.trainer.total_training_steps == 4
+    assert load_config(REPO_ROOT / "examples/quickstart/cpu_async_m2po.yaml", tmp_path / "no.env").train.cpu
