@@ -10,6 +10,12 @@ Where envs run: `--backend inprocess` (default), `process --workers N`, or
 `ray --ray-address auto|ray://HOST:10001|local --workers N`; `--step-timeout S` limits every env call
 (0: no limit). See envservice/backends.py.
 
+Injected latency, for benchmarks of what asynchronous rollout hides (envservice/latency.py):
+`--step-delay lognormal:median=0.2,sigma=1.0,max=5` (or `fixed:0.1`, `uniform:min=A,max=B`) sleeps a seeded
+draw (`--step-delay-seed`) before every env step, `--create-delay SPEC` before the reset of every /create;
+the delay runs where the env call runs, inside its `--step-timeout`. The start-up log says
+`injecting step latency: ...`.
+
 On a clean stop (SIGTERM, Ctrl-C) every open session is closed and one line accounts for all of them on
 stderr: `... envservice stopped: {"created": N, "closed": {"release": ..., "reaper": ..., ...}, "open": 0}`.
 """
@@ -30,6 +36,7 @@ import uvicorn
 from childproc import is_loopback
 from envservice import registry
 from envservice.env_config import EnvConfigError, load_env_config
+from envservice.latency import InjectedLatency, LatencySpecError, parse_latency_spec
 from envservice.backends import BACKENDS, DEFAULT_STEP_TIMEOUT_S, EnvBackend, make_backend
 from envservice.server import DEFAULT_MAX_REQUEST_BYTES, Settings, create_app
 
@@ -58,9 +65,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "every worker); starts faster when you serve many envs you will not use, but the first "
                         "/create of each env then waits for its import")
     _add_placement_args(parser)
+    _add_latency_args(parser)
     args = parser.parse_args(argv)
     check_backend_args(args)
+    args.latency = parse_latency_args(args)
     return args
+
+
+def _add_latency_args(parser: argparse.ArgumentParser) -> None:
+    """Injected env latency (envservice/latency.py), off by default."""
+    parser.add_argument("--step-delay", default=None, metavar="SPEC",
+                        help="sleep a drawn delay before every env step, counted in --step-timeout: fixed:SECONDS, "
+                        "uniform:min=A,max=B or lognormal:median=M,sigma=S[,max=X] (seconds), e.g. "
+                        "lognormal:median=0.2,sigma=1.0,max=5; for benchmarks of slow envs")
+    parser.add_argument("--create-delay", default=None, metavar="SPEC",
+                        help="the same before the env reset of every /create (same SPEC forms)")
+    parser.add_argument("--step-delay-seed", type=int, default=0,
+                        help="seed of the injected delays (default 0; the sequence of draws is reproducible)")
+
+
+def parse_latency_args(args: argparse.Namespace) -> InjectedLatency | None:
+    """The delays `--step-delay` / `--create-delay` ask for (None when neither is given); a bad spec exits
+    with the flag, the bad part and the valid forms."""
+    try:
+        step = parse_latency_spec(args.step_delay, "--step-delay") if args.step_delay is not None else None
+        create = parse_latency_spec(args.create_delay, "--create-delay") if args.create_delay is not None else None
+    except LatencySpecError as exc:
+        raise SystemExit(f"envservice: {exc}") from None
+    if step is None and create is None:
+        return None
+    return InjectedLatency.from_specs(step, create, seed=args.step_delay_seed)
 
 
 def _add_placement_args(parser: argparse.ArgumentParser) -> None:
@@ -114,7 +148,8 @@ def build_backend(args: argparse.Namespace) -> EnvBackend:
         actor_options["resources"] = args.ray_resources
     try:
         return make_backend(args.backend, workers=args.workers, step_timeout_s=args.step_timeout,
-                            ray_address=args.ray_address, ray_actor_options=actor_options)
+                            ray_address=args.ray_address, ray_actor_options=actor_options,
+                            latency=args.latency)
     except Exception as exc:
         raise SystemExit(f"envservice: could not start --backend {args.backend}: {exc}") from exc
 
@@ -192,6 +227,10 @@ def main(argv: list[str] | None = None) -> int:
     backend = build_backend(args)
     settings = build_settings(args, env_ids, token, backend)
     configure_logging()
+    if args.latency is not None:
+        logging.getLogger("envservice").warning(
+            "injecting step latency: %s (seed %d; slept where env calls run, inside --step-timeout)",
+            args.latency.describe(), args.step_delay_seed)
     server = uvicorn.Server(uvicorn.Config(create_app(settings), log_level=args.log_level))
     announce = (server, f"http://{host}:{port}", env_ids, placement_text(backend, args.step_timeout))
     threading.Thread(target=announce_when_ready, args=announce, daemon=True).start()

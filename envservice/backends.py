@@ -13,6 +13,10 @@ stuck env for real, at the price of the worker's other sessions, which end with 
 
 `preload(entry_points)` (called by the server at start-up) imports the env classes on every worker, outside
 any call's time limit, and again on each replacement worker, so that no first reset pays for an import.
+
+Injected latency (`--step-delay`, `envservice.latency`): every backend sleeps the drawn delay where the env
+call runs, inside the call's time limit (in-process: the env is wrapped in `DelayedEnv` under the limit;
+workers: the delay travels with the request and the `EnvHost` sleeps it before the env method).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from envservice import registry
 from envservice.envs.base import Task, TextEnv
 from envservice.errors import EnvServiceError
 from envservice.host import Reply, entry_point_of
+from envservice.latency import DelayedEnv, InjectedLatency
 
 logger = logging.getLogger("envservice")
 
@@ -92,17 +97,22 @@ class InProcessBackend:
         step_timeout_s: limit of each reset/step/evaluate/close call; 0 runs calls on the request's own
             thread with no limit (the fastest path).
         threads: daemon threads that run env calls when a limit is set (above the server's 40 request threads).
+        latency: delays to inject into each step and create (`envservice.latency`); None injects none.
     """
 
     name = "inprocess"
 
-    def __init__(self, step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S, threads: int = 64) -> None:
+    def __init__(self, step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S, threads: int = 64,
+                 latency: InjectedLatency | None = None) -> None:
         self.step_timeout_s = step_timeout_s
+        self.latency = latency
         self._threads = _CallThreads(threads) if step_timeout_s > 0 else None
 
     def build(self, registration: registry.Registration) -> TextEnv:
         """Instantiate the registered class here (wrapped to run under the time limit when one is set)."""
         env = registration.env_class()()
+        if self.latency is not None:  # inside the timed wrapper: the delay counts toward the limit
+            env = DelayedEnv(env, self.latency)  # type: ignore[assignment]
         if self._threads is None:
             return env
         return _TimedEnv(env, registration.env_id, self._threads, self.step_timeout_s)  # type: ignore[return-value]
@@ -260,15 +270,18 @@ class WorkerHandle(Protocol):
 class PooledBackend:
     """Places each session's env on the least-loaded of N workers and replaces workers that die.
 
-    Subclasses implement `_start_worker(index) -> WorkerHandle`.
+    Subclasses implement `_start_worker(index) -> WorkerHandle`. `latency`: delays to inject into each step
+    and create (drawn here, slept by the worker inside the call's limit); None injects none.
     """
 
     name = "pooled"
 
-    def __init__(self, workers: int, step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S) -> None:
+    def __init__(self, workers: int, step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
+                 latency: InjectedLatency | None = None) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self.step_timeout_s = step_timeout_s
+        self.latency = latency
         self._lock = threading.Lock()
         self._stopping = False
         self._preload_entry_points: tuple[str, ...] = ()  # what `preload` imported; replacements import it too
@@ -437,10 +450,14 @@ class RemoteEnv:
         return not self.worker.alive
 
     def reset(self, task: Task) -> Any:
-        return self.backend.call(self.worker, "reset", self.key, (self.entry_point, task))
+        latency = self.backend.latency
+        delay = (latency.create_delay(),) if latency is not None and latency.create is not None else ()
+        return self.backend.call(self.worker, "reset", self.key, (self.entry_point, task, *delay))
 
     def step(self, action: str) -> Any:
-        return self.backend.call(self.worker, "step", self.key, (action,))
+        latency = self.backend.latency
+        delay = (latency.step_delay(),) if latency is not None and latency.step is not None else ()
+        return self.backend.call(self.worker, "step", self.key, (action, *delay))
 
     def evaluate(self) -> Any:
         return self.backend.call(self.worker, "evaluate", self.key)
@@ -473,17 +490,19 @@ def default_workers() -> int:
 
 
 def make_backend(kind: str, *, workers: int | None = None, step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
-                 ray_address: str | None = None, ray_actor_options: dict | None = None) -> EnvBackend:
-    """The backend named `kind` (one of `BACKENDS`); worker backends start their workers here."""
+                 ray_address: str | None = None, ray_actor_options: dict | None = None,
+                 latency: InjectedLatency | None = None) -> EnvBackend:
+    """The backend named `kind` (one of `BACKENDS`); worker backends start their workers here. `latency`:
+    delays to inject into env calls (`envservice.latency`), None for none."""
     if kind == "inprocess":
-        return InProcessBackend(step_timeout_s)
+        return InProcessBackend(step_timeout_s, latency=latency)
     if kind == "process":
         from envservice.workers import ProcessBackend
 
-        return ProcessBackend(workers or default_workers(), step_timeout_s)
+        return ProcessBackend(workers or default_workers(), step_timeout_s, latency=latency)
     if kind == "ray":
         from envservice.ray_hosts import RayBackend
 
         return RayBackend(workers or default_workers(), step_timeout_s, address=ray_address or "auto",
-                          actor_options=ray_actor_options)
+                          actor_options=ray_actor_options, latency=latency)
     raise ValueError(f"backend {kind!r} is unknown; valid backends: {', '.join(BACKENDS)}")

@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 from envservice.envs.base import Task, TextEnv
 from envservice.errors import EnvServiceError
+from envservice.latency import sleep_for
 from envservice.registry import load_env_class
 
 logger = logging.getLogger("envservice")
@@ -90,17 +91,23 @@ class EnvHost:
         """Which of `module_names` this worker has imported (diagnostics and tests of the preload)."""
         return [name for name in module_names if name in sys.modules]
 
-    def _reset(self, key: str, entry_point: str, task: Task) -> tuple[str, dict]:
+    def _reset(self, key: str, entry_point: str, task: Task, delay_s: float = 0.0) -> tuple[str, dict]:
+        """Build the handle's env on its first reset, sleep the injected create delay (`envservice.latency`:
+        here, so that it counts toward the call's limit), then reset it."""
         with self._lock:
             env = self._envs.get(key)
         if env is None:  # the first reset of a handle builds its env (under the same time limit)
             env = load_env_class(entry_point)()
             with self._lock:
                 self._envs[key] = env
+        sleep_for(delay_s)
         return env.reset(task)
 
-    def _step(self, key: str, action: str) -> Any:
-        return self._env(key).step(action)
+    def _step(self, key: str, action: str, delay_s: float = 0.0) -> Any:
+        """Sleep the injected step delay (see `_reset`), then step the handle's env."""
+        env = self._env(key)
+        sleep_for(delay_s)
+        return env.step(action)
 
     def _evaluate(self, key: str) -> Any:
         return self._env(key).evaluate()

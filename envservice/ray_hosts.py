@@ -18,6 +18,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, WorkerCrashedError
 
 from envservice.backends import DEFAULT_STEP_TIMEOUT_S, PooledBackend, WorkerLost
 from envservice.host import EnvHost, Reply
+from envservice.latency import InjectedLatency
 from envservice.workers import START_TIMEOUT_S, THREADS_PER_WORKER
 
 logger = logging.getLogger("envservice")
@@ -35,11 +36,11 @@ class RayBackend(PooledBackend):
     name = "ray"
 
     def __init__(self, workers: int, step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S, address: str = "auto",
-                 actor_options: dict[str, Any] | None = None) -> None:
+                 actor_options: dict[str, Any] | None = None, latency: InjectedLatency | None = None) -> None:
         self.address = address
         self._owns_ray = connect(address)
         self.actor_options = {"num_cpus": 1, "max_concurrency": THREADS_PER_WORKER, **(actor_options or {})}
-        super().__init__(workers, step_timeout_s)
+        super().__init__(workers, step_timeout_s, latency=latency)
 
     def _start_worker(self, index: int) -> "RayWorker":
         return RayWorker(index, self.actor_options)

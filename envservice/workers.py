@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from envservice.backends import DEFAULT_STEP_TIMEOUT_S, PooledBackend, WorkerLost
 from envservice.host import EnvHost, Reply
+from envservice.latency import InjectedLatency
 
 logger = logging.getLogger("envservice")
 
@@ -44,9 +45,9 @@ class ProcessBackend(PooledBackend):
     name = "process"
 
     def __init__(self, workers: int, step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
-                 threads_per_worker: int = THREADS_PER_WORKER) -> None:
+                 threads_per_worker: int = THREADS_PER_WORKER, latency: InjectedLatency | None = None) -> None:
         self.threads_per_worker = threads_per_worker
-        super().__init__(workers, step_timeout_s)
+        super().__init__(workers, step_timeout_s, latency=latency)
         atexit.register(self.shutdown)  # never leave workers behind, even without a clean shutdown
 
     def _start_worker(self, index: int) -> "ProcessWorker":
