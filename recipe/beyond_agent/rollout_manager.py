@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from envservice.client import EnvClient
-from recipe.beyond_agent.rollout.async_pool import AsyncEpisodePool, PendingRow, episode_versions
+from recipe.beyond_agent.rollout.async_pool import AsyncEpisodePool, PendingRow
 from recipe.beyond_agent.rollout.batch import training_batch
-from recipe.beyond_agent.rollout.dataflow import Dataflow, EpisodeResult, EpisodeSpec
+from recipe.beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec
 from recipe.beyond_agent.rollout.env_manager import ParallelEnvManager, RolloutOutput, summarize
 from recipe.beyond_agent.rollout.llm import AsyncLLMServerManager, VerlLLMServerBackend
 from recipe.beyond_agent.rollout.versions import PolicyVersionGate
