@@ -19,6 +19,13 @@ three seams of the legacy trainer instead of a copy of `fit()`:
 - `_compute_old_log_prob` and `_update_actor` (helpers `fit()` calls): with `old_log_probs: behaviour` the
   policy loss's π_old is the rollout's sampling log-probs, and the gap between those and the trainer's own
   recomputation is logged (`beyond_agent/async/logprob_gap_*`) with the actor's metrics of that step.
+
+On GPUs: the legacy trainer builds rollout inside the actor's workers (hybrid engine), so async episodes
+overlap training only while the rollout engine keeps its memory (`free_cache_engine=false`, checked by the
+settings) and on the same GPUs. Rollout on separate GPUs (the AgentBench recipes' 4 + 4) needs what verl's
+`experimental/separation` and `fully_async_policy` code does: an `init_workers` that starts an actor-only
+role and standalone rollout replicas, and a weight sync across the two pools (a non-naive checkpoint
+engine; our delta backend would then receive on the rollout side's `CheckpointEngineWorker`).
 """
 
 from __future__ import annotations
