@@ -5,7 +5,9 @@ A fixture, not an importable helper: verl's wheel installs its own top-level `te
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -40,3 +42,31 @@ def run_training(tiny_model_dir: Path):
         return output
 
     return run
+
+
+STEP_LINE = re.compile(r"step:(\d+) - (.*)")
+
+
+def _number(text: str) -> float:
+    """A console value as a float (numpy reprs unwrapped; nan for text)."""
+    text = text.strip()
+    for wrapper in ("np.float64(", "np.float32(", "np.int64("):
+        text = text.removeprefix(wrapper)
+    try:
+        return float(text.removesuffix(")"))
+    except ValueError:
+        return math.nan
+
+
+@pytest.fixture
+def step_metrics():
+    """step_metrics(output) -> {step: {key: float}} from verl's console lines `step:N - key:value - ...`."""
+
+    def parse(output: str) -> dict[int, dict[str, float]]:
+        steps = {}
+        for match in STEP_LINE.finditer(output):
+            pairs = (item.split(":", 1) for item in match.group(2).split(" - ") if ":" in item)
+            steps[int(match.group(1))] = {key.strip(): _number(value) for key, value in pairs}
+        return steps
+
+    return parse

@@ -21,30 +21,10 @@ from envservice.process import EnvServiceProcess
 from recipe.beyond_agent.data import write_task_files
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
-STEP_LINE = re.compile(r"step:(\d+) - (.*)")
 ACCOUNTING = re.compile(r"\[beyond_agent\] async rollout accounting: (\{.*\})")
 
 
-def step_metrics(output: str) -> dict[int, dict[str, float]]:
-    """verl's console lines `step:N - key:value - ...`, numeric values parsed."""
-    steps = {}
-    for match in STEP_LINE.finditer(output):
-        pairs = (item.split(":", 1) for item in match.group(2).split(" - ") if ":" in item)
-        steps[int(match.group(1))] = {key.strip(): _number(value) for key, value in pairs}
-    return steps
-
-
-def _number(text: str) -> float:
-    text = text.strip()
-    for wrapper in ("np.float64(", "np.float32(", "np.int64("):
-        text = text.removeprefix(wrapper)
-    try:
-        return float(text.removesuffix(")"))
-    except ValueError:
-        return math.nan
-
-
-def test_async_m2po_trains_three_steps_with_bounded_staleness(run_training, tmp_path):
+def test_async_m2po_trains_three_steps_with_bounded_staleness(run_training, step_metrics, tmp_path):
     run_dir = tmp_path / "run"
     with EnvServiceProcess(["babyai"], log_path=tmp_path / "envservice.log") as service:
         data = write_task_files("babyai", tmp_path / "data", [0, 1, 2, 3, 4, 5], [0, 1], envservice_url=service.url)

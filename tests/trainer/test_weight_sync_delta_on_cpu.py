@@ -28,31 +28,11 @@ from envservice.process import EnvServiceProcess
 from recipe.beyond_agent.data import write_task_files
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
-STEP_LINE = re.compile(r"step:(\d+) - (.*)")
 SENT = re.compile(r"\[beyond_agent\] weight_sync sent: step=(\d+) seq=(\d+) mode=(\w+) .*?bytes_sent=(\d+) "
                   r"bytes_full=(\d+) .*?receiver=(verified|REFUSED)")
 APPLIED = re.compile(r"\[beyond_agent\] weight_sync applied .*?seq=(\d+) mode=(\w+) params=(\d+) .*?"
                      r"loaded_equal=(\d+) loaded_differ=(\d+) loaded_unchecked=(\d+) verified=(\d+)/(\d+)")
 REFUSED = re.compile(r"\[beyond_agent\] weight_sync REFUSED .*?seq=(\d+) error=(\w+)")
-
-
-def step_metrics(output: str) -> dict[int, dict[str, float]]:
-    """verl's console lines `step:N - key:value - ...`, numeric values parsed."""
-    steps = {}
-    for match in STEP_LINE.finditer(output):
-        pairs = (item.split(":", 1) for item in match.group(2).split(" - ") if ":" in item)
-        steps[int(match.group(1))] = {key.strip(): _number(value) for key, value in pairs}
-    return steps
-
-
-def _number(text: str) -> float:
-    text = text.strip()
-    for wrapper in ("np.float64(", "np.float32(", "np.int64("):
-        text = text.removeprefix(wrapper)
-    try:
-        return float(text.removesuffix(")"))
-    except ValueError:
-        return math.nan
 
 
 # Both runs' rollout sampling probabilities vs the trainer's recomputation (verl's training/rollout_probs_diff_max,
@@ -76,18 +56,18 @@ def train(run_training, tmp_path, overrides: list[str], env: dict[str, str] | No
     return output
 
 
-def test_delta_weight_sync_trains_four_grpo_steps(run_training, tmp_path):
+def test_delta_weight_sync_trains_four_grpo_steps(run_training, step_metrics, tmp_path):
     output = train(run_training, tmp_path,
                    ["beyond_agent.weight_sync.mode=delta", "beyond_agent.weight_sync.full_every=2"],
                    env={"BEYOND_WEIGHT_SYNC_CHECK_LOADED": "1", "BEYOND_WEIGHT_SYNC_FAULT_SEQ": "3"})
-    check_delta_run(output)
+    check_delta_run(output, step_metrics)
     tracked = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [record["step"] for record in tracked] == [1, 2, 3, 4]
     assert [record["data"]["weight_sync/verify_failed"] for record in tracked] == [0.0, 0.0, 1.0, 0.0]
     assert all(record["data"]["weight_sync/bytes_full"] > 0 for record in tracked)
 
 
-def test_full_mode_is_verls_own_sync(run_training, tmp_path):
+def test_full_mode_is_verls_own_sync(run_training, step_metrics, tmp_path):
     """The same run with `weight_sync.mode=full` (the default): verl's naive sync, none of ours, same noise level."""
     output = train(run_training, tmp_path, ["beyond_agent.weight_sync.mode=full"],
                    env={"BEYOND_WEIGHT_SYNC_CHECK_LOADED": "1", "BEYOND_WEIGHT_SYNC_FAULT_SEQ": "1"})
@@ -100,7 +80,7 @@ def test_full_mode_is_verls_own_sync(run_training, tmp_path):
     assert all(0.0 <= diff < PROBS_DIFF_BOUND for diff in diffs), diffs
 
 
-def check_delta_run(output: str) -> None:
+def check_delta_run(output: str, step_metrics) -> None:
     """The run's sync lines and step metrics (separate from the run, to check a saved log again)."""
     # The actor worker's side: one line per sync, the corrupted one refused by the receiver.
     sent = [(int(step), int(seq), mode, int(sent_b), int(full_b), receiver)
