@@ -1,4 +1,10 @@
-"""Trainer -> inference-engine weight transfer: the lossless full/delta sync codec (see `delta`)."""
+"""Trainer -> inference-engine weight transfer (`beyond_agent.weight_sync`).
+
+- `delta`: the lossless full/delta sync codec (sender snapshot, receiver mirror, checksums, healing);
+- `wire`: a sync as tensors that verl's bucketed IPC can carry;
+- `verl_backend`: the actor side (a checkpoint-engine backend) and the driver side (a CheckpointEngineManager);
+- `vllm_extension`: the receiver inside the vLLM worker, which verifies before it loads.
+"""
 
 from recipe.beyond_agent.weights.delta import (
     CHECKSUM_ALGOS,
