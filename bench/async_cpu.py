@@ -47,6 +47,7 @@ take about 15 minutes on 2 cores (a 4-step run: ~3.5 min, most of it Ray, vLLM a
 
 from __future__ import annotations
 
+import abc
 import argparse
 import json
 import os
@@ -127,63 +128,62 @@ class RunFigures:
     """step -> the figures above are made of (step, gen, wait, train seconds, metrics-line time)."""
 
 
-class StepClock:
-    """Follows a run's metrics.jsonl (`MetricsLog`) and notes when each step's line appears, on our clock."""
+class Poller(abc.ABC):
+    """Calls `poll()` every POLL_S seconds in a daemon thread, from `start()` until `stop()` (plus a last poll)."""
 
-    def __init__(self, run_dir: Path):
-        self.log = MetricsLog(run_dir)
-        self.seen_at: dict[int, float] = {}
+    def __init__(self, name: str):
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="step-clock", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
 
-    def start(self) -> "StepClock":
+    def start(self):
         self._thread.start()
         return self
 
     def stop(self) -> None:
-        """Stop following, after a last read."""
+        """Stop polling, after a last poll."""
         self._stop.set()
         self._thread.join()
-        self._read()
+        self.poll()
 
     def _loop(self) -> None:
         while not self._stop.wait(POLL_S):
-            self._read()
+            self.poll()
 
-    def _read(self) -> None:
+    @abc.abstractmethod
+    def poll(self) -> None:
+        """One look at what is followed."""
+
+
+class StepClock(Poller):
+    """Follows a run's metrics.jsonl (`MetricsLog`) and notes when each step's line appears, on our clock."""
+
+    def __init__(self, run_dir: Path):
+        super().__init__("step-clock")
+        self.log = MetricsLog(run_dir)
+        self.seen_at: dict[int, float] = {}
+
+    def poll(self) -> None:
         self.log.refresh()
         now = time.monotonic()
         for step in self.log.steps:
             self.seen_at.setdefault(step, now)
 
 
-class SessionMonitor:
+class SessionMonitor(Poller):
     """Polls the envservice's /healthz: the stretches of time in which at least one env session was open."""
 
     def __init__(self, url: str):
+        super().__init__("session-monitor")
         self.url = url
         self.samples: list[tuple[float, bool]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="session-monitor", daemon=True)
         self._http = requests.Session()
 
-    def start(self) -> "SessionMonitor":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop polling."""
-        self._stop.set()
-        self._thread.join()
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                busy = self._http.get(f"{self.url}/healthz", timeout=2).json()["sessions"] > 0
-            except (requests.RequestException, ValueError, KeyError):
-                busy = False  # unknown counts as idle: the overlap is never overstated
-            self.samples.append((time.monotonic(), busy))
-            self._stop.wait(POLL_S)
+    def poll(self) -> None:
+        try:
+            busy = self._http.get(f"{self.url}/healthz", timeout=2).json()["sessions"] > 0
+        except (requests.RequestException, ValueError, KeyError):
+            busy = False  # unknown counts as idle: the overlap is never overstated
+        self.samples.append((time.monotonic(), busy))
 
     def busy_seconds(self, start: float, end: float) -> float:
         """Seconds of [start, end] in which a session was open (each sample holds until the next one)."""

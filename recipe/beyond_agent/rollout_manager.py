@@ -91,7 +91,7 @@ class BeyondAgentLoopManager:
         self.gate = PolicyVersionGate(partial_rollout=self.settings.async_rollout.partial_rollout)
         """Weight versions of generated turns; the trainer's weight sync goes through it in async mode."""
         self._pool: AsyncEpisodePool | None = None
-        self._taken: dict[str, tuple[PendingRow, list[EpisodeResult]]] = {}
+        self._taken: dict[str, list[EpisodeResult]] = {}  # row key -> its n finished episodes, until verl asks
         self._taken_metrics: dict[str, float] = {}
 
     @classmethod
@@ -159,7 +159,7 @@ class BeyondAgentLoopManager:
         """The next training step's rows, all episodes finished (blocks until they are)."""
         taken = self._pool.take_batch()
         for row in taken.rows:
-            self._taken[row.key] = (row, row.results())
+            self._taken[row.key] = row.results()
         self._taken_metrics = taken.metrics
         return taken.rows
 
@@ -186,7 +186,7 @@ class BeyondAgentLoopManager:
                                "batch must come from BeyondAgentTrainer's loader")
             index = seen.get(key, 0)
             seen[key] = index + 1
-            results.append(self._taken[key][1][index])
+            results.append(self._taken[key][index])
         walls = [r.wall_time_s for r in results]
         output = RolloutOutput(results=results, metrics=summarize(results, max(walls, default=0.0)),
                                extra=dict(self._taken_metrics))
