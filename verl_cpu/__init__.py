@@ -2,8 +2,11 @@
 
 - ``platform.py``: a verl platform registered as ``"cpu"`` (selected with ``VERL_PLATFORM=cpu``) plus the
   ``torch.cuda``-style device-module shim verl calls.
-- ``verl_plugin.py``: the ``verl.plugins`` entry point; registers the platform in every process that
-  imports verl, and only when ``VERL_PLATFORM=cpu``.
+- ``verl_plugin.py``: the ``verl.plugins`` entry point; registers the platform and the critic's engine in
+  every process that imports verl, and only when ``VERL_PLATFORM=cpu``.
+- ``value_engine.py``: verl's FSDP value-model engine (the critic, for GAE) loading the model with the
+  configured attention instead of verl's hard-coded flash-attn; chosen by verl's ``EngineRegistry`` for
+  this platform's vendor only.
 - ``vllm_plugin.py``: the ``vllm.general_plugins`` entry point; keeps vLLM's CPU Linear layers on
   plain ``torch.nn.functional.linear`` so verl's in-place weight sync reaches them.
 - ``overrides.py``: the Hydra overrides and environment a CPU run needs, each with its reason.

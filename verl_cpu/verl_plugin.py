@@ -1,8 +1,10 @@
-"""The ``verl.plugins`` entry point: registers the CPU platform in every process that imports verl.
+"""The ``verl.plugins`` entry point: registers the CPU platform, and the critic's CPU engine
+(``value_engine.py``), in every process that imports verl.
 
 verl imports each ``verl.plugins`` entry point at ``import verl`` (and ``VERL_USE_EXTERNAL_MODULES``
 names modules to import the same way), which is what makes the registration reach every Ray worker.
-Importing this module changes nothing unless ``VERL_PLATFORM=cpu``: GPU runs never see the platform.
+Importing this module changes nothing unless ``VERL_PLATFORM=cpu``: GPU runs never see the platform or
+the engine.
 """
 
 import os
@@ -16,4 +18,8 @@ def cpu_platform_requested() -> bool:
 if cpu_platform_requested():
     from verl_cpu.platform import register_cpu_platform
 
-    register_cpu_platform()
+    register_cpu_platform()  # first: importing verl's engines may already ask verl for the platform
+
+    from verl_cpu.value_engine import register_cpu_value_engine
+
+    register_cpu_value_engine()
