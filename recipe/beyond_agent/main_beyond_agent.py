@@ -35,9 +35,21 @@ def check_config(config) -> None:
         from recipe.beyond_agent.weights.verl_backend import configure_weight_sync
 
         configure_weight_sync(copy.deepcopy(config), settings.weight_sync)
+        check_task_weights_against_files(settings.multitask.task_weights, config.data.train_files)
     except ValueError as error:  # a bad key: one sentence naming it, before Ray starts
         raise SystemExit(f"beyond_agent config: {error}") from None
 
+
+def check_task_weights_against_files(weights, train_files) -> None:
+    """`beyond_agent.multitask.task_weights` against the tasks of local train parquet files, before Ray starts
+    (files that are not local, e.g. hdfs://, are checked by the sampler once verl has copied them)."""
+    if weights is None:
+        return
+    from recipe.beyond_agent.multitask import check_task_weights, parquet_task_names
+
+    files = [str(train_files)] if isinstance(train_files, str) else [str(path) for path in train_files]
+    if all(Path(path).is_file() for path in files):
+        check_task_weights(weights, parquet_task_names(files))
 
 
 def metrics_path(config, environ=os.environ) -> Path | None:
@@ -57,14 +69,21 @@ def metrics_path(config, environ=os.environ) -> Path | None:
 
 
 def build_datasets(config, tokenizer, processor):
-    """verl's RL datasets for the train and val parquet files written by recipe.beyond_agent.data."""
+    """verl's RL datasets for the train and val parquet files written by recipe.beyond_agent.data, and the
+    train sampler: the weighted task sampler when `beyond_agent.multitask.task_weights` is set, else verl's."""
     from verl.trainer.ppo.utils import create_rl_dataset, create_rl_sampler
+
+    from recipe.beyond_agent.multitask import task_sampler
 
     train = create_rl_dataset(config.data.train_files, config.data, tokenizer, processor, is_train=True,
                               max_samples=config.data.get("train_max_samples", -1))
     val = create_rl_dataset(config.data.val_files, config.data, tokenizer, processor, is_train=False,
                             max_samples=config.data.get("val_max_samples", -1))
-    return train, val, create_rl_sampler(config.data, train)
+    multitask = BeyondAgentSettings.from_config(config).multitask
+    sampler = task_sampler(multitask, train, config.data.get("seed"))
+    if sampler is not None:
+        print(f"[beyond_agent] {sampler.describe()}", flush=True)
+    return train, val, sampler or create_rl_sampler(config.data, train)
 
 
 def _task_runner_class():

@@ -10,7 +10,8 @@ Each row becomes one episode with its own AgentTask (`TaskTable.for_row`: the ro
 entry, else `default`) and its own prompt (verl's `raw_prompt`, from the parquet `prompt` column), so one
 batch can mix environments, parsers and rewards. What goes back to verl per row is `rollout/batch.py`'s
 `training_batch`; our figures go in `meta_info["timing"]`, which verl logs as `timing_s/<key>`, the same
-channel verl's own agent loop uses for its counters.
+channel verl's own agent loop uses for its counters, each task's own under `beyond_agent/task/<name>/`
+(recipe/beyond_agent/multitask.py; validation's reach the trainer through `take_validation_figures`).
 
 With `beyond_agent.rollout_mode: async` the training episodes are played ahead, in the background, by an
 `AsyncEpisodePool` (rollout/async_pool.py) that the trainer feeds from its dataloader (`start_async`,
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from envservice.client import EnvClient
+from recipe.beyond_agent.multitask import VAL_PREFIX, task_names, task_rollout_figures
 from recipe.beyond_agent.rollout.async_pool import AsyncEpisodePool, PendingRow
 from recipe.beyond_agent.rollout.batch import training_batch
 from recipe.beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec
@@ -65,6 +67,11 @@ def rows_to_episodes(non_tensor_batch: dict, default_env_id: str | None, tasks: 
     return specs
 
 
+def outcome_only(result: EpisodeResult) -> EpisodeResult:
+    """The result without its tokens and messages (what per-task figures read, kept over a whole validation)."""
+    return dataclasses.replace(result, episode=None, messages=[], step_rewards=[])
+
+
 def rollout_timing(output: RolloutOutput, llm_busy_s: float) -> dict[str, float]:
     """Our per-step figures for verl's `timing` channel (logged as timing_s/beyond_agent/...)."""
     figures = {f"beyond_agent/{key}": value for key, value in output.metrics.as_dict(prefix="").items()}
@@ -93,6 +100,7 @@ class BeyondAgentLoopManager:
         self._pool: AsyncEpisodePool | None = None
         self._taken: dict[str, list[EpisodeResult]] = {}  # row key -> its n finished episodes, until verl asks
         self._taken_metrics: dict[str, float] = {}
+        self._validation: list[tuple[str, EpisodeResult]] = []  # (task, outcome) of this validation's episodes
 
     @classmethod
     def create(cls, config: Any, llm_client: Any, teacher_client: Any = None,
@@ -116,9 +124,21 @@ class BeyondAgentLoopManager:
                                group_based=settings.group_based)
         timing = rollout_timing(output, self.llm.metrics().busy_time_s - busy_before)
         timing.update({f"beyond_agent/{key}": value for key, value in output.extra.items()})
+        tasks = task_names(prompts.non_tensor_batch, len(output.results))
+        timing.update(task_rollout_figures(tasks, output.results))  # timing_s/beyond_agent/task/<name>/...
+        if meta.get("validate"):
+            self._validation.extend(zip(tasks, map(outcome_only, output.results)))
         batch.meta_info = {"timing": timing, "reward_extra_keys": ["success"]}
         self._log_step(meta, output)
         return batch
+
+    def take_validation_figures(self) -> dict[str, float]:
+        """Per-task figures of the validation episodes played since the last call
+        (`val-aux/beyond_agent/task/<name>/...`); verl validates in several batches, this sums them up.
+        Rows verl added to pad a batch to a multiple of agent.num_workers are counted too."""
+        tasks, results = zip(*self._validation) if self._validation else ((), ())
+        self._validation = []
+        return task_rollout_figures(tasks, results, prefix=VAL_PREFIX)
 
     def _episode_manager(self, sampling: Any, gated: bool) -> ParallelEnvManager:
         """Episodes with this sampling; `gated`: through the version gate (async mode), so that weight syncs

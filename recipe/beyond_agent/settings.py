@@ -4,9 +4,10 @@
 depends on (`data.max_prompt_length`, `data.max_response_length`, the rollout's sampling, the advantage
 estimator) and builds the objects the rollout uses as they are: the episode limits (`DataflowConfig`),
 the LLM front's limits (`LLMManagerConfig`), the round schedule (`RoundScheduler`), the tasks
-(`TaskTable`) and the sampling parameters. Each field is validated by its own class; errors come back
-naming the config key and, where there is a fixed set, the valid choices. The driver (`main_beyond_agent`)
-calls it to fail before any Ray actor starts; the rollout manager calls it where it is used.
+(`TaskTable`), the sampling parameters and the multi-task options (`MultitaskConfig`). Each field is
+validated by its own class; errors come back naming the config key and, where there is a fixed set, the
+valid choices. The driver (`main_beyond_agent`) calls it to fail before any Ray actor starts; the rollout
+manager calls it where it is used.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from recipe.beyond_agent.multitask import MultitaskConfig
 from recipe.beyond_agent.rollout.async_pool import AsyncRolloutSettings
 from recipe.beyond_agent.rollout.dataflow import DataflowConfig
 from recipe.beyond_agent.rollout.llm import LLMManagerConfig, SamplingParams
@@ -108,6 +110,8 @@ class BeyondAgentSettings:
     """The staleness bound and policies of async mode (`beyond_agent.async_rollout`)."""
     weight_sync: WeightSyncConfig = WeightSyncConfig(mode="full")
     """How weights reach the rollout after each update (`beyond_agent.weight_sync`; full: verl's own sync)."""
+    multitask: MultitaskConfig = MultitaskConfig()
+    """Task sampling weights and per-task advantage normalisation (`beyond_agent.multitask`)."""
 
     @classmethod
     def from_config(cls, config: Any) -> "BeyondAgentSettings":
@@ -134,6 +138,7 @@ class BeyondAgentSettings:
             async_rollout=AsyncRolloutSettings.from_mapping(_section(section.get("async_rollout") or {},
                                                                      "beyond_agent.async_rollout")),
             weight_sync=_weight_sync(section.get("weight_sync")),
+            multitask=MultitaskConfig.from_mapping(_section(section.get("multitask") or {}, "beyond_agent.multitask")),
         )
 
     @property
@@ -224,7 +229,7 @@ def _named(build: Callable, *args: Any, **kwargs: Any) -> Any:
 
 
 SECTION_KEYS = ("env", "rounds", "val_max_rounds", "tasks", "max_tokens_per_turn", "concurrency", "episode_timeout_s",
-                "llm_request_timeout_s", "trajectories", "rollout_mode", "async_rollout", "weight_sync")
+                "llm_request_timeout_s", "trajectories", "rollout_mode", "async_rollout", "weight_sync", "multitask")
 MOVED_KEYS = {"action_format": "beyond_agent.tasks.default.action_format",
               "system_prompt": "beyond_agent.tasks.default.system_prompt"}
 

@@ -8,6 +8,11 @@ validated by `BeyondAgentSettings`, in the driver before Ray starts and where th
 When `fit()` returns or fails, the run's main curves are drawn into `curves.png` beside its metrics.jsonl
 (recipe/beyond_agent/viewer/curves.py), for people who never open the viewer.
 
+Multi-task runs (`beyond_agent.multitask`, recipe/beyond_agent/multitask.py) take two more helpers of
+`fit()`: `_update_actor` normalises advantages within each task first (`task_advantage_norm`), and
+`_validate` adds each task's rollout figures to verl's per-data_source validation metrics. The weighted
+task sampler is the `train_sampler` our TaskRunner hands verl.
+
 Asynchronous rollout (`beyond_agent.rollout_mode: async`) also runs on verl's unchanged `fit()`, through
 three seams of the legacy trainer instead of a copy of `fit()`:
 - the train dataloader `fit()` iterates is wrapped (`AsyncRowLoader`): each batch it yields is made of rows
@@ -38,6 +43,7 @@ import torch
 from omegaconf import open_dict
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
+from recipe.beyond_agent.multitask import apply_task_advantage_norm
 from recipe.beyond_agent.rollout_manager import ROW_KEY
 from recipe.beyond_agent.settings import BeyondAgentSettings
 from recipe.beyond_agent.verl_pin import ensure_pinned_verl
@@ -90,6 +96,17 @@ class BeyondAgentTrainer(RayPPOTrainer):
                 self.async_rollout_manager.close_async()
             write_curves_beside_metrics(os.environ.get(METRICS_PATH_VARIABLE))
 
+    def _validate(self, merged: bool = False):
+        """verl's validation, which reports each data_source (= task) itself (`val-core/<task>/reward/mean@N`,
+        `val-aux/<task>/success/mean@N`), plus our per-task rollout figures (`val-aux/beyond_agent/task/<task>/...`:
+        rounds, terminations, episodes)."""
+        metrics = super()._validate(merged)
+        take = getattr(self.async_rollout_manager, "take_validation_figures", None)  # another manager: none
+        figures = take() if take is not None else {}
+        if not merged and metrics is not None:  # merged: verl's raw lists, for its own merging
+            metrics.update(figures)
+        return metrics
+
     def _compute_old_log_prob(self, batch: Any):
         """verl's recomputation; in async mode also the rollout/trainer gap, and π_old = the behaviour policy
         when `old_log_probs: behaviour`."""
@@ -107,8 +124,12 @@ class BeyondAgentTrainer(RayPPOTrainer):
         return old_log_prob, mfu
 
     def _update_actor(self, batch: Any) -> Any:
-        """verl's actor update; the step's rollout/trainer log-prob gap joins its metrics."""
+        """verl's actor update, on advantages normalised within each task when `multitask.task_advantage_norm`
+        (before the batch reaches the workers); the normalisation's per-task figures and the step's
+        rollout/trainer log-prob gap join its metrics (fit() reduces and logs `meta_info["metrics"]`)."""
+        task_figures = apply_task_advantage_norm(batch) if self.beyond_settings.multitask.task_advantage_norm else {}
         output = super()._update_actor(batch)
+        output.meta_info["metrics"].update(task_figures)
         output.meta_info["metrics"].update(self._async_actor_metrics)
         self._async_actor_metrics = {}
         self._last_actor_output = output
