@@ -61,6 +61,8 @@ class FrozenLakeEnv(TextEnv):
     params = {
         "size": Param("Side of the square map, 3..12 (default 4).", int),
         "slippery": Param("Whether moves may slip sideways (default false).", bool),
+        "around": Param("Also name the four cells next to the agent after the map, e.g. `Around you: left F, "
+                        "down H, right F, up #.` (# is the edge; default false).", bool),
     }
 
     def __init__(self) -> None:
@@ -68,6 +70,7 @@ class FrozenLakeEnv(TextEnv):
         self._desc: list[str] = []
         self._state = 0
         self._reward = 0.0
+        self._around = False
 
     def reset(self, task: Task) -> tuple[str, dict[str, Any]]:
         """Build the task's map and put the agent on S."""
@@ -79,6 +82,7 @@ class FrozenLakeEnv(TextEnv):
         )
         self._state, _ = self._env.reset(seed=task.seed)
         self._reward = 0.0
+        self._around = bool(task.params.get("around", False))
         return f"{_LEGEND}\n{self._render()}\nActions: {', '.join(ACTIONS)}.", {"map": list(self._desc)}
 
     def step(self, action: str) -> StepResult:
@@ -108,7 +112,18 @@ class FrozenLakeEnv(TextEnv):
         row, col = divmod(int(self._state), size)
         rows = [list(line) for line in self._desc]
         rows[row][col] = "A"
-        return "\n".join("".join(line) for line in rows)
+        grid = "\n".join("".join(line) for line in rows)
+        return f"{grid}\n{self._around_text(row, col)}" if self._around else grid
+
+    def _around_text(self, row: int, col: int) -> str:
+        # Why: in the grid, the cell below the agent sits a map-dependent number of tokens back; this line
+        # puts each neighbour at the same place at the end of every observation, which a small model can read.
+        size = len(self._desc)
+        cells = []
+        for action in ACTIONS:
+            r, c = row + _MOVES[action][0], col + _MOVES[action][1]
+            cells.append(f"{action} {self._desc[r][c] if 0 <= r < size and 0 <= c < size else '#'}")
+        return f"Around you: {', '.join(cells)}."
 
     def _outcome(self, terminated: bool) -> str:
         if not terminated:

@@ -14,15 +14,18 @@ Several files (one per env) can be mixed in one run: `data.train_files=[a/train.
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from recipe.beyond_agent.collect import parse_tasks
 
 
-def task_rows(client, env_id: str, split: str, tasks: list[int], seed: int, agent_task: str | None = None) -> list[dict]:
-    """One verl RL row per task, with the first observation as the user prompt."""
+def task_rows(client, env_id: str, split: str, tasks: list[int], seed: int, agent_task: str | None = None,
+              params: dict | None = None) -> list[dict]:
+    """One verl RL row per task, with the first observation as the user prompt; `params` are the env's task
+    parameters (e.g. FrozenLake's size), kept in extra_info so every episode of the row gets them."""
     rows = []
     for index, task in enumerate(tasks):
-        created = client.create(env_id, task_id=task, seed=seed + task, split=split)
+        created = client.create(env_id, task_id=task, seed=seed + task, split=split, params=params or {})
         try:
             observation = created.observation
         finally:
@@ -33,7 +36,7 @@ def task_rows(client, env_id: str, split: str, tasks: list[int], seed: int, agen
             "ability": "agent",
             "reward_model": {"style": "env", "ground_truth": ""},
             "extra_info": {"env_id": env_id, "task_id": task, "seed": seed + task, "split": split, "index": index,
-                           **({"task": agent_task} if agent_task else {})},
+                           **({"task": agent_task} if agent_task else {}), **({"params": params} if params else {})},
         })
     return rows
 
@@ -47,18 +50,28 @@ def write_parquet(rows: list[dict], path: Path) -> None:
 
 def write_task_files(env_id: str, out: Path, train_tasks: list[int], val_tasks: list[int], seed: int = 0,
                      val_split: str = "test", envservice_url: str | None = None,
-                     agent_task: str | None = None) -> tuple[Path, Path]:
+                     agent_task: str | None = None, params: dict | None = None) -> tuple[Path, Path]:
     """Write out/train.parquet and out/val.parquet; return their paths."""
     from envservice.client import EnvClient
     from envservice.process import envservice_url as serving
 
     with serving([env_id], envservice_url) as url, EnvClient(url) as client:
-        train_rows = task_rows(client, env_id, "train", train_tasks, seed, agent_task)
-        val_rows = task_rows(client, env_id, val_split, val_tasks, seed, agent_task)
+        train_rows = task_rows(client, env_id, "train", train_tasks, seed, agent_task, params)
+        val_rows = task_rows(client, env_id, val_split, val_tasks, seed, agent_task, params)
     train_path, val_path = out / "train.parquet", out / "val.parquet"
     write_parquet(train_rows, train_path)
     write_parquet(val_rows, val_path)
     return train_path, val_path
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"--params is not JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"--params must be a JSON object, got {type(value).__name__}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -72,10 +85,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--agent-task", default=None,
                         help="the AgentTask of these rows (extra_info.task): an entry of beyond_agent.tasks or a "
                         "registered task; default: the task configured for the env, else `default`")
+    parser.add_argument("--params", type=_json_object, default=None,
+                        help='the env\'s task parameters as a JSON object, e.g. \'{"size": 6}\'')
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     train, val = write_task_files(args.env, args.out, args.train_tasks, args.val_tasks, args.seed, args.val_split,
-                                  args.envservice_url, args.agent_task)
+                                  args.envservice_url, args.agent_task, args.params)
     print(f"wrote {len(args.train_tasks)} train rows to {train} and {len(args.val_tasks)} val rows to {val}")
 
 

@@ -87,6 +87,17 @@ def test_frozenlake_hole_terminates_without_success() -> None:
     assert env.evaluate() == (0.0, False)
 
 
+def test_frozenlake_around_names_the_four_neighbours_last() -> None:
+    env = FrozenLakeEnv()
+    first, info = env.reset(_task(FrozenLakeEnv, 0, seed=0, around=True))  # map-0: SFFF / HHFF / FHHF / HFFG
+    assert info["map"][:2] == ["SFFF", "HHFF"]
+    assert "Around you: left #, down H, right F, up #." in first
+    observation, *_ = env.step("right")  # now on row 0, column 1: S to the left, H below, F to the right
+    assert observation.endswith("Around you: left S, down H, right F, up #.")
+    plain, _ = env.reset(_task(FrozenLakeEnv, 0, seed=0))
+    assert "Around you" not in plain
+
+
 def test_textcraft_gold_path_crafts_the_goal() -> None:
     env = TextCraftEnv()
     for index in (0, 17, 100):

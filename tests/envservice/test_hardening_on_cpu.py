@@ -166,7 +166,7 @@ def test_env_params_are_checked_against_their_declared_types(make_client, params
     assert says in _error(client.post("/create", json={"env_id": "frozenlake", "params": params}),
                           400, "bad_request").message
     types = client.get("/envs").json()["envs"][0]["param_types"]
-    assert types == {"size": "integer", "slippery": "boolean"}
+    assert types == {"size": "integer", "slippery": "boolean", "around": "boolean"}
 
 
 # ---- auth and limits before the body, over a real socket -------------------------------------------------------

@@ -54,7 +54,7 @@ def test_unknown_task_split_and_params_name_the_field(make_client) -> None:
     error = _error(client.post("/create", json={"env_id": "frozenlake", "task_id": "map-x"}), 400, "unknown_task")
     assert error.valid_choices[:2] == ["map-0", "map-1"]
     error = _error(client.post("/create", json={"env_id": "frozenlake", "params": {"colour": 1}}), 400, "bad_request")
-    assert "colour" in error.message and error.valid_choices == ["size", "slippery"]
+    assert "colour" in error.message and error.valid_choices == ["around", "size", "slippery"]
 
 
 def test_malformed_body_is_422_naming_the_fields(make_client) -> None:
@@ -129,7 +129,7 @@ def test_envs_lists_tasks_limits_and_params(make_client) -> None:
     assert list(specs) == ["babyai", "textcraft", "frozenlake"]
     assert specs["textcraft"].tasks == {"train": 335, "test": 84}
     assert specs["babyai"].tasks["train"] == 10 and specs["babyai"].max_steps == 128
-    assert set(specs["frozenlake"].params) == {"size", "slippery"}
+    assert set(specs["frozenlake"].params) == {"size", "slippery", "around"}
 
 
 def test_token_required_when_set(make_client) -> None:

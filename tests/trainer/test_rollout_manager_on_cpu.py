@@ -171,3 +171,22 @@ def RayPPOTrainer_gen_batch(batch):
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
     return RayPPOTrainer._get_gen_batch(None, batch)
+
+
+def test_task_params_written_by_data_reach_every_episode_of_the_row(tiny_model_dir, envservice_url, tmp_path):
+    """`data --params` keeps the env's task parameters in extra_info; through verl's dataset they become the
+    episode's params, so the first prompt and every replayed session are the same variant of the task."""
+    from verl.utils import hf_tokenizer
+
+    from recipe.beyond_agent.rollout_manager import rows_to_episodes
+    from recipe.beyond_agent.tasks import TaskTable
+
+    train, _ = write_task_files("frozenlake", tmp_path / "data", [0, 1], [0], envservice_url=envservice_url,
+                                params={"around": True})
+    config = recipe_config([f"actor_rollout_ref.model.path={tiny_model_dir}", f"data.train_files={train}",
+                            f"data.val_files={train}", "data.max_prompt_length=512"])
+    batch = verl_batch(config, hf_tokenizer(str(tiny_model_dir)), rows=2)
+    specs = rows_to_episodes(batch.non_tensor_batch, None, TaskTable.from_config(None))
+    assert [(spec.env_id, spec.task_id, spec.params) for spec in specs] == [
+        ("frozenlake", 0, {"around": True}), ("frozenlake", 1, {"around": True})]
+    assert all("Around you:" in spec.prompt[0]["content"] for spec in specs)
