@@ -1,0 +1,147 @@
+"""SFT on trajectory records through verl's own SFT trainer (recipe/beyond_agent/sft.py, trajectory_data.py).
+
+The records are real: the dumps of a recorded BeyondAgentTrainer run (tests/viewer/recorded_run), written by
+our rollout with the tiny model's tokenizer and chat template. The loss check runs verl's `sft_loss` on
+rows our dataset gives verl's collator; the training run is verl's SFT trainer under torchrun on CPU
+(~40 s).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from recipe.beyond_agent.sft import TrajectorySFTDataset, hf_model_dir, sft_command
+from recipe.beyond_agent.trajectories import read_dump
+from recipe.beyond_agent.trajectory_data import (
+    TrajectoryDataError,
+    TrajectoryFilter,
+    read_trajectories,
+    trajectory_files,
+    training_row,
+)
+
+RECORDED = Path(__file__).resolve().parents[1] / "viewer" / "recorded_run" / "checkpoints" / "trajectories"
+
+
+def data_config(**values):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.create({"max_length": 4096, "truncation": "error", "pad_mode": "no_padding", **values})
+
+
+def test_a_training_row_is_the_records_exact_tokens_with_loss_only_where_the_policy_wrote():
+    record = next(read_dump(RECORDED / "step_1.jsonl"))
+    row = training_row(record)
+    assert row.input_ids == record.prompt_ids + record.response_ids
+    assert row.loss_mask == [0] * len(record.prompt_ids) + record.response_mask
+    # Each assistant turn's last token (turn_ends) is trained on; observation tokens between turns are not.
+    start = len(record.prompt_ids)
+    assert all(row.loss_mask[start + end] == 1 for end in record.turn_ends if end >= 0)
+    assert 0 < sum(row.loss_mask) < len(row.input_ids) - len(record.prompt_ids)
+
+
+def test_truncation_is_an_error_unless_asked_and_then_cuts_the_chosen_side():
+    record = next(read_dump(RECORDED / "step_1.jsonl"))
+    length = len(record.prompt_ids) + len(record.response_ids)
+    with pytest.raises(TrajectoryDataError, match=f"has {length} tokens > max_length 100"):
+        training_row(record, max_length=100)
+    full = training_row(record)
+    assert training_row(record, 100, "left").input_ids == full.input_ids[-100:]
+    assert training_row(record, 100, "right").loss_mask == full.loss_mask[:100]
+    with pytest.raises(TrajectoryDataError, match="truncation 'middle'; valid: error, left, right"):
+        training_row(record, 100, "middle")
+
+
+def test_filters_keep_what_they_name_and_never_infrastructure_failures():
+    records = list(read_trajectories(RECORDED))
+    assert len(records) == sum(1 for path in trajectory_files(RECORDED) for _ in read_dump(path))
+    assert {r.kind for r in read_trajectories(RECORDED, TrajectoryFilter(kinds=("val",)))} == {"val"}
+    lengths = read_trajectories(RECORDED, TrajectoryFilter.from_mapping({"terminations": "length"}))
+    assert lengths and {r.termination for r in lengths} == {"length"}
+    assert read_trajectories(RECORDED, TrajectoryFilter(success=True)) == []  # the random model never won
+    assert read_trajectories(RECORDED, TrajectoryFilter(min_reward=0.0)) == [r for r in records if r.reward >= 0]
+
+    broken = records[0]
+    broken.termination = "env_error"
+    assert not TrajectoryFilter().keeps(broken)
+
+
+def test_bad_filter_keys_and_paths_are_named(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    with pytest.raises(TrajectoryDataError, match="unknown key.* sucess; valid: success, min_reward, terminations"):
+        TrajectoryFilter.from_mapping({"sucess": True})
+    with pytest.raises(TrajectoryDataError, match="success must be true, false or null; got 'yes'"):
+        TrajectoryFilter.from_mapping({"success": "yes"})
+    with pytest.raises(TrajectoryDataError, match="does not exist"):
+        trajectory_files("/nonexistent/trajectories")
+    with pytest.raises(TrajectoryDataError, match="passes the filter"):
+        TrajectorySFTDataset([str(RECORDED)], AutoTokenizer.from_pretrained(tiny_model_dir),
+                             data_config(trajectory_filter={"success": True}))
+
+
+def test_observation_tokens_carry_no_gradient_in_verls_sft_loss(tiny_model_dir):
+    """verl's sft_loss on our rows: d loss / d log p(token) is non-zero exactly on tokens the policy wrote."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.dataset.dataset_utils import SFTTensorCollator
+    from verl.workers.utils.losses import sft_loss
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    dataset = TrajectorySFTDataset([str(RECORDED / "step_1.jsonl")], tokenizer, data_config())
+    batch = SFTTensorCollator("no_padding")([dataset[0], dataset[1]])
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+
+    # Per-token log-probabilities as verl's engine computes them: position i scores the token at i + 1.
+    per_row = []
+    for ids in batch["input_ids"].unbind():
+        logits = model(input_ids=ids[None]).logits[0]  # [seq, vocab]
+        next_ids = torch.roll(ids, -1)
+        per_row.append(torch.log_softmax(logits, -1).gather(-1, next_ids[:, None])[:, 0])
+    values = torch.cat(per_row).detach().requires_grad_(True)
+    log_probs = torch.nested.nested_tensor_from_jagged(values, batch["input_ids"].offsets())
+    loss_mask = batch["loss_mask"]
+    trained_tokens = int(loss_mask.values().sum())
+    data = tu.get_tensordict(tensor_dict=dict(batch), non_tensor_dict={"pad_mode": "no_padding"})
+    tu.assign_non_tensor(data, dp_size=1, batch_num_tokens=trained_tokens)
+
+    loss, _ = sft_loss(None, {"log_probs": log_probs}, data)
+    loss.backward()
+
+    mask = loss_mask.values()
+    scores_a_trained_token = torch.roll(mask, -1).bool()  # position i predicts token i + 1
+    assert (values.grad[~scores_a_trained_token] == 0).all()  # prompt, observation and template tokens
+    assert (values.grad[scores_a_trained_token] == -1.0 / trained_tokens).all()
+    # ... and the loss is the mean negative log-likelihood of exactly the tokens the policy wrote.
+    assert loss.item() == pytest.approx(-values[scores_a_trained_token].mean().item(), rel=1e-5)
+    assert 0 < trained_tokens < int((~mask.bool()).sum())
+
+
+def test_verls_sft_trainer_trains_two_steps_on_trajectories_on_cpu(tiny_model_dir, tmp_path):
+    out = tmp_path / "sft"
+    command, env = sft_command([
+        f"data.train_files={RECORDED}", "+data.trajectory_filter.kinds=[train]", f"model.path={tiny_model_dir}",
+        "data.train_batch_size=4", "data.micro_batch_size_per_gpu=2", "trainer.total_training_steps=2",
+        "optim.lr=1e-3", f"trainer.default_local_dir={out}", f"hydra.run.dir={tmp_path / 'hydra'}",
+    ], cpu=True)
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [entry["step"] for entry in logged] == [1, 2]
+    for entry in logged:
+        assert math.isfinite(entry["data"]["train/loss"]) and entry["data"]["train/loss"] > 0
+        assert entry["data"]["train/grad_norm"] > 0
+    # verl wrote a Hugging Face model we can load, and its weights moved.
+    model_dir = hf_model_dir(out)
+    assert model_dir == out / "global_step_2" / "huggingface"
+    trained, initial = load_file(str(model_dir / "model.safetensors")), load_file(str(tiny_model_dir / "model.safetensors"))
+    assert set(trained) == set(initial)
+    assert any(not torch.equal(trained[name].float(), initial[name].float()) for name in initial)
