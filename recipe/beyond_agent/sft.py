@@ -111,12 +111,13 @@ def hf_model_dir(folder: str | Path) -> Path:
                             "missing hf_model, or did training stop before its first save?")
 
 
-def sft_command(overrides: list[str], cpu: bool | None = None, nproc: int | None = None) -> tuple[list[str], dict]:
-    """The torchrun command line and environment that run this module's trainer with `overrides`."""
+def sft_command(overrides: list[str], cpu: bool | None = None, nproc: int | None = None,
+                module: str = "recipe.beyond_agent.sft") -> tuple[list[str], dict]:
+    """The torchrun command line and environment that run `module`'s trainer (SFT; DPO) with `overrides`."""
     cpu = (not torch.cuda.is_available()) if cpu is None else cpu
     nproc = nproc or _n_gpus(overrides)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               "-m", "recipe.beyond_agent.sft"]
+               "-m", module]
     extra_env = dict(SFT_CPU_ENV) if cpu else {}
     cpu_keys = [override for override, _why in SFT_CPU_OVERRIDES] if cpu else []
     return command + cpu_keys + list(overrides), {**os.environ, **extra_env}
@@ -150,17 +151,22 @@ def _hydra_main() -> None:
         from verl.trainer.sft_trainer import run_sft as verl_run_sft
         from verl.utils.device import auto_set_device
 
-        from recipe.beyond_agent.main_beyond_agent import metrics_path
-        from recipe.beyond_agent.viewer.run_folder import METRICS_PATH_VARIABLE
-
-        path = metrics_path(config)  # verl's `file` tracker: metrics.jsonl beside the checkpoints, as in RL runs
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            os.environ[METRICS_PATH_VARIABLE] = str(path)
+        use_metrics_file(config)
         auto_set_device(config)
         verl_run_sft(config)
 
     main()
+
+
+def use_metrics_file(config) -> None:
+    """Point verl's `file` tracker at metrics.jsonl beside the checkpoints, as in RL runs."""
+    from recipe.beyond_agent.main_beyond_agent import metrics_path
+    from recipe.beyond_agent.viewer.run_folder import METRICS_PATH_VARIABLE
+
+    path = metrics_path(config)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.environ[METRICS_PATH_VARIABLE] = str(path)
 
 
 if __name__ == "__main__":
