@@ -1,0 +1,119 @@
+"""Agent-R's model-free parts (recipe/beyond_agent/agent_r.py): UCT, root-to-leaf paths, pairing, the first wrong
+step and the spliced revision trajectory with its masks, on a hand-built FrozenLake-like tree.
+
+The splice is tokenised by the real tiny model's tokenizer and chat template through RolloutHandler, and
+the record it returns goes through our SFT dataset, as revision data does in training.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from recipe.beyond_agent.agent_r import (
+    REFLECTION_REPLY,
+    SearchNode,
+    backpropagate,
+    first_wrong_step,
+    leaf_paths,
+    pair_paths,
+    revision_record,
+    select_leaf,
+    shared_prefix,
+    uct_score,
+)
+from recipe.beyond_agent.trajectory_data import training_row
+
+REFLECTION = "I realize my approach was flawed. I need to revise it."
+
+
+def hand_built_tree() -> tuple[SearchNode, dict[str, SearchNode]]:
+    """root -down-> A -right-> G (success, 1.0)
+                     A -left-> B -down-> H (hole, 0.0)
+       root -up-> W (wall, depth limit, 0.0)"""
+    root = SearchNode(observation="You are at the start.")
+    a = root.add_child("down", "You moved down.")
+    g = a.add_child("right", "You reached the goal.", terminal=True, score=1.0)
+    b = a.add_child("left", "You moved left.")
+    h = b.add_child("down", "You fell into a hole.", terminal=True, score=0.0)
+    w = root.add_child("up", "A wall.", terminal=True, score=0.0)
+    for leaf, value in ((g, 1.0), (g, 1.0), (h, 0.0), (w, 0.0)):
+        backpropagate(leaf, value)
+    return root, {"A": a, "G": g, "B": b, "H": h, "W": w}
+
+
+def test_backup_and_uct_follow_the_formula():
+    root, nodes = hand_built_tree()
+    assert (root.visits, root.value) == (4, 0.5)
+    assert (nodes["A"].visits, nodes["A"].value) == (3, pytest.approx(2 / 3))
+    assert uct_score(nodes["A"], root.visits) == pytest.approx(2 / 3 + 0.25 * math.sqrt(math.log(4) / 3))
+    assert uct_score(nodes["A"], root.visits, exploration=0.0) == pytest.approx(2 / 3)
+    fresh = nodes["B"].add_child("right", "You moved right.")
+    assert uct_score(fresh, nodes["B"].visits) == math.inf  # unvisited first
+    # From the root: A (0.67 + 0.25 * 0.68) beats W (0 + 0.25 * 1.18); under A, G (1 + ...) beats B (0 + ...).
+    assert select_leaf(root) is nodes["G"]
+    assert select_leaf(nodes["B"]) is fresh and fresh.actions() == ["down", "left", "right"]
+
+
+def test_paths_are_ranked_and_paired_by_alpha_and_beta():
+    root, nodes = hand_built_tree()
+    paths = leaf_paths(root)
+    assert [p.actions for p in paths] == [["down", "right"], ["up"], ["down", "left", "down"]]
+    assert [p.value for p in paths] == [1.0, 0.0, 0.0]
+    pairs = pair_paths(paths, alpha=0.5, beta=0.5)
+    # The worst path first: the longest zero-value one gets the one good path; the other bad one has none left.
+    assert [(good.actions, bad.actions) for good, bad in pairs] == [(["down", "right"], ["down", "left", "down"])]
+    assert pair_paths(paths, alpha=1.0, beta=0.5) == []  # value(good) must exceed alpha
+    assert pair_paths(paths, alpha=0.5, beta=1.0) == []  # the gap must exceed beta
+
+
+def test_the_first_wrong_step_comes_from_the_judge_or_else_from_where_the_paths_part():
+    root, _ = hand_built_tree()
+    good, bad = pair_paths(leaf_paths(root), 0.5, 0.5)[0]
+    assert shared_prefix(good, bad) == 1  # both start with "down"
+    asked = []
+
+    def judge(nodes, index):
+        asked.append(index)
+        return "bad" if nodes[index].action == "down" else "uncertain"
+
+    assert first_wrong_step(good, bad, judge) == (2, "judge")
+    assert asked == [1, 2]  # the shared step is never judged
+    assert first_wrong_step(good, bad, lambda nodes, index: "good") == (1, "fallback")
+    assert first_wrong_step(good, bad, lambda nodes, index: "perhaps") == (1, "fallback")
+    assert first_wrong_step(good, bad, lambda nodes, index: 1 / 0) == (1, "fallback")
+    assert first_wrong_step(good, bad, None) == (1, "fallback")
+
+
+def test_the_revision_trains_on_the_reflection_and_the_good_continuation_only(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    root, _ = hand_built_tree()
+    good, bad = pair_paths(leaf_paths(root), 0.5, 0.5)[0]
+    task = {"env": "frozenlake", "task": 3, "split": "train", "seed": 3, "first_observation": root.observation}
+    record = revision_record(good, bad, 2, "judge", REFLECTION, task, tokenizer)
+
+    # Turns: bad prefix down, left, down (off); reflection (on) + "ok."; the good path after the shared
+    # "down": right (on).
+    assistant = [m["content"] for m in record.messages if m["role"] == "assistant"]
+    assert assistant == ["down", "left", "down", REFLECTION, "right"]
+    users = [m["content"] for m in record.messages if m["role"] == "user"]
+    assert users == [root.observation, "You moved down.", "You moved left.", "You fell into a hole.", REFLECTION_REPLY]
+    assert record.extra["agent_r"]["trained_turns"] == [False, False, False, True, True]
+
+    spans = [tuple(span) for span in record.extra["agent_r"]["turn_spans"]]
+    assert [end for _start, end in spans] == record.turn_ends
+    for (start, end), text, trained in zip(spans, assistant, [False, False, False, True, True]):
+        assert record.response_mask[start:end + 1] == [int(trained)] * (end + 1 - start), text
+        assert tokenizer.decode(record.response_ids[start:end + 1], skip_special_tokens=True).strip() == text
+    in_a_turn = {i for start, end in spans for i in range(start, end + 1)}
+    assert all(bit == 0 for i, bit in enumerate(record.response_mask) if i not in in_a_turn)  # observations
+
+    # The SFT dataset trains on exactly those tokens.
+    row = training_row(record)
+    trained_ids = [t for t, bit in zip(row.input_ids, row.loss_mask) if bit]
+    expected = [t for (start, end), trained in zip(spans, [False, False, False, True, True]) if trained
+                for t in record.response_ids[start:end + 1]]
+    assert trained_ids == expected
