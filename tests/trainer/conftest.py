@@ -70,3 +70,44 @@ def step_metrics():
         return steps
 
     return parse
+
+
+FROZENLAKE_LIMITS = dict(max_rounds=6, max_prompt_length=256, max_response_length=256, max_tokens_per_turn=6)
+
+
+@pytest.fixture(scope="session")
+def frozenlake_episodes(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """frozenlake_episodes(maps, scripts) -> records: each map played by each script through our Dataflow.
+
+    A script is a function map -> actions ("oracle" gives the BFS shortest path); FrozenLake runs in a real
+    envservice, the tokens come from the tiny model's tokenizer and chat template, exactly as a rollout's."""
+    from transformers import AutoTokenizer
+
+    from envservice.client import EnvClient
+    from envservice.envs.frozenlake import shortest_path_actions
+    from envservice.process import EnvServiceProcess
+    from recipe.beyond_agent.rollout.dataflow import Dataflow, DataflowConfig, EpisodeSpec
+    from recipe.beyond_agent.rollout.scripted import ScriptedPolicy
+    from recipe.beyond_agent.trajectories import episode_record
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    limits = DataflowConfig(**FROZENLAKE_LIMITS)
+    log = tmp_path_factory.mktemp("frozenlake_episodes") / "envservice.log"
+    with EnvServiceProcess(["frozenlake"], log_path=log) as service:
+        client = EnvClient(service.url)
+
+        def play(maps, scripts, params=None) -> list:
+            records = []
+            for task in maps:
+                created = client.create("frozenlake", task_id=task, seed=task, split="train", params=params or {})
+                oracle = shortest_path_actions(created.info["map"])
+                client.release(created.session_id)
+                for index, script in enumerate(scripts):
+                    actions = oracle if script == "oracle" else script(oracle)
+                    spec = EpisodeSpec("frozenlake", task_id=task, seed=task, split="train", params=params or {},
+                                       group_id=f"map-{task}", index=index)
+                    result = Dataflow(spec, client, ScriptedPolicy(actions, tokenizer), tokenizer, limits).run()
+                    records.append(episode_record(result, step=0, kind="train"))
+            return records
+
+        yield play

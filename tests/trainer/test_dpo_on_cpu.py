@@ -16,40 +16,20 @@ import subprocess
 import pytest
 import torch
 
-from envservice.client import EnvClient
-from envservice.envs.frozenlake import shortest_path_actions
-from envservice.process import EnvServiceProcess
 from recipe.beyond_agent.dpo import TrajectoryDPODataset, collate_pairs, dpo_loss, preference_pairs, sequence_log_probs
-from recipe.beyond_agent.rollout.dataflow import Dataflow, DataflowConfig, EpisodeSpec
-from recipe.beyond_agent.rollout.scripted import ScriptedPolicy
 from recipe.beyond_agent.sft import hf_model_dir, sft_command
-from recipe.beyond_agent.trajectories import episode_record, write_dump
+from recipe.beyond_agent.trajectories import write_dump
 from recipe.beyond_agent.trajectory_data import TrajectoryDataError
 
 MAPS = range(8)
-LIMITS = DataflowConfig(max_rounds=6, max_prompt_length=256, max_response_length=256, max_tokens_per_turn=6)
 
 
 @pytest.fixture(scope="module")
-def pair_dump(tiny_model_dir, tmp_path_factory):
+def pair_dump(frozenlake_episodes, tmp_path_factory):
     """A dump with one oracle (success) and one wall-walking (failure) episode per FrozenLake map."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    folder = tmp_path_factory.mktemp("pairs")
-    records = []
-    with EnvServiceProcess(["frozenlake"], log_path=folder / "envservice.log") as service:
-        client = EnvClient(service.url)
-        for task in MAPS:
-            created = client.create("frozenlake", task_id=task, seed=task, split="train")
-            oracle = shortest_path_actions(created.info["map"])
-            client.release(created.session_id)
-            for index, actions in enumerate((oracle, ["left"] * LIMITS.max_rounds)):
-                spec = EpisodeSpec("frozenlake", task_id=task, seed=task, split="train", group_id=f"map-{task}",
-                                   index=index)
-                result = Dataflow(spec, client, ScriptedPolicy(actions, tokenizer), tokenizer, LIMITS).run()
-                records.append(episode_record(result, step=0, kind="train"))
+    records = frozenlake_episodes(MAPS, ["oracle", lambda oracle: ["left"] * 6])
     assert [r.success for r in records] == [True, False] * len(MAPS)
+    folder = tmp_path_factory.mktemp("pairs")
     write_dump(folder / "trajectories", 0, "train", records)
     return folder / "trajectories", records
 

@@ -1,0 +1,286 @@
+"""Agent-R's iterative self-training: search each task with the current model, revise bad paths, SFT, repeat.
+
+    python -m recipe.beyond_agent.agent_r_loop --env frozenlake --params '{"around": true}' --tasks 0:64 \\
+        --model MODEL --iterations 2 --out outputs/agent_r --mcts-iterations 16 --n-gen 3 --max-depth 8 \\
+        --alpha 0.5 --beta 0.5 --eval-tasks 0:64 --eval-split test --sft trainer.total_epochs=3
+
+Every iteration k (folder `<out>/iter_<k>/`), for each task of `--tasks` (progress bar):
+  1. MCTS (recipe/beyond_agent/mcts.py) with the current model proposing `--n-gen` actions per expansion at
+     `--temperature`; states by reset + replay over envservice;
+  2. pairs of a good and a bad root-to-leaf path (value(good) > alpha, gap > beta);
+  3. the first wrong step of the bad path, judged by the current model (good / bad / uncertain per step;
+     the fallback when it cannot: the step where the paths part);
+  4. the revision trajectory (bad prefix, loss off; a reflection, loss on; the good continuation, loss on)
+     and the good path itself, as trajectory records: `revisions.jsonl`, `good_paths.jsonl`;
+then SFT of the current model on them (recipe/beyond_agent/sft.py; `--sft` adds overrides), and a greedy
+evaluation of the new model on `--eval-tasks` (before the first iteration too). `<out>/agent_r.json` holds
+every iteration's figures, rewritten after each one.
+
+`--backend hf` runs the model in this process with Hugging Face `generate` (small models on CPU); `vllm`
+(default) starts a vLLM server per model, as the collect CLI does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+from recipe.beyond_agent.agent_r import (
+    REFLECTIONS,
+    SearchNode,
+    first_wrong_step,
+    leaf_paths,
+    pair_paths,
+    revision_record,
+)
+from recipe.beyond_agent.collect import parse_params, parse_tasks
+from recipe.beyond_agent.mcts import EnvReplayer, MCTSConfig, TaskRef, mcts_search, tree_nodes
+from recipe.beyond_agent.rollout.dataflow import DataflowConfig, EpisodeSpec, GenerateFn
+from recipe.beyond_agent.rollout.handler import RolloutHandler
+from recipe.beyond_agent.sft import hf_model_dir, run_sft
+from recipe.beyond_agent.tasks import AgentTask, EnvTask
+from recipe.beyond_agent.trajectories import write_dump
+
+JUDGE_PROMPT = (
+    "You are checking an agent's steps in a task.\n{history}\n"
+    "Was step {step} ({action}) a good step, a bad step, or are you uncertain? Answer with one word: good, bad or uncertain."
+)
+
+
+def history_handler(node: SearchNode, tokenizer, agent_task: AgentTask, limits: DataflowConfig) -> RolloutHandler:
+    """The chat up to `node` as a rollout would hold it: first prompt, then each action and observation."""
+    path = node.path()
+    root = path[0].parent if path else node
+    handler = RolloutHandler(tokenizer, agent_task.first_messages(root.observation), limits.max_prompt_length,
+                             limits.max_response_length)
+    for step in path:
+        handler.add_assistant(tokenizer.encode(step.action, add_special_tokens=False) + [tokenizer.eos_token_id])
+        handler.add_observation(step.observation)
+    return handler
+
+
+def model_proposer(generate: GenerateFn, tokenizer, agent_task: AgentTask, limits: DataflowConfig,
+                   max_tokens: int) -> Callable[[SearchNode, int], list[str]]:
+    """propose(node, n): n samples of the model's next reply at `node`, parsed by the task's parser
+    (replies it cannot parse are dropped)."""
+
+    def propose(node: SearchNode, n: int) -> list[str]:
+        prompt_ids = history_handler(node, tokenizer, agent_task, limits).prompt_ids_for_next_turn()
+        actions = []
+        for sample in range(n):
+            reply = generate(f"mcts-{id(node)}-{sample}", prompt_ids, max_tokens)
+            text = tokenizer.decode(reply.token_ids, skip_special_tokens=True)
+            parsed = agent_task.parse(text)
+            if parsed.action:
+                actions.append(parsed.action)
+        return actions
+
+    return propose
+
+
+def model_judge(generate: GenerateFn, tokenizer, max_tokens: int = 8):
+    """judge(nodes, index): the model's one-word verdict on step `index` of a path (chat-templated prompt)."""
+
+    def judge(nodes, index: int) -> str:
+        history = "\n".join(f"Step {i}: action {n.action!r}, result: {n.observation}" for i, n in enumerate(nodes))
+        prompt = JUDGE_PROMPT.format(history=history, step=index, action=nodes[index].action)
+        prompt_ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                                   tokenize=True)
+        if not isinstance(prompt_ids, list):  # newer transformers return a BatchEncoding
+            prompt_ids = list(prompt_ids["input_ids"])
+        reply = generate(f"judge-{id(nodes[index])}", prompt_ids, max_tokens)
+        words = tokenizer.decode(reply.token_ids, skip_special_tokens=True).strip().lower().split()
+        return words[0].strip(".,!:") if words else "uncertain"
+
+    return judge
+
+
+def revise_task(task: TaskRef, client, generate: GenerateFn, tokenizer, args, rng: random.Random) -> dict:
+    """Search one task and build its revision and good-path records; figures of the tree."""
+    limits = _limits(args)
+    agent_task = EnvTask(action_format=args.action_format)
+    config = MCTSConfig(exploration=args.exploration, iterations=args.mcts_iterations, n_gen=args.n_gen,
+                        max_depth=args.max_depth, temperature=args.temperature, max_tokens=args.max_tokens)
+    replayer = EnvReplayer(client, task)
+    root = mcts_search(replayer, model_proposer(generate, tokenizer, agent_task, limits, args.max_tokens), config)
+    paths = leaf_paths(root)
+    pairs = pair_paths(paths, args.alpha, args.beta)
+    judge = model_judge(generate, tokenizer)
+    described = {"env": task.env_id, "task": task.task_id, "split": task.split, "seed": task.seed,
+                 "first_observation": root.observation}
+    revisions, goods, found_by = [], [], []
+    for good, bad in pairs:
+        wrong, how = first_wrong_step(good, bad, judge)
+        found_by.append(how)
+        revisions.append(revision_record(good, bad, wrong, how, rng.choice(REFLECTIONS), described, tokenizer,
+                                         max_prompt_length=limits.max_prompt_length,
+                                         max_response_length=limits.max_response_length))
+        goods.append(good_path_record(good, described, tokenizer, limits))
+    return {"revisions": revisions, "goods": goods, "nodes": len(tree_nodes(root)), "pairs": len(pairs),
+            "best_value": paths[0].value if paths else 0.0, "judged": found_by.count("judge"),
+            "resets": replayer.resets, "env_steps": replayer.steps}
+
+
+def good_path_record(good, task: dict, tokenizer, limits: DataflowConfig):
+    """The good path as an ordinary (all turns trained) trajectory record: Agent-R trains on these too."""
+    from recipe.beyond_agent.agent_r import RevisionPlan, splice_revision
+    from recipe.beyond_agent.trajectories import SCHEMA_VERSION, TrajectoryRecord
+
+    plan = RevisionPlan(tuple((node.action, node.observation, True) for node in good.nodes))
+    episode, messages, _spans = splice_revision(plan, task["first_observation"], tokenizer,
+                                                limits.max_prompt_length, limits.max_response_length)
+    return TrajectoryRecord(
+        schema=SCHEMA_VERSION, step=0, kind="train", index=0, env=task["env"], task=task["task"],
+        split=task["split"], seed=task["seed"], agent_task="agent_r_good_path", group=f"{task['env']}:{task['task']}",
+        messages=messages, prompt_ids=episode.prompt_ids, response_ids=episode.response_ids,
+        response_mask=episode.response_mask, response_logprobs=[], turn_ends=episode.turn_ends,
+        step_rewards=[0.0] * len(plan.turns), reward=good.value, score=good.value, success=good.value > 0,
+        rounds=len(plan.turns), termination="done", error=None, env_time_s=0.0, llm_time_s=0.0, wall_time_s=0.0)
+
+
+def _limits(args) -> DataflowConfig:
+    return DataflowConfig(max_rounds=args.max_depth, max_prompt_length=args.max_prompt_length,
+                          max_response_length=args.max_response_length, max_tokens_per_turn=args.max_tokens)
+
+
+@contextlib.contextmanager
+def model_generate(args, model: str, temperature: float) -> Iterator[GenerateFn]:
+    """A generate function for `model`: in-process Hugging Face, or a vLLM server we start and stop."""
+    if args.backend == "hf":
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from recipe.beyond_agent.rollout.hf_policy import TransformersPolicy
+
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        yield TransformersPolicy(AutoModelForCausalLM.from_pretrained(model).eval(), tokenizer.eos_token_id, temperature)
+        return
+    from recipe.beyond_agent.collect import vllm_urls
+    from recipe.beyond_agent.rollout.llm import AsyncLLMServerManager, HttpVLLMBackend, LLMManagerConfig, SamplingParams
+
+    with vllm_urls(argparse.Namespace(vllm_url=None, model=model, max_model_len=args.max_model_len)) as urls, \
+            AsyncLLMServerManager(HttpVLLMBackend(urls, model), LLMManagerConfig(max_in_flight=8)) as llm:
+        yield llm.with_sampling(SamplingParams(temperature=temperature))
+
+
+def evaluate(args, model: str, client, tokenizer) -> float:
+    """Greedy success of `model` on the evaluation tasks, through the rollout's Dataflow."""
+    from recipe.beyond_agent.rollout.dataflow import Dataflow
+
+    tasks = parse_tasks(args.eval_tasks)
+    with model_generate(args, model, 0.0) as generate:
+        successes = []
+        for task in tasks:
+            spec = EpisodeSpec(args.env, task_id=task, seed=args.seed + task, split=args.eval_split,
+                               params=args.params, group_id=f"eval-{task}")
+            result = Dataflow(spec, client, generate, tokenizer, _limits(args)).run()
+            if result.infra_failure:
+                raise RuntimeError(f"evaluation task {task}: {result.termination}: {result.error}")
+            successes.append(result.success)
+    return sum(successes) / len(successes)
+
+
+def run_iteration(args, iteration: int, model: str, client, tokenizer) -> tuple[str, dict]:
+    """Search + revise every task with `model`, SFT it on the records; the new model and the figures."""
+    from tqdm import tqdm
+
+    folder = args.out / f"iter_{iteration}"
+    rng = random.Random(args.seed * 1000 + iteration)
+    revisions, goods, trees = [], [], []
+    with model_generate(args, model, args.temperature) as generate:
+        for task in tqdm(parse_tasks(args.tasks), desc=f"agent-r iteration {iteration}", unit="task", file=sys.stderr):
+            ref = TaskRef(args.env, task_id=task, seed=args.seed + task, split="train", params=args.params)
+            figures = revise_task(ref, client, generate, tokenizer, args, rng)
+            revisions += figures.pop("revisions")
+            goods += figures.pop("goods")
+            trees.append(figures)
+    write_dump(folder / "revisions", 0, "train", revisions)
+    write_dump(folder / "good_paths", 0, "train", goods)
+    row = {"iteration": iteration, "tasks": len(trees), "pairs": sum(t["pairs"] for t in trees),
+           "judged_by_model": sum(t["judged"] for t in trees), "nodes": sum(t["nodes"] for t in trees),
+           "env_resets": sum(t["resets"] for t in trees), "env_steps": sum(t["env_steps"] for t in trees),
+           "tasks_with_success_in_tree": sum(t["best_value"] > 0 for t in trees)}
+    if not revisions:
+        print(f"[agent-r] iteration {iteration}: no pair in any tree; the model is kept", flush=True)
+        return model, row
+    run_sft([f"data.train_files=[{folder / 'revisions'},{folder / 'good_paths'}]", f"model.path={model}",
+             f"trainer.default_local_dir={folder / 'sft'}", f"hydra.run.dir={folder / 'sft' / 'hydra'}", *args.sft],
+            log_path=folder / "sft.log")
+    return str(hf_model_dir(folder / "sft")), row
+
+
+def run(args) -> list[dict]:
+    """Evaluate, then `--iterations` times search, revise, SFT and evaluate; the figures per iteration."""
+    from transformers import AutoTokenizer
+
+    from envservice.client import EnvClient
+    from envservice.process import envservice_url
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    started, model = time.monotonic(), args.model
+    with envservice_url([args.env], args.envservice_url) as url, EnvClient(url) as client:
+        figures = [{"iteration": 0, "model": model, "eval_success": evaluate(args, model, client, tokenizer)}]
+        _report(figures, args.out / "agent_r.json", started)
+        for iteration in range(1, args.iterations + 1):
+            model, row = run_iteration(args, iteration, model, client, tokenizer)
+            row.update(model=model, eval_success=evaluate(args, model, client, tokenizer))
+            figures.append(row)
+            _report(figures, args.out / "agent_r.json", started)
+    return figures
+
+
+def _report(figures: list[dict], path: Path, started: float) -> None:
+    path.write_text(json.dumps({"iterations": figures, "wall_s": time.monotonic() - started}, indent=2))
+    print("[agent-r] iteration  pairs  judged  tasks with a success  eval success (greedy)")
+    for row in figures:
+        print(f"[agent-r] {row['iteration']:9d}  {row.get('pairs', '-'):>5}  {row.get('judged_by_model', '-'):>6}  "
+              f"{row.get('tasks_with_success_in_tree', '-'):>20}  {row['eval_success']:.1%}", flush=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m recipe.beyond_agent.agent_r_loop", description=__doc__.splitlines()[0])
+    parser.add_argument("--env", required=True)
+    parser.add_argument("--params", type=parse_params, default={}, help="env task parameters as JSON")
+    parser.add_argument("--tasks", default="0:16", help="train tasks searched each iteration (0:64 or 3,5,7)")
+    parser.add_argument("--model", required=True, help="Hugging Face model folder to start from")
+    parser.add_argument("--iterations", type=int, default=2)
+    parser.add_argument("--mcts-iterations", type=int, default=16)
+    parser.add_argument("--n-gen", type=int, default=3)
+    parser.add_argument("--max-depth", type=int, default=8)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--max-tokens", type=int, default=64, help="tokens per proposed action")
+    parser.add_argument("--exploration", type=float, default=0.25, help="UCT constant c")
+    parser.add_argument("--alpha", type=float, default=0.5, help="a good path's value must exceed this")
+    parser.add_argument("--beta", type=float, default=0.5, help="value(good) - value(bad) must exceed this")
+    parser.add_argument("--action-format", default="plain")
+    parser.add_argument("--eval-tasks", default="0:32")
+    parser.add_argument("--eval-split", default="test")
+    parser.add_argument("--seed", type=int, default=0, help="task seed = seed + task index")
+    parser.add_argument("--max-prompt-length", type=int, default=1024)
+    parser.add_argument("--max-response-length", type=int, default=2048)
+    parser.add_argument("--max-model-len", type=int, default=4096, help="context of a vLLM server we start")
+    parser.add_argument("--backend", choices=("vllm", "hf"), default="vllm")
+    parser.add_argument("--envservice-url", default=None)
+    parser.add_argument("--sft", action="append", default=[], help="a Hydra override for every SFT run (repeatable)")
+    parser.add_argument("--out", type=Path, default=Path("outputs/agent_r"))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    for name in ("tasks", "eval_tasks"):  # fail before any model starts
+        parse_tasks(getattr(args, name))
+    if args.iterations < 1:
+        raise SystemExit(f"--iterations must be >= 1; got {args.iterations}")
+    run(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
