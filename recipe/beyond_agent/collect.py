@@ -44,11 +44,22 @@ def parse_tasks(text: str) -> list[int]:
 
 
 def collection_specs(env_id: str, split: str, tasks: list[int], n: int, seed: int,
-                     agent_task: AgentTask) -> list[EpisodeSpec]:
+                     agent_task: AgentTask, params: dict | None = None) -> list[EpisodeSpec]:
     """n episodes per task; the n samples of one task form one group and share its seed."""
     return [EpisodeSpec(env_id, task_id=task, seed=seed + task, split=split, group_id=f"{env_id}:{task}",
-                        index=i * n + k, agent_task=agent_task)
+                        index=i * n + k, agent_task=agent_task, params=dict(params or {}))
             for i, task in enumerate(tasks) for k in range(n)]
+
+
+def parse_params(text: str) -> dict:
+    """--params: a JSON object of env task parameters, e.g. '{"around": true}'."""
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"--params must be a JSON object; got {text!r} ({error})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"--params must be a JSON object; got {text!r}")
+    return value
 
 
 @contextlib.contextmanager
@@ -66,7 +77,7 @@ def vllm_urls(args: argparse.Namespace) -> Iterator[list[str]]:
 
 
 def collect(args: argparse.Namespace) -> list[EpisodeResult]:
-    """Run the episodes and write the JSONL file; returns the results."""
+    """Run the episodes and write the JSONL file; returns the results (args: `build_parser()`'s options)."""
     from transformers import AutoTokenizer
 
     from envservice.client import EnvClient
@@ -74,7 +85,7 @@ def collect(args: argparse.Namespace) -> list[EpisodeResult]:
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     agent_task = build_task({"name": args.agent_task, "action_format": args.action_format}, "--agent-task")
-    specs = collection_specs(args.env, args.split, args.tasks, args.n, args.seed, agent_task)
+    specs = collection_specs(args.env, args.split, args.tasks, args.n, args.seed, agent_task, args.params)
     config = DataflowConfig(max_rounds=args.max_rounds, max_prompt_length=args.max_prompt_length,
                             max_response_length=args.max_response_length,
                             max_tokens_per_turn=args.max_tokens_per_turn)
@@ -124,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--env", required=True, help="envservice env id, e.g. babyai")
     parser.add_argument("--tasks", type=parse_tasks, default=parse_tasks("0:8"), help="0:64 or 3,5,7 (task indices)")
     parser.add_argument("--split", default="train")
+    parser.add_argument("--params", type=parse_params, default={}, help='env task parameters as JSON, e.g. \'{"around": true}\'')
     parser.add_argument("--model", required=True, help="Hugging Face model folder (its tokenizer builds prompts)")
     parser.add_argument("--served-model-name", default=None, help="model name on --vllm-url servers (default: --model)")
     parser.add_argument("--n", type=int, default=1, help="episodes per task (one group)")

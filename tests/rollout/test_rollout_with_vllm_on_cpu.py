@@ -86,8 +86,11 @@ def test_collect_cli_writes_one_line_per_episode(tiny_vllm_server, tiny_model_di
 
     out = tmp_path / "episodes.jsonl"
     main(["--env", "frozenlake", "--tasks", "0:2", "--n", "2", "--max-rounds", "2", "--model", str(tiny_model_dir),
-          "--vllm-url", tiny_vllm_server.base_url, "--max-tokens-per-turn", "8", "--out", str(out)])
+          "--vllm-url", tiny_vllm_server.base_url, "--max-tokens-per-turn", "8", "--out", str(out),
+          "--params", '{"around": true}'])
     lines = [json.loads(line) for line in out.read_text().splitlines()]
+    # The env task parameters reached the env: FrozenLake's `around` line ends every first observation.
+    assert all("Around you: " in record["messages"][1]["content"] for record in lines)
     assert [(r["task"], r["group"]) for r in lines] == [(0, "frozenlake:0")] * 2 + [(1, "frozenlake:1")] * 2
     for record in lines:
         assert record["termination"] in ("done", "max_rounds", "length")
