@@ -43,7 +43,7 @@ from recipe.beyond_agent.collect import parse_params, parse_tasks
 from recipe.beyond_agent.mcts import EnvReplayer, MCTSConfig, TaskRef, mcts_search, tree_nodes
 from recipe.beyond_agent.rollout.dataflow import DataflowConfig, EpisodeSpec, GenerateFn
 from recipe.beyond_agent.rollout.handler import RolloutHandler
-from recipe.beyond_agent.sft import hf_model_dir, run_sft
+from recipe.beyond_agent.sft import add_loop_options, hf_model_dir, parse_loop_args, run_sft
 from recipe.beyond_agent.tasks import AgentTask, EnvTask
 from recipe.beyond_agent.trajectories import write_dump
 
@@ -262,23 +262,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--eval-tasks", default="0:32")
     parser.add_argument("--eval-split", default="test")
     parser.add_argument("--seed", type=int, default=0, help="task seed = seed + task index")
-    parser.add_argument("--max-prompt-length", type=int, default=1024)
-    parser.add_argument("--max-response-length", type=int, default=2048)
     parser.add_argument("--max-model-len", type=int, default=4096, help="context of a vLLM server we start")
     parser.add_argument("--backend", choices=("vllm", "hf"), default="vllm")
-    parser.add_argument("--envservice-url", default=None)
-    parser.add_argument("--sft", action="append", default=[], help="a Hydra override for every SFT run (repeatable)")
-    parser.add_argument("--out", type=Path, default=Path("outputs/agent_r"))
+    add_loop_options(parser, "outputs/agent_r")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    for name in ("tasks", "eval_tasks"):  # fail before any model starts
-        parse_tasks(getattr(args, name))
-    if args.iterations < 1:
-        raise SystemExit(f"--iterations must be >= 1; got {args.iterations}")
-    run(args)
+    run(parse_loop_args(build_parser(), argv, ("tasks", "eval_tasks")))
     return 0
 
 

@@ -143,6 +143,32 @@ def run_sft(overrides: list[str], cpu: bool | None = None, log_path: Path | None
         raise RuntimeError(f"SFT exited with status {done.returncode}{where}")
 
 
+def add_loop_options(parser, default_out: str) -> None:
+    """The options every explore -> SFT loop (AgentEvol, Agent-R) shares."""
+    parser.add_argument("--max-prompt-length", type=int, default=1024)
+    parser.add_argument("--max-response-length", type=int, default=2048)
+    parser.add_argument("--envservice-url", default=None, help="a running envservice (default: start one)")
+    parser.add_argument("--sft", action="append", default=[], help="a Hydra override for every SFT run (repeatable)")
+    parser.add_argument("--out", type=Path, default=Path(default_out))
+
+
+def parse_loop_args(parser, argv: list[str] | None, task_options: tuple[str, ...]):
+    """Parse, then fail before any model starts: every task range must parse and --iterations be >= 1."""
+    import argparse
+
+    from recipe.beyond_agent.collect import parse_tasks
+
+    args = parser.parse_args(argv)
+    for name in task_options:
+        try:
+            parse_tasks(getattr(args, name))
+        except argparse.ArgumentTypeError as error:
+            parser.error(f"--{name.replace('_', '-')}: {error}")
+    if args.iterations < 1:
+        parser.error(f"--iterations must be >= 1; got {args.iterations}")
+    return args
+
+
 def _hydra_main() -> None:
     import hydra
 

@@ -1,0 +1,120 @@
+"""AgentEvol (AgentGym): explore with the current model, keep the successful episodes, SFT the base model on
+them plus the base set, explore again; success on evaluation tasks is reported per iteration.
+
+    python -m recipe.beyond_agent.agentevol --env frozenlake --params '{"around": true}' \\
+        --base-model MODEL --base-trajectories expert/ --explore-tasks 0:480 --n 4 \\
+        --eval-tasks 0:64 --eval-split test --iterations 2 --out outputs/agentevol \\
+        --sft trainer.total_epochs=3 --sft optim.lr=1e-4
+
+Every iteration k (folder `<out>/iter_<k>/`):
+  1. explore  `recipe.beyond_agent.collect` with the current model (`--n` samples per task at
+              `--temperature`): `explore.jsonl`;
+  2. SFT      verl's SFT trainer (`recipe.beyond_agent.sft`) on the successful episodes of the base set and
+              of every exploration so far, starting from the base model each time, as AgentGym does (so
+              errors do not compound): `sft/`, the model in `sft/global_step_<N>/huggingface`;
+  3. evaluate greedy episodes of the new model on the evaluation tasks: `eval.jsonl`.
+The starting model is evaluated first (iteration 0). `<out>/agentevol.json` has every iteration's figures,
+rewritten after each one, so an interrupted run keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from recipe.beyond_agent.collect import build_parser as collect_parser
+from recipe.beyond_agent.collect import collect, parse_params
+from recipe.beyond_agent.sft import add_loop_options, hf_model_dir, parse_loop_args, run_sft
+from recipe.beyond_agent.trajectory_data import TrajectoryFilter, read_trajectories, trajectory_files
+
+
+def collect_episodes(args: argparse.Namespace, model: str, tasks: str, split: str, n: int, temperature: float,
+                     out: Path) -> float:
+    """Run the collect CLI's machinery for one model; the success rate of the scored episodes."""
+    options = ["--env", args.env, "--tasks", tasks, "--split", split, "--model", model, "--n", str(n),
+               "--temperature", str(temperature), "--params", json.dumps(args.params), "--out", str(out),
+               "--max-rounds", str(args.max_rounds), "--max-tokens-per-turn", str(args.max_tokens_per_turn),
+               "--max-prompt-length", str(args.max_prompt_length),
+               "--max-response-length", str(args.max_response_length), "--seed", str(args.seed)]
+    if args.envservice_url:
+        options += ["--envservice-url", args.envservice_url]
+    results = collect(collect_parser().parse_args(options))
+    scored = [result for result in results if not result.infra_failure]
+    return sum(result.success for result in scored) / max(1, len(scored))
+
+
+def sft_on_successes(args: argparse.Namespace, sources: list[Path], out: Path) -> Path:
+    """SFT of the base model on the successful episodes of `sources`; the trained model's folder."""
+    kept = read_trajectories(sources, TrajectoryFilter(success=True))
+    print(f"[agentevol] SFT on {len(kept)} successful episodes from {len(sources)} source(s)", flush=True)
+    files = ",".join(str(path) for path in sources)
+    run_sft([f"data.train_files=[{files}]", f"model.path={args.base_model}", "data.trajectory_filter.success=true",
+             f"trainer.default_local_dir={out}", f"hydra.run.dir={out / 'hydra'}", *args.sft],
+            log_path=out.parent / "sft.log")
+    return hf_model_dir(out)
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    """All iterations; returns (and keeps writing) the per-iteration figures."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    summary_path = args.out / "agentevol.json"
+    base_set = trajectory_files(args.base_trajectories)
+    started = time.monotonic()
+    figures = [{"iteration": 0, "model": args.base_model,
+                "eval_success": collect_episodes(args, args.base_model, args.eval_tasks, args.eval_split, 1, 0.0,
+                                                 args.out / "iter_0" / "eval.jsonl")}]
+    _report(figures, summary_path, started)
+    model, explored = args.base_model, []
+    for iteration in range(1, args.iterations + 1):
+        folder = args.out / f"iter_{iteration}"
+        explore_success = collect_episodes(args, model, args.explore_tasks, "train", args.n, args.temperature,
+                                           folder / "explore.jsonl")
+        explored.append(folder / "explore.jsonl")
+        model = str(sft_on_successes(args, [*base_set, *explored], folder / "sft"))
+        eval_success = collect_episodes(args, model, args.eval_tasks, args.eval_split, 1, 0.0, folder / "eval.jsonl")
+        kept = len(read_trajectories(explored[-1], TrajectoryFilter(success=True)))
+        figures.append({"iteration": iteration, "model": model, "explore_success": explore_success,
+                        "explore_kept": kept, "eval_success": eval_success})
+        _report(figures, summary_path, started)
+    return figures
+
+
+def _report(figures: list[dict], path: Path, started: float) -> None:
+    path.write_text(json.dumps({"iterations": figures, "wall_s": time.monotonic() - started}, indent=2))
+    print("[agentevol] iteration  explore success  kept  eval success (greedy)")
+    for row in figures:
+        explore = f"{row['explore_success']:.1%}" if "explore_success" in row else "-"
+        print(f"[agentevol] {row['iteration']:9d}  {explore:>15s}  {row.get('explore_kept', '-'):>4}  "
+              f"{row['eval_success']:.1%}", flush=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m recipe.beyond_agent.agentevol", description=__doc__.splitlines()[0])
+    parser.add_argument("--env", required=True, help="envservice env id")
+    parser.add_argument("--params", type=parse_params, default={}, help="env task parameters as JSON")
+    parser.add_argument("--base-model", required=True, help="Hugging Face model folder: explored first, SFT'd each time")
+    parser.add_argument("--base-trajectories", nargs="+", required=True, type=Path,
+                        help="the base set: trajectory .jsonl files or folders (their successful episodes are kept)")
+    parser.add_argument("--explore-tasks", default="0:64", help="train tasks explored each iteration (0:64 or 3,5,7)")
+    parser.add_argument("--eval-tasks", default="0:32", help="tasks of --eval-split scored greedily after each SFT")
+    parser.add_argument("--eval-split", default="test")
+    parser.add_argument("--iterations", type=int, default=2)
+    parser.add_argument("--n", type=int, default=4, help="exploration samples per task")
+    parser.add_argument("--temperature", type=float, default=1.0, help="exploration sampling temperature")
+    parser.add_argument("--seed", type=int, default=0, help="task seed = seed + task index")
+    parser.add_argument("--max-rounds", type=int, default=8)
+    parser.add_argument("--max-tokens-per-turn", type=int, default=64)
+    add_loop_options(parser, "outputs/agentevol")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    run(parse_loop_args(build_parser(), argv, ("explore_tasks", "eval_tasks")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
