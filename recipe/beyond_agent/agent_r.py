@@ -30,6 +30,11 @@ REFLECTIONS = (
 JUDGEMENTS = ("good", "bad", "uncertain")
 
 
+class RevisionTooLong(ValueError):
+    """A spliced trajectory does not fit the length limits (it is skipped, never cut: a revision without its
+    good continuation would teach the mistake and the reflection only)."""
+
+
 @dataclass
 class SearchNode:
     """One state of the search: reached from the root by `actions()`, scored by backed-up env values."""
@@ -212,8 +217,14 @@ def splice_revision(plan: RevisionPlan, first_observation: str, tokenizer, max_p
     handler = RolloutHandler(tokenizer, first_messages, max_prompt_length, max_response_length)
     for index, (text, observation, _trained) in enumerate(plan.turns):
         handler.add_assistant(tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id])
+        if handler.done:  # the length limit ended it before all turns were in
+            raise RevisionTooLong(f"{len(plan.turns)} turns exceed max_response_length {max_response_length} "
+                                  f"(stopped at turn {index + 1})")
         if index < len(plan.turns) - 1:
             handler.add_observation(observation)
+            if handler.done:
+                raise RevisionTooLong(f"{len(plan.turns)} turns exceed max_response_length {max_response_length} "
+                                      f"(stopped after turn {index + 1}'s observation)")
     handler.finish("done")
     episode = handler.to_episode()
     mask = list(episode.response_mask)

@@ -33,6 +33,7 @@ from typing import Callable, Iterator
 
 from recipe.beyond_agent.agent_r import (
     REFLECTIONS,
+    RevisionTooLong,
     SearchNode,
     first_wrong_step,
     leaf_paths,
@@ -114,15 +115,22 @@ def revise_task(task: TaskRef, client, generate: GenerateFn, tokenizer, args, rn
     judge = model_judge(generate, tokenizer)
     described = {"env": task.env_id, "task": task.task_id, "split": task.split, "seed": task.seed,
                  "first_observation": root.observation}
-    revisions, goods, found_by = [], [], []
+    revisions, goods, found_by, too_long = [], [], [], 0
     for good, bad in pairs:
         wrong, how = first_wrong_step(good, bad, judge)
+        try:
+            revision = revision_record(good, bad, wrong, how, rng.choice(REFLECTIONS), described, tokenizer,
+                                       max_prompt_length=limits.max_prompt_length,
+                                       max_response_length=limits.max_response_length)
+            good_path = good_path_record(good, described, tokenizer, limits)
+        except RevisionTooLong:
+            too_long += 1  # counted and reported: raise --max-response-length to keep such pairs
+            continue
         found_by.append(how)
-        revisions.append(revision_record(good, bad, wrong, how, rng.choice(REFLECTIONS), described, tokenizer,
-                                         max_prompt_length=limits.max_prompt_length,
-                                         max_response_length=limits.max_response_length))
-        goods.append(good_path_record(good, described, tokenizer, limits))
-    return {"revisions": revisions, "goods": goods, "nodes": len(tree_nodes(root)), "pairs": len(pairs),
+        revisions.append(revision)
+        goods.append(good_path)
+    return {"revisions": revisions, "goods": goods, "nodes": len(tree_nodes(root)), "pairs": len(revisions),
+            "pairs_too_long": too_long,
             "best_value": paths[0].value if paths else 0.0, "judged": found_by.count("judge"),
             "resets": replayer.resets, "env_steps": replayer.steps}
 
@@ -191,17 +199,24 @@ def run_iteration(args, iteration: int, model: str, client, tokenizer) -> tuple[
 
     folder = args.out / f"iter_{iteration}"
     rng = random.Random(args.seed * 1000 + iteration)
-    revisions, goods, trees = [], [], []
+    revisions, goods, trees, failed = [], [], [], []
     with model_generate(args, model, args.temperature) as generate:
         for task in tqdm(parse_tasks(args.tasks), desc=f"agent-r iteration {iteration}", unit="task", file=sys.stderr):
             ref = TaskRef(args.env, task_id=task, seed=args.seed + task, split="train", params=args.params)
-            figures = revise_task(ref, client, generate, tokenizer, args, rng)
+            try:
+                figures = revise_task(ref, client, generate, tokenizer, args, rng)
+            except Exception as error:  # an env or model failure costs this task's tree, not the iteration
+                print(f"[agent-r] task {task}: search failed ({type(error).__name__}: {error}); skipped",
+                      file=sys.stderr, flush=True)
+                failed.append(task)
+                continue
             revisions += figures.pop("revisions")
             goods += figures.pop("goods")
             trees.append(figures)
     write_dump(folder / "revisions", 0, "train", revisions)
     write_dump(folder / "good_paths", 0, "train", goods)
-    row = {"iteration": iteration, "tasks": len(trees), "pairs": sum(t["pairs"] for t in trees),
+    row = {"iteration": iteration, "tasks": len(trees) + len(failed), "pairs": sum(t["pairs"] for t in trees),
+           "pairs_too_long": sum(t["pairs_too_long"] for t in trees), "tasks_failed": failed,
            "judged_by_model": sum(t["judged"] for t in trees), "nodes": sum(t["nodes"] for t in trees),
            "env_resets": sum(t["resets"] for t in trees), "env_steps": sum(t["env_steps"] for t in trees),
            "tasks_with_success_in_tree": sum(t["best_value"] > 0 for t in trees)}

@@ -39,7 +39,7 @@ def test_one_agent_r_iteration_searches_revises_trains_and_evaluates(move_writin
     out = tmp_path / "agent_r"
     main(["--env", "frozenlake", "--tasks", "0:4", "--model", str(move_writing_model), "--iterations", "1",
           "--mcts-iterations", "12", "--n-gen", "3", "--max-depth", "6", "--max-tokens", "6", "--backend", "hf",
-          "--eval-tasks", "0:4", "--eval-split", "test", "--max-prompt-length", "256", "--max-response-length", "512",
+          "--eval-tasks", "0:4", "--eval-split", "test", "--max-prompt-length", "256", "--max-response-length", "2048",
           "--out", str(out), "--sft", "data.train_batch_size=2", "--sft", "data.micro_batch_size_per_gpu=2",
           "--sft", "trainer.total_training_steps=2", "--sft", "trainer.total_epochs=10", "--sft", FP32])
 

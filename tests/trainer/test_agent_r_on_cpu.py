@@ -117,3 +117,16 @@ def test_the_revision_trains_on_the_reflection_and_the_good_continuation_only(ti
     expected = [t for (start, end), trained in zip(spans, [False, False, False, True, True]) if trained
                 for t in record.response_ids[start:end + 1]]
     assert trained_ids == expected
+
+
+def test_a_revision_longer_than_the_limit_is_refused_not_cut(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from recipe.beyond_agent.agent_r import RevisionTooLong
+
+    root, _ = hand_built_tree()
+    good, bad = pair_paths(leaf_paths(root), 0.5, 0.5)[0]
+    task = {"env": "frozenlake", "task": 3, "split": "train", "seed": 3, "first_observation": root.observation}
+    with pytest.raises(RevisionTooLong, match="exceed max_response_length 40"):
+        revision_record(good, bad, 2, "judge", REFLECTION, task, AutoTokenizer.from_pretrained(tiny_model_dir),
+                        max_response_length=40)

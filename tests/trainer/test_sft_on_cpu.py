@@ -127,7 +127,7 @@ def test_observation_tokens_carry_no_gradient_in_verls_sft_loss(tiny_model_dir):
 def test_verls_sft_trainer_trains_two_steps_on_trajectories_on_cpu(tiny_model_dir, tmp_path):
     out = tmp_path / "sft"
     command, env = sft_command([
-        f"data.train_files={RECORDED}", "+data.trajectory_filter.kinds=[train]", f"model.path={tiny_model_dir}",
+        f"data.train_files={RECORDED}", "data.trajectory_filter.kinds=[train]", f"model.path={tiny_model_dir}",
         "data.train_batch_size=4", "data.micro_batch_size_per_gpu=2", "trainer.total_training_steps=2",
         "optim.lr=1e-3", f"trainer.default_local_dir={out}", f"hydra.run.dir={tmp_path / 'hydra'}",
     ], cpu=True)
