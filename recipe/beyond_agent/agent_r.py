@@ -254,19 +254,29 @@ def revision_record(good: SearchPath, bad: SearchPath, first_wrong: int, found_b
 
     `task`: {"env", "task", "split", "seed", "first_observation"} of the searched task; `extra["agent_r"]`
     keeps the pair's values, the first wrong step and how it was found."""
+    plan = revision_plan(good, bad, first_wrong, reflection)
+    return _plan_record(plan, task, tokenizer, "agent_r_revision", good.value, limits, {
+        "good_value": good.value, "bad_value": bad.value, "first_wrong_step": first_wrong, "found_by": found_by,
+        "shared_prefix": shared_prefix(good, bad)})
+
+
+def good_path_record(good: SearchPath, task: dict, tokenizer, **limits):
+    """The good path as an ordinary trajectory record, every turn trained (Agent-R trains on these too)."""
+    plan = RevisionPlan(tuple((node.action, node.observation, True) for node in good.nodes))
+    return _plan_record(plan, task, tokenizer, "agent_r_good_path", good.value, limits, {"good_value": good.value})
+
+
+def _plan_record(plan: RevisionPlan, task: dict, tokenizer, label: str, value: float, limits: dict, notes: dict):
     from recipe.beyond_agent.trajectories import SCHEMA_VERSION, TrajectoryRecord
 
-    plan = revision_plan(good, bad, first_wrong, reflection)
     episode, messages, spans = splice_revision(plan, task["first_observation"], tokenizer, **limits)
     return TrajectoryRecord(
         schema=SCHEMA_VERSION, step=0, kind="train", index=0, env=task["env"], task=task.get("task"),
-        split=task.get("split", "train"), seed=task.get("seed"), agent_task="agent_r_revision",
+        split=task.get("split", "train"), seed=task.get("seed"), agent_task=label,
         group=f"{task['env']}:{task.get('task')}", messages=messages, prompt_ids=episode.prompt_ids,
         response_ids=episode.response_ids, response_mask=episode.response_mask,
         response_logprobs=[], turn_ends=episode.turn_ends, step_rewards=[0.0] * len(plan.turns),
-        reward=good.value, score=good.value, success=True, rounds=len(plan.turns), termination="done",
+        reward=value, score=value, success=value > 0, rounds=len(plan.turns), termination="done",
         error=None, env_time_s=0.0, llm_time_s=0.0, wall_time_s=0.0,
-        extra={"agent_r": {"good_value": good.value, "bad_value": bad.value, "first_wrong_step": first_wrong,
-                           "found_by": found_by, "shared_prefix": shared_prefix(good, bad),
-                           "trained_turns": [trained for _text, _obs, trained in plan.turns],
+        extra={"agent_r": {**notes, "trained_turns": [trained for _text, _obs, trained in plan.turns],
                            "turn_spans": [list(span) for span in spans]}})

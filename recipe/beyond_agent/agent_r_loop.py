@@ -36,6 +36,7 @@ from recipe.beyond_agent.agent_r import (
     RevisionTooLong,
     SearchNode,
     first_wrong_step,
+    good_path_record,
     leaf_paths,
     pair_paths,
     revision_record,
@@ -122,7 +123,8 @@ def revise_task(task: TaskRef, client, generate: GenerateFn, tokenizer, args, rn
             revision = revision_record(good, bad, wrong, how, rng.choice(REFLECTIONS), described, tokenizer,
                                        max_prompt_length=limits.max_prompt_length,
                                        max_response_length=limits.max_response_length)
-            good_path = good_path_record(good, described, tokenizer, limits)
+            good_path = good_path_record(good, described, tokenizer, max_prompt_length=limits.max_prompt_length,
+                                         max_response_length=limits.max_response_length)
         except RevisionTooLong:
             too_long += 1  # counted and reported: raise --max-response-length to keep such pairs
             continue
@@ -133,23 +135,6 @@ def revise_task(task: TaskRef, client, generate: GenerateFn, tokenizer, args, rn
             "pairs_too_long": too_long,
             "best_value": paths[0].value if paths else 0.0, "judged": found_by.count("judge"),
             "resets": replayer.resets, "env_steps": replayer.steps}
-
-
-def good_path_record(good, task: dict, tokenizer, limits: DataflowConfig):
-    """The good path as an ordinary (all turns trained) trajectory record: Agent-R trains on these too."""
-    from recipe.beyond_agent.agent_r import RevisionPlan, splice_revision
-    from recipe.beyond_agent.trajectories import SCHEMA_VERSION, TrajectoryRecord
-
-    plan = RevisionPlan(tuple((node.action, node.observation, True) for node in good.nodes))
-    episode, messages, _spans = splice_revision(plan, task["first_observation"], tokenizer,
-                                                limits.max_prompt_length, limits.max_response_length)
-    return TrajectoryRecord(
-        schema=SCHEMA_VERSION, step=0, kind="train", index=0, env=task["env"], task=task["task"],
-        split=task["split"], seed=task["seed"], agent_task="agent_r_good_path", group=f"{task['env']}:{task['task']}",
-        messages=messages, prompt_ids=episode.prompt_ids, response_ids=episode.response_ids,
-        response_mask=episode.response_mask, response_logprobs=[], turn_ends=episode.turn_ends,
-        step_rewards=[0.0] * len(plan.turns), reward=good.value, score=good.value, success=good.value > 0,
-        rounds=len(plan.turns), termination="done", error=None, env_time_s=0.0, llm_time_s=0.0, wall_time_s=0.0)
 
 
 def _limits(args) -> DataflowConfig:
