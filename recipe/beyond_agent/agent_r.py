@@ -211,12 +211,13 @@ def splice_revision(plan: RevisionPlan, first_observation: str, tokenizer, max_p
 
     `messages_for(first_observation)` gives the first messages (default: the recipe's EnvTask prompt)."""
     from recipe.beyond_agent.rollout.handler import RolloutHandler
+    from recipe.beyond_agent.rollout.scripted import reply_ids
     from recipe.beyond_agent.tasks import EnvTask
 
     first_messages = (messages_for or EnvTask().first_messages)(first_observation)
     handler = RolloutHandler(tokenizer, first_messages, max_prompt_length, max_response_length)
     for index, (text, observation, _trained) in enumerate(plan.turns):
-        handler.add_assistant(tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id])
+        handler.add_assistant(reply_ids(tokenizer, text))
         if handler.done:  # the length limit ended it before all turns were in
             raise RevisionTooLong(f"{len(plan.turns)} turns exceed max_response_length {max_response_length} "
                                   f"(stopped at turn {index + 1})")

@@ -45,6 +45,7 @@ from recipe.beyond_agent.collect import parse_params, parse_tasks
 from recipe.beyond_agent.mcts import EnvReplayer, MCTSConfig, TaskRef, mcts_search, tree_nodes
 from recipe.beyond_agent.rollout.dataflow import DataflowConfig, EpisodeSpec, GenerateFn
 from recipe.beyond_agent.rollout.handler import RolloutHandler
+from recipe.beyond_agent.rollout.scripted import reply_ids
 from recipe.beyond_agent.sft import add_loop_options, hf_model_dir, parse_loop_args, run_sft
 from recipe.beyond_agent.tasks import AgentTask, EnvTask
 from recipe.beyond_agent.trajectories import write_dump
@@ -62,7 +63,7 @@ def history_handler(node: SearchNode, tokenizer, agent_task: AgentTask, limits: 
     handler = RolloutHandler(tokenizer, agent_task.first_messages(root.observation), limits.max_prompt_length,
                              limits.max_response_length)
     for step in path:
-        handler.add_assistant(tokenizer.encode(step.action, add_special_tokens=False) + [tokenizer.eos_token_id])
+        handler.add_assistant(reply_ids(tokenizer, step.action))
         handler.add_observation(step.observation)
     return handler
 
@@ -110,7 +111,7 @@ def revise_task(task: TaskRef, client, generate: GenerateFn, tokenizer, args, rn
     config = MCTSConfig(exploration=args.exploration, iterations=args.mcts_iterations, n_gen=args.n_gen,
                         max_depth=args.max_depth, temperature=args.temperature, max_tokens=args.max_tokens)
     replayer = EnvReplayer(client, task)
-    root = mcts_search(replayer, model_proposer(generate, tokenizer, agent_task, limits, args.max_tokens), config)
+    root = mcts_search(replayer, model_proposer(generate, tokenizer, agent_task, limits, config.max_tokens), config)
     paths = leaf_paths(root)
     pairs = pair_paths(paths, args.alpha, args.beta)
     judge = model_judge(generate, tokenizer)

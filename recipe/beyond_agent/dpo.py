@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from recipe.beyond_agent.sft import _plain, sft_command
+from recipe.beyond_agent.sft import plain_config, row_tensors, sft_command
 from recipe.beyond_agent.trajectories import TrajectoryRecord
 from recipe.beyond_agent.trajectory_data import TrajectoryDataError, TrajectoryFilter, read_trajectories, training_row
 
@@ -68,7 +68,7 @@ class TrajectoryDPODataset(Dataset):
 
     def __init__(self, parquet_files, tokenizer, config, processor=None, max_samples: int = -1):
         files = [parquet_files] if isinstance(parquet_files, (str, os.PathLike)) else list(parquet_files)
-        keep = TrajectoryFilter.from_mapping(_plain(config.get("trajectory_filter", None)))
+        keep = TrajectoryFilter.from_mapping(plain_config(config.get("trajectory_filter", None)))
         if str(config.get("pad_mode", "no_padding")) != "no_padding":
             raise TrajectoryDataError(f"data.pad_mode {config.get('pad_mode')!r}; DPO supports: no_padding")
         micro_batch = int(config.get("micro_batch_size_per_gpu", 2))
@@ -84,7 +84,7 @@ class TrajectoryDPODataset(Dataset):
         if max_samples is not None and max_samples > 0:
             self.pairs = self.pairs[:max_samples]
         max_length, truncation = int(config.get("max_length", 4096)), str(config.get("truncation", "error"))
-        self.rows = [[_row_tensors(training_row(record, max_length, truncation)) for record in pair] for pair in self.pairs]
+        self.rows = [[row_tensors(training_row(record, max_length, truncation)) for record in pair] for pair in self.pairs]
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -92,12 +92,6 @@ class TrajectoryDPODataset(Dataset):
     def __getitem__(self, item: int) -> dict[str, dict[str, torch.Tensor]]:
         chosen, rejected = self.rows[item]
         return {"chosen": chosen, "rejected": rejected}
-
-
-def _row_tensors(row) -> dict[str, torch.Tensor]:
-    input_ids = torch.tensor(row.input_ids, dtype=torch.long)  # [seq]
-    return {"input_ids": input_ids, "position_ids": torch.arange(len(input_ids)),
-            "loss_mask": torch.tensor(row.loss_mask, dtype=torch.long)}
 
 
 def collate_pairs(items: list[dict]) -> dict:

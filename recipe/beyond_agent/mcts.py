@@ -116,19 +116,16 @@ Proposer = Callable[[SearchNode, int], list[str]]
 """propose(node, n) -> up to n candidate actions at `node` (duplicates allowed; the search drops them)."""
 
 
-def mcts_search(replayer: EnvReplayer, propose: Proposer, config: MCTSConfig = MCTSConfig(),
-                on_iteration: Callable[[int], None] | None = None) -> SearchNode:
+def mcts_search(replayer: EnvReplayer, propose: Proposer, config: MCTSConfig = MCTSConfig()) -> SearchNode:
     """The search tree of one task after `config.iterations` selections."""
     root = SearchNode(observation=replayer.first_observation())
-    for iteration in range(config.iterations):
+    for _ in range(config.iterations):
         leaf = select_leaf(root, config.exploration)
         if leaf.terminal:
             backpropagate(leaf, leaf.score)
         else:
             for child in expand(leaf, replayer, propose, config):
                 backpropagate(child, child.score if child.terminal else simulate(child, replayer, propose, config))
-        if on_iteration:
-            on_iteration(iteration + 1)
     return root
 
 
@@ -136,7 +133,8 @@ def expand(leaf: SearchNode, replayer: EnvReplayer, propose: Proposer, config: M
     """Add the proposed actions' children (replayed from a reset each); the new children.
 
     A leaf that gets no new child (every proposal a duplicate) becomes terminal with its replayed score."""
-    path, depth = leaf.actions(), len(leaf.actions())
+    path = leaf.actions()
+    depth = len(path)
     known = {child.action for child in leaf.children}
     added = []
     for action in propose(leaf, config.n_gen):

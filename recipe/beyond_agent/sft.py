@@ -53,7 +53,7 @@ class TrajectorySFTDataset(Dataset):
 
     def __init__(self, parquet_files, tokenizer, config, processor=None, max_samples: int = -1):
         files = [parquet_files] if isinstance(parquet_files, (str, Path)) else list(parquet_files)
-        keep = TrajectoryFilter.from_mapping(_plain(config.get("trajectory_filter", None)))
+        keep = TrajectoryFilter.from_mapping(plain_config(config.get("trajectory_filter", None)))
         records = read_trajectories(files, keep)
         if not records:
             raise TrajectoryDataError(f"no episode in {', '.join(map(str, files))} passes the filter {keep}")
@@ -72,11 +72,10 @@ class TrajectorySFTDataset(Dataset):
         return len(self.rows)
 
     def __getitem__(self, item: int) -> dict[str, torch.Tensor]:
-        row = self.rows[item]
-        input_ids = torch.tensor(row.input_ids, dtype=torch.long)  # [seq]
-        loss_mask = torch.tensor(row.loss_mask, dtype=torch.long)  # [seq]
+        tensors = row_tensors(self.rows[item])
         if self.pad_mode == "no_padding":  # verl nests variable-length rows itself
-            return {"input_ids": input_ids, "position_ids": torch.arange(len(input_ids)), "loss_mask": loss_mask}
+            return tensors
+        input_ids, loss_mask = tensors["input_ids"], tensors["loss_mask"]
         padding = self.max_length - len(input_ids)
         return {
             "input_ids": torch.cat([input_ids, torch.full((padding,), self.pad_token_id, dtype=torch.long)]),
@@ -87,7 +86,14 @@ class TrajectorySFTDataset(Dataset):
         }
 
 
-def _plain(value):
+def row_tensors(row) -> dict[str, torch.Tensor]:
+    """A `TrainingRow` as verl's no-padding item: input_ids, position_ids, loss_mask, each [seq]."""
+    input_ids = torch.tensor(row.input_ids, dtype=torch.long)
+    return {"input_ids": input_ids, "position_ids": torch.arange(len(input_ids)),
+            "loss_mask": torch.tensor(row.loss_mask, dtype=torch.long)}
+
+
+def plain_config(value):
     """An OmegaConf node as plain Python (dicts and lists), anything else unchanged."""
     try:
         from omegaconf import OmegaConf

@@ -18,6 +18,11 @@ class ScriptedTurn:
     logprobs: list[float] | None = None
 
 
+def reply_ids(tokenizer, text: str) -> list[int]:
+    """An assistant reply as the model should write it: the text's tokens, then end-of-turn."""
+    return tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
+
+
 class ScriptedPolicy:
     """Writes `actions[0]`, `actions[1]`, ... each as its text plus the end-of-turn token.
 
@@ -26,8 +31,7 @@ class ScriptedPolicy:
     """
 
     def __init__(self, actions: list[str], tokenizer):
-        self.replies = [tokenizer.encode(action, add_special_tokens=False) + [tokenizer.eos_token_id]
-                        for action in actions]
+        self.replies = [reply_ids(tokenizer, action) for action in actions]
         self.turns_written = 0
 
     def __call__(self, request_id: str, prompt_ids: list[int], max_tokens: int) -> ScriptedTurn:
