@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from recipe.beyond_agent.sft import plain_config, row_tensors, sft_command
+from recipe.beyond_agent.sft import dataset_files, plain_config, row_tensors, sft_command
 from recipe.beyond_agent.trajectories import TrajectoryRecord
 from recipe.beyond_agent.trajectory_data import TrajectoryDataError, TrajectoryFilter, read_trajectories, training_row
 
@@ -67,7 +67,7 @@ class TrajectoryDPODataset(Dataset):
     """
 
     def __init__(self, parquet_files, tokenizer, config, processor=None, max_samples: int = -1):
-        files = [parquet_files] if isinstance(parquet_files, (str, os.PathLike)) else list(parquet_files)
+        files = dataset_files(parquet_files)
         keep = TrajectoryFilter.from_mapping(plain_config(config.get("trajectory_filter", None)))
         if str(config.get("pad_mode", "no_padding")) != "no_padding":
             raise TrajectoryDataError(f"data.pad_mode {config.get('pad_mode')!r}; DPO supports: no_padding")

@@ -52,7 +52,7 @@ class TrajectorySFTDataset(Dataset):
     """
 
     def __init__(self, parquet_files, tokenizer, config, processor=None, max_samples: int = -1):
-        files = [parquet_files] if isinstance(parquet_files, (str, Path)) else list(parquet_files)
+        files = dataset_files(parquet_files)
         keep = TrajectoryFilter.from_mapping(plain_config(config.get("trajectory_filter", None)))
         records = read_trajectories(files, keep)
         if not records:
@@ -105,6 +105,14 @@ def plain_config(value):
     return value
 
 
+def dataset_files(parquet_files) -> list:
+    """The trajectory files/folders verl hands a dataset class as `parquet_files`; unset is an error naming the key."""
+    if parquet_files is None:
+        raise TrajectoryDataError("data.train_files is not set: name trajectory .jsonl files or folders of them "
+                                  "(a run's checkpoints/trajectories, or a collect --out file)")
+    return [parquet_files] if isinstance(parquet_files, (str, os.PathLike)) else list(parquet_files)
+
+
 def hf_model_dir(folder: str | Path) -> Path:
     """The Hugging Face model of the latest `global_step_<N>` checkpoint in an SFT output folder."""
     steps = sorted((int(m.group(1)), p) for p in Path(folder).glob("global_step_*")
@@ -136,9 +144,11 @@ def _n_gpus(overrides: list[str]) -> int:
     return 1
 
 
-def run_sft(overrides: list[str], cpu: bool | None = None, log_path: Path | None = None) -> None:
-    """Run verl's SFT trainer on trajectories to completion in a child torchrun; raises when it fails."""
-    command, env = sft_command(overrides, cpu)
+def run_sft(overrides: list[str], cpu: bool | None = None, log_path: Path | None = None,
+            module: str = "recipe.beyond_agent.sft") -> None:
+    """Run verl's SFT trainer on trajectories (or `module`'s trainer on it: recipe.beyond_agent.dpo) to
+    completion in a child torchrun; raises when it fails."""
+    command, env = sft_command(overrides, cpu, module=module)
     if log_path is None:
         done = subprocess.run(command, env=env)
     else:

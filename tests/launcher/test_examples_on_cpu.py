@@ -76,22 +76,60 @@ def test_script_starts_with_its_command_and_dry_runs(path):
     assert "training command: " in result.stdout
 
 
+RECIPE_CONFIGS = {"recipe.beyond_agent.main_beyond_agent": "beyond_agent_trainer",
+                  "recipe.beyond_agent.sft": "beyond_agent_sft", "recipe.beyond_agent.dpo": "beyond_agent_dpo"}
+"""The Hydra config each training module composes (recipe/beyond_agent/config/)."""
+VALUES = {"python": "python", "repo": str(REPO_ROOT), "env_url": "http://x:1"}
+
+
 def compose_example(path: Path, experiment_dir: Path):
     """The recipe config the example's training command composes (its experiment folder: `experiment_dir`)."""
     config = load_config(path, experiment_dir / "no.env")
-    values = {"python": "python", "repo": str(REPO_ROOT), "experiment_dir": str(experiment_dir), "env_url": "http://x:1"}
-    command = train_command(config.train, values, [], token=False)
-    overrides = [arg for arg in command[3:] if not arg.startswith(("--config", "hydra."))]
+    command = train_command(config.train, {**VALUES, "experiment_dir": str(experiment_dir)}, [], token=False)
+    overrides = [arg for arg in command[3:] if not arg.startswith(("--config", "hydra.", "beyond_agent.env."))
+                 or config.train.module == "recipe.beyond_agent.main_beyond_agent"]
     with initialize_config_dir(config_dir=str(REPO_ROOT / "recipe/beyond_agent/config"), version_base=None):
-        return compose(config_name="beyond_agent_trainer", overrides=overrides)
+        return compose(config_name=RECIPE_CONFIGS[config.train.module], overrides=overrides)
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=example_id)
+HYDRA_EXAMPLES = [path for path in EXAMPLES if not load_config(path, Path("/nonexistent.env")).train.command]
+COMMAND_EXAMPLES = sorted(set(EXAMPLES) - set(HYDRA_EXAMPLES))
+
+
+@pytest.mark.parametrize("path", HYDRA_EXAMPLES, ids=example_id)
 def test_training_overrides_compose_with_the_recipe_config(path, tmp_path):
-    """Every key the example sets exists in verl's + our config, and our `beyond_agent:` section is valid."""
+    """Every key the example sets exists in verl's + our config; for RL, our `beyond_agent:` section is valid."""
     composed = compose_example(path, tmp_path)
-    assert composed.beyond_agent.env.url == "http://x:1"
-    BeyondAgentSettings.from_config(composed)
+    if "beyond_agent" in composed:
+        assert composed.beyond_agent.env.url == "http://x:1"
+        BeyondAgentSettings.from_config(composed)
+    else:  # SFT / DPO on trajectories: our dataset is verl's custom dataset class, the model goes to the folder
+        assert composed.data.custom_cls.path.startswith("pkg://recipe.beyond_agent.")
+        assert composed.trainer.default_local_dir == str(tmp_path / "checkpoints")
+
+
+def test_trajectory_examples_name_their_data_and_model(tmp_path, monkeypatch):
+    """SFT/DPO examples need only the trajectories after `--`; the model follows MODEL_PATH like the RL ones."""
+    monkeypatch.setenv("MODEL_PATH", "/models/mine")
+    for name, module in (("frozenlake_sft", "sft"), ("frozenlake_dpo", "dpo")):
+        composed = compose_example(REPO_ROOT / f"examples/frozenlake/{name}.yaml", tmp_path)
+        assert composed.model.path == "/models/mine" and composed.data.train_files is None
+        assert load_config(REPO_ROOT / f"examples/frozenlake/{name}.yaml", tmp_path / "no.env").train.module == \
+            f"recipe.beyond_agent.{module}"
+    dpo = compose_example(REPO_ROOT / "examples/frozenlake/frozenlake_dpo.yaml", tmp_path)
+    assert dpo.data.micro_batch_size_per_gpu % 2 == 0 and dpo.data.min_reward_margin > 0
+
+
+@pytest.mark.parametrize("path", COMMAND_EXAMPLES, ids=example_id)
+def test_command_examples_parse_with_their_cli(path, tmp_path):
+    """A raw-command example (Agent-R's loop) gives its CLI options it accepts, once the model comes after `--`."""
+    from recipe.beyond_agent.agent_r_loop import build_parser
+
+    config = load_config(path, tmp_path / "no.env")
+    command = train_command(config.train, {**VALUES, "experiment_dir": str(tmp_path)}, ["--model", "/m"], token=False)
+    assert command[1:3] == ["-m", "recipe.beyond_agent.agent_r_loop"]
+    args = build_parser().parse_args(command[3:])
+    assert args.envservice_url == "http://x:1" and args.model == "/m" and args.out == tmp_path
 
 
 M2PO_VARIANTS = {f"{env}/{env}_m2po_{mode}.yaml": (env, mode) for env in ("alfworld", "webshop")

@@ -85,6 +85,8 @@ def test_bad_filter_keys_and_paths_are_named(tiny_model_dir):
     with pytest.raises(TrajectoryDataError, match="passes the filter"):
         TrajectorySFTDataset([str(RECORDED)], AutoTokenizer.from_pretrained(tiny_model_dir),
                              data_config(trajectory_filter={"success": True}))
+    with pytest.raises(TrajectoryDataError, match="data.train_files is not set"):  # the config's default: null
+        TrajectorySFTDataset(None, AutoTokenizer.from_pretrained(tiny_model_dir), data_config())
 
 
 def test_observation_tokens_carry_no_gradient_in_verls_sft_loss(tiny_model_dir):
