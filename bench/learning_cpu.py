@@ -111,13 +111,14 @@ def oracle_record(client: EnvClient, tokenizer, task: int) -> TrajectoryRecord:
 # ----- evaluation ----------------------------------------------------------------------------------
 
 
-def success_rate(model, tokenizer, client: EnvClient, maps: MapSet, temperature: float, samples: int,
-                 seed: int) -> float:
-    """Mean success over `samples` episodes of each map of the set, played through the real Dataflow."""
+def play_maps(model, tokenizer, client: EnvClient, maps: MapSet, temperature: float, samples: int,
+              seed: int) -> list:
+    """`samples` episodes of each map of the set, played through the real Dataflow (an infra failure stops the
+    bench: it is never a failed episode)."""
     torch.manual_seed(seed)
     config = DataflowConfig(**LIMITS)
     policy = TransformersPolicy(model, tokenizer.eos_token_id, temperature)
-    successes = []
+    results = []
     for task in maps.tasks():
         for sample in range(samples):
             spec = EpisodeSpec(ENV_ID, task_id=task, seed=task, split=maps.split, params=ENV_PARAMS,
@@ -125,8 +126,15 @@ def success_rate(model, tokenizer, client: EnvClient, maps: MapSet, temperature:
             result = Dataflow(spec, client, policy, tokenizer, config).run()
             if result.infra_failure:
                 raise RuntimeError(f"{maps.name} map {task}: {result.termination}: {result.error}")
-            successes.append(result.success)
-    return sum(successes) / len(successes)
+            results.append(result)
+    return results
+
+
+def success_rate(model, tokenizer, client: EnvClient, maps: MapSet, temperature: float, samples: int,
+                 seed: int) -> float:
+    """Mean success over `samples` episodes of each map of the set."""
+    results = play_maps(model, tokenizer, client, maps, temperature, samples, seed)
+    return sum(result.success for result in results) / len(results)
 
 
 def evaluate_stage(name: str, model_dir: Path, tokenizer, client: EnvClient, args) -> dict:
@@ -176,11 +184,96 @@ def warmup_stage(base_dir: Path, out_dir: Path, tokenizer, client: EnvClient, ar
         "+engine.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
         f"trainer.default_local_dir={out_dir}", f"hydra.run.dir={out_dir / 'hydra'}",
         "checkpoint.save_contents=[model,hf_model]",
+        *([f"trainer.save_freq={args.warmup_curve_every}"] if args.warmup_curve_every else []),
     ], log_path=out_dir / "sft.log")
     losses = [entry["data"]["train/loss"] for entry in map(json.loads, (out_dir / "metrics.jsonl").read_text().splitlines())]
     print(f"[learning] warm-up (seed {seed}): verl SFT on {len(records)} oracle episodes, {len(losses)} steps, loss "
           f"{losses[0]:.2f} -> {losses[-1]:.2f} in {time.monotonic() - started:.0f} s ({out_dir / 'sft.log'})",
           flush=True)
+    if args.warmup_curve_every:
+        print_warmup_curve(out_dir, tokenizer, client, args)
+    return hf_model_dir(out_dir)
+
+
+def print_warmup_curve(out_dir: Path, tokenizer, client: EnvClient, args) -> dict[int, float]:
+    """Held-out greedy success of every saved warm-up checkpoint: how the warm-up's size decides where RL starts."""
+    from transformers import AutoModelForCausalLM
+
+    heldout = map_sets(args)[0]
+    curve = {}
+    for folder in sorted(out_dir.glob("global_step_*"), key=lambda p: int(p.name.rsplit("_", 1)[1])):
+        if (folder / "huggingface" / "config.json").exists():
+            model = AutoModelForCausalLM.from_pretrained(folder / "huggingface").eval()
+            step = int(folder.name.rsplit("_", 1)[1])
+            curve[step] = success_rate(model, tokenizer, client, heldout, 0.0, 1, args.eval_seed)
+            print(f"[learning] warm-up step {step:4d}: held-out greedy {curve[step]:6.1%}", flush=True)
+    (out_dir / "warmup_curve.json").write_text(json.dumps(curve))
+    return curve
+
+
+# ----- learning from the warm model's own episodes (SFT on successes, DPO) ------------------------------
+
+
+def own_episodes(warm_dir: Path, out_dir: Path, tokenizer, client: EnvClient, args, seed: int) -> Path:
+    """The warm model's sampled episodes (T=1, `--offline-samples` per map) on the first `--offline-maps` maps
+    of the RL pool, written as trajectory records: the data both offline methods learn from."""
+    from transformers import AutoModelForCausalLM
+
+    started = time.monotonic()
+    model = AutoModelForCausalLM.from_pretrained(warm_dir).eval()
+    maps = MapSet("own", "train", min(args.offline_maps, args.rl_maps))
+    results = play_maps(model, tokenizer, client, maps, 1.0, args.offline_samples, seed)
+    folder = out_dir / "own_episodes"
+    shutil.rmtree(folder, ignore_errors=True)
+    write_dump(folder, 0, "train", [episode_record(result, step=0, kind="train") for result in results])
+    wins = sum(result.success for result in results)
+    print(f"[learning] own episodes (seed {seed}): {wins} of {len(results)} succeeded on {maps.count} train maps "
+          f"({time.monotonic() - started:.0f} s, {folder})", flush=True)
+    return folder
+
+
+def offline_rows(method: str, episodes: Path) -> int:
+    """How many training rows a method gets from the episodes: successes (SFT) or preference pairs (DPO)."""
+    from recipe.beyond_agent.dpo import preference_pairs
+    from recipe.beyond_agent.trajectory_data import TrajectoryFilter, read_trajectories
+
+    if method == "sft":
+        return len(read_trajectories([episodes], TrajectoryFilter(success=True)))
+    return len(preference_pairs(read_trajectories([episodes], TrajectoryFilter()), OFFLINE_DPO_MARGIN))
+
+
+OFFLINE_DPO_MARGIN = 0.5
+"""A DPO pair is a success and a failure of one map (FrozenLake scores 1 or 0)."""
+OFFLINE_METHODS: dict[str, tuple[str, list[str]]] = {
+    "sft": ("recipe.beyond_agent.sft", ["data.trajectory_filter.success=true"]),
+    "dpo": ("recipe.beyond_agent.dpo", [f"data.min_reward_margin={OFFLINE_DPO_MARGIN}", "dpo.beta=0.1"]),
+}
+"""Offline methods: (module, overrides) for `run_sft`; both start from the warm model and read its own episodes."""
+
+
+def offline_stage(method: str, warm_dir: Path, episodes: Path, out_dir: Path, args, seed: int) -> Path:
+    """SFT on the warm model's successful episodes, or DPO on its success/failure pairs; the trained model."""
+    module, overrides = OFFLINE_METHODS[method]
+    rows = offline_rows(method, episodes)
+    if rows < args.offline_batch:
+        raise SystemExit(f"[learning] {method}: only {rows} rows from {episodes}; need --offline-batch "
+                         f"({args.offline_batch}); raise --offline-maps or --offline-samples")
+    started = time.monotonic()
+    shutil.rmtree(out_dir, ignore_errors=True)
+    out_dir.mkdir(parents=True)
+    run_sft([
+        f"data.train_files={episodes}", f"model.path={warm_dir}", f"data.train_batch_size={args.offline_batch}",
+        f"trainer.total_training_steps={args.offline_steps}",
+        f"trainer.total_epochs={math.ceil(args.offline_steps / (rows // args.offline_batch))}",
+        f"optim.lr={args.offline_lr}", "optim.weight_decay=0.0", "optim.clip_grad=1000.0",
+        "+engine.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
+        f"data.micro_batch_size_per_gpu={args.offline_batch * (2 if method == 'dpo' else 1)}",  # a step's rows at once
+        f"trainer.default_local_dir={out_dir}", f"hydra.run.dir={out_dir / 'hydra'}",
+        "checkpoint.save_contents=[model,hf_model]", *overrides,
+    ], log_path=out_dir / f"{method}.log", module=module)
+    losses = [entry["data"]["train/loss"] for entry in map(json.loads, (out_dir / "metrics.jsonl").read_text().splitlines())]
+    print(f"[learning] {method} (seed {seed}): {rows} rows, {len(losses)} steps, loss {losses[0]:.3f} -> "
+          f"{losses[-1]:.3f} in {time.monotonic() - started:.0f} s ({out_dir / (method + '.log')})", flush=True)
     return hf_model_dir(out_dir)
 
 
@@ -307,6 +400,11 @@ def run_seed(seed: int, base_dir: Path, tokenizer, client: EnvClient, data_dir: 
     started = time.monotonic()
     warm_dir = warmup_stage(base_dir, out / "warm_model", tokenizer, client, args, seed)
     stages = {"warm-up": evaluate_stage(f"warm-up (seed {seed})", warm_dir, tokenizer, client, args)}
+    if args.offline:
+        episodes = own_episodes(warm_dir, out, tokenizer, client, args, seed)
+        for method in args.offline:
+            trained = offline_stage(method, warm_dir, episodes, out / f"offline_{method}", args, seed)
+            stages[f"+{method}"] = evaluate_stage(f"+{method} (seed {seed})", trained, tokenizer, client, args)
     for variant in args.rl:
         trained = rl_stage(variant, warm_dir, data_dir, out / "experiments", args, seed)
         stages[variant] = evaluate_stage(f"{variant} (seed {seed})", trained, tokenizer, client, args)
@@ -392,6 +490,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="one warm-up + RL run per seed")
     parser.add_argument("--rl", nargs="*", default=["grpo"], choices=sorted(RL_VARIANTS),
                         help="RL variants, each trained from the same warm model; none: stop after the warm-up")
+    parser.add_argument("--offline", nargs="*", default=[], choices=sorted(OFFLINE_METHODS),
+                        help="also learn from the warm model's own episodes: sft (on its successes), dpo (on "
+                             "success/failure pairs of one map), each from the warm model")
+    parser.add_argument("--offline-maps", type=int, default=128, help="train maps the warm model plays for them")
+    parser.add_argument("--offline-samples", type=int, default=4, help="sampled episodes per map (T=1)")
+    parser.add_argument("--offline-steps", type=int, default=40)
+    parser.add_argument("--offline-batch", type=int, default=16, help="episodes (SFT) or pairs (DPO) per step")
+    parser.add_argument("--offline-lr", type=float, default=1e-3)
     parser.add_argument("--rl-steps", type=int, default=30)
     parser.add_argument("--rl-maps", type=int, default=480, help="the RL pool: train maps 0..N-1")
     parser.add_argument("--maps-per-step", type=int, default=16, help="maps (GRPO groups) per RL step")
@@ -407,6 +513,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup-steps", type=int, default=225,
                         help="225: the model reads the `around` line (see the note above LIMITS)")
     parser.add_argument("--warmup-batch", type=int, default=16)
+    parser.add_argument("--warmup-curve-every", type=int, default=0,
+                        help="save the warm-up every N steps and print each checkpoint's held-out greedy success")
     parser.add_argument("--warmup-lr", type=float, default=3e-3)
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "outputs" / "learning_cpu")
     parser.add_argument("--json", type=Path, default=None, help="also write every figure of the table here")
