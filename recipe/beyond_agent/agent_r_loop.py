@@ -145,21 +145,15 @@ def _limits(args) -> DataflowConfig:
 
 @contextlib.contextmanager
 def model_generate(args, model: str, temperature: float) -> Iterator[GenerateFn]:
-    """A generate function for `model`: in-process Hugging Face, or a vLLM server we start and stop."""
-    if args.backend == "hf":
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+    """A generate function for `model`: in-process Hugging Face, or a vLLM server we start and stop (the
+    collect CLI's `episode_generator`)."""
+    from recipe.beyond_agent.collect import episode_generator
 
-        from recipe.beyond_agent.rollout.hf_policy import TransformersPolicy
-
-        tokenizer = AutoTokenizer.from_pretrained(model)
-        yield TransformersPolicy(AutoModelForCausalLM.from_pretrained(model).eval(), tokenizer.eos_token_id, temperature)
-        return
-    from recipe.beyond_agent.collect import vllm_urls
-    from recipe.beyond_agent.rollout.llm import AsyncLLMServerManager, HttpVLLMBackend, LLMManagerConfig, SamplingParams
-
-    with vllm_urls(argparse.Namespace(vllm_url=None, model=model, max_model_len=args.max_model_len)) as urls, \
-            AsyncLLMServerManager(HttpVLLMBackend(urls, model), LLMManagerConfig(max_in_flight=8)) as llm:
-        yield llm.with_sampling(SamplingParams(temperature=temperature))
+    options = argparse.Namespace(backend=args.backend, model=model, temperature=temperature, seed=args.seed,
+                                 vllm_url=None, served_model_name=None, max_model_len=args.max_model_len,
+                                 concurrency=8)
+    with episode_generator(options) as (generate, _llm):
+        yield generate
 
 
 def evaluate(args, model: str, client, tokenizer) -> float:

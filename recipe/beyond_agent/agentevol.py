@@ -7,7 +7,7 @@ them plus the base set, explore again; success on evaluation tasks is reported p
         --sft trainer.total_epochs=3 --sft optim.lr=1e-4
 
 Every iteration k (folder `<out>/iter_<k>/`):
-  1. explore  `recipe.beyond_agent.collect` with the current model (`--n` samples per task at
+  1. explore  `recipe.beyond_agent.collect` with the current model (vLLM, or `--backend hf` in this process) (`--n` samples per task at
               `--temperature`): `explore.jsonl`;
   2. SFT      verl's SFT trainer (`recipe.beyond_agent.sft`) on the successful episodes of the base set and
               of every exploration so far, starting from the base model each time, as AgentGym does (so
@@ -38,7 +38,8 @@ def collect_episodes(args: argparse.Namespace, model: str, tasks: str, split: st
                "--temperature", str(temperature), "--params", json.dumps(args.params), "--out", str(out),
                "--max-rounds", str(args.max_rounds), "--max-tokens-per-turn", str(args.max_tokens_per_turn),
                "--max-prompt-length", str(args.max_prompt_length),
-               "--max-response-length", str(args.max_response_length), "--seed", str(args.seed)]
+               "--max-response-length", str(args.max_response_length), "--seed", str(args.seed),
+               "--backend", args.backend]
     if args.envservice_url:
         options += ["--envservice-url", args.envservice_url]
     results = collect(collect_parser().parse_args(options))
@@ -107,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="task seed = seed + task index")
     parser.add_argument("--max-rounds", type=int, default=8)
     parser.add_argument("--max-tokens-per-turn", type=int, default=64)
+    parser.add_argument("--backend", choices=("vllm", "hf"), default="vllm",
+                        help="vllm: a server per model; hf: the model in this process (small models on CPU)")
     add_loop_options(parser, "outputs/agentevol")
     return parser
 

@@ -89,20 +89,37 @@ def collect(args: argparse.Namespace) -> list[EpisodeResult]:
     config = DataflowConfig(max_rounds=args.max_rounds, max_prompt_length=args.max_prompt_length,
                             max_response_length=args.max_response_length,
                             max_tokens_per_turn=args.max_tokens_per_turn)
-    sampling = SamplingParams(temperature=args.temperature)
     service_args = ["--max-sessions", str(max(64, args.concurrency * 2))]
     with envservice_url([args.env], args.envservice_url, extra_args=service_args) as env_url, \
-            vllm_urls(args) as llm_urls, \
             EnvClient(env_url, pool_size=args.concurrency) as env_client, \
-            AsyncLLMServerManager(HttpVLLMBackend(llm_urls, args.served_model_name or args.model),
-                                  LLMManagerConfig(max_in_flight=args.concurrency)) as llm:
-        print(f"[collect] envservice at {env_url}, vLLM at {', '.join(llm_urls)}", file=sys.stderr)
-        manager = ParallelEnvManager(env_client, llm.with_sampling(sampling), tokenizer, config,
-                                     max_workers=args.concurrency)
+            episode_generator(args) as (generate, llm):
+        print(f"[collect] envservice at {env_url}, model served by {args.backend}", file=sys.stderr)
+        # In-process generation serves one episode at a time; a vLLM server batches many.
+        workers = 1 if args.backend == "hf" else args.concurrency
+        manager = ParallelEnvManager(env_client, generate, tokenizer, config, max_workers=workers)
         output = _run_with_progress(manager, specs)
     _write_jsonl(args.out, output.results)
-    _print_summary(output, llm.metrics())
+    _print_summary(output, llm.metrics() if llm is not None else None)
     return output.results
+
+
+@contextlib.contextmanager
+def episode_generator(args: argparse.Namespace) -> Iterator[tuple[object, AsyncLLMServerManager | None]]:
+    """(generate function, its LLM manager or None): vLLM server(s) we use or start, or `--backend hf`, the
+    model in this process (Hugging Face generate; small models on CPU), sampled from a torch seed `--seed`."""
+    if args.backend == "hf":
+        import torch
+
+        from recipe.beyond_agent.rollout.hf_policy import TransformersPolicy
+
+        torch.manual_seed(args.seed)
+        yield TransformersPolicy.from_pretrained(args.model, args.temperature), None
+        return
+    with vllm_urls(args) as llm_urls, \
+            AsyncLLMServerManager(HttpVLLMBackend(llm_urls, args.served_model_name or args.model),
+                                  LLMManagerConfig(max_in_flight=args.concurrency)) as llm:
+        print(f"[collect] vLLM at {', '.join(llm_urls)}", file=sys.stderr)
+        yield llm.with_sampling(SamplingParams(temperature=args.temperature)), llm
 
 
 def _run_with_progress(manager: ParallelEnvManager, specs: list[EpisodeSpec]):
@@ -125,9 +142,10 @@ def _print_summary(output, llm_metrics) -> None:
     steps = sum(r.rounds for r in output.results)
     print(f"[collect] success rate {m.success_rate:.3f} over {m.episodes - m.infra_failures} scored episodes; "
           f"terminations {m.terminations}")
+    served = (f", {llm_metrics.tokens_generated / m.wall_time_s:.0f} generated tokens/s, LLM busy "
+              f"{llm_metrics.busy_time_s:.1f} s" if llm_metrics is not None else "")
     print(f"[collect] {m.episodes / m.wall_time_s:.2f} episodes/s, {steps / m.wall_time_s:.1f} rounds/s, "
-          f"{llm_metrics.tokens_generated / m.wall_time_s:.0f} generated tokens/s, wall {m.wall_time_s:.1f} s, "
-          f"LLM busy {llm_metrics.busy_time_s:.1f} s")
+          f"wall {m.wall_time_s:.1f} s{served}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -150,6 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the registered AgentTask that prompts and scores the episodes (default: env)")
     parser.add_argument("--concurrency", type=int, default=32, help="episodes in flight")
     parser.add_argument("--seed", type=int, default=0, help="task seed = seed + task index")
+    parser.add_argument("--backend", choices=("vllm", "hf"), default="vllm",
+                        help="vllm: a server (--vllm-url, or one we start); hf: the model in this process (CPU, small)")
     parser.add_argument("--vllm-url", action="append", help="use running vLLM server(s) instead of starting one")
     parser.add_argument("--envservice-url", default=None, help="use a running envservice instead of starting one")
     parser.add_argument("--out", type=Path, default=Path("episodes.jsonl"))

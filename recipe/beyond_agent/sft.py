@@ -38,6 +38,9 @@ SFT_CPU_OVERRIDES: tuple[tuple[str, str], ...] = (
     ("data.num_workers=0", "dataloader worker processes only add memory on 2 cores"),
 )
 """(override, why): verl's SFT config on a CPU-only machine (the PPO ones are in verl_cpu/overrides.py)."""
+FP32_TRAINING = "+engine.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
+"""Override for full fp32 training: verl's SFT engine computes in bf16 unless told otherwise, and in bf16 the
+tiny model did not learn to read its FrozenLake maps (the learning bench's warm-up, measured)."""
 SFT_CPU_ENV = {"VERL_PLATFORM": "cpu", "VERL_ENGINE_DEVICE": "cuda", "TOKENIZERS_PARALLELISM": "false"}
 """VERL_PLATFORM selects verl_cpu's platform; verl registers its FSDP engines for cuda/npu only, and they run
 on CPU tensors all the same."""

@@ -2,7 +2,8 @@
 
 The random-weight tiny model never writes a move, so a search over its proposals could never find a path
 worth revising. The test therefore first teaches it the action words: verl's SFT trainer (our sft.py) for
-60 steps on oracle FrozenLake episodes of other maps. Then the real loop runs once: MCTS over a real
+60 steps on oracle FrozenLake episodes of other maps (conftest's `move_writing_model`, shared with the
+AgentEvol test). Then the real loop runs once: MCTS over a real
 envservice with that model proposing (Hugging Face generate, `--backend hf`), pairing, the model's own
 judgement of the first wrong step (with the fallback rule), revision records, verl SFT on them, and a greedy
 evaluation before and after. ~2 min on 2 cores.
@@ -16,23 +17,10 @@ import math
 import pytest
 
 from recipe.beyond_agent.agent_r_loop import main
-from recipe.beyond_agent.sft import hf_model_dir, run_sft
-from recipe.beyond_agent.trajectories import read_dump, write_dump
+from recipe.beyond_agent.sft import FP32_TRAINING, hf_model_dir
+from recipe.beyond_agent.trajectories import read_dump
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
-FP32 = "+engine.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
-
-
-@pytest.fixture(scope="module")
-def move_writing_model(frozenlake_episodes, tiny_model_dir, tmp_path_factory):
-    """The tiny model after 60 SFT steps on oracle episodes of maps 100..163: it writes moves."""
-    out = tmp_path_factory.mktemp("warm")
-    write_dump(out / "oracle", 0, "train", frozenlake_episodes(range(100, 164), ["oracle"]))
-    run_sft([f"data.train_files={out / 'oracle'}", f"model.path={tiny_model_dir}", "data.train_batch_size=16",
-             "data.micro_batch_size_per_gpu=16", "trainer.total_training_steps=60", "trainer.total_epochs=15",
-             "optim.lr=3e-3", "optim.weight_decay=0.0", FP32, f"trainer.default_local_dir={out / 'sft'}",
-             f"hydra.run.dir={out / 'hydra'}"], cpu=True, log_path=out / "sft.log")
-    return hf_model_dir(out / "sft")
 
 
 def test_one_agent_r_iteration_searches_revises_trains_and_evaluates(move_writing_model, tmp_path):
@@ -41,7 +29,7 @@ def test_one_agent_r_iteration_searches_revises_trains_and_evaluates(move_writin
           "--mcts-iterations", "12", "--n-gen", "3", "--max-depth", "6", "--max-tokens", "6", "--backend", "hf",
           "--eval-tasks", "0:4", "--eval-split", "test", "--max-prompt-length", "256", "--max-response-length", "2048",
           "--out", str(out), "--sft", "data.train_batch_size=2", "--sft", "data.micro_batch_size_per_gpu=2",
-          "--sft", "trainer.total_training_steps=2", "--sft", "trainer.total_epochs=10", "--sft", FP32])
+          "--sft", "trainer.total_training_steps=2", "--sft", "trainer.total_epochs=10", "--sft", FP32_TRAINING])
 
     figures = json.loads((out / "agent_r.json").read_text())["iterations"]
     assert [row["iteration"] for row in figures] == [0, 1]

@@ -17,6 +17,14 @@ class TransformersPolicy:
         self.eos_token_id = eos_token_id
         self.temperature = temperature
 
+    @classmethod
+    def from_pretrained(cls, model_dir: str, temperature: float) -> "TransformersPolicy":
+        """The policy of a Hugging Face model folder (weights and tokenizer), in eval mode."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        eos_token_id = AutoTokenizer.from_pretrained(model_dir).eos_token_id
+        return cls(AutoModelForCausalLM.from_pretrained(model_dir).eval(), eos_token_id, temperature)
+
     def __call__(self, request_id: str, prompt_ids: list[int], max_tokens: int) -> ScriptedTurn:
         import torch
 
