@@ -194,13 +194,18 @@ def warmup_stage(base_dir: Path, out_dir: Path, tokenizer, client: EnvClient, ar
         "checkpoint.save_contents=[model,hf_model]",
         *([f"trainer.save_freq={args.warmup_curve_every}"] if args.warmup_curve_every else []),
     ], log_path=out_dir / "sft.log")
-    losses = [entry["data"]["train/loss"] for entry in map(json.loads, (out_dir / "metrics.jsonl").read_text().splitlines())]
+    losses = logged_losses(out_dir)
     print(f"[learning] warm-up (seed {seed}): verl SFT on {len(records)} oracle episodes, {len(losses)} steps, loss "
           f"{losses[0]:.2f} -> {losses[-1]:.2f} in {time.monotonic() - started:.0f} s ({out_dir / 'sft.log'})",
           flush=True)
     if args.warmup_curve_every:
         print_warmup_curve(out_dir, tokenizer, client, args)
     return hf_model_dir(out_dir)
+
+
+def logged_losses(out_dir: Path) -> list[float]:
+    """`train/loss` per step from the metrics.jsonl verl's file tracker wrote in an SFT/DPO output folder."""
+    return [entry["data"]["train/loss"] for entry in map(json.loads, (out_dir / "metrics.jsonl").read_text().splitlines())]
 
 
 def print_warmup_curve(out_dir: Path, tokenizer, client: EnvClient, args) -> dict[int, float]:
@@ -279,7 +284,7 @@ def offline_stage(method: str, warm_dir: Path, episodes: Path, out_dir: Path, ar
         f"trainer.default_local_dir={out_dir}", f"hydra.run.dir={out_dir / 'hydra'}",
         "checkpoint.save_contents=[model,hf_model]", *overrides,
     ], log_path=out_dir / f"{method}.log", module=module)
-    losses = [entry["data"]["train/loss"] for entry in map(json.loads, (out_dir / "metrics.jsonl").read_text().splitlines())]
+    losses = logged_losses(out_dir)
     print(f"[learning] {method} (seed {seed}): {rows} rows, {len(losses)} steps, loss {losses[0]:.3f} -> "
           f"{losses[-1]:.3f} in {time.monotonic() - started:.0f} s ({out_dir / (method + '.log')})", flush=True)
     return hf_model_dir(out_dir)

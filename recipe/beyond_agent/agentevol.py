@@ -7,8 +7,8 @@ them plus the base set, explore again; success on evaluation tasks is reported p
         --sft trainer.total_epochs=3 --sft optim.lr=1e-4
 
 Every iteration k (folder `<out>/iter_<k>/`):
-  1. explore  `recipe.beyond_agent.collect` with the current model (vLLM, or `--backend hf` in this process) (`--n` samples per task at
-              `--temperature`): `explore.jsonl`;
+  1. explore  `recipe.beyond_agent.collect` with the current model (`--n` samples per task at
+              `--temperature`; vLLM, or `--backend hf`: the model in this process): `explore.jsonl`;
   2. SFT      verl's SFT trainer (`recipe.beyond_agent.sft`) on the successful episodes of the base set and
               of every exploration so far, starting from the base model each time, as AgentGym does (so
               errors do not compound): `sft/`, the model in `sft/global_step_<N>/huggingface`;
