@@ -293,7 +293,7 @@ def offline_stage(method: str, warm_dir: Path, episodes: Path, out_dir: Path, ar
 def scaling_inter_overrides(steps: int) -> list[str]:
     """ScalingInter-RL: the horizon grows in three equal stages, 4 -> 6 -> 8 rounds (the fixed run uses 8)."""
     return ["beyond_agent.rounds.type=stepwise", "beyond_agent.rounds.rounds=[4,6,8]",
-            f"beyond_agent.rounds.every={max(1, steps // 3)}", "beyond_agent.rounds.val_max_rounds=8"]
+            f"+beyond_agent.rounds.every={max(1, steps // 3)}", "beyond_agent.val_max_rounds=8"]
 
 
 def gae_overrides(steps: int, warm_dir: Path) -> list[str]:
@@ -313,6 +313,10 @@ RL_VARIANTS: dict[str, Callable[[int, Path], list[str]]] = {
         "actor_rollout_ref.actor.policy_loss.loss_mode=m2po", "actor_rollout_ref.rollout.free_cache_engine=false"],
 }
 """RL variants: the overrides each adds to bench/learning_cpu.yaml, given the step count and the warm model."""
+
+
+class RLRunFailed(RuntimeError):
+    """An RL variant's launcher run exited with an error (the other variants still run)."""
 
 
 def rl_stage(variant: str, warm_dir: Path, data_dir: Path, experiments: Path, args, seed: int) -> Path:
@@ -337,7 +341,7 @@ def rl_stage(variant: str, warm_dir: Path, data_dir: Path, experiments: Path, ar
     before = set(experiments.iterdir())
     returncode = subprocess.run(command, cwd=REPO_ROOT).returncode
     if returncode != 0:
-        raise SystemExit(f"[learning] the {variant} run failed with exit code {returncode}; see {experiments}")
+        raise RLRunFailed(f"the {variant} run failed with exit code {returncode}; see {experiments}")
     folder = max(set(experiments.iterdir()) - before, key=lambda p: p.stat().st_mtime)
     hf_dir = folder / "checkpoints" / f"global_step_{steps}" / "actor" / "huggingface"
     if not (hf_dir / "config.json").exists():
@@ -419,7 +423,12 @@ def run_seed(seed: int, base_dir: Path, tokenizer, client: EnvClient, data_dir: 
             trained = offline_stage(method, warm_dir, episodes, out / f"offline_{method}", args, seed)
             stages[f"+{method}"] = evaluate_stage(f"+{method} (seed {seed})", trained, tokenizer, client, args)
     for variant in args.rl:
-        trained = rl_stage(variant, warm_dir, data_dir, out / "experiments", args, seed)
+        try:
+            trained = rl_stage(variant, warm_dir, data_dir, out / "experiments", args, seed)
+        except RLRunFailed as error:  # reported, left out of the table; the other variants still run
+            print(f"[learning] {error}; going on with the other variants", flush=True)
+            stages.setdefault("_failed", []).append(variant)
+            continue
         stages[variant] = evaluate_stage(f"{variant} (seed {seed})", trained, tokenizer, client, args)
     print(f"[learning] seed {seed}: {time.monotonic() - started:.0f} s", flush=True)
     return stages
@@ -446,28 +455,31 @@ def main(argv: list[str] | None = None) -> int:
         base = evaluate_stage("base", base_dir, tokenizer, client, args)  # the same random model for every seed
         for seed in args.seeds:
             per_seed[seed] = {"base": base, **run_seed(seed, base_dir, tokenizer, client, data_dir, args)}
+    failed = {seed: stages.pop("_failed") for seed, stages in per_seed.items() if "_failed" in stages}
     summary = summarize(per_seed)
     print_table(summary, args)
+    for seed, variants in failed.items():
+        print(f"[learning] seed {seed}: failed, not in the table: {', '.join(variants)}", flush=True)
     wall_s = time.monotonic() - started
     print(f"[learning] total wall time {wall_s / 60:.1f} min", flush=True)
-    report = {**summary, "_run": {"args": vars(args), "wall_s": wall_s, "per_seed": per_seed}}
+    report = {**summary, "_run": {"args": vars(args), "wall_s": wall_s, "per_seed": per_seed, "failed": failed}}
     (out / "results.json").write_text(json.dumps(report, default=str, indent=2))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, default=str, indent=2))
-    return 0
+    return 1 if failed else 0
 
 
 def summarize(per_seed: dict[int, dict]) -> dict:
     """{stage: {heldout|train: {greedy, sampled, greedy_per_seed, sampled_per_seed}}}: means over seeds."""
-    stages = next(iter(per_seed.values())).keys()
+    stages = list(dict.fromkeys(stage for stages in per_seed.values() for stage in stages))  # a failed run: absent
     summary = {}
     for stage in stages:
         summary[stage] = {}
         for maps in ("heldout", "train"):
             cell = {}
             for mode in ("greedy", "sampled"):
-                values = [per_seed[seed][stage][maps][mode] for seed in per_seed]
+                values = [per_seed[seed][stage][maps][mode] for seed in per_seed if stage in per_seed[seed]]
                 cell[mode] = statistics.fmean(values)
                 cell[f"{mode}_per_seed"] = values
             summary[stage][maps] = cell

@@ -12,9 +12,14 @@ Every iteration k (folder `<out>/iter_<k>/`), for each task of `--tasks` (progre
      the fallback when it cannot: the step where the paths part);
   4. the revision trajectory (bad prefix, loss off; a reflection, loss on; the good continuation, loss on)
      and the good path itself, as trajectory records: `revisions.jsonl`, `good_paths.jsonl`;
-then SFT of the current model on them (recipe/beyond_agent/sft.py; `--sft` adds overrides), and a greedy
+then SFT of the current model on them plus the `--replay` episodes (e.g. the expert episodes the model was
+warmed up on, `--replay-weight` times each, so self-training does not forget them; recipe/beyond_agent/sft.py;
+`--sft` adds overrides), and a greedy
 evaluation of the new model on `--eval-tasks` (before the first iteration too). `<out>/agent_r.json` holds
 every iteration's figures, rewritten after each one.
+
+`--reflections FILE` replaces Agent-R's reflection sentences (one per line), e.g. with text in the
+words the model already writes.
 
 `--backend hf` runs the model in this process with Hugging Face `generate` (small models on CPU); `vllm`
 (default) starts a vLLM server per model, as the collect CLI does.
@@ -46,9 +51,10 @@ from recipe.beyond_agent.mcts import EnvReplayer, MCTSConfig, TaskRef, mcts_sear
 from recipe.beyond_agent.rollout.dataflow import DataflowConfig, EpisodeSpec, GenerateFn
 from recipe.beyond_agent.rollout.handler import RolloutHandler
 from recipe.beyond_agent.rollout.scripted import reply_ids
-from recipe.beyond_agent.sft import add_loop_options, hf_model_dir, parse_loop_args, run_sft
+from recipe.beyond_agent.sft import add_loop_options, hf_model_dir, parse_loop_args, repeated_files, run_sft
 from recipe.beyond_agent.tasks import AgentTask, EnvTask
 from recipe.beyond_agent.trajectories import write_dump
+from recipe.beyond_agent.trajectory_data import TrajectoryDataError, read_trajectories
 
 JUDGE_PROMPT = (
     "You are checking an agent's steps in a task.\n{history}\n"
@@ -121,7 +127,7 @@ def revise_task(task: TaskRef, client, generate: GenerateFn, tokenizer, args, rn
     for good, bad in pairs:
         wrong, how = first_wrong_step(good, bad, judge)
         try:
-            revision = revision_record(good, bad, wrong, how, rng.choice(REFLECTIONS), described, tokenizer,
+            revision = revision_record(good, bad, wrong, how, rng.choice(args.reflections), described, tokenizer,
                                        max_prompt_length=limits.max_prompt_length,
                                        max_response_length=limits.max_response_length)
             good_path = good_path_record(good, described, tokenizer, max_prompt_length=limits.max_prompt_length,
@@ -203,7 +209,9 @@ def run_iteration(args, iteration: int, model: str, client, tokenizer) -> tuple[
     if not revisions:
         print(f"[agent-r] iteration {iteration}: no pair in any tree; the model is kept", flush=True)
         return model, row
-    run_sft([f"data.train_files=[{folder / 'revisions'},{folder / 'good_paths'}]", f"model.path={model}",
+    files = ",".join([str(folder / "revisions"), str(folder / "good_paths"), *args.replay_files])
+    row["replay_episodes"] = len(read_trajectories(args.replay_files)) if args.replay_files else 0
+    run_sft([f"data.train_files=[{files}]", f"model.path={model}",
              f"trainer.default_local_dir={folder / 'sft'}", f"hydra.run.dir={folder / 'sft' / 'hydra'}", *args.sft],
             log_path=folder / "sft.log")
     return str(hf_model_dir(folder / "sft")), row
@@ -259,12 +267,39 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="task seed = seed + task index")
     parser.add_argument("--max-model-len", type=int, default=4096, help="context of a vLLM server we start")
     parser.add_argument("--backend", choices=("vllm", "hf"), default="vllm")
+    parser.add_argument("--reflections", type=read_reflections, default=REFLECTIONS,
+                        help="a text file, one reflection sentence per line (default: Agent-R's sentences)")
+    parser.add_argument("--replay", nargs="+", type=Path, default=[],
+                        help="trajectory files or folders added to every SFT run (e.g. the warm-up's expert episodes)")
+    parser.add_argument("--replay-weight", type=int, default=1, help="times each --replay episode is repeated")
     add_loop_options(parser, "outputs/agent_r")
     return parser
 
 
+def read_reflections(path: str) -> tuple[str, ...]:
+    """The non-empty lines of a text file: the reflection sentences one of which each revision gets."""
+    try:
+        sentences = tuple(line.strip() for line in Path(path).read_text().splitlines() if line.strip())
+    except OSError as error:
+        raise argparse.ArgumentTypeError(f"cannot read {path}: {error.strerror}") from error
+    if not sentences:
+        raise argparse.ArgumentTypeError(f"{path} holds no sentence (one reflection per line)")
+    return sentences
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The CLI's options; the replay set is resolved (and its weight checked) before any model starts."""
+    parser = build_parser()
+    args = parse_loop_args(parser, argv, ("tasks", "eval_tasks"))
+    try:
+        args.replay_files = repeated_files(args.replay, args.replay_weight) if args.replay else []
+    except TrajectoryDataError as error:
+        parser.error(f"--replay/--replay-weight: {error}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    run(parse_loop_args(build_parser(), argv, ("tasks", "eval_tasks")))
+    run(parse_args(argv))
     return 0
 
 

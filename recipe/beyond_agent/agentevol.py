@@ -11,7 +11,8 @@ Every iteration k (folder `<out>/iter_<k>/`):
               `--temperature`; vLLM, or `--backend hf`: the model in this process): `explore.jsonl`;
   2. SFT      verl's SFT trainer (`recipe.beyond_agent.sft`) on the successful episodes of the base set and
               of every exploration so far, starting from the base model each time, as AgentGym does (so
-              errors do not compound): `sft/`, the model in `sft/global_step_<N>/huggingface`;
+              errors do not compound; `--base-weight K` repeats the base set K times, so the model's own
+              successes cannot outweigh the expert's): `sft/`, the model in `sft/global_step_<N>/huggingface`;
   3. evaluate greedy episodes of the new model on the evaluation tasks: `eval.jsonl`.
 The starting model is evaluated first (iteration 0). `<out>/agentevol.json` has every iteration's figures,
 rewritten after each one, so an interrupted run keeps what it measured.
@@ -27,8 +28,8 @@ from pathlib import Path
 
 from recipe.beyond_agent.collect import build_parser as collect_parser
 from recipe.beyond_agent.collect import collect, parse_params
-from recipe.beyond_agent.sft import add_loop_options, hf_model_dir, parse_loop_args, run_sft
-from recipe.beyond_agent.trajectory_data import TrajectoryFilter, read_trajectories, trajectory_files
+from recipe.beyond_agent.sft import add_loop_options, hf_model_dir, parse_loop_args, repeated_files, run_sft
+from recipe.beyond_agent.trajectory_data import TrajectoryDataError, TrajectoryFilter, read_trajectories
 
 
 def collect_episodes(args: argparse.Namespace, model: str, tasks: str, split: str, n: int, temperature: float,
@@ -47,11 +48,11 @@ def collect_episodes(args: argparse.Namespace, model: str, tasks: str, split: st
     return sum(result.success for result in scored) / max(1, len(scored))
 
 
-def sft_on_successes(args: argparse.Namespace, sources: list[Path], out: Path) -> Path:
+def sft_on_successes(args: argparse.Namespace, sources: list[str], out: Path) -> Path:
     """SFT of the base model on the successful episodes of `sources`; the trained model's folder."""
     kept = read_trajectories(sources, TrajectoryFilter(success=True))
-    print(f"[agentevol] SFT on {len(kept)} successful episodes from {len(sources)} source(s)", flush=True)
-    files = ",".join(str(path) for path in sources)
+    print(f"[agentevol] SFT on {len(kept)} successful episodes from {len(sources)} file(s)", flush=True)
+    files = ",".join(sources)
     run_sft([f"data.train_files=[{files}]", f"model.path={args.base_model}", "data.trajectory_filter.success=true",
              f"trainer.default_local_dir={out}", f"hydra.run.dir={out / 'hydra'}", *args.sft],
             log_path=out.parent / "sft.log")
@@ -62,7 +63,6 @@ def run(args: argparse.Namespace) -> list[dict]:
     """All iterations; returns (and keeps writing) the per-iteration figures."""
     args.out.mkdir(parents=True, exist_ok=True)
     summary_path = args.out / "agentevol.json"
-    base_set = trajectory_files(args.base_trajectories)
     started = time.monotonic()
     figures = [{"iteration": 0, "model": args.base_model,
                 "eval_success": collect_episodes(args, args.base_model, args.eval_tasks, args.eval_split, 1, 0.0,
@@ -73,8 +73,8 @@ def run(args: argparse.Namespace) -> list[dict]:
         folder = args.out / f"iter_{iteration}"
         explore_success = collect_episodes(args, model, args.explore_tasks, "train", args.n, args.temperature,
                                            folder / "explore.jsonl")
-        explored.append(folder / "explore.jsonl")
-        model = str(sft_on_successes(args, [*base_set, *explored], folder / "sft"))
+        explored.append(str(folder / "explore.jsonl"))
+        model = str(sft_on_successes(args, [*args.base_set, *explored], folder / "sft"))
         eval_success = collect_episodes(args, model, args.eval_tasks, args.eval_split, 1, 0.0, folder / "eval.jsonl")
         kept = len(read_trajectories(explored[-1], TrajectoryFilter(success=True)))
         figures.append({"iteration": iteration, "model": model, "explore_success": explore_success,
@@ -99,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--base-model", required=True, help="Hugging Face model folder: explored first, SFT'd each time")
     parser.add_argument("--base-trajectories", nargs="+", required=True, type=Path,
                         help="the base set: trajectory .jsonl files or folders (their successful episodes are kept)")
+    parser.add_argument("--base-weight", type=int, default=1,
+                        help="times each base-set episode is repeated in every SFT (up-weights the expert data)")
     parser.add_argument("--explore-tasks", default="0:64", help="train tasks explored each iteration (0:64 or 3,5,7)")
     parser.add_argument("--eval-tasks", default="0:32", help="tasks of --eval-split scored greedily after each SFT")
     parser.add_argument("--eval-split", default="test")
@@ -115,7 +117,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    run(parse_loop_args(build_parser(), argv, ("explore_tasks", "eval_tasks")))
+    parser = build_parser()
+    args = parse_loop_args(parser, argv, ("explore_tasks", "eval_tasks"))
+    try:  # the base set is resolved (paths, weight) before any model starts
+        args.base_set = repeated_files(args.base_trajectories, args.base_weight)
+    except TrajectoryDataError as error:
+        parser.error(f"--base-trajectories/--base-weight: {error}")
+    run(args)
     return 0
 
 

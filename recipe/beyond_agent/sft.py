@@ -27,7 +27,13 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from recipe.beyond_agent.trajectory_data import TrajectoryDataError, TrajectoryFilter, read_trajectories, training_row
+from recipe.beyond_agent.trajectory_data import (
+    TrajectoryDataError,
+    TrajectoryFilter,
+    read_trajectories,
+    training_row,
+    trajectory_files,
+)
 
 SFT_CPU_OVERRIDES: tuple[tuple[str, str], ...] = (
     ("trainer.device=cpu", "no accelerator"),
@@ -160,6 +166,14 @@ def run_sft(overrides: list[str], cpu: bool | None = None, log_path: Path | None
     if done.returncode != 0:
         where = f"; its log: {log_path}" if log_path else ""
         raise RuntimeError(f"SFT exited with status {done.returncode}{where}")
+
+
+def repeated_files(paths, times: int) -> list[str]:
+    """The trajectory files of `paths`, each listed `times` times: in `data.train_files` their episodes then
+    weigh `times` as much as a new episode (how the self-training loops up-weight expert data)."""
+    if times < 1:
+        raise TrajectoryDataError(f"a trajectory weight must be an integer >= 1; got {times}")
+    return [str(path) for path in trajectory_files(paths) for _ in range(times)]
 
 
 def add_loop_options(parser, default_out: str) -> None:

@@ -18,17 +18,23 @@ import pytest
 
 from recipe.beyond_agent.agent_r_loop import main
 from recipe.beyond_agent.sft import FP32_TRAINING, hf_model_dir
-from recipe.beyond_agent.trajectories import read_dump
+from recipe.beyond_agent.trajectories import read_dump, write_dump
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
-def test_one_agent_r_iteration_searches_revises_trains_and_evaluates(move_writing_model, tmp_path):
+def test_one_agent_r_iteration_searches_revises_trains_and_evaluates(move_writing_model, frozenlake_episodes,
+                                                                    tmp_path):
     out = tmp_path / "agent_r"
+    reflections = tmp_path / "reflections.txt"
+    reflections.write_text("Wrong way.\n\nBack to the path.\n")
+    replay = tmp_path / "replay"  # expert episodes of other maps, replayed in every SFT (twice each)
+    write_dump(replay, 0, "train", frozenlake_episodes(range(300, 303), ["oracle"]))
     main(["--env", "frozenlake", "--tasks", "0:4", "--model", str(move_writing_model), "--iterations", "1",
           "--mcts-iterations", "12", "--n-gen", "3", "--max-depth", "6", "--max-tokens", "6", "--backend", "hf",
           "--eval-tasks", "0:4", "--eval-split", "test", "--max-prompt-length", "256", "--max-response-length", "2048",
-          "--out", str(out), "--sft", "data.train_batch_size=2", "--sft", "data.micro_batch_size_per_gpu=2",
+          "--out", str(out), "--reflections", str(reflections), "--replay", str(replay), "--replay-weight", "2",
+          "--sft", "data.train_batch_size=2", "--sft", "data.micro_batch_size_per_gpu=2",
           "--sft", "trainer.total_training_steps=2", "--sft", "trainer.total_epochs=10", "--sft", FP32_TRAINING])
 
     figures = json.loads((out / "agent_r.json").read_text())["iterations"]
@@ -38,6 +44,7 @@ def test_one_agent_r_iteration_searches_revises_trains_and_evaluates(move_writin
     assert searched["pairs"] >= 1, searched  # a move-writing model finds goals and holes on these maps
     assert searched["env_resets"] > searched["nodes"]
     assert all(0.0 <= row["eval_success"] <= 1.0 for row in figures)
+    assert searched["replay_episodes"] == 2 * 3
 
     revisions = list(read_dump(out / "iter_1" / "revisions" / "step_0.jsonl"))
     assert len(revisions) == searched["pairs"]
@@ -49,6 +56,9 @@ def test_one_agent_r_iteration_searches_revises_trains_and_evaluates(move_writin
         assert record.extra["agent_r"]["found_by"] in ("judge", "fallback")
         for (start, end), on in zip(record.extra["agent_r"]["turn_spans"], trained):
             assert set(record.response_mask[start:end + 1]) == {int(on)}
+        # The reflection turn (right after the first wrong step) says one of the file's sentences.
+        replies = [message["content"] for message in record.messages if message["role"] == "assistant"]
+        assert replies[first_wrong + 1] in ("Wrong way.", "Back to the path.")
     goods = list(read_dump(out / "iter_1" / "good_paths" / "step_0.jsonl"))
     assert len(goods) == len(revisions) and all(g.success for g in goods)
 

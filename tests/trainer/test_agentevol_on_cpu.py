@@ -28,6 +28,7 @@ def test_one_agentevol_iteration_explores_keeps_successes_trains_and_evaluates(
     write_dump(base_set, 0, "train", frozenlake_episodes(range(200, 206), ["oracle", lambda path: ["left"] * 6]))
     out = tmp_path / "agentevol"
     main(["--env", "frozenlake", "--base-model", str(move_writing_model), "--base-trajectories", str(base_set),
+          "--base-weight", "2",
           "--explore-tasks", "0:6", "--n", "3", "--eval-tasks", "0:4", "--eval-split", "test", "--iterations", "1",
           "--backend", "hf", "--max-rounds", "6", "--max-tokens-per-turn", "6", "--max-prompt-length", "256",
           "--max-response-length", "256", "--out", str(out),
@@ -46,9 +47,9 @@ def test_one_agentevol_iteration_explores_keeps_successes_trains_and_evaluates(
         assert len(evaluated) == 4 and all(r.split == "test" for r in evaluated)
         assert figures[iteration]["eval_success"] == pytest.approx(sum(r.success for r in evaluated) / 4)
 
-    # verl's SFT trained the base model on the base set's 6 successes plus the exploration's, and the
-    # evaluation of iteration 1 used the trained model.
-    assert f"[agentevol] SFT on {6 + len(wins)} successful episodes from 2 source(s)" in capsys.readouterr().out
+    # verl's SFT trained the base model on the base set's 6 successes, twice each (--base-weight 2), plus the
+    # exploration's, and the evaluation of iteration 1 used the trained model.
+    assert f"[agentevol] SFT on {2 * 6 + len(wins)} successful episodes from 3 file(s)" in capsys.readouterr().out
     logged = [json.loads(line)["data"] for line in (out / "iter_1" / "sft" / "metrics.jsonl").read_text().splitlines()]
     assert len(logged) == 2 and all(math.isfinite(entry["train/loss"]) for entry in logged)
     assert figures[1]["model"] == str(hf_model_dir(out / "iter_1" / "sft"))

@@ -89,6 +89,34 @@ def test_bad_filter_keys_and_paths_are_named(tiny_model_dir):
         TrajectorySFTDataset(None, AutoTokenizer.from_pretrained(tiny_model_dir), data_config())
 
 
+def test_a_weight_repeats_every_file_and_the_loops_refuse_bad_ones_before_any_model_starts(tmp_path, capsys):
+    from recipe.beyond_agent import agent_r_loop, agentevol
+    from recipe.beyond_agent.sft import repeated_files
+
+    files = trajectory_files(RECORDED)
+    assert repeated_files(RECORDED, 3) == [str(path) for path in files for _ in range(3)]
+    assert len(read_trajectories(repeated_files(RECORDED, 2))) == 2 * len(read_trajectories(RECORDED))
+    with pytest.raises(TrajectoryDataError, match="integer >= 1; got 0"):
+        repeated_files(RECORDED, 0)
+
+    empty = tmp_path / "reflections.txt"
+    empty.write_text("\n  \n")
+    refused = {
+        "--base-trajectories/--base-weight: a trajectory weight must be an integer >= 1; got 0": lambda: agentevol.main(
+            ["--env", "frozenlake", "--base-model", "m", "--base-trajectories", str(RECORDED), "--base-weight", "0"]),
+        "--base-trajectories/--base-weight: trajectory path /nonexistent does not exist": lambda: agentevol.main(
+            ["--env", "frozenlake", "--base-model", "m", "--base-trajectories", "/nonexistent"]),
+        "--replay/--replay-weight: a trajectory weight must be an integer >= 1; got -1": lambda: agent_r_loop.main(
+            ["--env", "frozenlake", "--model", "m", "--replay", str(RECORDED), "--replay-weight", "-1"]),
+        f"--reflections: {empty} holds no sentence": lambda: agent_r_loop.main(
+            ["--env", "frozenlake", "--model", "m", "--reflections", str(empty)]),
+    }
+    for message, call in refused.items():
+        with pytest.raises(SystemExit):
+            call()
+        assert message in capsys.readouterr().err
+
+
 def test_observation_tokens_carry_no_gradient_in_verls_sft_loss(tiny_model_dir):
     """verl's sft_loss on our rows: d loss / d log p(token) is non-zero exactly on tokens the policy wrote."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
