@@ -130,3 +130,33 @@ def test_a_revision_longer_than_the_limit_is_refused_not_cut(tiny_model_dir):
     with pytest.raises(RevisionTooLong, match="exceed max_response_length 40"):
         revision_record(good, bad, 2, "judge", REFLECTION, task, AutoTokenizer.from_pretrained(tiny_model_dir),
                         max_response_length=40)
+
+
+def test_the_model_judge_reads_the_first_word_of_the_models_chat_templated_answer(tiny_model_dir):
+    """The loop's judge (agent_r_loop.model_judge) with the real tokenizer and chat template; the model's reply
+    is scripted text, so the verdict path a capable model takes (the tiny one never answers validly) is checked."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from recipe.beyond_agent.agent_r_loop import model_judge
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    root, _ = hand_built_tree()
+    good, bad = pair_paths(leaf_paths(root), 0.5, 0.5)[0]
+    prompts, answers = [], {1: " Uncertain, I think", 2: "Bad."}
+
+    def generate(request_id, prompt_ids, max_tokens):
+        prompts.append(tokenizer.decode(prompt_ids))
+        step = len(prompts)  # steps 1 and 2 of the bad path are asked, in order
+        return SimpleNamespace(token_ids=tokenizer.encode(answers.get(step, ""), add_special_tokens=False),
+                               logprobs=None)
+
+    assert first_wrong_step(good, bad, model_judge(generate, tokenizer)) == (2, "judge")
+    assert len(prompts) == 2
+    assert "Was step 2 (down) a good step" in prompts[1] and "Step 1: action 'left'" in prompts[1]
+    after_user_turn = tokenizer.apply_chat_template([{"role": "user", "content": "x"}], add_generation_prompt=True,
+                                                    tokenize=False).split("x")[-1]
+    assert prompts[1].endswith(after_user_turn)  # asked as a user turn, with the assistant's turn opened
+    silent = model_judge(lambda *_: SimpleNamespace(token_ids=[], logprobs=None), tokenizer)
+    assert silent(bad.nodes, 2) == "uncertain"
