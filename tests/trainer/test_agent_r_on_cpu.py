@@ -135,11 +135,10 @@ def test_a_revision_longer_than_the_limit_is_refused_not_cut(tiny_model_dir):
 def test_the_model_judge_reads_the_first_word_of_the_models_chat_templated_answer(tiny_model_dir):
     """The loop's judge (agent_r_loop.model_judge) with the real tokenizer and chat template; the model's reply
     is scripted text, so the verdict path a capable model takes (the tiny one never answers validly) is checked."""
-    from types import SimpleNamespace
-
     from transformers import AutoTokenizer
 
     from recipe.beyond_agent.agent_r_loop import model_judge
+    from recipe.beyond_agent.rollout.scripted import ScriptedTurn, reply_ids
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     root, _ = hand_built_tree()
@@ -149,8 +148,7 @@ def test_the_model_judge_reads_the_first_word_of_the_models_chat_templated_answe
     def generate(request_id, prompt_ids, max_tokens):
         prompts.append(tokenizer.decode(prompt_ids))
         step = len(prompts)  # steps 1 and 2 of the bad path are asked, in order
-        return SimpleNamespace(token_ids=tokenizer.encode(answers.get(step, ""), add_special_tokens=False),
-                               logprobs=None)
+        return ScriptedTurn(reply_ids(tokenizer, answers.get(step, "")))
 
     assert first_wrong_step(good, bad, model_judge(generate, tokenizer)) == (2, "judge")
     assert len(prompts) == 2
@@ -158,5 +156,5 @@ def test_the_model_judge_reads_the_first_word_of_the_models_chat_templated_answe
     after_user_turn = tokenizer.apply_chat_template([{"role": "user", "content": "x"}], add_generation_prompt=True,
                                                     tokenize=False).split("x")[-1]
     assert prompts[1].endswith(after_user_turn)  # asked as a user turn, with the assistant's turn opened
-    silent = model_judge(lambda *_: SimpleNamespace(token_ids=[], logprobs=None), tokenizer)
+    silent = model_judge(lambda *_: ScriptedTurn([]), tokenizer)
     assert silent(bad.nodes, 2) == "uncertain"
