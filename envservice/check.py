@@ -71,12 +71,20 @@ def _fail(clause: str, seen: Any, expected: str, cause: str) -> EnvCheckError:
     return EnvCheckError(f"check_env[{clause}]: saw {seen}; expected {expected}; likely cause: {cause}")
 
 
-def check_env(env_id: str, seed: int = 0) -> list[str]:
+SPLIT_SAMPLES = 200
+"""Tasks per split the `split_disjoint` clause compares by default (task k: index k mod the split's size, seed k)."""
+
+UNDECLARED_SPLITS = "split_disjoint: not checked, the env gives no task_fingerprint (its test split is not held-out)"
+"""The clause name `check_env` reports for an env that cannot say what its tasks are."""
+
+
+def check_env(env_id: str, seed: int = 0, split_samples: int = SPLIT_SAMPLES) -> list[str]:
     """Run every clause on `env_id` (task 0 of its first split); return the names of the clauses checked."""
     registration = registry.get(env_id)
     cls = registration.env_class()
     check_limits(registration)
     check_tasks(cls)
+    disjoint = check_split_disjoint(cls, split_samples)
     split = next(iter(cls.splits))
     task = cls.resolve_task(0, split, seed, {})
     clauses: list[Callable[[], None]] = [
@@ -90,7 +98,7 @@ def check_env(env_id: str, seed: int = 0) -> list[str]:
     ]
     for clause in clauses:
         clause()
-    return ["limits", "tasks", "reset_types", "reset_deterministic", "step_types", "garbage_actions", "evaluate",
+    return ["limits", "tasks", "split_disjoint" if disjoint else UNDECLARED_SPLITS, "reset_types", "reset_deterministic", "step_types", "garbage_actions", "evaluate",
             "step_after_end_refused", "release_closes"]
 
 
@@ -109,6 +117,35 @@ def check_tasks(cls: type[TextEnv]) -> None:
     if not counts or any(n < 1 for n in counts.values()):
         raise _fail("tasks", f"task counts {counts}", "at least one split, each with >= 1 task",
                     "the class attribute `splits` is empty or has an empty list")
+
+
+def check_split_disjoint(cls: type[TextEnv], samples: int = SPLIT_SAMPLES) -> bool:
+    """No task of one split has the content of a task of another split (`TextEnv.task_fingerprint`).
+
+    Compares the first `samples` tasks of every split (task k: index k mod the split's size, seed k, default params;
+    seeds matter to envs that draw a task's content from them). Returns False, checking nothing, when the env
+    gives no fingerprint: then its test split may not be called held-out.
+    """
+    first: dict[str, tuple[str, int, int]] = {}
+    for split in cls.splits:
+        for task in split_sample(cls, split, samples):
+            fingerprint = cls.task_fingerprint(task)
+            if fingerprint is None:
+                return False
+            owner = first.setdefault(fingerprint, (split, task.index, task.seed))
+            if owner[0] != split:
+                raise _fail("split_disjoint", f"{split} task {task.index} (seed {task.seed}) has the content of "
+                            f"{owner[0]} task {owner[1]} (seed {owner[2]}), fingerprint {fingerprint!r}",
+                            "no task of one split equal by content to a task of another split",
+                            "the splits differ only by seed or index offsets, and the generator repeats tasks; "
+                            "skip the other split's content when drawing a task (see envs/frozenlake.py)")
+    return True
+
+
+def split_sample(cls: type[TextEnv], split: str, samples: int) -> list[Task]:
+    """The first `samples` tasks of `split` as `check_split_disjoint` draws them (index k mod size, seed k)."""
+    size = len(cls.splits[split])
+    return [cls.resolve_task(k % size, split, k, {}) for k in range(samples)]
 
 
 def check_reset_types(cls: type[TextEnv], task: Task) -> None:
@@ -295,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m envservice.check", description=__doc__.splitlines()[0])
     parser.add_argument("env_id", help="a registered env id (built-in, plugin or --register)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--split-samples", type=int, default=SPLIT_SAMPLES,
+                        help="tasks per split the split_disjoint clause compares by content")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     parser.add_argument("--register", action="append", default=[], metavar="ID=MODULE:CLASS")
     parser.add_argument("--env-config", action="append", default=[], metavar="FILE",
@@ -304,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
 
     register_classes(args.register, args.env_config)
     try:
-        clauses, failure = check_env(args.env_id, seed=args.seed), None
+        clauses, failure = check_env(args.env_id, seed=args.seed, split_samples=args.split_samples), None
     except (EnvCheckError, EnvServiceError) as exc:
         clauses, failure = [], str(exc)
     report = {"env_id": args.env_id, "passed": failure is None, "clauses": clauses, "failure": failure}

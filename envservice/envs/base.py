@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import abc
-
+import hashlib
 import random
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping, Sequence
@@ -112,6 +112,19 @@ class TextEnv(abc.ABC):
         """Free what the instance holds; called once when its session is released."""
 
     @classmethod
+    def task_fingerprint(cls, task: Task) -> str | None:
+        """What makes `task` the task it is, as a short text: two tasks with the same fingerprint are the same task
+        to an agent (FrozenLake: the map; Sokoban: the room; a fixed dataset: its item), whatever their split,
+        index or seed. A split is held-out only when none of its fingerprints is a fingerprint of another split
+        (`envservice.check`'s `split_disjoint` clause samples both). Params that only change how a task is shown
+        (e.g. FrozenLake's `around` line) stay out of it.
+
+        None (the default): this env cannot say, so its splits are not known to be disjoint and nothing may call
+        its test split held-out.
+        """
+        return None
+
+    @classmethod
     def configure(cls, config: Mapping[str, Any]) -> type["TextEnv"]:
         """A subclass bound to `config`, with the class attributes that follow from it (`configured_attributes`).
 
@@ -192,6 +205,12 @@ class TextEnv(abc.ABC):
                 f"task_id={clip(task_id)!r} is not a task name of this split ({len(names)} tasks{listed})",
                 valid_choices=list(names[:MAX_LISTED_CHOICES]),
             ) from None
+
+
+def content_digest(*parts: Any) -> str:
+    """A short stable digest of a task's content (for `TextEnv.task_fingerprint`): the same parts, the same digest
+    in every process (unlike `hash`)."""
+    return hashlib.sha256(repr(parts).encode("utf-8", "surrogatepass")).hexdigest()[:20]
 
 
 def check_config(cls: type[TextEnv], config: Mapping[str, Any]) -> None:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections import deque
+from functools import lru_cache
 from typing import Any
 
 import gymnasium as gym
 from gymnasium.envs.toy_text.frozen_lake import generate_random_map
 
 from envservice.envs.base import Param, StepResult, Task, TextEnv
-from envservice.envs.base import clip_text
+from envservice.envs.base import clip_text, content_digest
 from envservice.errors import EnvServiceError
 from envservice.protocol import ErrorCode
 
@@ -17,14 +18,55 @@ ACTIONS = ("left", "down", "right", "up")
 """Text actions in gymnasium's action-index order."""
 
 _MOVES = {"left": (0, -1), "down": (1, 0), "right": (0, 1), "up": (-1, 0)}
-_SPLIT_MAP_SEED_OFFSET = {"train": 0, "test": 1_000_000}
+TRAIN_MAPS = 1000
+"""Maps of the train split: train map i is `generate_random_map(seed=i)` (unchanged since the first release)."""
+TEST_MAPS = 200
+"""Maps of the test split, each a map no train task has (see `test_map_seeds`)."""
+TEST_FIRST_SEED = 1_000_000
+_TEST_SEED_SCAN = 20_000
+"""Generator seeds scanned for test maps at most: small sizes run out of new maps (3x3 has about 50 in all)."""
 _LEGEND = "Legend: S start, F frozen (safe), H hole (falling in ends the episode), G goal, A you."
 
 
+def _random_map(size: int, seed: int) -> list[str]:
+    return generate_random_map(size=size, p=0.8, seed=seed)
+
+
+@lru_cache(maxsize=None)
+def train_maps(size: int) -> frozenset[tuple[str, ...]]:
+    """Every map of the train split at this size."""
+    return frozenset(tuple(_random_map(size, seed)) for seed in range(TRAIN_MAPS))
+
+
+@lru_cache(maxsize=None)
+def test_map_seeds(size: int) -> tuple[int, ...]:
+    """Generator seeds of the test maps: from `TEST_FIRST_SEED` on, each seed whose map is in no train task and
+    differs from every earlier test map (at most `TEST_MAPS`).
+
+    Why: 4x4 maps repeat a lot, so disjoint seeds are not disjoint maps (seeds 1 000 000.. gave 145 of 200 test
+    maps that were train maps); a test map must be one no train task shows.
+    """
+    seen, seeds = set(train_maps(size)), []
+    for seed in range(TEST_FIRST_SEED, TEST_FIRST_SEED + _TEST_SEED_SCAN):
+        layout = tuple(_random_map(size, seed))
+        if layout not in seen:
+            seen.add(layout)
+            seeds.append(seed)
+            if len(seeds) == TEST_MAPS:
+                break
+    return tuple(seeds)
+
+
 def generate_map(task: Task) -> list[str]:
-    """The map of a task: rows of 'S', 'F', 'H', 'G' (train and test maps come from disjoint seeds)."""
+    """The map of a task: rows of 'S', 'F', 'H', 'G'. Test maps are never train maps (see `test_map_seeds`)."""
     size = int(task.params.get("size", 4))
-    return generate_random_map(size=size, p=0.8, seed=_SPLIT_MAP_SEED_OFFSET[task.split] + task.index)
+    if task.split == "train":
+        return _random_map(size, task.index)
+    seeds = test_map_seeds(size)
+    if task.index >= len(seeds):
+        raise EnvServiceError(ErrorCode.unknown_task, f"params.size={size} has only {len(seeds)} maps that no train "
+                              f"task has: test task_id must be below {len(seeds)} at this size")
+    return _random_map(size, seeds[task.index])
 
 
 def shortest_path_actions(desc: list[str]) -> list[str]:
@@ -57,7 +99,7 @@ class FrozenLakeEnv(TextEnv):
     """Cross a frozen lake from S to G without falling into a hole; actions: left, down, right, up."""
 
     description = "FrozenLake grid world (gymnasium): walk from S to G avoiding holes; actions left/down/right/up."
-    splits = {"train": [f"map-{i}" for i in range(1000)], "test": [f"map-{i}" for i in range(200)]}
+    splits = {"train": [f"map-{i}" for i in range(TRAIN_MAPS)], "test": [f"map-{i}" for i in range(TEST_MAPS)]}
     params = {
         "size": Param("Side of the square map, 3..12 (default 4).", int),
         "slippery": Param("Whether moves may slip sideways (default false).", bool),
@@ -71,6 +113,12 @@ class FrozenLakeEnv(TextEnv):
         self._state = 0
         self._reward = 0.0
         self._around = False
+
+    @classmethod
+    def task_fingerprint(cls, task: Task) -> str:
+        """The map (slippery or not, shown with or without the `around` line: the same lake)."""
+        cls._check_size(task)
+        return content_digest("frozenlake", generate_map(task))
 
     def reset(self, task: Task) -> tuple[str, dict[str, Any]]:
         """Build the task's map and put the agent on S."""
