@@ -8,7 +8,9 @@
 A random-weight 2-layer model never writes a valid action, so RL alone has nothing to work with. The
 check therefore has stages, each scored on two sets of maps (non-slippery 4x4, so a short policy exists):
 
-  held-out  FrozenLake's `test` split (maps from disjoint generator seeds): no stage ever trains on them;
+  held-out  FrozenLake's `test` split: maps no train task has (checked by content, not by seed: before any
+            stage runs the bench compares every evaluated map with every map a stage trains on, writes the
+            counts into its JSON under "contamination", and refuses to run if a held-out map was trained on);
   train     the first maps of the RL pool: the maps RL trained on (the warm-up never saw them either).
 
   1. base      the offline tiny model (random weights);
@@ -52,6 +54,7 @@ sys.path.insert(0, str(REPO_ROOT))
 import torch  # noqa: E402
 
 from envservice.client import EnvClient  # noqa: E402
+from envservice.contamination import TaskSet, contamination  # noqa: E402
 from envservice.envs.frozenlake import shortest_path_actions  # noqa: E402
 from recipe.beyond_agent.rollout.dataflow import Dataflow, DataflowConfig, EpisodeSpec  # noqa: E402
 from recipe.beyond_agent.rollout.hf_policy import TransformersPolicy  # noqa: E402
@@ -96,6 +99,43 @@ class MapSet:
 
     def tasks(self) -> range:
         return range(self.first, self.first + self.count)
+
+    def task_set(self) -> TaskSet:
+        """The maps as a `TaskSet` (for the contamination check), with the seeds and params the bench plays."""
+        return TaskSet.of(self.name, ENV_ID, self.split, self.tasks(), params=ENV_PARAMS)
+
+
+# ----- what is held-out, checked by content ----------------------------------------------------------
+
+
+def training_sets(args) -> list[MapSet]:
+    """Every set of maps a stage of this run trains on: warm-up transcripts, the RL pool (RL and its data
+    file), the warm model's own episodes (SFT/DPO)."""
+    sets = [MapSet("warm-up", "train", args.warmup_maps, WARMUP_FIRST_MAP)]
+    if args.rl:
+        sets.append(MapSet("rl pool", "train", args.rl_maps))
+    if args.offline:
+        sets.append(MapSet("own episodes", "train", min(args.offline_maps, args.rl_maps)))
+    return sets
+
+
+def contamination_report(args) -> dict[str, dict]:
+    """For each evaluated set (and verl's validation set during RL), how many of its maps a stage trained on."""
+    evaluated = [*map_sets(args), *([MapSet("validation", "test", args.heldout_maps)] if args.rl else [])]
+    trained = [maps.task_set() for maps in training_sets(args)]
+    return {maps.name: contamination(maps.task_set(), trained) for maps in evaluated}
+
+
+HELDOUT_SETS = ("heldout", "validation")
+"""The sets this bench calls held-out: none of their maps may be in a training set."""
+
+
+def require_unseen(report: dict[str, dict]) -> None:
+    """Stop before any stage runs when a set called held-out shares a map with a training set."""
+    for name in HELDOUT_SETS:
+        if name in report and report[name]["shared_any"]:
+            raise SystemExit(f"[learning] the {name} set is not held-out: {report[name]['shared_any']} of its "
+                             f"{report[name]['tasks']} maps are trained on ({report[name]['shared']})")
 
 
 # ----- warm-up data --------------------------------------------------------------------------------
@@ -193,7 +233,7 @@ def warmup_stage(base_dir: Path, out_dir: Path, tokenizer, client: EnvClient, ar
         f"trainer.default_local_dir={out_dir}", f"hydra.run.dir={out_dir / 'hydra'}",
         "checkpoint.save_contents=[model,hf_model]",
         *([f"trainer.save_freq={args.warmup_curve_every}"] if args.warmup_curve_every else []),
-    ], log_path=out_dir / "sft.log")
+    ], log_path=out_dir / "sft.log", progress=lambda: print_sft_progress("warm-up", out_dir, args.warmup_steps, started))
     losses = logged_losses(out_dir)
     print(f"[learning] warm-up (seed {seed}): verl SFT on {len(records)} oracle episodes, {len(losses)} steps, loss "
           f"{losses[0]:.2f} -> {losses[-1]:.2f} in {time.monotonic() - started:.0f} s ({out_dir / 'sft.log'})",
@@ -204,8 +244,24 @@ def warmup_stage(base_dir: Path, out_dir: Path, tokenizer, client: EnvClient, ar
 
 
 def logged_losses(out_dir: Path) -> list[float]:
-    """`train/loss` per step from the metrics.jsonl verl's file tracker wrote in an SFT/DPO output folder."""
-    return [entry["data"]["train/loss"] for entry in map(json.loads, (out_dir / "metrics.jsonl").read_text().splitlines())]
+    """`train/loss` per step from the metrics.jsonl verl's file tracker wrote in an SFT/DPO output folder (while
+    the run writes it, a last line not yet complete is left out)."""
+    path = out_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    losses = []
+    for line in lines:
+        try:
+            losses.append(json.loads(line)["data"]["train/loss"])
+        except (json.JSONDecodeError, KeyError):
+            continue
+    return losses
+
+
+def print_sft_progress(stage: str, out_dir: Path, total_steps: int, started: float) -> None:
+    """One line: the SFT steps done so far and the last loss (verl's output goes to the stage's log file)."""
+    losses = logged_losses(out_dir)
+    done = f"step {len(losses)}/{total_steps}, loss {losses[-1]:.3f}" if losses else "starting (torchrun, model load)"
+    print(f"[learning] {stage}: {done} ({time.monotonic() - started:.0f} s)", flush=True)
 
 
 def print_warmup_curve(out_dir: Path, tokenizer, client: EnvClient, args) -> dict[int, float]:
@@ -283,7 +339,8 @@ def offline_stage(method: str, warm_dir: Path, episodes: Path, out_dir: Path, ar
         f"data.micro_batch_size_per_gpu={args.offline_batch * (2 if method == 'dpo' else 1)}",  # a step's rows at once
         f"trainer.default_local_dir={out_dir}", f"hydra.run.dir={out_dir / 'hydra'}",
         "checkpoint.save_contents=[model,hf_model]", *overrides,
-    ], log_path=out_dir / f"{method}.log", module=module)
+    ], log_path=out_dir / f"{method}.log", module=module,
+        progress=lambda: print_sft_progress(method, out_dir, args.offline_steps, started))
     losses = logged_losses(out_dir)
     print(f"[learning] {method} (seed {seed}): {rows} rows, {len(losses)} steps, loss {losses[0]:.3f} -> "
           f"{losses[-1]:.3f} in {time.monotonic() - started:.0f} s ({out_dir / (method + '.log')})", flush=True)
@@ -453,6 +510,9 @@ def main(argv: list[str] | None = None) -> int:
         build_tiny_model(base_dir)
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     per_seed: dict[int, dict] = {}
+    contaminated = contamination_report(args)
+    require_unseen(contaminated)
+    print(f"[learning] contamination by content (maps a stage trains on): {json.dumps(contaminated)}", flush=True)
     with EnvServiceProcess([ENV_ID]) as service:
         client = EnvClient(service.url)
         data_dir = write_rl_data(out / "data", service.url, args) if args.rl else out / "data"
@@ -466,7 +526,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[learning] seed {seed}: failed, not in the table: {', '.join(variants)}", flush=True)
     wall_s = time.monotonic() - started
     print(f"[learning] total wall time {wall_s / 60:.1f} min", flush=True)
-    report = {**summary, "_run": {"args": vars(args), "wall_s": wall_s, "per_seed": per_seed, "failed": failed}}
+    report = {**summary, "_run": {"args": vars(args), "wall_s": wall_s, "per_seed": per_seed, "failed": failed,
+                                  "contamination": contaminated}}
     (out / "results.json").write_text(json.dumps(report, default=str, indent=2))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -492,8 +553,9 @@ def summarize(per_seed: dict[int, dict]) -> dict:
 
 def print_table(summary: dict, args) -> None:
     """Mean over seeds, with the range [min, max] when there are several."""
-    print(f"\n[learning] FrozenLake 4x4: held-out = {args.heldout_maps} test-split maps no stage trained on; "
-          f"train = {min(args.train_eval_maps, args.rl_maps)} maps of the RL pool; sampled = {args.samples} "
+    print(f"\n[learning] FrozenLake 4x4: held-out = {args.heldout_maps} test-split maps, none of them a map any "
+          f"stage trained on (checked by content); train = {min(args.train_eval_maps, args.rl_maps)} maps of the RL "
+          f"pool; sampled = {args.samples} "
           f"episodes per map at T=1; seeds {args.seeds}")
     header = f"{'stage':22s}" + "".join(f"{title:>22s}" for title in (
         "held-out greedy", "held-out sampled", "train greedy", "train sampled"))

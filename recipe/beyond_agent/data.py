@@ -61,7 +61,25 @@ def write_task_files(env_id: str, out: Path, train_tasks: list[int], val_tasks: 
     train_path, val_path = out / "train.parquet", out / "val.parquet"
     write_parquet(train_rows, train_path)
     write_parquet(val_rows, val_path)
+    print(f"[data] {validation_overlap(env_id, train_tasks, val_tasks, seed, val_split, params)}", flush=True)
     return train_path, val_path
+
+
+def validation_overlap(env_id: str, train_tasks: list[int], val_tasks: list[int], seed: int, val_split: str,
+                       params: dict | None) -> str:
+    """One line: how many validation rows are tasks the train rows also hold, compared by content (the env's
+    task fingerprint), or why that cannot be told. Validation on such rows is not held-out."""
+    from envservice.contamination import TaskSet, UnknownContent, contamination
+    from envservice.errors import EnvServiceError
+
+    val = TaskSet.of("val", env_id, val_split, val_tasks, seed, params)
+    try:
+        report = contamination(val, [TaskSet.of("train", env_id, "train", train_tasks, seed, params)])
+    except (UnknownContent, EnvServiceError) as error:  # e.g. an env only a remote service knows
+        return f"validation rows not checked against the train rows: {error}"
+    verdict = "held-out" if report["shared_any"] == 0 else "NOT held-out"
+    return (f"{report['shared_any']} of {report['tasks']} validation rows have the content of a train row "
+            f"({report['distinct']} distinct): {verdict}")
 
 
 def _json_object(text: str) -> dict:

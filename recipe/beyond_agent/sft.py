@@ -18,11 +18,13 @@ The trained model is written in Hugging Face format under `<default_local_dir>/g
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch.utils.data import Dataset
@@ -154,18 +156,34 @@ def _n_gpus(overrides: list[str]) -> int:
 
 
 def run_sft(overrides: list[str], cpu: bool | None = None, log_path: Path | None = None,
-            module: str = "recipe.beyond_agent.sft") -> None:
+            module: str = "recipe.beyond_agent.sft", progress: Callable[[], None] | None = None,
+            progress_every_s: float = 30.0) -> None:
     """Run verl's SFT trainer on trajectories (or `module`'s trainer on it: recipe.beyond_agent.dpo) to
-    completion in a child torchrun; raises when it fails."""
+    completion in a child torchrun; raises when it fails. `progress`, when given, is called every
+    `progress_every_s` seconds while it runs (a long run whose output goes to `log_path` is not silent)."""
     command, env = sft_command(overrides, cpu, module=module)
-    if log_path is None:
-        done = subprocess.run(command, env=env)
-    else:
-        with open(log_path, "w") as log:
-            done = subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT)
-    if done.returncode != 0:
+    with contextlib.ExitStack() as stack:
+        log = stack.enter_context(open(log_path, "w")) if log_path is not None else None
+        child = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT if log else None)
+        returncode = _wait(child, progress, progress_every_s)
+    if returncode != 0:
         where = f"; its log: {log_path}" if log_path else ""
-        raise RuntimeError(f"SFT exited with status {done.returncode}{where}")
+        raise RuntimeError(f"SFT exited with status {returncode}{where}")
+
+
+def _wait(child: subprocess.Popen, progress: Callable[[], None] | None, every_s: float) -> int:
+    """The child's exit status, calling `progress` every `every_s` seconds until then (killed if we stop first,
+    as `subprocess.run` would)."""
+    try:
+        while True:
+            try:
+                return child.wait(timeout=every_s if progress else None)
+            except subprocess.TimeoutExpired:
+                progress()
+    except BaseException:
+        child.kill()
+        child.wait()
+        raise
 
 
 def repeated_files(paths, times: int) -> list[str]:

@@ -1,0 +1,67 @@
+"""Which evaluated tasks share content with trained ones: the check behind every figure called held-out.
+
+A task's content is its env's `TextEnv.task_fingerprint` (FrozenLake: the map), never its split, index or
+seed: seed offsets do not make tasks different (4x4 FrozenLake maps repeat so often that 145 of 200 maps
+from disjoint seeds were train maps). A set may be called held-out only when `contamination` finds none of
+its tasks in any set a stage trained on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+from envservice import registry
+
+
+class UnknownContent(ValueError):
+    """The env gives no `task_fingerprint`: nothing can tell whether its tasks were seen in training."""
+
+
+@dataclass(frozen=True)
+class TaskSet:
+    """Tasks of one env split as `(task index, seed)` pairs, played with `params`; `name` says what the set is
+    for (e.g. "warm-up", "rl pool", "held-out")."""
+
+    name: str
+    env_id: str
+    split: str
+    tasks: tuple[tuple[int, int], ...]
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, name: str, env_id: str, split: str, indices: Iterable[int], seed_offset: int = 0,
+           params: Mapping[str, Any] | None = None) -> "TaskSet":
+        """The tasks `indices` of `split`, task i played with seed `seed_offset + i` (how recipe data and the
+        bench seed their episodes)."""
+        return cls(name, env_id, split, tuple((i, seed_offset + i) for i in indices), dict(params or {}))
+
+
+def fingerprints(task_set: TaskSet) -> list[str]:
+    """The content fingerprint of each task of the set, in order (raises `UnknownContent` when the env has none)."""
+    cls = registry.get(task_set.env_id).env_class()
+    found = []
+    for index, seed in task_set.tasks:
+        fingerprint = cls.task_fingerprint(cls.resolve_task(index, task_set.split, seed, task_set.params))
+        if fingerprint is None:
+            raise UnknownContent(f"env {task_set.env_id!r} gives no task_fingerprint, so whether {task_set.name!r} "
+                                 "shares tasks with training cannot be checked: do not call it held-out")
+        found.append(fingerprint)
+    return found
+
+
+def contamination(evaluated: TaskSet, trained: Sequence[TaskSet]) -> dict[str, Any]:
+    """How many tasks of `evaluated` have the content of a task in each of the `trained` sets.
+
+    Returns {"tasks": n, "distinct": distinct contents among them, "shared": {trained set name: count},
+    "shared_any": count in any trained set}; a set is held-out only when "shared_any" is 0.
+    """
+    evaluated_contents = fingerprints(evaluated)
+    shared, seen_anywhere = {}, set()
+    for train_set in trained:
+        contents = set(fingerprints(train_set))
+        hits = [fingerprint for fingerprint in evaluated_contents if fingerprint in contents]
+        shared[train_set.name] = len(hits)
+        seen_anywhere.update(hits)
+    return {"tasks": len(evaluated_contents), "distinct": len(set(evaluated_contents)), "shared": shared,
+            "shared_any": sum(fingerprint in seen_anywhere for fingerprint in evaluated_contents)}

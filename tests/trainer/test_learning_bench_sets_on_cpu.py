@@ -1,0 +1,48 @@
+"""The learning bench calls a set held-out only when no stage trained on any of its maps, checked by content."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from envservice.contamination import contamination
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "learning_cpu.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("learning_cpu_bench", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
+
+
+@pytest.mark.parametrize("argv", [
+    [],                                                              # the learning check's defaults
+    ["--seeds", "0", "1", "--rl", "grpo", "--offline", "sft", "dpo"],  # the two-seed table
+    ["--rl", "grpo", "--rl-steps", "12", "--samples", "2"],            # the quickstart
+])
+def test_the_bench_sets_called_held_out_share_no_map_with_any_training_set(bench, argv) -> None:
+    args = bench.parse_args(argv)
+    report = bench.contamination_report(args)
+    assert report["heldout"]["shared_any"] == 0 and report["heldout"]["distinct"] == args.heldout_maps == 64
+    assert report["validation"] == report["heldout"]  # verl's validation during RL plays the same maps
+    assert set(report["heldout"]["shared"]) == {"warm-up", "rl pool", *(["own episodes"] if args.offline else [])}
+    # the train set is the RL pool's first maps: the check does see maps that were trained on
+    assert report["train"]["shared"]["rl pool"] == report["train"]["tasks"] == 32
+    bench.require_unseen(report)
+
+
+def test_the_bench_refuses_a_held_out_set_that_was_trained_on(bench) -> None:
+    args = bench.parse_args([])
+    trained = [maps.task_set() for maps in bench.training_sets(args)]
+    pool_maps = bench.MapSet("heldout", "train", 8, first=100)  # 8 maps of the RL pool, called held-out
+    with pytest.raises(SystemExit, match=r"the heldout set is not held-out: 8 of its 8 maps are trained on "
+                                         r"\(\{'warm-up': \d+, 'rl pool': 8\}\)"):
+        bench.require_unseen({"heldout": contamination(pool_maps.task_set(), trained)})
