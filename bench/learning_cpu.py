@@ -11,7 +11,8 @@ check therefore has stages, each scored on two sets of maps (non-slippery 4x4, s
   held-out  FrozenLake's `test` split: maps no train task has (checked by content, not by seed: before any
             stage runs the bench compares every evaluated map with every map a stage trains on, writes the
             counts into its JSON under "contamination", and refuses to run if a held-out map was trained on);
-  train     the first maps of the RL pool: the maps RL trained on (the warm-up never saw them either).
+  train     the first maps of the RL pool: the maps RL trained on (the warm-up trained on some of the same maps:
+            maps repeat; the JSON counts them).
 
   1. base      the offline tiny model (random weights);
   2. warm-up   SFT through verl's SFT trainer (recipe/beyond_agent/sft.py) on trajectory records of the
