@@ -4,9 +4,11 @@
     .venv/bin/python bench/learning_cpu.py --seeds 0 1 --offline sft dpo   # + SFT on own successes, + DPO
     .venv/bin/python bench/learning_cpu.py --rl grpo grpo_scaling --rl-steps 30    # ScalingInter vs fixed
     .venv/bin/python bench/learning_cpu.py --rl rloo reinforce_plus_plus gae --rl-steps 15
+    .venv/bin/python bench/learning_cpu.py --size 6 --rl grpo grpo_scaling m2po_async   # longer episodes
 
 A random-weight 2-layer model never writes a valid action, so RL alone has nothing to work with. The
-check therefore has stages, each scored on two sets of maps (non-slippery 4x4, so a short policy exists):
+check therefore has stages, each scored on two sets of maps (non-slippery, 4x4 unless `--size`, so a short
+policy exists):
 
   held-out  FrozenLake's `test` split: maps no train task has (checked by content, not by seed: before any
             stage runs the bench compares every evaluated map with every map a stage trains on, writes the
@@ -65,13 +67,16 @@ from recipe.beyond_agent.trajectories import TrajectoryRecord, episode_record, w
 
 ENV_ID = "frozenlake"
 WARMUP_FIRST_MAP = 500
-"""Warm-up transcripts come from train maps 500.. ; the RL pool is train maps 0..499, so they never overlap."""
+"""Warm-up transcripts come from train maps 500.. ; the RL pool is train maps 0..499 (other indices, but maps repeat:
+the contamination report counts the maps they share; neither may share one with a held-out set)."""
 ENV_PARAMS = {"around": True}
 """Every map is played with FrozenLake's `around` line, which names the four cells next to the agent at the
 end of each observation. Why: without it the cell below the agent sits a map-dependent number of tokens back
 in the grid, and the 2-layer model never learns to read it (measured: greedy success stays at the best
 map-blind action sequence, 43.8 % of the held-out maps, after 50 or 150 warm-up steps and after 30 GRPO
 steps), so nothing it learns could carry over to new maps."""
+# Figures in this note (to the end of the paragraph) were measured on the old test split, 48 of whose 64 maps were
+# maps the warm-up or RL trained on; they describe those maps, not unseen ones.
 # The warm-up's size (--warmup-steps 200) decides where RL starts, so it was measured (--warmup-curve-every 25,
 # held-out greedy, 400 oracle maps, verl SFT in fp32, lr 3e-3 constant; 2026-11-24):
 #   seed 0: 3.1 % at step 25, 43.8 % (map-blind) at steps 50-175, 51.6 % at 200, 70.3 % at 225;
@@ -85,8 +90,37 @@ steps), so nothing it learns could carry over to new maps."""
 # 54.7 % / 67.2 % on seeds 0 / 1.) From a map-blind model, GRPO only sharpened the blind policy (measured with a
 # 50-step warm-up: greedy flat at 43.8 % over 30 steps, P(down) 0.70 -> 0.94 above holes too), likely because a
 # GRPO group whose episodes all fail teaches nothing.
-LIMITS = dict(max_rounds=8, max_prompt_length=256, max_response_length=512, max_tokens_per_turn=6)
-"""Episode limits shared by warm-up, evaluation and RL (bench/learning_cpu.yaml uses the same)."""
+LAKE_LIMITS = {4: (8, 256, 512), 6: (12, 320, 1280), 8: (16, 384, 2304)}
+"""Side of the maps -> (rounds, prompt tokens, response tokens) of an episode. Why: a shortest path has 2 * (side - 1)
+moves (every map here: 6, 10, 14), so 2 rounds to spare; an observation after a move is at most 54 / 76 / 106
+tokens of the tiny model's tokenizer (measured on 50 train maps) plus ~20 of chat template and action per turn."""
+
+
+@dataclass(frozen=True)
+class Lake:
+    """The FrozenLake a run plays (non-slippery, with the `around` line) and the episode limits that follow from
+    the side of its maps; warm-up, evaluation and RL all use them."""
+
+    size: int = 4
+
+    @property
+    def params(self) -> dict:
+        """The env's task params (4x4 gives none but `around`, as the rows of earlier runs)."""
+        return {**ENV_PARAMS, **({"size": self.size} if self.size != 4 else {})}
+
+    @property
+    def limits(self) -> dict:
+        """`DataflowConfig` keyword arguments."""
+        rounds, prompt, response = LAKE_LIMITS[self.size]
+        return dict(max_rounds=rounds, max_prompt_length=prompt, max_response_length=response, max_tokens_per_turn=6)
+
+    def rl_overrides(self) -> list[str]:
+        """The same limits for the recipe (bench/learning_cpu.yaml holds 4x4's)."""
+        limits = self.limits
+        return [f"beyond_agent.rounds.rounds={limits['max_rounds']}",
+                f"data.max_prompt_length={limits['max_prompt_length']}",
+                f"data.max_response_length={limits['max_response_length']}",
+                f"actor_rollout_ref.rollout.max_model_len={limits['max_prompt_length'] + limits['max_response_length']}"]
 
 
 @dataclass(frozen=True)
@@ -101,9 +135,9 @@ class MapSet:
     def tasks(self) -> range:
         return range(self.first, self.first + self.count)
 
-    def task_set(self) -> TaskSet:
+    def task_set(self, lake: Lake) -> TaskSet:
         """The maps as a `TaskSet` (for the contamination check), with the seeds and params the bench plays."""
-        return TaskSet.of(self.name, ENV_ID, self.split, self.tasks(), params=ENV_PARAMS)
+        return TaskSet.of(self.name, ENV_ID, self.split, self.tasks(), params=lake.params)
 
 
 # ----- what is held-out, checked by content ----------------------------------------------------------
@@ -123,8 +157,8 @@ def training_sets(args) -> list[MapSet]:
 def contamination_report(args) -> dict[str, dict]:
     """For each evaluated set (and verl's validation set during RL), how many of its maps a stage trained on."""
     evaluated = [*map_sets(args), *([MapSet("validation", "test", args.heldout_maps)] if args.rl else [])]
-    trained = [maps.task_set() for maps in training_sets(args)]
-    return {maps.name: contamination(maps.task_set(), trained) for maps in evaluated}
+    trained = [maps.task_set(args.lake) for maps in training_sets(args)]
+    return {maps.name: contamination(maps.task_set(args.lake), trained) for maps in evaluated}
 
 
 HELDOUT_SETS = ("heldout", "validation")
@@ -142,16 +176,16 @@ def require_unseen(report: dict[str, dict]) -> None:
 # ----- warm-up data --------------------------------------------------------------------------------
 
 
-def oracle_record(client: EnvClient, tokenizer, task: int) -> TrajectoryRecord:
+def oracle_record(client: EnvClient, tokenizer, task: int, lake: Lake) -> TrajectoryRecord:
     """One train map played by the BFS oracle (its shortest path, each action plus end-of-turn, as the model
     should write it) through the same Dataflow as rollouts, as a trajectory record."""
-    created = client.create(ENV_ID, task_id=task, seed=task, split="train", params=ENV_PARAMS)
+    created = client.create(ENV_ID, task_id=task, seed=task, split="train", params=lake.params)
     try:
         actions = shortest_path_actions(created.info["map"])  # the map a (task, seed) reset always gives
     finally:
         client.release(created.session_id)
-    spec = EpisodeSpec(ENV_ID, task_id=task, seed=task, split="train", params=ENV_PARAMS, group_id=f"oracle-{task}")
-    result = Dataflow(spec, client, ScriptedPolicy(actions, tokenizer), tokenizer, DataflowConfig(**LIMITS)).run()
+    spec = EpisodeSpec(ENV_ID, task_id=task, seed=task, split="train", params=lake.params, group_id=f"oracle-{task}")
+    result = Dataflow(spec, client, ScriptedPolicy(actions, tokenizer), tokenizer, DataflowConfig(**lake.limits)).run()
     if not result.success:
         raise RuntimeError(f"the oracle failed on train map {task}: {result.termination} {result.error}")
     return episode_record(result, step=0, kind="train")
@@ -161,16 +195,16 @@ def oracle_record(client: EnvClient, tokenizer, task: int) -> TrajectoryRecord:
 
 
 def play_maps(model, tokenizer, client: EnvClient, maps: MapSet, temperature: float, samples: int,
-              seed: int) -> list:
+              seed: int, lake: Lake) -> list:
     """`samples` episodes of each map of the set, played through the real Dataflow (an infra failure stops the
     bench: it is never a failed episode)."""
     torch.manual_seed(seed)
-    config = DataflowConfig(**LIMITS)
+    config = DataflowConfig(**lake.limits)
     policy = TransformersPolicy(model, tokenizer.eos_token_id, temperature)
     results = []
     for task in maps.tasks():
         for sample in range(samples):
-            spec = EpisodeSpec(ENV_ID, task_id=task, seed=task, split=maps.split, params=ENV_PARAMS,
+            spec = EpisodeSpec(ENV_ID, task_id=task, seed=task, split=maps.split, params=lake.params,
                                group_id=f"map-{task}", index=sample)
             result = Dataflow(spec, client, policy, tokenizer, config).run()
             if result.infra_failure:
@@ -180,9 +214,9 @@ def play_maps(model, tokenizer, client: EnvClient, maps: MapSet, temperature: fl
 
 
 def success_rate(model, tokenizer, client: EnvClient, maps: MapSet, temperature: float, samples: int,
-                 seed: int) -> float:
+                 seed: int, lake: Lake) -> float:
     """Mean success over `samples` episodes of each map of the set."""
-    results = play_maps(model, tokenizer, client, maps, temperature, samples, seed)
+    results = play_maps(model, tokenizer, client, maps, temperature, samples, seed, lake)
     return sum(result.success for result in results) / len(results)
 
 
@@ -195,8 +229,8 @@ def evaluate_stage(name: str, model_dir: Path, tokenizer, client: EnvClient, arg
     figures = {}
     for maps in map_sets(args):
         figures[maps.name] = {
-            "greedy": success_rate(model, tokenizer, client, maps, 0.0, 1, args.eval_seed),
-            "sampled": success_rate(model, tokenizer, client, maps, 1.0, args.samples, args.eval_seed),
+            "greedy": success_rate(model, tokenizer, client, maps, 0.0, 1, args.eval_seed, args.lake),
+            "sampled": success_rate(model, tokenizer, client, maps, 1.0, args.samples, args.eval_seed, args.lake),
         }
     held, train = figures["heldout"], figures["train"]
     print(f"[learning] {name:22s} held-out greedy {held['greedy']:6.1%} sampled {held['sampled']:6.1%}   "
@@ -220,7 +254,7 @@ def warmup_stage(base_dir: Path, out_dir: Path, tokenizer, client: EnvClient, ar
     started = time.monotonic()
     shutil.rmtree(out_dir, ignore_errors=True)  # an earlier run's checkpoints and metrics are not this one's
     maps = range(WARMUP_FIRST_MAP, WARMUP_FIRST_MAP + args.warmup_maps)
-    records = [oracle_record(client, tokenizer, task) for task in maps]
+    records = [oracle_record(client, tokenizer, task, args.lake) for task in maps]
     random.Random(seed).shuffle(records)  # the seed decides the order verl's (fixed-seed) sampler sees
     write_dump(out_dir / "oracle_trajectories", 0, "train", records)
     steps_per_epoch = len(records) // args.warmup_batch
@@ -275,7 +309,7 @@ def print_warmup_curve(out_dir: Path, tokenizer, client: EnvClient, args) -> dic
         if (folder / "huggingface" / "config.json").exists():
             model = AutoModelForCausalLM.from_pretrained(folder / "huggingface").eval()
             step = int(folder.name.rsplit("_", 1)[1])
-            curve[step] = success_rate(model, tokenizer, client, heldout, 0.0, 1, args.eval_seed)
+            curve[step] = success_rate(model, tokenizer, client, heldout, 0.0, 1, args.eval_seed, args.lake)
             print(f"[learning] warm-up step {step:4d}: held-out greedy {curve[step]:6.1%}", flush=True)
     (out_dir / "warmup_curve.json").write_text(json.dumps(curve))
     return curve
@@ -292,7 +326,7 @@ def own_episodes(warm_dir: Path, out_dir: Path, tokenizer, client: EnvClient, ar
     started = time.monotonic()
     model = AutoModelForCausalLM.from_pretrained(warm_dir).eval()
     maps = MapSet("own", "train", min(args.offline_maps, args.rl_maps))
-    results = play_maps(model, tokenizer, client, maps, 1.0, args.offline_samples, seed)
+    results = play_maps(model, tokenizer, client, maps, 1.0, args.offline_samples, seed, args.lake)
     folder = out_dir / "own_episodes"
     shutil.rmtree(folder, ignore_errors=True)
     write_dump(folder, 0, "train", [episode_record(result, step=0, kind="train") for result in results])
@@ -348,33 +382,35 @@ def offline_stage(method: str, warm_dir: Path, episodes: Path, out_dir: Path, ar
     return hf_model_dir(out_dir)
 
 
-def scaling_inter_overrides(steps: int) -> list[str]:
-    """ScalingInter-RL: the horizon grows in three equal stages, 6 -> 7 -> 8 rounds (the fixed run uses 8).
+def scaling_inter_overrides(steps: int, lake: Lake) -> list[str]:
+    """ScalingInter-RL: the horizon grows in three equal stages up to the fixed run's rounds R: R-2 -> R-1 -> R
+    (4x4: 6 -> 7 -> 8; 6x6: 10 -> 11 -> 12).
 
-    It starts at 6 because every 4x4 map needs at least 6 moves from the start to the goal: a first stage of 4
-    rounds (measured, 2026-11-25) had 0% train success in each of its steps, so GRPO had no advantage to learn
-    from for a third of the run."""
-    return ["beyond_agent.rounds.type=stepwise", "beyond_agent.rounds.rounds=[6,7,8]",
-            f"+beyond_agent.rounds.every={max(1, steps // 3)}", "beyond_agent.val_max_rounds=8"]
+    It starts at R-2, the fewest moves any map needs (2 * (side - 1)): a 4x4 first stage of 4 rounds (measured,
+    2026-11-25) had 0% train success in each of its steps, so GRPO had no advantage to learn from for a third
+    of the run."""
+    rounds = lake.limits["max_rounds"]
+    return ["beyond_agent.rounds.type=stepwise", f"beyond_agent.rounds.rounds=[{rounds - 2},{rounds - 1},{rounds}]",
+            f"+beyond_agent.rounds.every={max(1, steps // 3)}", f"beyond_agent.val_max_rounds={rounds}"]
 
 
-def gae_overrides(steps: int, warm_dir: Path) -> list[str]:
+def gae_overrides(steps: int, warm_dir: Path, lake: Lake) -> list[str]:
     """PPO with a critic: the value model starts from the warm model (verl adds a fresh value head)."""
     return ["algorithm.adv_estimator=gae", f"critic.model.path={warm_dir.resolve()}", "critic.optim.lr=1e-3",
             "critic.ppo_micro_batch_size_per_gpu=32", "critic.ppo_mini_batch_size=16"]
 
 
-RL_VARIANTS: dict[str, Callable[[int, Path], list[str]]] = {
-    "grpo": lambda steps, warm_dir: [],
-    "grpo_scaling": lambda steps, warm_dir: scaling_inter_overrides(steps),
-    "rloo": lambda steps, warm_dir: ["algorithm.adv_estimator=rloo"],
-    "reinforce_plus_plus": lambda steps, warm_dir: ["algorithm.adv_estimator=reinforce_plus_plus"],
+RL_VARIANTS: dict[str, Callable[[int, Path, Lake], list[str]]] = {
+    "grpo": lambda steps, warm_dir, lake: [],
+    "grpo_scaling": lambda steps, warm_dir, lake: scaling_inter_overrides(steps, lake),
+    "rloo": lambda steps, warm_dir, lake: ["algorithm.adv_estimator=rloo"],
+    "reinforce_plus_plus": lambda steps, warm_dir, lake: ["algorithm.adv_estimator=reinforce_plus_plus"],
     "gae": gae_overrides,
-    "m2po_async": lambda steps, warm_dir: [
+    "m2po_async": lambda steps, warm_dir, lake: [
         "beyond_agent.rollout_mode=async", "beyond_agent.async_rollout.max_staleness=2",
         "actor_rollout_ref.actor.policy_loss.loss_mode=m2po", "actor_rollout_ref.rollout.free_cache_engine=false"],
 }
-"""RL variants: the overrides each adds to bench/learning_cpu.yaml, given the step count and the warm model."""
+"""RL variants: the overrides each adds to bench/learning_cpu.yaml, given the step count, the warm model and the lake."""
 
 
 class RLRunFailed(RuntimeError):
@@ -395,7 +431,7 @@ def rl_stage(variant: str, warm_dir: Path, data_dir: Path, experiments: Path, ar
         f"actor_rollout_ref.rollout.n={args.group_size}", f"data.train_batch_size={args.maps_per_step}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={args.maps_per_step}",
         f"actor_rollout_ref.actor.entropy_coeff={args.entropy_coeff}",
-        *RL_VARIANTS[variant](steps, warm_dir), *args.rl_override,
+        *args.lake.rl_overrides(), *RL_VARIANTS[variant](steps, warm_dir, args.lake), *args.rl_override,
     ]
     print(f"[learning] {variant} (seed {seed}): {' '.join(command)}", flush=True)
     started = time.monotonic()
@@ -469,7 +505,7 @@ def write_rl_data(out: Path, service_url: str, args) -> Path:
     if args.rl_maps > WARMUP_FIRST_MAP:
         raise SystemExit(f"--rl-maps={args.rl_maps} would overlap the warm-up maps ({WARMUP_FIRST_MAP}..)")
     write_task_files(ENV_ID, out, list(range(args.rl_maps)), list(range(args.heldout_maps)), seed=0,
-                     val_split="test", envservice_url=service_url, params=ENV_PARAMS)
+                     val_split="test", envservice_url=service_url, params=args.lake.params)
     return out
 
 
@@ -554,7 +590,7 @@ def summarize(per_seed: dict[int, dict]) -> dict:
 
 def print_table(summary: dict, args) -> None:
     """Mean over seeds, with the range [min, max] when there are several."""
-    print(f"\n[learning] FrozenLake 4x4: held-out = {args.heldout_maps} test-split maps, none of them a map any "
+    print(f"\n[learning] FrozenLake {args.size}x{args.size}: held-out = {args.heldout_maps} test-split maps, none of them a map any "
           f"stage trained on (checked by content); train = {min(args.train_eval_maps, args.rl_maps)} maps of the RL "
           f"pool; sampled = {args.samples} "
           f"episodes per map at T=1; seeds {args.seeds}")
@@ -580,6 +616,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Options; the defaults are the figures quoted in the issue notes."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="one warm-up + RL run per seed")
+    parser.add_argument("--size", type=int, default=4, choices=sorted(LAKE_LIMITS),
+                        help="side of the maps (longer episodes: 6x6 needs 10 moves, 8x8 14)")
     parser.add_argument("--rl", nargs="*", default=["grpo"], choices=sorted(RL_VARIANTS),
                         help="RL variants, each trained from the same warm model; none: stop after the warm-up")
     parser.add_argument("--offline", nargs="*", default=[], choices=sorted(OFFLINE_METHODS),
@@ -603,14 +641,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--eval-seed", type=int, default=0, help="torch seed of sampled evaluation")
     parser.add_argument("--warmup-maps", type=int, default=400)
     parser.add_argument("--warmup-steps", type=int, default=200,
-                        help="200: seed 0 has begun to read the `around` line (see the note above LIMITS)")
+                        help="200: seed 0 has begun to read the `around` line (see the note above LAKE_LIMITS)")
     parser.add_argument("--warmup-batch", type=int, default=16)
     parser.add_argument("--warmup-curve-every", type=int, default=0,
                         help="save the warm-up every N steps and print each checkpoint's held-out greedy success")
     parser.add_argument("--warmup-lr", type=float, default=3e-3)
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "outputs" / "learning_cpu")
     parser.add_argument("--json", type=Path, default=None, help="also write every figure of the table here")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.lake = Lake(args.size)
+    return args
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ def bench():
     [],                                                              # the learning check's defaults
     ["--seeds", "0", "1", "--rl", "grpo", "--offline", "sft", "dpo"],  # the two-seed table
     ["--rl", "grpo", "--rl-steps", "12", "--samples", "2"],            # the quickstart
+    ["--size", "6", "--seeds", "0", "1", "--rl", "grpo", "grpo_scaling", "m2po_async"],  # the longer-horizon check
 ])
 def test_the_bench_sets_called_held_out_share_no_map_with_any_training_set(bench, argv) -> None:
     args = bench.parse_args(argv)
@@ -41,8 +42,8 @@ def test_the_bench_sets_called_held_out_share_no_map_with_any_training_set(bench
 
 def test_the_bench_refuses_a_held_out_set_that_was_trained_on(bench) -> None:
     args = bench.parse_args([])
-    trained = [maps.task_set() for maps in bench.training_sets(args)]
+    trained = [maps.task_set(args.lake) for maps in bench.training_sets(args)]
     pool_maps = bench.MapSet("heldout", "train", 8, first=100)  # 8 maps of the RL pool, called held-out
     with pytest.raises(SystemExit, match=r"the heldout set is not held-out: 8 of its 8 maps are trained on "
                                          r"\(\{'warm-up': \d+, 'rl pool': 8\}\)"):
-        bench.require_unseen({"heldout": contamination(pool_maps.task_set(), trained)})
+        bench.require_unseen({"heldout": contamination(pool_maps.task_set(args.lake), trained)})
