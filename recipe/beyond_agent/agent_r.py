@@ -15,6 +15,7 @@ template gives a rollout, and returned as a `TrajectoryRecord` that the SFT trai
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -28,6 +29,7 @@ REFLECTIONS = (
 )
 """Reflection sentences, one chosen per revision (Agent-R uses a fixed list of such sentences)."""
 JUDGEMENTS = ("good", "bad", "uncertain")
+logger = logging.getLogger(__name__)
 
 
 class RevisionTooLong(ValueError):
@@ -134,15 +136,27 @@ def leaf_paths(root: SearchNode) -> list[SearchPath]:
     return sorted(paths, key=lambda p: (-p.value, len(p.nodes), order[id(p.nodes[-1])]))
 
 
-def pair_paths(paths: Sequence[SearchPath], alpha: float, beta: float) -> list[tuple[SearchPath, SearchPath]]:
+PAIRINGS = ("all", "one_to_one")
+"""How good and bad paths are paired: "all" (Agent-R's `path_collection.py`: every good path with every bad one
+whose value is lower by more than beta) or "one_to_one" (each path in at most one pair)."""
+
+
+def pair_paths(paths: Sequence[SearchPath], alpha: float, beta: float,
+               pairing: str = "all") -> list[tuple[SearchPath, SearchPath]]:
     """(good, bad) pairs: value(good) > alpha and value(good) - value(bad) > beta.
 
-    Each bad path (worst first) is paired with the best good path not used yet, so every path is in at
-    most one pair and the widest gaps are paired first."""
+    "all" (the reference's rule, default): every such pair, best good path first, for each its bad paths
+    worst first. "one_to_one": each bad path (worst first) gets the best good path not used yet, so every path
+    is in at most one pair and the widest gaps are paired first."""
+    if pairing not in PAIRINGS:
+        raise ValueError(f"pairing={pairing!r} is not a pairing rule; valid choices: {list(PAIRINGS)}")
     ranked = sorted(paths, key=lambda p: -p.value)
     goods = [p for p in ranked if p.value > alpha]
+    worst_first = list(reversed(ranked))
+    if pairing == "all":
+        return [(good, bad) for good in goods for bad in worst_first if good.value - bad.value > beta]
     pairs, used = [], set()
-    for bad in reversed(ranked):
+    for bad in worst_first:
         good = next((g for g in goods if id(g) not in used and g is not bad and g.value - bad.value > beta), None)
         if good is None:
             continue
@@ -162,27 +176,36 @@ def shared_prefix(good: SearchPath, bad: SearchPath) -> int:
 
 
 Judge = Callable[[Sequence[SearchNode], int], str]
-"""judge(path_nodes, step_index) -> "good" | "bad" | "uncertain": the actor model's verdict on one step."""
+"""judge(path_nodes, step_index) -> "good" | "bad" | "uncertain": the actor model's verdict on one step. As in
+Agent-R's `revise_worst_path`, a judge should show the model the path only up to and including that step."""
+
+JUDGE_FAILED = "judge_failed"
+"""How a first wrong step was found when the judge raised: the fallback rule, after a logged warning."""
 
 
 def first_wrong_step(good: SearchPath, bad: SearchPath, judge: Judge | None = None) -> tuple[int, str]:
-    """Index (in `bad`) of the first wrong step, and how it was found: "judge" or "fallback".
+    """Index (in `bad`) of the first wrong step, and how it was found: "judge", "fallback" or `JUDGE_FAILED`.
 
     The judge is asked about each step after the shared prefix (steps both paths share cannot be the
-    mistake). The first "bad" wins. When the judge says no step is bad, fails, or answers outside
-    `JUDGEMENTS`, the fallback rule names the step where the bad path left the good one."""
+    mistake). The first "bad" wins. When the judge says no step is bad or answers outside `JUDGEMENTS`, the
+    fallback rule names the step where the bad path left the good one; when it raises, the same rule, with a
+    warning in the log."""
     start = shared_prefix(good, bad)
-    if judge is not None:
+    fallback = min(start, len(bad.nodes) - 1)
+    if judge is None:
+        return fallback, "fallback"
+    for index in range(start, len(bad.nodes)):
         try:
-            for index in range(start, len(bad.nodes)):
-                verdict = str(judge(bad.nodes, index)).strip().lower()
-                if verdict not in JUDGEMENTS:
-                    break
-                if verdict == "bad":
-                    return index, "judge"
-        except Exception:  # a judge that cannot judge leaves the decision to the rule
-            pass
-    return min(start, len(bad.nodes) - 1), "fallback"
+            verdict = str(judge(bad.nodes, index)).strip().lower()
+        except Exception as error:  # a judge that cannot judge leaves the decision to the rule, visibly
+            logger.warning("Agent-R judge failed on step %d (%r): %s: %s; the fallback rule picks step %d",
+                           index, bad.nodes[index].action, type(error).__name__, error, fallback)
+            return fallback, JUDGE_FAILED
+        if verdict not in JUDGEMENTS:
+            break
+        if verdict == "bad":
+            return index, "judge"
+    return fallback, "fallback"
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,11 @@
 Every iteration k (folder `<out>/iter_<k>/`), for each task of `--tasks` (progress bar):
   1. MCTS (recipe/beyond_agent/mcts.py) with the current model proposing `--n-gen` actions per expansion at
      `--temperature`; states by reset + replay over envservice;
-  2. pairs of a good and a bad root-to-leaf path (value(good) > alpha, gap > beta);
-  3. the first wrong step of the bad path, judged by the current model (good / bad / uncertain per step;
-     the fallback when it cannot: the step where the paths part);
+  2. pairs of a good and a bad root-to-leaf path (value(good) > alpha, gap > beta): every such pair, as Agent-R
+     does (`--pairing one_to_one`: each path in at most one pair);
+  3. the first wrong step of the bad path, judged by the current model (good / bad / uncertain per step, shown
+     the path only up to that step; the fallback when it cannot: the step where the paths part; a judge that
+     raises is logged and counted as `judge_failed`);
   4. the revision trajectory (bad prefix, loss off; a reflection, loss on; the good continuation, loss on)
      and the good path itself, as trajectory records: `revisions.jsonl`, `good_paths.jsonl`;
 then SFT of the current model on them plus the `--replay` episodes (e.g. the expert episodes the model was
@@ -37,6 +39,8 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from recipe.beyond_agent.agent_r import (
+    JUDGE_FAILED,
+    PAIRINGS,
     REFLECTIONS,
     RevisionTooLong,
     SearchNode,
@@ -57,7 +61,7 @@ from recipe.beyond_agent.trajectories import write_dump
 from recipe.beyond_agent.trajectory_data import TrajectoryDataError, read_trajectories
 
 JUDGE_PROMPT = (
-    "You are checking an agent's steps in a task.\n{history}\n"
+    "You are checking an agent's steps in a task.\nTask: {task}\n{history}\n"
     "Was step {step} ({action}) a good step, a bad step, or are you uncertain? Answer with one word: good, bad or uncertain."
 )
 
@@ -94,11 +98,17 @@ def model_proposer(generate: GenerateFn, tokenizer, agent_task: AgentTask, limit
 
 
 def model_judge(generate: GenerateFn, tokenizer, max_tokens: int = 8):
-    """judge(nodes, index): the model's one-word verdict on step `index` of a path (chat-templated prompt)."""
+    """judge(nodes, index): the model's one-word verdict on step `index` of a path (chat-templated prompt).
+
+    The model sees the task (the first observation) and the path up to and including the judged step, with
+    that step's result, as Agent-R's verifier does: never the later steps or how the episode ended, which
+    would give the verdict away."""
 
     def judge(nodes, index: int) -> str:
-        history = "\n".join(f"Step {i}: action {n.action!r}, result: {n.observation}" for i, n in enumerate(nodes))
-        prompt = JUDGE_PROMPT.format(history=history, step=index, action=nodes[index].action)
+        task = nodes[0].parent.observation if nodes[0].parent is not None else ""
+        history = "\n".join(f"Step {i}: action {n.action!r}, result: {n.observation}"
+                            for i, n in enumerate(nodes[:index + 1]))
+        prompt = JUDGE_PROMPT.format(task=task, history=history, step=index, action=nodes[index].action)
         prompt_ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                                    tokenize=True)
         if not isinstance(prompt_ids, list):  # newer transformers return a BatchEncoding
@@ -119,28 +129,31 @@ def revise_task(task: TaskRef, client, generate: GenerateFn, tokenizer, args, rn
     replayer = EnvReplayer(client, task)
     root = mcts_search(replayer, model_proposer(generate, tokenizer, agent_task, limits, config.max_tokens), config)
     paths = leaf_paths(root)
-    pairs = pair_paths(paths, args.alpha, args.beta)
+    pairs = pair_paths(paths, args.alpha, args.beta, args.pairing)
     judge = model_judge(generate, tokenizer)
     described = {"env": task.env_id, "task": task.task_id, "split": task.split, "seed": task.seed,
                  "first_observation": root.observation}
-    revisions, goods, found_by, too_long = [], [], [], 0
+    revisions, goods, found_by, too_long = [], {}, [], 0
     for good, bad in pairs:
         wrong, how = first_wrong_step(good, bad, judge)
         try:
             revision = revision_record(good, bad, wrong, how, rng.choice(args.reflections), described, tokenizer,
                                        max_prompt_length=limits.max_prompt_length,
                                        max_response_length=limits.max_response_length)
-            good_path = good_path_record(good, described, tokenizer, max_prompt_length=limits.max_prompt_length,
-                                         max_response_length=limits.max_response_length)
+            good_path = goods.get(id(good)) or good_path_record(
+                good, described, tokenizer, max_prompt_length=limits.max_prompt_length,
+                max_response_length=limits.max_response_length)
         except RevisionTooLong:
             too_long += 1  # counted and reported: raise --max-response-length to keep such pairs
             continue
         found_by.append(how)
         revisions.append(revision)
-        goods.append(good_path)
+        goods[id(good)] = good_path  # a good path in several pairs is one record (pairing "all")
+    goods = list(goods.values())
     return {"revisions": revisions, "goods": goods, "nodes": len(tree_nodes(root)), "pairs": len(revisions),
             "pairs_too_long": too_long,
             "best_value": paths[0].value if paths else 0.0, "judged": found_by.count("judge"),
+            "judge_failed": found_by.count(JUDGE_FAILED),
             "resets": replayer.resets, "env_steps": replayer.steps}
 
 
@@ -203,7 +216,8 @@ def run_iteration(args, iteration: int, model: str, client, tokenizer) -> tuple[
     write_dump(folder / "good_paths", 0, "train", goods)
     row = {"iteration": iteration, "tasks": len(trees) + len(failed), "pairs": sum(t["pairs"] for t in trees),
            "pairs_too_long": sum(t["pairs_too_long"] for t in trees), "tasks_failed": failed,
-           "judged_by_model": sum(t["judged"] for t in trees), "nodes": sum(t["nodes"] for t in trees),
+           "judged_by_model": sum(t["judged"] for t in trees), "judge_failed": sum(t["judge_failed"] for t in trees),
+           "nodes": sum(t["nodes"] for t in trees),
            "env_resets": sum(t["resets"] for t in trees), "env_steps": sum(t["env_steps"] for t in trees),
            "tasks_with_success_in_tree": sum(t["best_value"] > 0 for t in trees)}
     if not revisions:
@@ -261,6 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--exploration", type=float, default=0.25, help="UCT constant c")
     parser.add_argument("--alpha", type=float, default=0.5, help="a good path's value must exceed this")
     parser.add_argument("--beta", type=float, default=0.5, help="value(good) - value(bad) must exceed this")
+    parser.add_argument("--pairing", choices=PAIRINGS, default="all",
+                        help="all: every good path with every worse-by-beta bad one (Agent-R's rule); one_to_one: "
+                             "each path in at most one pair")
     parser.add_argument("--action-format", default="plain")
     parser.add_argument("--eval-tasks", default="0:32")
     parser.add_argument("--eval-split", default="test")

@@ -12,6 +12,7 @@ import math
 import pytest
 
 from recipe.beyond_agent.agent_r import (
+    JUDGE_FAILED,
     REFLECTION_REPLY,
     SearchNode,
     backpropagate,
@@ -61,11 +62,30 @@ def test_paths_are_ranked_and_paired_by_alpha_and_beta():
     paths = leaf_paths(root)
     assert [p.actions for p in paths] == [["down", "right"], ["up"], ["down", "left", "down"]]
     assert [p.value for p in paths] == [1.0, 0.0, 0.0]
+    # Agent-R's rule (the default): the good path with every bad path worse by more than beta, worst first.
     pairs = pair_paths(paths, alpha=0.5, beta=0.5)
-    # The worst path first: the longest zero-value one gets the one good path; the other bad one has none left.
+    assert [(good.actions, bad.actions) for good, bad in pairs] == [
+        (["down", "right"], ["down", "left", "down"]), (["down", "right"], ["up"])]
+    # One to one: the longest zero-value path gets the one good path; the other bad one has none left.
+    pairs = pair_paths(paths, alpha=0.5, beta=0.5, pairing="one_to_one")
     assert [(good.actions, bad.actions) for good, bad in pairs] == [(["down", "right"], ["down", "left", "down"])]
-    assert pair_paths(paths, alpha=1.0, beta=0.5) == []  # value(good) must exceed alpha
-    assert pair_paths(paths, alpha=0.5, beta=1.0) == []  # the gap must exceed beta
+    for pairing in ("all", "one_to_one"):
+        assert pair_paths(paths, alpha=1.0, beta=0.5, pairing=pairing) == []  # value(good) must exceed alpha
+        assert pair_paths(paths, alpha=0.5, beta=1.0, pairing=pairing) == []  # the gap must exceed beta
+    with pytest.raises(ValueError, match=r"pairing='each' is not a pairing rule; valid choices: \['all', 'one_to_one'\]"):
+        pair_paths(paths, 0.5, 0.5, pairing="each")
+
+
+def test_with_three_good_and_two_bad_paths_every_pair_past_beta_is_made():
+    """Agent-R pairs every good path with every bad one whose value is lower by more than beta."""
+    root = SearchNode(observation="start")
+    leaves = {}
+    for action, score in (("a", 1.0), ("b", 0.9), ("c", 0.6), ("d", 0.2), ("e", 0.0)):
+        leaves[action] = root.add_child(action, f"after {action}", terminal=True, score=score)
+    pairs = pair_paths(leaf_paths(root), alpha=0.5, beta=0.5)
+    assert [(g.actions[0], b.actions[0]) for g, b in pairs] == [("a", "e"), ("a", "d"), ("b", "e"), ("b", "d"),
+                                                                 ("c", "e")]  # 0.6 - 0.2 is not past beta
+    assert len(pair_paths(leaf_paths(root), alpha=0.5, beta=0.5, pairing="one_to_one")) == 2
 
 
 def test_the_first_wrong_step_comes_from_the_judge_or_else_from_where_the_paths_part():
@@ -82,8 +102,16 @@ def test_the_first_wrong_step_comes_from_the_judge_or_else_from_where_the_paths_
     assert asked == [1, 2]  # the shared step is never judged
     assert first_wrong_step(good, bad, lambda nodes, index: "good") == (1, "fallback")
     assert first_wrong_step(good, bad, lambda nodes, index: "perhaps") == (1, "fallback")
-    assert first_wrong_step(good, bad, lambda nodes, index: 1 / 0) == (1, "fallback")
     assert first_wrong_step(good, bad, None) == (1, "fallback")
+
+
+def test_a_judge_that_raises_is_logged_and_counted_not_silent(caplog):
+    root, _ = hand_built_tree()
+    good, bad = pair_paths(leaf_paths(root), 0.5, 0.5)[0]
+    with caplog.at_level("WARNING", logger="recipe.beyond_agent.agent_r"):
+        assert first_wrong_step(good, bad, lambda nodes, index: 1 / 0) == (1, JUDGE_FAILED)
+    assert "Agent-R judge failed on step 1 ('left'): ZeroDivisionError: division by zero; the fallback rule picks " \
+           "step 1" in caplog.text
 
 
 def test_the_revision_trains_on_the_reflection_and_the_good_continuation_only(tiny_model_dir):
@@ -153,6 +181,10 @@ def test_the_model_judge_reads_the_first_word_of_the_models_chat_templated_answe
     assert first_wrong_step(good, bad, model_judge(generate, tokenizer)) == (2, "judge")
     assert len(prompts) == 2
     assert "Was step 2 (down) a good step" in prompts[1] and "Step 1: action 'left'" in prompts[1]
+    # As Agent-R's verifier: the task and the path up to the judged step with its result, nothing after it.
+    assert "Task: You are at the start." in prompts[0] and "Step 1: action 'left', result: You moved left." in prompts[0]
+    assert "Step 2" not in prompts[0] and "fell into a hole" not in prompts[0]
+    assert "Step 2: action 'down', result: You fell into a hole." in prompts[1]
     after_user_turn = tokenizer.apply_chat_template([{"role": "user", "content": "x"}], add_generation_prompt=True,
                                                     tokenize=False).split("x")[-1]
     assert prompts[1].endswith(after_user_turn)  # asked as a user turn, with the assistant's turn opened
