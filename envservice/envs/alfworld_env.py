@@ -33,7 +33,7 @@ import textworld
 from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
 from textworld.envs.pddl import PddlEnv
 
-from envservice.envs.base import StepResult, Task, TextEnv
+from envservice.envs.base import StepResult, Task, TextEnv, content_digest
 
 TASK_TYPES = (
     "pick_and_place_simple",
@@ -99,6 +99,9 @@ class Game:
     parent: str
     goal: str
     pddl_problem: str
+    objects: tuple[tuple[str, str], ...] = ()
+    """(object type, receptacle id) of every placed object, sorted: where things are, without the random
+    positions in their ids (the agent sees 'apple 1', never a position)."""
 
 
 def _layouts():
@@ -243,7 +246,14 @@ def generate_game(split: str, index: int) -> Game:
     placed = _place_objects(scene, rng, task_type, target, parent)
     goal = _goal_sentence(rng, task_type, target, parent)
     problem = _problem(f"gen_{split}_{index}", scene, placed, _goal_pddl(task_type, target, parent))
-    return Game(scene.number, task_type, target, parent, goal, problem)
+    objects = tuple(sorted((_type(oid), host) for oid, host in placed.items()))
+    return Game(scene.number, task_type, target, parent, goal, problem, objects)
+
+
+def game_fingerprint(game: Game) -> str:
+    """A generated game's content: the scene, what the task asks (type, target, parent) and where every object is.
+    The goal sentence (one of the task type's templates) only words the same goal."""
+    return content_digest("alfworld", game.scene, game.task_type, game.target, game.parent, game.objects)
 
 
 @functools.lru_cache(maxsize=1)
@@ -338,6 +348,13 @@ class AlfWorldEnv(TextEnv):
     def __init__(self) -> None:
         self._env: textworld.Environment | None = None
         self._won = False
+
+    @classmethod
+    def task_fingerprint(cls, task: Task) -> str:
+        """A generated game's content (`game_fingerprint`); an official game's folder, ALFRED's own trial id."""
+        if cls.official:
+            return content_digest("alfworld-official", task.name)
+        return game_fingerprint(generate_game(task.split, task.index))
 
     def reset(self, task: Task) -> tuple[str, dict[str, Any]]:
         """Load (or generate) the task's game and start it; info names the task and lists the valid commands."""

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from envservice.envs.base import Param, StepResult, Task, TextEnv
+from envservice.envs.base import Param, StepResult, Task, TextEnv, content_digest
 from envservice.errors import EnvServiceError
 from envservice.protocol import ErrorCode
 
@@ -78,6 +78,11 @@ def _appworld_class():
     return AppWorld
 
 
+def _is_placeholder(task: Task) -> bool:
+    """Whether the task name is a `<split>-<i>` placeholder rather than an AppWorld task id."""
+    return task.name.startswith(f"{task.split}-")
+
+
 class AppWorldEnv(TextEnv):
     """An AppWorld task: write Python against the apps' APIs until `apis.supervisor.complete_task()`."""
 
@@ -85,6 +90,14 @@ class AppWorldEnv(TextEnv):
                    "Python code actions run in AppWorld's shell; ends with apis.supervisor.complete_task().")
     splits = _splits()
     params = {"experiment_name": Param(f"AppWorld experiment folder for outputs (default {DEFAULT_EXPERIMENT!r}).", str)}
+
+    @classmethod
+    def task_fingerprint(cls, task: Task) -> str | None:
+        """AppWorld's task id (the dataset's own content id); None for a placeholder name (no data when the
+        module was imported: which task it stands for is unknown)."""
+        if _is_placeholder(task):
+            return None
+        return content_digest("appworld", task.name)
 
     def __init__(self) -> None:
         self._world: Any = None
@@ -94,7 +107,7 @@ class AppWorldEnv(TextEnv):
         """Open the task's world; the observation is the supervisor and the instruction."""
         require_data()
         app_world = _appworld_class()
-        if task.name.startswith(f"{task.split}-"):
+        if _is_placeholder(task):
             raise EnvServiceError(ErrorCode.env_error, f"AppWorld's data appeared after the service started "
                                   f"(task {task.name!r} is a placeholder); restart the service")
         self.close()

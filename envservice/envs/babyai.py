@@ -1,18 +1,22 @@
 """BabyAI (minigrid) levels with our own text description of the agent's egocentric view.
 
-A task is a level; the seed picks the layout (test seeds are offset so the splits never share a layout).
+A task is a level; the seed picks the layout. A layout belongs to one split by its content (`layout_fingerprint`,
+`envservice.envs.base.content_split`): an episode tries layout seeds in a fixed order until the layout is its
+split's, so no test layout is a train layout (offset seeds alone gave 40 shared layouts in 1000 tasks per split).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import itertools
+import threading
+from typing import Any, Iterator
 
 import gymnasium as gym
 import minigrid  # noqa: F401  (registers the BabyAI levels with gymnasium)
 from minigrid.minigrid_env import MiniGridEnv
 
 from envservice.envs.base import StepResult, Task, TextEnv
-from envservice.envs.base import clip_text
+from envservice.envs.base import clip_text, content_digest, draw_for_split
 
 LEVELS = (
     "BabyAI-GoToRedBallNoDists-v0",
@@ -32,7 +36,11 @@ ACTIONS = ("turn left", "turn right", "go forward", "pick up", "drop", "toggle",
 """Text actions in minigrid's action-index order."""
 
 TEST_SEED_OFFSET = 1 << 31
-"""Added to the seed of test-split episodes so train and test layouts differ."""
+"""Added to the seed of a test-split episode's first layout seed (see `layout_seeds`)."""
+
+_SCRATCH_ENVS: dict[str, MiniGridEnv] = {}
+"""One env per level for `BabyAIEnv.task_fingerprint` (a fingerprint needs a reset; making the env is the slow part)."""
+_SCRATCH_LOCK = threading.Lock()
 
 _FEEDBACK = {
     "turn left": "You turned left.",
@@ -97,6 +105,34 @@ def _wall_ahead(grid, visible, cx: int, cy: int) -> str:
     return "No wall in sight straight ahead."
 
 
+def layout_seeds(task: Task) -> Iterator[int]:
+    """The seeds an episode of `task` tries, in order: the seed it always had (test: offset by `TEST_SEED_OFFSET`),
+    then seeds derived from (split, seed, attempt)."""
+    yield task.seed + (TEST_SEED_OFFSET if task.split == "test" else 0)
+    for attempt in itertools.count(1):
+        yield int(content_digest("babyai-seed", task.split, task.seed, attempt), 16) % (1 << 63)
+
+
+def layout_fingerprint(env: MiniGridEnv) -> str:
+    """The content of the env's current layout: its grid (walls, doors, objects), where the agent stands and
+    faces, and the mission."""
+    grid = env.grid.encode()
+    return content_digest("babyai", grid.shape, grid.tobytes(), tuple(int(x) for x in env.agent_pos),
+                          int(env.agent_dir), env.mission)
+
+
+def reset_layout(env: MiniGridEnv, task: Task) -> tuple[int, str]:
+    """Reset `env` to the layout of `task`: the first of `layout_seeds` whose layout belongs to the task's split.
+    Returns (seed, fingerprint)."""
+
+    def reset_and_read(seed: int) -> str:
+        env.reset(seed=seed)
+        return layout_fingerprint(env)
+
+    # The draw stops right after reading the chosen seed's layout: the env is left reset to it.
+    return draw_for_split(task.split, layout_seeds(task), reset_and_read, f"BabyAI level {task.name}")
+
+
 class BabyAIEnv(TextEnv):
     """A BabyAI level: follow the mission in a grid world, seen through a text description."""
 
@@ -110,17 +146,25 @@ class BabyAIEnv(TextEnv):
         self._return = 0.0
         self._success = False
 
+    @classmethod
+    def task_fingerprint(cls, task: Task) -> str:
+        """The task's layout (`layout_fingerprint`): grid, agent position and direction, mission."""
+        with _SCRATCH_LOCK:
+            if task.name not in _SCRATCH_ENVS:
+                _SCRATCH_ENVS[task.name] = gym.make(task.name).unwrapped
+            return reset_layout(_SCRATCH_ENVS[task.name], task)[1]
+
     def reset(self, task: Task) -> tuple[str, dict[str, Any]]:
-        """Generate the level's layout for the task seed."""
+        """Generate the task's layout (see `reset_layout`); info names the seed it was generated from."""
         if task.name != self._level:
             self.close()
             self._env = gym.make(task.name).unwrapped
             self._level = task.name
-        seed = task.seed + (TEST_SEED_OFFSET if task.split == "test" else 0)
-        self._env.reset(seed=seed)
+        seed, _ = reset_layout(self._env, task)
         self._return, self._success = 0.0, False
         intro = f"Mission: {self._env.mission}.\nActions: {', '.join(ACTIONS)}."
-        return f"{intro}\n{describe_view(self._env)}", {"level": task.name, "mission": self._env.mission}
+        info = {"level": task.name, "mission": self._env.mission, "layout_seed": seed}
+        return f"{intro}\n{describe_view(self._env)}", info
 
     def step(self, action: str) -> StepResult:
         """Apply one text action; an unknown one is answered with the list of valid actions."""

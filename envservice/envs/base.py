@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import abc
 import hashlib
+import itertools
 import random
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence, TypeVar
 
 from envservice.errors import EnvServiceError, clip
 from envservice.protocol import ErrorCode
@@ -211,6 +212,45 @@ def content_digest(*parts: Any) -> str:
     """A short stable digest of a task's content (for `TextEnv.task_fingerprint`): the same parts, the same digest
     in every process (unlike `hash`)."""
     return hashlib.sha256(repr(parts).encode("utf-8", "surrogatepass")).hexdigest()[:20]
+
+
+TEST_SHARE = 5
+"""Envs that draw a task's content from an unbounded seed space split the contents themselves: one content in this
+many (read off its digest) is the test split's, every other one the train split's (`content_split`)."""
+
+MAX_DRAWS = 1000
+"""Candidates an episode draws at most to find a content of its split. Missing a content drawn one time in five
+(or even one in 30) this many times has probability 0.8**1000 ((29/30)**1000 = 2e-15): running out means the params
+leave that split no content at all."""
+
+_Candidate = TypeVar("_Candidate")
+
+
+def content_split(fingerprint: str) -> str:
+    """'test' or 'train': the split that owns a content, read off its digest (a `content_digest`), so the same
+    content belongs to the same split whatever split, index or seed drew it."""
+    return "test" if int(fingerprint, 16) % TEST_SHARE == 0 else "train"
+
+
+def draw_for_split(split: str, candidates: Iterable[_Candidate], fingerprint: Callable[[_Candidate], str],
+                   space: str) -> tuple[_Candidate, str]:
+    """The first of `candidates` whose content belongs to `split` (`content_split`), with its fingerprint.
+
+    For envs whose tasks are drawn from seeds (BabyAI, Sokoban, TextArena, TextWorld): disjoint seeds are not
+    disjoint contents, so an episode of split S draws candidates in a fixed order from its (split, index, seed)
+    and keeps the first that is S's. Its first candidate is what the env drew before, so a task keeps its old content
+    whenever that content is S's (4 train tasks in 5). `space` names the env and its params for the error raised
+    when none of `MAX_DRAWS` candidates is S's.
+    """
+    if split not in ("train", "test"):
+        raise ValueError(f"split={split!r}: contents are split between 'train' and 'test' only")
+    for candidate in itertools.islice(candidates, MAX_DRAWS):
+        digest = fingerprint(candidate)
+        if content_split(digest) == split:
+            return candidate, digest
+    raise EnvServiceError(ErrorCode.bad_request, f"{space} has no {split} task: none of {MAX_DRAWS} draws is a "
+                          f"{split} content (one content in {TEST_SHARE} is the test split's, the rest train's), so "
+                          f"this content space is too small for disjoint splits; use larger params")
 
 
 def check_config(cls: type[TextEnv], config: Mapping[str, Any]) -> None:

@@ -6,27 +6,38 @@
         gym_id: FrozenLake-v1
         make_kwargs: {map_name: 4x4, is_slippery: false}
         action_names: [left, down, right, up]      # action i of the Discrete space is called action_names[i]
-        splits: {train: 1000, test: 200}           # tasks per split (default {train: 1000, test: 100})
+        splits: {train: 1000}                      # tasks per split (default {train: 1000, test: 100})
 
-A task is one reset seed: task i of a split resets with seed `offset(split) + i` (train 0, test 1 000 000), so the same task is the
-same episode start every time (what GRPO's groups and `check_env` need), and train and test tasks never
-share a seed. The observation is the env's `render()` in `render_mode="ansi"` (as plain text: see `plain_text`), or
-what a user function `renderer: "module:function"` (called as `function(env, observation)`) returns,
-followed by the action names.
+A task is one reset seed, so the same task is the same episode start every time (what GRPO's groups and `check_env`
+need). Task i of the first split (train) resets with seed i (`seed-<i>`, as always). A later split (test, then val,
+then other names) is held out by content: its task i (`<split>-<i>`) resets with the i-th seed from the split's own
+offset (1 000 000 for test) whose start state no earlier split has (`held_out_seeds`). Disjoint seeds alone are not
+disjoint tasks: FrozenLake-v1's fixed 4x4 map starts the same way for every seed, and 1000 Taxi-v4 seeds give 286
+of its 300 starts, so there a test split has no task (FrozenLake) or 14 (Taxi), and its tasks beyond those are an
+error that says so. A game with one start (FrozenLake's fixed maps, CliffWalking) can only have a train split. The
+observation is the env's `render()` in `render_mode="ansi"` (as plain text: see `plain_text`), or what a user
+function `renderer: "module:function"` (called as `function(env, observation)`) returns, followed by the action
+names.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import re
 from typing import Any, Callable, Mapping
 
 import gymnasium as gym
+import numpy as np
 
-from envservice.envs.base import Param, StepResult, Task, TextEnv, clip_text
+from envservice.envs.base import Param, StepResult, Task, TextEnv, clip_text, content_digest
+from envservice.errors import EnvServiceError
+from envservice.protocol import ErrorCode
 
 SPLIT_SEED_OFFSET = 1_000_000
 """Seeds of a split start at its rank times this: splits never share a seed."""
+HELD_OUT_SEED_SCAN = 20_000
+"""Reset seeds a held-out split scans at most for start states that no earlier split has."""
 SPLIT_RANKS = {"train": 0, "test": 1, "val": 2, "validation": 2}
 """Seed ranks of the usual split names; other names rank after them in sorted order (the config reaches
 the class as canonical JSON with sorted keys, so the order the YAML gave is not kept)."""
@@ -110,13 +121,49 @@ class GymnasiumTextEnv(TextEnv):
         if not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in counts.values()):
             raise ValueError(f"GymnasiumTextEnv: config.splits={counts!r} must map split names to task counts >= 1")
         ranks = {split: SPLIT_RANKS.get(split, 3 + k) for k, split in enumerate(sorted(counts))}
-        splits = {split: [f"seed-{ranks[split] * SPLIT_SEED_OFFSET + i}" for i in range(n)]
-                  for split, n in counts.items()}
+        order = tuple(sorted(counts, key=ranks.__getitem__))
+        first_seed = ranks[order[0]] * SPLIT_SEED_OFFSET
+        splits = {split: [f"seed-{first_seed + i}" if split == order[0] else f"{split}-{i}"
+                          for i in range(counts[split])] for split in order}
         description = config.get("description") or f"{config['gym_id']} (Gymnasium) with actions {', '.join(names)}"
-        return {"splits": splits, "description": description, "action_names": tuple(names)}
+        return {"splits": splits, "description": description, "action_names": tuple(names),
+                "seed_starts": {split: ranks[split] * SPLIT_SEED_OFFSET for split in order}}
 
     action_names: tuple[str, ...] = ()
     """The configured action names (index i names action i)."""
+    seed_starts: Mapping[str, int] = {}
+    """First reset seed of each split, in split order (train first); see the module docstring."""
+
+    @classmethod
+    def task_fingerprint(cls, task: Task) -> str:
+        """The start state the task resets to (the observation Gymnasium's `reset` returns with its seed)."""
+        return start_digests(cls)[task.split][cls.reset_seed(task)]
+
+    @classmethod
+    def reset_seed(cls, task: Task) -> int:
+        """The reset seed of `task`: its index in the first split; in a later split, the index-th of
+        `held_out_seeds` (an `unknown_task` error when the game has fewer start states that are the split's own)."""
+        first = next(iter(cls.seed_starts))
+        if task.split == first:
+            return cls.seed_starts[first] + task.index
+        seeds = held_out_seeds(cls)[task.split]
+        if task.index >= len(seeds):
+            raise cls._too_few_starts(task.split, len(seeds))
+        return seeds[task.index]
+
+    @classmethod
+    def _too_few_starts(cls, split: str, found: int) -> EnvServiceError:
+        """The error for a task of a held-out split beyond the `found` start states that are the split's own."""
+        earlier = list(cls.seed_starts)[:list(cls.seed_starts).index(split)]
+        game = f"{cls.config['gym_id']} (make_kwargs {dict(cls.config.get('make_kwargs') or {})})"
+        scanned = f"in {HELD_OUT_SEED_SCAN} reset seeds scanned"
+        if not found:
+            return EnvServiceError(ErrorCode.unknown_task, f"{game} has no start state that no {'/'.join(earlier)} "
+                                   f"task has ({scanned}): its {split} split cannot be held out; give config.splits "
+                                   f"a {earlier[0]} split only")
+        return EnvServiceError(ErrorCode.unknown_task, f"{game} has only {found} start states that no "
+                               f"{'/'.join(earlier)} task has ({scanned}): {split} task_id must be below {found} "
+                               f"(fewer {earlier[0]} tasks in config.splits leave more)")
 
     def __init__(self) -> None:
         self.env: gym.Env | None = None
@@ -126,9 +173,9 @@ class GymnasiumTextEnv(TextEnv):
 
     def reset(self, task: Task) -> tuple[str, dict[str, Any]]:
         """Reset with the task's seed (see the module docstring); the first observation as text."""
+        seed = self.reset_seed(task)
         if self.env is None:
             self.env = make_env(self.config)
-        seed = int(task.name.removeprefix("seed-"))
         observation, _ = self.env.reset(seed=seed)
         self.episode_return, self.ended = 0.0, False
         return self._text(observation), {"reset_seed": seed}
@@ -163,3 +210,56 @@ class GymnasiumTextEnv(TextEnv):
         else:
             picture = plain_text(str(self.env.render()))
         return f"{picture.rstrip()}\nActions: {', '.join(self.action_names)}"
+
+
+def start_content(observation: Any) -> Any:
+    """A Gymnasium observation as plain, comparable Python values (arrays by dtype, shape and bytes: `repr`
+    shortens large arrays)."""
+    if isinstance(observation, np.ndarray):
+        return "array", observation.dtype.str, observation.shape, observation.tobytes()
+    if isinstance(observation, np.generic):
+        return observation.item()
+    if isinstance(observation, Mapping):
+        return tuple(sorted((str(key), start_content(value)) for key, value in observation.items()))
+    if isinstance(observation, (list, tuple)):
+        return tuple(start_content(value) for value in observation)
+    return observation
+
+
+@functools.lru_cache(maxsize=None)
+def start_digests(cls: type[GymnasiumTextEnv]) -> dict[str, dict[int, str]]:
+    """Per split, reset seed -> digest of the start state, for every seed the split's tasks use (computed once
+    per configured class: the first split's seeds, then each later split's scan in `held_out_seeds`)."""
+    env = make_env(cls.config)
+
+    def digest(seed: int) -> str:
+        return content_digest(start_content(env.reset(seed=seed)[0]))
+
+    try:
+        splits = iter(cls.seed_starts.items())
+        first, start = next(splits)
+        found = {first: {seed: digest(seed) for seed in range(start, start + len(cls.splits[first]))}}
+        for split, start in splits:
+            seen = {d for seeds in found.values() for d in seeds.values()}
+            found[split] = {}
+            for seed in range(start, start + HELD_OUT_SEED_SCAN):
+                if len(found[split]) == len(cls.splits[split]):
+                    break
+                start_state = digest(seed)
+                if start_state not in seen:  # a start no earlier split has, and new to this split
+                    seen.add(start_state)
+                    found[split][seed] = start_state
+        return found
+    finally:
+        env.close()
+
+
+@functools.lru_cache(maxsize=None)
+def held_out_seeds(cls: type[GymnasiumTextEnv]) -> dict[str, tuple[int, ...]]:
+    """The reset seeds of each split after the first, in task order: from the split's own offset on, each seed
+    whose start state no earlier split's task has and differs from the split's earlier ones.
+
+    Why: tasks are reset seeds, and seeds of a game with few start states repeat starts (1000 Taxi-v4 seeds give
+    286 of its 300), so disjoint seed ranges are not disjoint tasks.
+    """
+    return {split: tuple(seeds) for split, seeds in list(start_digests(cls).items())[1:]}

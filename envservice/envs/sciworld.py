@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 from scienceworld import ScienceWorldEnv
 
-from envservice.envs.base import Param, StepResult, Task, TextEnv
+from envservice.envs.base import Param, StepResult, Task, TextEnv, content_digest
 from envservice.errors import EnvServiceError
 from envservice.protocol import ErrorCode
 
@@ -174,6 +174,13 @@ class ScienceWorldTextEnv(TextEnv):
                    "actions are commands such as 'look around', 'open door to kitchen', 'focus on water'.")
     splits = _splits()
     params = {"simplifications": Param("Comma-separated ScienceWorld simplifications, e.g. 'easy' (default: none).", str)}
+
+    @classmethod
+    def task_fingerprint(cls, task: Task) -> str:
+        """The (task, variation) pair: ScienceWorld's own content ids (a variation fixes the task's world and
+        target; the package makes its train/dev/test variations different ones). `simplifications` change how
+        the task is played, not which task it is."""
+        return content_digest("sciworld", *parse_task_name(task.name))
 
     def __init__(self) -> None:
         self._sim: ScienceWorldEnv | None = start_simulator()

@@ -20,7 +20,7 @@ from typing import Any
 import bm25s
 
 from envservice.envs.base import Param, StepResult, Task, TextEnv
-from envservice.envs.base import clip_text
+from envservice.envs.base import clip_text, content_digest
 from envservice.errors import EnvServiceError
 from envservice.protocol import ErrorCode
 
@@ -190,6 +190,12 @@ class SearchQAEnv(TextEnv):
                    "search[query] returns top-k passages, answer[text] ends with exact-match reward.")
     splits = {split: [f"q-{i}" for i in range(len(split_questions(split)))] for split in ("train", "test")}
     params = {"top_k": Param(f"Passages returned per search, 1..{MAX_TOP_K} (default {DEFAULT_TOP_K}).", int)}
+
+    @classmethod
+    def task_fingerprint(cls, task: Task) -> str:
+        """The question and its answer (`top_k` only changes how many passages a search shows)."""
+        question = split_questions(task.split)[task.index]
+        return content_digest("search", question.text, question.answer)
 
     def __init__(self) -> None:
         self._question: Question | None = None

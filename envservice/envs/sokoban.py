@@ -1,10 +1,13 @@
 """Sokoban with text actions, from a small generator of our own (no gym-sokoban, which needs the old `gym`).
 
-Each room is drawn from the task's split, index and seed (and its `size` and `boxes` params), so the same
-task and seed always give the same room. Rooms are solvable by construction: the generator starts from the
-solved state (every box on its target) and plays the game backwards, the player *pulling* boxes away from
-their targets; replaying those pulls as pushes in reverse order solves the room, and that push sequence
-(with the walks between pushes) is kept as `SokobanEnv.solution`, an oracle for tests and warm-up data.
+Each room is drawn from the task's split, index and seed (and its `size` and `boxes` params), so the same task and
+seed always give the same room. A room belongs to one split by its content (`room_fingerprint`,
+`envservice.envs.base.content_split`): a task draws rooms until one is its split's, so no test room is ever a train
+room (small rooms repeat: seeds alone gave 257 shared rooms in 1000 tasks per split at size 5). Rooms are solvable
+by construction: the generator starts from the solved state (every box on its target) and plays the game backwards,
+the player *pulling* boxes away from their targets; replaying those pulls as pushes in reverse order solves the
+room, and that push sequence (with the walks between pushes) is kept as `SokobanEnv.solution`, an oracle for tests
+and warm-up data.
 
 Rewards follow gym-sokoban: -0.1 per move, +1 when a box goes onto a target, -1 when one leaves it, +10
 when every box is on a target (which ends the episode).
@@ -12,12 +15,13 @@ when every box is on a target (which ends the episode).
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from envservice.envs.base import Param, StepResult, Task, TextEnv, clip_text
+from envservice.envs.base import Param, StepResult, Task, TextEnv, clip_text, content_digest, draw_for_split
 from envservice.errors import EnvServiceError
 from envservice.protocol import ErrorCode
 
@@ -85,10 +89,27 @@ class Room:
 
 
 def generate_room(task: Task) -> Room:
-    """The room of `task` (same split, index, seed and params: the same room), solvable by construction."""
+    """The room of `task` (same split, index, seed and params: the same room), solvable by construction.
+
+    Rooms are drawn one after the other from one generator seeded by the task; the first room whose content
+    belongs to the task's split is its room (the first draw is the room this task had before rooms had splits).
+    """
     size, boxes = room_options(task.params)
     # A string seed is hashed with SHA-512 by `random.Random`: stable across processes and Python runs.
     rng = random.Random(f"sokoban:{task.split}:{task.index}:{task.seed}:{size}:{boxes}")
+    rooms = (_draw_room(rng, size, boxes) for _ in itertools.count())
+    room, _ = draw_for_split(task.split, rooms, room_fingerprint, f"Sokoban with params.size={size}, "
+                             f"params.boxes={boxes}")
+    return room
+
+
+def room_fingerprint(room: Room) -> str:
+    """What the player faces: walls, targets, boxes and the player's start (the solution is not part of it)."""
+    return content_digest("sokoban", sorted(room.walls), sorted(room.targets), sorted(room.boxes), room.player)
+
+
+def _draw_room(rng: random.Random, size: int, boxes: int) -> Room:
+    """One room from `rng`: the first with every box off its target, else the one with most boxes off."""
     best: Room | None = None
     for _ in range(_LAYOUTS):
         walls = _carve_walls(rng, size)
@@ -251,6 +272,11 @@ class SokobanEnv(TextEnv):
         self.solution: list[str] = []
         self._boxes: set[Cell] = set()
         self._player: Cell = (0, 0)
+
+    @classmethod
+    def task_fingerprint(cls, task: Task) -> str:
+        """The task's room (`room_fingerprint`): walls, targets, boxes and where the player starts."""
+        return room_fingerprint(generate_room(task))
 
     @classmethod
     def resolve_task(cls, task_id: int | str | None, split: str, seed: int | None,

@@ -5,24 +5,28 @@ Three games, one class each on a shared wrapper (`TextArenaGameEnv`):
 - `MastermindEnv`: crack a secret code from black/white peg feedback;
 - `LightsOutEnv`: switch off a grid of lights where each press toggles a cross of cells.
 
-The wrapper builds the TextArena game itself (not `textarena.make`, whose wrappers keep the whole history:
-the service sends each turn's new messages and the agent keeps the conversation). Each observation is what
-TextArena shows the player (its prompt, hints, boards and invalid-move notes), plus the outcome when the game
-ends. Actions are read leniently ('7', '[7]', 'my guess is [7]') and passed on in the game's own bracket
-format; text with no move in it is answered by the wrapper and never reaches the game. Score and success come
-from the game's outcome.
+The wrapper builds the TextArena game itself (not `textarena.make`, whose wrappers keep the whole history: the
+service sends each turn's new messages and the agent keeps the conversation). Each observation is what TextArena
+shows the player (its prompt, hints, boards and invalid-move notes), plus the outcome when the game ends. An
+instance belongs to one split by its content (`TextArenaGameEnv.instance`, `envservice.envs.base.content_split`):
+a task redraws until it gets one of its split, so no test instance is a train instance (drawn from seeds alone, all
+20 default secret numbers were in both splits). Actions are read leniently ('7', '[7]', 'my guess is [7]') and
+passed on in the game's own bracket format; text with no move in it is answered by the wrapper and never reaches
+the game. Score and success come from the game's outcome.
 """
 
 from __future__ import annotations
 
 import abc
 import importlib
+import itertools
+import math
 import random
 import re
 import threading
 from typing import Any, ClassVar, Mapping
 
-from envservice.envs.base import Param, StepResult, Task, TextEnv, clip_text
+from envservice.envs.base import Param, StepResult, Task, TextEnv, clip_text, content_digest, draw_for_split
 from envservice.errors import EnvServiceError
 from envservice.protocol import ErrorCode
 
@@ -46,7 +50,7 @@ class TextArenaGameEnv(TextEnv):
     """A single-player TextArena game; subclasses name the game and say how to read a move and judge the end.
 
     Subclasses set `game_class_path` ("module:Class"), `move_hint` (the move format, for invalid-action
-    observations), and implement `game_options`, `normalize_move`, `won` and `progress`.
+    observations), and implement `game_options`, `instance`, `normalize_move`, `won` and `progress`.
     """
 
     game_class_path: ClassVar[str] = ""
@@ -64,6 +68,23 @@ class TextArenaGameEnv(TextEnv):
     def game_options(cls, params: Mapping[str, Any]) -> dict[str, Any]:
         """Keyword arguments of the game class from a task's params (range-checked: `bad_request`)."""
         return {}
+
+    @classmethod
+    @abc.abstractmethod
+    def instance(cls, game: Any) -> tuple:
+        """What makes a freshly reset game the puzzle it is: its secret or its starting grid.
+
+        Why not the params that bound the draw (`max_number`, `num_numbers`): they only say where the secret was
+        drawn from, and leaving them out makes the split of secrets the same at every param value (a test secret
+        is never a train secret, whatever params either was played with). `max_turns` only bounds the play.
+        """
+        ...
+
+    @classmethod
+    @abc.abstractmethod
+    def content_space(cls, options: Mapping[str, Any]) -> str:
+        """The game and the params that fix its instances, for an error that says a split has none."""
+        ...
 
     @abc.abstractmethod
     def normalize_move(self, action: str) -> str | None:
@@ -88,15 +109,31 @@ class TextArenaGameEnv(TextEnv):
         cls.game_options(task.params)
         return task
 
+    @classmethod
+    def task_fingerprint(cls, task: Task) -> str:
+        """The task's instance (`instance`: the secret number, the secret code or the starting grid)."""
+        return cls.draw_game(task)[1]
+
     def reset(self, task: Task) -> tuple[str, dict[str, Any]]:
         """Start a new game; its instance (secret number, code, grid) is drawn from the task's split, index and seed."""
         self.options = self.game_options(task.params)
-        rng = random.Random(f"{type(self).__name__}:{task.split}:{task.index}:{task.seed}")
-        self.game = self._new_game(rng)
+        self.game, _ = self.draw_game(task)
         self._done = False
         return self._messages(), {"game": self.game_class_path.rsplit(":", 1)[1], **self.options}
 
-    def _new_game(self, rng: random.Random) -> Any:
+    @classmethod
+    def draw_game(cls, task: Task) -> tuple[Any, str]:
+        """(game, fingerprint) of `task`: games are reset one after the other from one generator seeded by the
+        task, and the first whose instance belongs to the task's split is its game (the first reset is the
+        game this task had before instances had splits)."""
+        options = cls.game_options(task.params)
+        rng = random.Random(f"{cls.__name__}:{task.split}:{task.index}:{task.seed}")
+        games = (cls._new_game(options, rng) for _ in itertools.count())
+        return draw_for_split(task.split, games, lambda game: content_digest(cls.__name__, cls.instance(game)),
+                              cls.content_space(options))
+
+    @classmethod
+    def _new_game(cls, options: Mapping[str, Any], rng: random.Random) -> Any:
         """The game, reset with its module's `random` replaced by `rng` for the time of the reset.
 
         Why: TextArena games draw their instance from the global `random` module, and seeding it (their own
@@ -104,19 +141,20 @@ class TextArenaGameEnv(TextEnv):
         swapping in a private generator keeps the draw deterministic and the global state untouched; the lock
         keeps two resets of the same game from swapping at once.
         """
-        module_name, class_name = self.game_class_path.split(":")
+        module_name, class_name = cls.game_class_path.split(":")
         module = importlib.import_module(module_name)
-        game = getattr(module, class_name)(**self.options)
+        game = getattr(module, class_name)(**options)
         with _GAME_RANDOM_LOCK:
             saved = module.random
             module.random = rng
             try:
-                self._reset_game(game)
+                cls._reset_game(game)
             finally:
                 module.random = saved
         return game
 
-    def _reset_game(self, game: Any) -> None:
+    @classmethod
+    def _reset_game(cls, game: Any) -> None:
         """Reset `game` for one player (a subclass may redraw an instance the game cannot play)."""
         game.reset(num_players=1)
 
@@ -180,6 +218,16 @@ class GuessTheNumberEnv(TextArenaGameEnv):
         return {"min_number": 1, "max_number": _int_param(params, "max_number", 20, 10, 1000),
                 "max_turns": _int_param(params, "max_turns", 10, 1, 50)}
 
+    @classmethod
+    def instance(cls, game: Any) -> tuple:
+        """The secret number."""
+        return (game.game_number,)
+
+    @classmethod
+    def content_space(cls, options: Mapping[str, Any]) -> str:
+        """GuessTheNumber with its max_number."""
+        return f"GuessTheNumber with params.max_number={options['max_number']}"
+
     def normalize_move(self, action: str) -> str | None:
         """'[n]' from '[n]', 'n', 'I guess [n].'."""
         match = _bracketed_or_whole(action, _NUMBER)
@@ -220,6 +268,19 @@ class MastermindEnv(TextArenaGameEnv):
         return {"code_length": length, "num_numbers": numbers, "duplicate_numbers": bool(duplicates),
                 "max_turns": _int_param(params, "max_turns", 20, 1, 50)}
 
+    @classmethod
+    def instance(cls, game: Any) -> tuple:
+        """The secret code (its length is the code_length)."""
+        return tuple(game.state.game_state["secret_code"])
+
+    @classmethod
+    def content_space(cls, options: Mapping[str, Any]) -> str:
+        """Mastermind with the params that fix its codes, and how many codes they allow."""
+        length, numbers, duplicates = options["code_length"], options["num_numbers"], options["duplicate_numbers"]
+        codes = numbers ** length if duplicates else math.perm(numbers, length)
+        return (f"Mastermind with params.code_length={length}, params.num_numbers={numbers}, params.duplicates="
+                f"{str(duplicates).lower()} ({codes} possible codes)")
+
     def normalize_move(self, action: str) -> str | None:
         """'[a b c d]' from '[a b c d]', 'a b c d', '[a, b, c, d]' or 'abcd' (codes are single digits)."""
         length = self.options["code_length"]
@@ -256,7 +317,18 @@ class LightsOutEnv(TextArenaGameEnv):
         """size and max_turns from the params."""
         return {"size": _int_param(params, "size", 5, 3, 8), "max_turns": _int_param(params, "max_turns", 20, 1, 100)}
 
-    def _reset_game(self, game: Any) -> None:
+    @classmethod
+    def instance(cls, game: Any) -> tuple:
+        """The starting grid (its side is the size)."""
+        return tuple(tuple(bool(light) for light in row) for row in game.state.game_state["grid"])
+
+    @classmethod
+    def content_space(cls, options: Mapping[str, Any]) -> str:
+        """LightsOut with its size."""
+        return f"LightsOut with params.size={options['size']}"
+
+    @classmethod
+    def _reset_game(cls, game: Any) -> None:
         """Reset until the scramble leaves a light on.
 
         Why: TextArena scrambles by random presses, which can cancel out; the board is then already solved

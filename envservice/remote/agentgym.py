@@ -147,7 +147,8 @@ class AgentGymEnv(TextEnv):
     """One session on an AgentGym env server; configure it with `url`, `env_type` and `splits`.
 
     A task name is the server's data index (WebShop's session id, SciWorld's variation index, ...), so
-    task `"17"` of any split is data index 17 on the server.
+    task `"17"` of any split is data index 17 on the server. It gives no `task_fingerprint`: only the server
+    knows what an index holds (two indices may be one task), so its splits are not known to be held out.
     """
 
     description = "an AgentGym env server (configure url, env_type and splits)"

@@ -81,6 +81,8 @@ class OpenEnvEnv(TextEnv):
     docstring and `config_fields`). The text action goes into the server's action field `action_field`;
     the observation text is read from `observation_field` (or `observation_template`); `done` ends the
     episode (terminated); the score is the sum of the rewards (or `score_field`), clipped to [0, 1].
+    It gives no `task_fingerprint`: only the server knows what a task value stands for, so its splits are not
+    known to be held out.
     """
 
     description = "An OpenEnv server (configure it: kind openenv)"

@@ -27,8 +27,8 @@ def test_babyai_episode_solved_by_bot_over_http(live_service) -> None:
     with EnvClient(live_service["url"], timeout=10) as client:
         created = client.create("babyai", task_id=level, seed=12)
         assert created.observation.startswith("Mission: go to")
-        twin = gym.make(level).unwrapped  # the bot plans on a local twin with the same seed
-        twin.reset(seed=12)
+        twin = gym.make(level).unwrapped  # the bot plans on a local twin reset with the layout's seed
+        twin.reset(seed=created.info["layout_seed"])
         bot = BabyAIBot(twin)
         for _ in range(64):
             action = bot.replan()

@@ -83,3 +83,225 @@ def test_check_env_reports_the_clause_for_frozenlake_and_says_when_an_env_cannot
             return 0.0, False
 
     assert check_split_disjoint(_Silent) is False and "not held-out" in UNDECLARED_SPLITS
+
+
+# --- envs that draw their tasks from seeds: the leaks found by content, and the fix ----------------------------------
+
+import contextlib  # noqa: E402
+import io  # noqa: E402
+import random  # noqa: E402
+from collections import defaultdict  # noqa: E402
+from typing import Any, Callable  # noqa: E402
+
+import gymnasium as gym  # noqa: E402
+
+from envservice import registry  # noqa: E402
+from envservice.envs.babyai import TEST_SEED_OFFSET, BabyAIEnv, layout_fingerprint  # noqa: E402
+from envservice.envs.base import content_digest, content_split  # noqa: E402
+from envservice.envs.gymnasium_text import GymnasiumTextEnv, start_content  # noqa: E402
+from envservice.envs.sokoban import SokobanEnv, _draw_room, room_fingerprint  # noqa: E402
+from envservice.envs.textarena_games import GuessTheNumberEnv, LightsOutEnv, MastermindEnv  # noqa: E402
+from envservice.envs.textworld_env import TextWorldEnv, _fingerprint as textworld_content  # noqa: E402
+
+
+def _shared(fingerprint: Callable[[Task], str], cls: type[TextEnv], samples: int, params: dict) -> int:
+    """Contents shared by the train and test tasks `check_split_disjoint` samples (task k: index k mod size, seed k),
+    played with `params` (the clause itself plays default params only)."""
+    owners: dict[str, set[str]] = defaultdict(set)
+    for split in ("train", "test"):
+        for k in range(samples):
+            owners[fingerprint(cls.resolve_task(k % len(cls.splits[split]), split, k, params))].add(split)
+    return sum(len(splits) > 1 for splits in owners.values())
+
+
+def _assert_train_tasks_kept(cls: type[TextEnv], old: Callable[[Task], str], params: dict) -> None:
+    """A train task keeps the content it had unless that content is now a test content (earlier runs stay
+    comparable on the others)."""
+    kept = 0
+    for index in range(50):
+        task = cls.resolve_task(index, "train", index, params)
+        if content_split(old(task)) == "train":
+            assert cls.task_fingerprint(task) == old(task)
+            kept += 1
+    assert kept >= 10
+
+
+def _old_sokoban(task: Task) -> str:
+    """Sokoban's room as it was: the first room of the task's generator, whatever split it belongs to."""
+    size, boxes = task.params.get("size", 7), task.params.get("boxes", 2)
+    rng = random.Random(f"sokoban:{task.split}:{task.index}:{task.seed}:{size}:{boxes}")
+    return room_fingerprint(_draw_room(rng, size, boxes))
+
+
+class _FirstRoomSokoban(SokobanEnv):
+    """Sokoban as it was, in 5x5 rooms with one box."""
+
+    @classmethod
+    def task_fingerprint(cls, task: Task) -> str:
+        return _old_sokoban(Task(task.split, task.index, task.name, task.seed, {"size": 5, "boxes": 1}))
+
+
+def test_sokoban_small_rooms_were_shared_by_the_splits_and_no_longer_are() -> None:
+    with pytest.raises(EnvCheckError, match="has the content of train task"):
+        check_split_disjoint(_FirstRoomSokoban, samples=200)
+    small = {"size": 5, "boxes": 1}
+    assert _shared(_old_sokoban, SokobanEnv, 200, small) > 20  # 58 rooms of 200 tasks per split
+    for params in (small, {"size": 6, "boxes": 1}, {}):
+        assert _shared(SokobanEnv.task_fingerprint, SokobanEnv, 200, params) == 0
+    _assert_train_tasks_kept(SokobanEnv, _old_sokoban, small)
+
+
+def _old_textarena(cls: type) -> Callable[[Task], str]:
+    """TextArena's instance as it was: the first game the task's generator resets, whatever split it belongs to."""
+
+    def fingerprint(task: Task) -> str:
+        rng = random.Random(f"{cls.__name__}:{task.split}:{task.index}:{task.seed}")
+        return content_digest(cls.__name__, cls.instance(cls._new_game(cls.game_options(task.params), rng)))
+
+    return fingerprint
+
+
+class _FirstGameGuessTheNumber(GuessTheNumberEnv):
+    """GuessTheNumber as it was (default params)."""
+
+    @classmethod
+    def task_fingerprint(cls, task: Task) -> str:
+        return _old_textarena(GuessTheNumberEnv)(task)
+
+
+@pytest.mark.parametrize("cls, params", [
+    (GuessTheNumberEnv, {}), (GuessTheNumberEnv, {"max_number": 10}), (MastermindEnv, {}),
+    (MastermindEnv, {"code_length": 2}), (LightsOutEnv, {"size": 3}),
+])
+def test_textarena_instances_were_shared_by_the_splits_and_no_longer_are(cls: type, params: dict) -> None:
+    """Drawn from seeds alone, all 20 default secret numbers, 70 of 241 default codes and 52 of 277 3x3 grids
+    were in both splits' first 200 tasks."""
+    assert _shared(_old_textarena(cls), cls, 200, params) > 5
+    assert _shared(cls.task_fingerprint, cls, 200, params) == 0
+    _assert_train_tasks_kept(cls, _old_textarena(cls), params)
+
+
+def test_the_clause_catches_guess_the_number_split_by_seed() -> None:
+    with pytest.raises(EnvCheckError, match="has the content of train task"):
+        check_split_disjoint(_FirstGameGuessTheNumber, samples=200)
+
+
+def test_a_test_secret_stays_a_test_secret_at_every_range() -> None:
+    """The split of secrets leaves the range out, so training at one max_number never shows a test secret of
+    another; the smallest range (10) has secrets of both splits, so every larger one does."""
+    owners = {content_split(content_digest("GuessTheNumberEnv", (n,))) for n in range(1, 11)}
+    assert owners == {"train", "test"}
+
+    def secret(split: str, index: int, max_number: int) -> int:
+        task = GuessTheNumberEnv.resolve_task(index, split, index, {"max_number": max_number})
+        return GuessTheNumberEnv.draw_game(task)[0].game_number
+
+    train = {secret("train", i, 1000) for i in range(100)}
+    test = {secret("test", i, 20) for i in range(100)}
+    assert not train & test and len(test) >= 3
+
+
+def test_a_code_space_too_small_for_two_splits_says_so() -> None:
+    """Mastermind's 6 codes of 3 different digits from 1..3 are all train codes: there is no test task."""
+    params = {"code_length": 3, "num_numbers": 3}
+    MastermindEnv().reset(MastermindEnv.resolve_task(0, "train", 0, params))
+    with pytest.raises(EnvServiceError, match=r"Mastermind with params.code_length=3, params.num_numbers=3, "
+                                              r"params.duplicates=false \(6 possible codes\) has no test task"):
+        MastermindEnv().reset(MastermindEnv.resolve_task(0, "test", 0, params))
+
+
+_SMALL_LEVELS = ["BabyAI-OpenRedDoor-v0", "BabyAI-GoToRedBallNoDists-v0"]
+"""The levels with fewest layouts (OpenRedDoor has 105 in all)."""
+
+
+class _SmallBabyAI(BabyAIEnv):
+    splits = {"train": _SMALL_LEVELS, "test": _SMALL_LEVELS}
+
+
+class _OffsetSeedBabyAI(_SmallBabyAI):
+    """BabyAI as it was: the layout of seed + 2**31 for a test task, whatever split it belongs to."""
+
+    @classmethod
+    def task_fingerprint(cls, task: Task) -> str:
+        env = _level_env(task.name)
+        with contextlib.redirect_stdout(io.StringIO()):  # minigrid prints its rejected samples
+            env.reset(seed=task.seed + (TEST_SEED_OFFSET if task.split == "test" else 0))
+        return layout_fingerprint(env)
+
+
+_LEVEL_ENVS: dict[str, Any] = {}
+
+
+def _level_env(gym_id: str) -> Any:
+    """One Gymnasium env per id for this module's fingerprints of the old generators."""
+    if gym_id not in _LEVEL_ENVS:
+        _LEVEL_ENVS[gym_id] = gym.make(gym_id).unwrapped
+    return _LEVEL_ENVS[gym_id]
+
+
+def test_babyai_layouts_were_shared_by_the_splits_and_no_longer_are() -> None:
+    with pytest.raises(EnvCheckError, match="has the content of train task"):
+        check_split_disjoint(_OffsetSeedBabyAI, samples=100)
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert check_split_disjoint(_SmallBabyAI, samples=100)
+        env = BabyAIEnv()  # the episode plays the layout its fingerprint names
+        for split in ("train", "test"):
+            task = BabyAIEnv.resolve_task(8, split, 3, {})
+            _, info = env.reset(task)
+            twin = _level_env(task.name)
+            twin.reset(seed=info["layout_seed"])
+            assert layout_fingerprint(env._env) == layout_fingerprint(twin) == BabyAIEnv.task_fingerprint(task)
+
+
+_TAXI = {"gym_id": "Taxi-v4", "action_names": ["south", "north", "east", "west", "pickup", "dropoff"]}
+
+
+class _SeedOffsetTaxi(GymnasiumTextEnv.configure({**_TAXI, "splits": {"train": 200, "test": 50}})):
+    """Gymnasium games as they were: test task i reset with seed 1 000 000 + i."""
+
+    @classmethod
+    def task_fingerprint(cls, task: Task) -> str:
+        env = _level_env("Taxi-v4")
+        return content_digest(start_content(env.reset(seed=task.index + (1_000_000 if task.split == "test" else 0))[0]))
+
+
+def test_gymnasium_test_tasks_were_train_starts_and_now_are_new_ones() -> None:
+    with pytest.raises(EnvCheckError, match="has the content of train task"):
+        check_split_disjoint(_SeedOffsetTaxi, samples=200)
+    taxi = GymnasiumTextEnv.configure({**_TAXI, "splits": {"train": 200, "test": 50}})
+    assert check_split_disjoint(taxi, samples=200)
+    env = taxi()
+    assert env.reset(taxi.resolve_task(7, "train", 0, {}))[1] == {"reset_seed": 7}  # train tasks are unchanged
+    assert env.reset(taxi.resolve_task(0, "test", 0, {}))[1]["reset_seed"] > 1_000_000
+    default = GymnasiumTextEnv.configure(_TAXI)  # 1000 train seeds show 286 of Taxi's 300 starts
+    with pytest.raises(EnvServiceError, match=r"Taxi-v4 \(make_kwargs \{\}\) has only 14 start states that no train "
+                                              r"task has .*: test task_id must be below 14"):
+        default().reset(default.resolve_task(14, "test", 0, {}))
+
+
+def test_a_gymnasium_game_with_one_start_has_no_held_out_split() -> None:
+    lake = GymnasiumTextEnv.configure({"gym_id": "FrozenLake-v1", "make_kwargs": {"map_name": "4x4"},
+                                       "action_names": ["left", "down", "right", "up"]})
+    assert lake().reset(lake.resolve_task(3, "train", 0, {}))[1] == {"reset_seed": 3}
+    with pytest.raises(EnvServiceError, match=r"FrozenLake-v1 .* has no start state that no train task has .*: its "
+                                              r"test split cannot be held out; give config.splits a train split only"):
+        lake().reset(lake.resolve_task(0, "test", 0, {}))
+
+
+def test_textworld_small_games_were_shared_by_the_splits_and_no_longer_are() -> None:
+    """With 1 room, no objects and quest length 1, train game 991 (seed 991) was test game 905 (seed 10 000 905)."""
+    small = {"rooms": 1, "objects": 0, "quest_length": 1}
+    assert textworld_content(991, 1, 0, 1) == textworld_content(10_000_905, 1, 0, 1)
+    train, test = TextWorldEnv.resolve_task(991, "train", 0, small), TextWorldEnv.resolve_task(905, "test", 0, small)
+    assert TextWorldEnv.task_fingerprint(train) != TextWorldEnv.task_fingerprint(test)
+    assert _shared(TextWorldEnv.task_fingerprint, TextWorldEnv, 8, small) == 0
+
+
+@pytest.mark.parametrize("env_id, samples", [
+    ("alfworld", 100), ("babyai", 50), ("sciworld", 200), ("search", 200), ("sokoban", 200),
+    ("textarena-guess-number", 200), ("textarena-lights-out", 200), ("textarena-mastermind", 200),
+    ("textcraft", 200), ("textworld", 8),
+])
+def test_every_offline_env_declares_disjoint_splits(env_id: str, samples: int) -> None:
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert check_split_disjoint(registry.get(env_id).env_class(), samples) is True
