@@ -249,9 +249,16 @@ def map_sets(args) -> tuple[MapSet, MapSet]:
 
 
 def warmup_stage(base_dir: Path, out_dir: Path, tokenizer, client: EnvClient, args, seed: int) -> Path:
-    """SFT of the base model on oracle transcripts of maps no evaluation uses (recipe/beyond_agent/sft.py,
-    verl's SFT trainer); the trained model's folder."""
+    """SFT of the base model on oracle transcripts of train maps 500.. (none of them a held-out map;
+    recipe/beyond_agent/sft.py, verl's SFT trainer); the trained model's folder. A warm-up this folder already
+    finished with the same settings is reused (`--reuse-warmup`), so a run can resume after it."""
     started = time.monotonic()
+    settings = {"size": args.size, "maps": args.warmup_maps, "steps": args.warmup_steps, "batch": args.warmup_batch,
+                "lr": args.warmup_lr, "seed": seed, "curve_every": args.warmup_curve_every}
+    finished = out_dir / "warmup_settings.json"
+    if args.reuse_warmup and finished.exists() and json.loads(finished.read_text()) == settings:
+        print(f"[learning] warm-up (seed {seed}): reusing {hf_model_dir(out_dir)} (same settings)", flush=True)
+        return hf_model_dir(out_dir)
     shutil.rmtree(out_dir, ignore_errors=True)  # an earlier run's checkpoints and metrics are not this one's
     maps = range(WARMUP_FIRST_MAP, WARMUP_FIRST_MAP + args.warmup_maps)
     records = [oracle_record(client, tokenizer, task, args.lake) for task in maps]
@@ -275,6 +282,7 @@ def warmup_stage(base_dir: Path, out_dir: Path, tokenizer, client: EnvClient, ar
           flush=True)
     if args.warmup_curve_every:
         print_warmup_curve(out_dir, tokenizer, client, args)
+    finished.write_text(json.dumps(settings))
     return hf_model_dir(out_dir)
 
 
@@ -646,6 +654,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup-curve-every", type=int, default=0,
                         help="save the warm-up every N steps and print each checkpoint's held-out greedy success")
     parser.add_argument("--warmup-lr", type=float, default=3e-3)
+    parser.add_argument("--reuse-warmup", action="store_true",
+                        help="reuse a seed's warm model from an earlier run in --out that finished with the same settings")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "outputs" / "learning_cpu")
     parser.add_argument("--json", type=Path, default=None, help="also write every figure of the table here")
     args = parser.parse_args(argv)
