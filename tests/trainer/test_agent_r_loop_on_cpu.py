@@ -61,7 +61,7 @@ def test_one_agent_r_iteration_searches_revises_trains_and_evaluates(move_writin
         assert replies[first_wrong + 1] in ("Wrong way.", "Back to the path.")
     goods = list(read_dump(out / "iter_1" / "good_paths" / "step_0.jsonl"))
     # pairing "all": a good path in several pairs is written once
-    assert 1 <= len(goods) <= len(revisions) and all(g.success for g in goods)
+    assert len(revisions) >= len(goods) >= 1 and all(g.success for g in goods)
     assert len({tuple(g.response_ids) for g in goods}) == len(goods)
 
     # verl's SFT trained the model on them, and the evaluation used the new model.
