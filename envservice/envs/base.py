@@ -11,7 +11,7 @@ import hashlib
 import itertools
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence, TypeVar
+from typing import Any, Callable, ClassVar, Hashable, Iterable, Mapping, Sequence, TypeVar
 
 from envservice.errors import EnvServiceError, clip
 from envservice.protocol import ErrorCode
@@ -251,6 +251,26 @@ def draw_for_split(split: str, candidates: Iterable[_Candidate], fingerprint: Ca
     raise EnvServiceError(ErrorCode.bad_request, f"{space} has no {split} task: none of {MAX_DRAWS} draws is a "
                           f"{split} content (one content in {TEST_SHARE} is the test split's, the rest train's), so "
                           f"this content space is too small for disjoint splits; use larger params")
+
+
+def unseen_seeds(content: Callable[[int], Hashable], seen: set, first_seed: int, count: int,
+                 scan: int) -> dict[int, Hashable]:
+    """From `first_seed` on (at most `scan` seeds), the first `count` seeds whose content is not in `seen` and
+    repeats no earlier one of them, with their contents; `seen` grows by them.
+
+    For envs whose train tasks are fixed seeds 0..N-1 (FrozenLake's maps, Gymnasium reset states): a held-out
+    split keeps the train tasks as they are and takes only contents no train task has. Fewer than `count` come
+    back when the content space runs out (3x3 FrozenLake, Taxi): the caller says so.
+    """
+    found: dict[int, Hashable] = {}
+    for seed in range(first_seed, first_seed + scan):
+        if len(found) == count:
+            break
+        value = content(seed)
+        if value not in seen:
+            seen.add(value)
+            found[seed] = value
+    return found
 
 
 def check_config(cls: type[TextEnv], config: Mapping[str, Any]) -> None:

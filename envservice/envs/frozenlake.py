@@ -10,7 +10,7 @@ import gymnasium as gym
 from gymnasium.envs.toy_text.frozen_lake import generate_random_map
 
 from envservice.envs.base import Param, StepResult, Task, TextEnv
-from envservice.envs.base import clip_text, content_digest
+from envservice.envs.base import clip_text, content_digest, unseen_seeds
 from envservice.errors import EnvServiceError
 from envservice.protocol import ErrorCode
 
@@ -46,15 +46,8 @@ def test_map_seeds(size: int) -> tuple[int, ...]:
     Why: 4x4 maps repeat a lot, so disjoint seeds are not disjoint maps (seeds 1 000 000.. gave 145 of 200 test
     maps that were train maps); a test map must be one no train task shows.
     """
-    seen, seeds = set(train_maps(size)), []
-    for seed in range(TEST_FIRST_SEED, TEST_FIRST_SEED + _TEST_SEED_SCAN):
-        layout = tuple(_random_map(size, seed))
-        if layout not in seen:
-            seen.add(layout)
-            seeds.append(seed)
-            if len(seeds) == TEST_MAPS:
-                break
-    return tuple(seeds)
+    return tuple(unseen_seeds(lambda seed: tuple(_random_map(size, seed)), set(train_maps(size)), TEST_FIRST_SEED,
+                              TEST_MAPS, _TEST_SEED_SCAN))
 
 
 def generate_map(task: Task) -> list[str]:

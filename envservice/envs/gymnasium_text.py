@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping
 import gymnasium as gym
 import numpy as np
 
-from envservice.envs.base import Param, StepResult, Task, TextEnv, clip_text, content_digest
+from envservice.envs.base import Param, StepResult, Task, TextEnv, clip_text, content_digest, unseen_seeds
 from envservice.errors import EnvServiceError
 from envservice.protocol import ErrorCode
 
@@ -239,16 +239,9 @@ def start_digests(cls: type[GymnasiumTextEnv]) -> dict[str, dict[int, str]]:
         splits = iter(cls.seed_starts.items())
         first, start = next(splits)
         found = {first: {seed: digest(seed) for seed in range(start, start + len(cls.splits[first]))}}
-        for split, start in splits:
-            seen = {d for seeds in found.values() for d in seeds.values()}
-            found[split] = {}
-            for seed in range(start, start + HELD_OUT_SEED_SCAN):
-                if len(found[split]) == len(cls.splits[split]):
-                    break
-                start_state = digest(seed)
-                if start_state not in seen:  # a start no earlier split has, and new to this split
-                    seen.add(start_state)
-                    found[split][seed] = start_state
+        seen = set(found[first].values())
+        for split, start in splits:  # starts no earlier split has, each new to this split
+            found[split] = unseen_seeds(digest, seen, start, len(cls.splits[split]), HELD_OUT_SEED_SCAN)
         return found
     finally:
         env.close()

@@ -83,15 +83,18 @@ def candidate_seeds(split: str, index: int) -> Iterator[int]:
 
 def game_seed(task: Task) -> int:
     """The generator seed of a task: the first of `candidate_seeds` whose game belongs to the task's split."""
-    size = game_size(task.params)
-    return _draw(task.split, task.index, size["rooms"], size["objects"], size["quest_length"])[0]
+    return _task_draw(task)[0]
 
 
 def game_fingerprint(task: Task) -> str:
     """The content of the task's game: its world, quest, entity names and texts, and objective (not its seed or
     uuid), from TextWorld's generator without compiling (~50 ms a game, against ~1.3 s to compile)."""
+    return _task_draw(task)[1]
+
+
+def _task_draw(task: Task) -> tuple[int, str]:
     size = game_size(task.params)
-    return _draw(task.split, task.index, size["rooms"], size["objects"], size["quest_length"])[1]
+    return _draw(task.split, task.index, size["rooms"], size["objects"], size["quest_length"])
 
 
 @functools.lru_cache(maxsize=4096)
