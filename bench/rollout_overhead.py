@@ -30,11 +30,11 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 from envservice.client import EnvClient  # noqa: E402
-from recipe.beyond_agent.rollout.dataflow import DataflowConfig, EpisodeSpec, run_dataflows  # noqa: E402
-from recipe.beyond_agent.rollout.env_manager import ParallelEnvManager  # noqa: E402
-from recipe.beyond_agent.rollout.batch import collate  # noqa: E402
-from recipe.beyond_agent.rollout.handler import RolloutHandler  # noqa: E402
-from recipe.beyond_agent.rollout.llm import (  # noqa: E402
+from beyond_agent.rollout.dataflow import DataflowConfig, EpisodeSpec, run_dataflows  # noqa: E402
+from beyond_agent.rollout.env_manager import ParallelEnvManager  # noqa: E402
+from beyond_agent.rollout.batch import collate  # noqa: E402
+from beyond_agent.rollout.handler import RolloutHandler  # noqa: E402
+from beyond_agent.rollout.llm import (  # noqa: E402
     AsyncLLMServerManager,
     HttpVLLMBackend,
     LLMManagerConfig,
@@ -56,7 +56,7 @@ def ensure_model(model: str) -> Path:
 def services(args):
     """(vllm_url, model_dir, envservice_url), starting what was not given."""
     from envservice.process import EnvServiceProcess
-    from dev_tools.vllm_server import VLLMServer, VLLMServerConfig
+    from beyond_agent.serving import VLLMServer, VLLMServerConfig
 
     model_dir = ensure_model(args.model)
     with contextlib.ExitStack() as stack:

@@ -36,7 +36,7 @@ from pathlib import Path
 import psutil
 import requests
 
-from childproc import free_port
+from envservice.childproc import free_port
 from envservice.client import EnvClient
 from envservice.errors import EnvServiceError
 from envservice.process import EnvServiceProcess

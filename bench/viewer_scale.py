@@ -24,8 +24,8 @@ from pathlib import Path
 import psutil
 import requests
 
-from childproc import ChildProcess, answers_200, free_port
-from recipe.beyond_agent.trajectories import SCHEMA_VERSION, TrajectoryRecord, write_dump
+from envservice.childproc import ChildProcess, answers_200, free_port
+from beyond_agent.trajectories import SCHEMA_VERSION, TrajectoryRecord, write_dump
 
 TERMINATIONS = ("done", "max_rounds", "length", "env_error")
 METRIC_KEYS = ([f"timing_s/beyond_agent/{k}" for k in ("success_rate", "mean_reward", "mean_rounds", "env_time_s",
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{args.steps * dump_bytes / 2**30:.1f} GiB as the viewer sees it) in "
               f"{time.perf_counter() - started:.1f} s", file=sys.stderr)
         port = free_port()
-        command = [sys.executable, "-m", "recipe.beyond_agent.viewer", str(folder), "--port", str(port)]
+        command = [sys.executable, "-m", "beyond_agent.viewer", str(folder), "--port", str(port)]
         child = ChildProcess.start(command + (["--tokenizer", args.tokenizer] if args.tokenizer else []), "viewer",
                                    Path(tmp) / "viewer.log")
         try:

@@ -16,9 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from dev_tools.tiny_model import build_tiny_model
-from recipe.beyond_agent.rollout.llm import SamplingParams
-from recipe.beyond_agent.verl_pin import ensure_pinned_verl
-from dev_tools.vllm_server import VLLMServer, VLLMServerConfig
+from beyond_agent.rollout.llm import SamplingParams
+from beyond_agent.verl_pin import ensure_pinned_verl
+from beyond_agent.serving import VLLMServer, VLLMServerConfig
 
 DEFAULT_MODEL_DIR = Path("outputs/tiny-qwen2")
 CHAT = [

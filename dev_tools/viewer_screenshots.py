@@ -2,7 +2,7 @@
 
     python -m dev_tools.viewer_screenshots RUN_FOLDER --tokenizer outputs/tiny-qwen2 --out docs/images
 
-Starts `python -m recipe.beyond_agent.viewer` on a free loopback port and drives Debian's Chromium with
+Starts `python -m beyond_agent.viewer` on a free loopback port and drives Debian's Chromium with
 Playwright (as tests/viewer do).
 """
 
@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from childproc import ChildProcess, answers_200, free_port
+from envservice.childproc import ChildProcess, answers_200, free_port
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    command = [sys.executable, "-m", "recipe.beyond_agent.viewer", str(args.folder), "--port", str(port)]
+    command = [sys.executable, "-m", "beyond_agent.viewer", str(args.folder), "--port", str(port)]
     child = ChildProcess.start(command + (["--tokenizer", args.tokenizer] if args.tokenizer else []), "viewer")
     try:
         child.wait_until(lambda: answers_200(f"http://127.0.0.1:{port}/healthz"), 60, "answering /healthz")

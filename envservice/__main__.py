@@ -33,11 +33,12 @@ import time
 
 import uvicorn
 
-from childproc import is_loopback
+from envservice.childproc import is_loopback
 from envservice import registry
 from envservice.env_config import EnvConfigError, load_env_config
 from envservice.latency import InjectedLatency, LatencySpecError, parse_latency_spec
-from envservice.backends import BACKENDS, DEFAULT_STEP_TIMEOUT_S, EnvBackend, make_backend
+from envservice.backend_factory import BACKENDS, make_backend
+from envservice.backends import DEFAULT_STEP_TIMEOUT_S, EnvBackend
 from envservice.server import DEFAULT_MAX_REQUEST_BYTES, Settings, create_app
 
 

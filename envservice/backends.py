@@ -22,7 +22,6 @@ workers: the delay travels with the request and the `EnvHost` sleeps it before t
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 import uuid
@@ -38,7 +37,6 @@ from envservice.latency import DelayedEnv, InjectedLatency
 
 logger = logging.getLogger("envservice")
 
-BACKENDS = ("inprocess", "process", "ray")
 DEFAULT_STEP_TIMEOUT_S = 60.0
 PRELOAD_TIMEOUT_S = 600.0
 """How long a worker may take to import the preloaded env classes (imports are slow; no step limit applies)."""
@@ -482,27 +480,3 @@ def _reply_error(payload: tuple, where: str) -> Exception:
         return EnvServiceError(code, message, valid_choices=valid_choices)
     _, original, traceback_text = payload
     return RemoteEnvError(original, where, traceback_text)
-
-
-def default_workers() -> int:
-    """Workers when `--workers` is not given: min(4, CPU count)."""
-    return max(1, min(4, os.cpu_count() or 1))
-
-
-def make_backend(kind: str, *, workers: int | None = None, step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
-                 ray_address: str | None = None, ray_actor_options: dict | None = None,
-                 latency: InjectedLatency | None = None) -> EnvBackend:
-    """The backend named `kind` (one of `BACKENDS`); worker backends start their workers here. `latency`:
-    delays to inject into env calls (`envservice.latency`), None for none."""
-    if kind == "inprocess":
-        return InProcessBackend(step_timeout_s, latency=latency)
-    if kind == "process":
-        from envservice.workers import ProcessBackend
-
-        return ProcessBackend(workers or default_workers(), step_timeout_s, latency=latency)
-    if kind == "ray":
-        from envservice.ray_hosts import RayBackend
-
-        return RayBackend(workers or default_workers(), step_timeout_s, address=ray_address or "auto",
-                          actor_options=ray_actor_options, latency=latency)
-    raise ValueError(f"backend {kind!r} is unknown; valid backends: {', '.join(BACKENDS)}")

@@ -19,7 +19,7 @@ from typing import Iterator
 
 import requests
 
-from childproc import ChildProcess, ChildStartError
+from envservice.childproc import ChildProcess, ChildStartError
 
 READY_LINE = re.compile(r"envservice ready on (http://[\d.]+:(\d+)) \(envs: ([^;)]*)(?:; backend: ([^;)]*))?")
 

@@ -79,7 +79,7 @@ class Settings:
     token: str | None = None
     """When set, requests need `Authorization: Bearer <token>` (all routes but /healthz)."""
     backend: EnvBackend | None = None
-    """Where environments run and how long one env call may take (`envservice.backends.make_backend`);
+    """Where environments run and how long one env call may take (`envservice.backend_factory.make_backend`);
     None: in this process with the default 60 s limit. The app shuts the backend down when it stops."""
     preload: bool = True
     """Import the served envs' classes at start-up, here and on every worker, before the service reports

@@ -5,7 +5,7 @@ experiment folder), waits until each is healthy, writes the experiment folder, r
 steps and training with its output streamed, and on exit, error, Ctrl-C or SIGTERM stops exactly the
 processes it started. A second Ctrl-C kills them at once. Everything after `--` is passed to training.
 `--with-envservice`, `--with-appworld` and `--with-viewer` are short for `--with envservice`, `--with appworld`
-and `--with viewer` (the run viewer, recipe/beyond_agent/viewer, built in unless the YAML defines its own).
+and `--with viewer` (the run viewer, beyond_agent/viewer, built in unless the YAML defines its own).
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ def run(config: LaunchConfig, args, overrides: list[str], argv: list[str], track
     metrics()
     say(f"training exited with code {code} after {metrics.steps} logged step(s); experiment folder: {folder}")
     if metrics.steps:
-        say(f"look at it: python -m recipe.beyond_agent.viewer {folder}  (curves also in curves.png)")
+        say(f"look at it: python -m beyond_agent.viewer {folder}  (curves also in curves.png)")
     return code
 
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-DEFAULT_TRAIN_MODULE = "recipe.beyond_agent.main_beyond_agent"
+DEFAULT_TRAIN_MODULE = "recipe.multiturn_rl.main"
 SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
 ENVSERVICE_KEYS = ("envs", "env_config", "host", "port", "args", "startup_timeout_s")
 SERVICE_KEYS = ("command", "host", "port", "health_url", "env", "env_file", "activate", "startup_timeout_s", "env_url",
@@ -257,7 +257,7 @@ def _services(data: dict, dotenv: dict[str, str]) -> dict[str, ServiceConfig]:
 
 def viewer_service() -> ServiceConfig:
     """The run viewer over this experiment folder (`--with-viewer`); a `services.viewer` entry replaces it."""
-    command = ["{python}", "-m", "recipe.beyond_agent.viewer", "{experiment_dir}", "--host", "{host}", "--port", "{port}"]
+    command = ["{python}", "-m", "beyond_agent.viewer", "{experiment_dir}", "--host", "{host}", "--port", "{port}"]
     return ServiceConfig(name="viewer", where="services.viewer", command=command, startup_timeout_s=60.0)
 
 

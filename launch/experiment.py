@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from recipe.beyond_agent.verl_pin import installed_verl_version, read_pin
+from beyond_agent.verl_pin import installed_verl_version, read_pin
 
 
 def create_experiment_dir(root: Path, name: str) -> Path:

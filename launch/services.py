@@ -18,7 +18,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from envservice.env_config import expand_variables
-from childproc import ChildProcess, ChildStartError, answers_200, free_port
+from envservice.childproc import ChildProcess, ChildStartError, answers_200, free_port
 from launch.config import LaunchConfigError, ServiceConfig, load_dotenv
 from launch.training import substitute
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import signal
 import sys
 
-from childproc import ChildProcess
+from envservice.childproc import ChildProcess
 
 
 class Interrupted(KeyboardInterrupt):

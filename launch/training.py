@@ -20,10 +20,10 @@ import sys
 from pathlib import Path
 from typing import Callable, TextIO
 
-from childproc import ChildProcess
+from envservice.childproc import ChildProcess
 from launch.config import LaunchConfigError, PrepareStep, TrainConfig
 from launch.signals import ProcessTracker
-from recipe.beyond_agent.viewer.run_folder import METRICS_FILE, METRICS_PATH_VARIABLE
+from beyond_agent.run_folder import METRICS_FILE, METRICS_PATH_VARIABLE
 
 PLACEHOLDER = re.compile(r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # metric key -> label in the one-line summary printed per step

@@ -23,7 +23,7 @@ done
 
 venv="${BEYOND_VENV:-$root/.venv}"
 python="${PYTHON:-python3}"
-pin_file="recipe/beyond_agent/REQUIRED_VERL.txt"
+pin_file="beyond_agent/REQUIRED_VERL.txt"
 verl_version="$(sed -n 's/^version=//p' "$pin_file")"
 [ -n "$verl_version" ] || { echo "install.sh: no 'version=' line in $pin_file" >&2; exit 1; }
 
@@ -54,7 +54,7 @@ stamp_file="$venv/.beyond_install_stamp"
 stamp="$flavour $(cat pyproject.toml "$pin_file" scripts/install.sh scripts/cpu-overrides.txt \
   scripts/register_vllm_dist.py | sha256sum | cut -c1-16)"
 if [ "${BEYOND_FORCE_INSTALL:-0}" != 1 ] && [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$stamp" ] \
-   && "$venv/bin/python" -c "import verl, recipe.beyond_agent, envservice" 2>/dev/null; then
+   && "$venv/bin/python" -c "import verl, beyond_agent, recipe.multiturn_rl, envservice" 2>/dev/null; then
   echo "install.sh: $venv is up to date ($flavour, verl $verl_version)"
   exit 0
 fi

@@ -38,7 +38,7 @@ def tiny_vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFact
     Starting vLLM costs a minute or two on 2 CPU cores, so the whole session shares it; tests must not
     stop it. Its log is in the session's temporary folder.
     """
-    from dev_tools.vllm_server import VLLMServer, VLLMServerConfig
+    from beyond_agent.serving import VLLMServer, VLLMServerConfig
 
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
     with VLLMServer(VLLMServerConfig(model=str(tiny_model_dir), max_model_len=4096, log_path=str(log))) as server:

@@ -49,7 +49,7 @@ import time
 from typing import Any, Mapping, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
-from childproc import is_loopback
+from envservice.childproc import is_loopback
 from envservice.envs.base import Param, StepResult, Task, TextEnv
 from envservice.errors import EnvServiceError, clip
 from envservice.protocol import ErrorCode

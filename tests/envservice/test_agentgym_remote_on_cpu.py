@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from childproc import ChildProcess, free_port
+from envservice.childproc import ChildProcess, free_port
 from envservice import registry
 from envservice.check import check_env
 from envservice.client import EnvClient

@@ -27,7 +27,7 @@ def test_an_env_without_fingerprints_cannot_have_a_held_out_set(test_envs) -> No
 
 
 def test_the_data_writer_says_whether_validation_rows_are_held_out(test_envs) -> None:
-    from recipe.beyond_agent.data import validation_overlap
+    from beyond_agent.data import validation_overlap
 
     assert validation_overlap("frozenlake", list(range(480)), list(range(64)), 0, "test", {"around": True}) == (
         "0 of 64 validation rows have the content of a train row (64 distinct): held-out")

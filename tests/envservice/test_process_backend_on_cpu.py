@@ -16,7 +16,7 @@ from envservice.client import EnvClient
 from envservice.errors import EnvServiceError, EnvTimeoutError
 from envservice.envs.testing import ENTRY_POINT as FAULTY
 from envservice.process import EnvServiceProcess
-from recipe.beyond_agent.rollout.dataflow import Dataflow, DataflowConfig, EpisodeSpec
+from beyond_agent.rollout.dataflow import Dataflow, DataflowConfig, EpisodeSpec
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]
 

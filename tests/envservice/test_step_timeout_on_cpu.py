@@ -15,7 +15,7 @@ from envservice.backends import InProcessBackend
 from envservice.client import EnvClient
 from envservice.errors import EnvServiceError, EnvTimeoutError
 from envservice.protocol import ERROR_STATUS, ErrorCode, ErrorResponse
-from recipe.beyond_agent.rollout.dataflow import Dataflow, DataflowConfig, EpisodeSpec
+from beyond_agent.rollout.dataflow import Dataflow, DataflowConfig, EpisodeSpec
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from recipe.beyond_agent.verl_pin import (
+from beyond_agent.verl_pin import (
     VerlPin,
     VerlVersionError,
     ensure_pinned_verl,

@@ -10,8 +10,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from dev_tools.vllm_server import VLLMServer, VLLMServerConfig, VLLMServerError
-from recipe.beyond_agent.rollout.llm import SamplingParams
+from beyond_agent.serving import VLLMServer, VLLMServerConfig, VLLMServerError
+from beyond_agent.rollout.llm import SamplingParams
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -8,7 +8,7 @@ import pytest
 
 import json
 
-from childproc import ChildProcess
+from envservice.childproc import ChildProcess
 from launch.config import LaunchConfigError, parse_config, parse_dotenv
 from launch.services import activated, plan_service
 from launch.training import MetricsFollower, step_summary, substitute, train_command
@@ -100,7 +100,7 @@ def test_module_command_adds_url_token_reference_and_cli_overrides_last():
     config = parse_config({"train": {"config_name": "c", "overrides": ["a=1"]}}, CONF, {})
     values = {"env_url": "http://127.0.0.1:9", "experiment_dir": "/e"}
     command = train_command(config.train, values, ["a=2"], token=True)
-    assert command[1:6] == ["-m", "recipe.beyond_agent.main_beyond_agent", "--config-name=c", "hydra.run.dir=/e/hydra",
+    assert command[1:6] == ["-m", "recipe.multiturn_rl.main", "--config-name=c", "hydra.run.dir=/e/hydra",
                             "a=1"]
     assert command[6:] == ["beyond_agent.env.url=http://127.0.0.1:9",
                            "beyond_agent.env.token=${oc.env:ENVSERVICE_TOKEN}", "a=2"]

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from launch.config import load_config
 from launch.training import train_command
-from recipe.beyond_agent.settings import BeyondAgentSettings
+from beyond_agent.settings import BeyondAgentSettings
 
 pytestmark = pytest.mark.timeout(120)
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -76,9 +76,10 @@ def test_script_starts_with_its_command_and_dry_runs(path):
     assert "training command: " in result.stdout
 
 
-RECIPE_CONFIGS = {"recipe.beyond_agent.main_beyond_agent": "beyond_agent_trainer",
-                  "recipe.beyond_agent.sft": "beyond_agent_sft", "recipe.beyond_agent.dpo": "beyond_agent_dpo"}
-"""The Hydra config each training module composes (recipe/beyond_agent/config/)."""
+RECIPE_CONFIGS = {"recipe.multiturn_rl.main": ("recipe/multiturn_rl/config", "beyond_agent_trainer"),
+                  "beyond_agent.sft": ("beyond_agent/config", "beyond_agent_sft"),
+                  "beyond_agent.dpo": ("beyond_agent/config", "beyond_agent_dpo")}
+"""The Hydra config folder and name each training module composes."""
 VALUES = {"python": "python", "repo": str(REPO_ROOT), "env_url": "http://x:1"}
 
 
@@ -87,9 +88,10 @@ def compose_example(path: Path, experiment_dir: Path):
     config = load_config(path, experiment_dir / "no.env")
     command = train_command(config.train, {**VALUES, "experiment_dir": str(experiment_dir)}, [], token=False)
     overrides = [arg for arg in command[3:] if not arg.startswith(("--config", "hydra.", "beyond_agent.env."))
-                 or config.train.module == "recipe.beyond_agent.main_beyond_agent"]
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "recipe/beyond_agent/config"), version_base=None):
-        return compose(config_name=RECIPE_CONFIGS[config.train.module], overrides=overrides)
+                 or config.train.module == "recipe.multiturn_rl.main"]
+    config_dir, config_name = RECIPE_CONFIGS[config.train.module]
+    with initialize_config_dir(config_dir=str(REPO_ROOT / config_dir), version_base=None):
+        return compose(config_name=config_name, overrides=overrides)
 
 
 HYDRA_EXAMPLES = [path for path in EXAMPLES if not load_config(path, Path("/nonexistent.env")).train.command]
@@ -104,7 +106,7 @@ def test_training_overrides_compose_with_the_recipe_config(path, tmp_path):
         assert composed.beyond_agent.env.url == "http://x:1"
         BeyondAgentSettings.from_config(composed)
     else:  # SFT / DPO on trajectories: our dataset is verl's custom dataset class, the model goes to the folder
-        assert composed.data.custom_cls.path.startswith("pkg://recipe.beyond_agent.")
+        assert composed.data.custom_cls.path.startswith("pkg://beyond_agent.")
         assert composed.trainer.default_local_dir == str(tmp_path / "checkpoints")
 
 
@@ -115,7 +117,7 @@ def test_trajectory_examples_name_their_data_and_model(tmp_path, monkeypatch):
         composed = compose_example(REPO_ROOT / f"examples/frozenlake/{name}.yaml", tmp_path)
         assert composed.model.path == "/models/mine" and composed.data.train_files is None
         assert load_config(REPO_ROOT / f"examples/frozenlake/{name}.yaml", tmp_path / "no.env").train.module == \
-            f"recipe.beyond_agent.{module}"
+            f"beyond_agent.{module}"
     dpo = compose_example(REPO_ROOT / "examples/frozenlake/frozenlake_dpo.yaml", tmp_path)
     assert dpo.data.micro_batch_size_per_gpu % 2 == 0 and dpo.data.min_reward_margin > 0
 
@@ -123,11 +125,11 @@ def test_trajectory_examples_name_their_data_and_model(tmp_path, monkeypatch):
 @pytest.mark.parametrize("path", COMMAND_EXAMPLES, ids=example_id)
 def test_command_examples_parse_with_their_cli(path, tmp_path):
     """A raw-command example (Agent-R's loop) gives its CLI options it accepts, once the model comes after `--`."""
-    from recipe.beyond_agent.agent_r_loop import build_parser
+    from recipe.agent_r.main import build_parser
 
     config = load_config(path, tmp_path / "no.env")
     command = train_command(config.train, {**VALUES, "experiment_dir": str(tmp_path)}, ["--model", "/m"], token=False)
-    assert command[1:3] == ["-m", "recipe.beyond_agent.agent_r_loop"]
+    assert command[1:3] == ["-m", "recipe.agent_r.main"]
     args = build_parser().parse_args(command[3:])
     assert args.envservice_url == "http://x:1" and args.model == "/m" and args.out == tmp_path
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from childproc import ChildProcess, answers_200, free_port
+from envservice.childproc import ChildProcess, answers_200, free_port
 
 pytestmark = pytest.mark.timeout(180)
 QUICKSTART = "examples/quickstart/cpu_tiny.yaml"
@@ -45,7 +45,7 @@ def test_dry_run_prints_services_and_training_command_and_starts_nothing(launch,
     text = run.text()
     assert "would start envservice: " in text and "-m envservice --host 127.0.0.1 --port '<free port>' --envs babyai" in text
     command = next(line for line in text.splitlines() if line.startswith("training command: "))
-    assert "-m recipe.beyond_agent.main_beyond_agent trainer.device=cpu" in command  # CPU overrides first
+    assert "-m recipe.multiturn_rl.main trainer.device=cpu" in command  # CPU overrides first
     assert command.endswith("trainer.total_training_steps=1")  # the CLI override comes last and wins
     assert "beyond_agent.env.url=http://127.0.0.1:<free port>" in command
     assert "VERL_PLATFORM=cpu" in text
@@ -151,7 +151,7 @@ def test_with_appworld_error_reaches_the_user_in_one_line(launch, conf, appworld
     missing = tmp_path / "no-appworld-data"
     dotenv = tmp_path / "aw.env"
     dotenv.write_text(f"APPWORLD_PATH={missing}\n")
-    data_step = {"name": "data", "command": ["{python}", "-m", "recipe.beyond_agent.data", "--env", "appworld",
+    data_step = {"name": "data", "command": ["{python}", "-m", "beyond_agent.data", "--env", "appworld",
                                              "--train-tasks", "0:1", "--val-tasks", "0:1", "--envservice-url",
                                              "{env_url}", "--out", "{experiment_dir}/data"]}
     path = conf({"services": appworld(startup_timeout_s=60), "prepare": [data_step], "train": {"command": ["true"]}})

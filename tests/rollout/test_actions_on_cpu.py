@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from recipe.beyond_agent.rollout.actions import (
+from beyond_agent.actions import (
     ACTION_PARSERS,
     ParsedAction,
     PlainActionParser,

@@ -13,11 +13,11 @@ import time
 
 import pytest
 
-from recipe.beyond_agent.rollout.async_pool import AsyncEpisodePool, AsyncRolloutSettings, row_staleness
-from recipe.beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec
-from recipe.beyond_agent.rollout.handler import Episode
-from recipe.beyond_agent.rollout.versions import PolicyVersionGate
-from recipe.beyond_agent.settings import BeyondAgentSettings
+from beyond_agent.rollout.async_pool import AsyncEpisodePool, AsyncRolloutSettings, row_staleness
+from beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec
+from beyond_agent.rollout.handler import Episode
+from beyond_agent.rollout.versions import PolicyVersionGate
+from beyond_agent.settings import BeyondAgentSettings
 
 pytestmark = pytest.mark.timeout(60)
 

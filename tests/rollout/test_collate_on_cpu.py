@@ -7,8 +7,8 @@ import torch
 from verl import DataProto
 from verl.utils.model import compute_position_id_with_mask
 
-from recipe.beyond_agent.rollout.batch import collate
-from recipe.beyond_agent.rollout.handler import Episode, RolloutHandler
+from beyond_agent.rollout.batch import collate
+from beyond_agent.rollout.handler import Episode, RolloutHandler
 
 PAD = 0
 

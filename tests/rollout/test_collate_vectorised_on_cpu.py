@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from recipe.beyond_agent.rollout.batch import collate
-from recipe.beyond_agent.rollout.handler import TERMINATION_REASONS, Episode
+from beyond_agent.rollout.batch import collate
+from beyond_agent.rollout.handler import TERMINATION_REASONS, Episode
 
 PAD = 7
 

@@ -12,19 +12,17 @@ import time
 from collections import defaultdict
 
 import pytest
-import uvicorn
 
 from envservice import registry
 from envservice.client import EnvClient
 from envservice.envs.base import Task, TextEnv
 from envservice.envs.frozenlake import generate_map, shortest_path_actions
 from envservice.server import Settings, create_app
-from recipe.beyond_agent.rollout.dataflow import DataflowConfig, EpisodeSpec
-from recipe.beyond_agent.rollout.batch import training_batch
-from recipe.beyond_agent.rollout.env_manager import ParallelEnvManager
-from recipe.beyond_agent.rollout.llm import GenerationResult, LLMError
-from recipe.beyond_agent.tasks import AgentTask, EnvTask, StepRewardTask
-from childproc import free_port
+from beyond_agent.rollout.dataflow import DataflowConfig, EpisodeSpec
+from beyond_agent.rollout.batch import training_batch
+from beyond_agent.rollout.env_manager import ParallelEnvManager
+from beyond_agent.rollout.llm import GenerationResult, LLMError
+from beyond_agent.tasks import AgentTask, EnvTask, StepRewardTask
 
 pytestmark = pytest.mark.timeout(300)
 LOGPROB = -0.5
@@ -51,21 +49,14 @@ class CrashOnSecondStepEnv(TextEnv):
 
 
 @pytest.fixture(scope="module")
-def service_url():
+def service_url(serve_app):
     """envservice (frozenlake + the crashing test env) served by uvicorn in a thread on loopback."""
     registry.register("crash_on_second_step", CrashOnSecondStepEnv, max_steps=50, max_sessions=64)
-    app = create_app(Settings(env_ids=["frozenlake", "crash_on_second_step"], max_sessions=256))
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
-    registry.unregister("crash_on_second_step")
+    try:
+        with serve_app(create_app(Settings(env_ids=["frozenlake", "crash_on_second_step"], max_sessions=256))) as url:
+            yield url
+    finally:
+        registry.unregister("crash_on_second_step")
 
 
 @pytest.fixture

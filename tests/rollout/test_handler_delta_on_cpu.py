@@ -8,7 +8,7 @@ import random
 import pytest
 from transformers import AutoTokenizer
 
-from recipe.beyond_agent.rollout.handler import RolloutHandler
+from beyond_agent.rollout.handler import RolloutHandler
 
 PIECES = [
     "go", "to the red ball", "you see a wall", "ünïcödé", "中文", "🙂", "\u00a0", "'s", "12", "!?",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from recipe.beyond_agent.rollout.handler import RolloutHandler
+from beyond_agent.rollout.handler import RolloutHandler
 
 TASK = [
     {"role": "system", "content": "You are an agent in a grid world."},

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from recipe.beyond_agent.rollout.handler import RolloutHandler
+from beyond_agent.rollout.handler import RolloutHandler
 
 TASK = [{"role": "user", "content": "Task: open the door."}]
 EOS = 2  # <|im_end|> in the tiny ChatML tokenizer

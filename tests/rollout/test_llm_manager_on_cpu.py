@@ -18,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 
-from recipe.beyond_agent.rollout.llm import (
+from beyond_agent.rollout.llm import (
     AsyncLLMServerManager,
     GenerationResult,
     HttpVLLMBackend,
@@ -29,8 +29,8 @@ from recipe.beyond_agent.rollout.llm import (
     VerlLLMServerBackend,
     parse_completion,
 )
-from childproc import free_port
-from dev_tools.vllm_server import VLLMServer, VLLMServerConfig
+from envservice.childproc import free_port
+from beyond_agent.serving import VLLMServer, VLLMServerConfig
 
 MAX_TOKENS = 4
 SAMPLING = SamplingParams()

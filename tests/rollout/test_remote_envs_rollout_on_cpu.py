@@ -16,12 +16,12 @@ import pytest
 import requests
 from transformers import AutoTokenizer
 
-from childproc import ChildProcess, answers_200, free_port
+from envservice.childproc import ChildProcess, answers_200, free_port
 from envservice.client import EnvClient
 from envservice.process import EnvServiceProcess
-from recipe.beyond_agent.rollout.dataflow import DataflowConfig, EpisodeSpec
-from recipe.beyond_agent.rollout.env_manager import ParallelEnvManager
-from recipe.beyond_agent.rollout.llm import AsyncLLMServerManager, HttpVLLMBackend, SamplingParams
+from beyond_agent.rollout.dataflow import DataflowConfig, EpisodeSpec
+from beyond_agent.rollout.env_manager import ParallelEnvManager
+from beyond_agent.rollout.llm import AsyncLLMServerManager, HttpVLLMBackend, SamplingParams
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

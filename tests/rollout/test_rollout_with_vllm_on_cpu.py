@@ -16,10 +16,10 @@ from transformers import AutoTokenizer
 
 from envservice.client import EnvClient
 from envservice.process import EnvServiceProcess
-from recipe.beyond_agent.rollout.dataflow import DataflowConfig, EpisodeSpec
-from recipe.beyond_agent.rollout.batch import training_batch
-from recipe.beyond_agent.rollout.env_manager import ParallelEnvManager
-from recipe.beyond_agent.rollout.llm import AsyncLLMServerManager, HttpVLLMBackend, SamplingParams
+from beyond_agent.rollout.dataflow import DataflowConfig, EpisodeSpec
+from beyond_agent.rollout.batch import training_batch
+from beyond_agent.rollout.env_manager import ParallelEnvManager
+from beyond_agent.rollout.llm import AsyncLLMServerManager, HttpVLLMBackend, SamplingParams
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -82,7 +82,7 @@ def test_real_episodes_keep_sampled_ids_and_render_the_chat(tiny_vllm_server, ti
 def test_collect_cli_writes_one_line_per_episode(tiny_vllm_server, tiny_model_dir, tmp_path, capsys):
     import json
 
-    from recipe.beyond_agent.collect import main
+    from beyond_agent.collect import main
 
     out = tmp_path / "episodes.jsonl"
     main(["--env", "frozenlake", "--tasks", "0:2", "--n", "2", "--max-rounds", "2", "--model", str(tiny_model_dir),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from recipe.beyond_agent.rollout.rounds import RoundScheduler
+from beyond_agent.rollout.rounds import RoundScheduler
 
 STEPWISE = {"type": "stepwise", "rounds": [10, 20, 30], "every": 100}
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 
-from recipe.beyond_agent.rollout_manager import rows_to_episodes
-from recipe.beyond_agent.settings import BeyondAgentSettings
-from recipe.beyond_agent.tasks import (DEFAULT_SYSTEM_PROMPT, AgentTask, EnvTask, EpisodeOutcome, StepRewardTask,
+from beyond_agent.rollout_manager import rows_to_episodes
+from beyond_agent.settings import BeyondAgentSettings
+from beyond_agent.tasks import (DEFAULT_SYSTEM_PROMPT, AgentTask, EnvTask, EpisodeOutcome, StepRewardTask,
                                        TaskTable)
 
 pytestmark = pytest.mark.timeout(60)
@@ -104,7 +104,7 @@ def test_rows_become_episodes_with_their_env_task_prompt_and_group():
 def recipe_config(*overrides: str):
     from pathlib import Path
 
-    config_dir = Path(__file__).resolve().parents[2] / "recipe" / "beyond_agent" / "config"
+    config_dir = Path(__file__).resolve().parents[2] / "recipe" / "multiturn_rl" / "config"
     with initialize_config_dir(config_dir=str(config_dir), version_base=None):
         return compose(config_name="beyond_agent_trainer", overrides=list(overrides))
 

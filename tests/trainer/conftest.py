@@ -1,4 +1,4 @@
-"""Fixtures of the trainer tests: run `python -m recipe.beyond_agent.main_beyond_agent` on CPU for real.
+"""Fixtures of the trainer tests: run `python -m recipe.multiturn_rl.main` on CPU for real.
 
 A fixture, not an importable helper: verl's wheel installs its own top-level `tests` package.
 """
@@ -31,7 +31,7 @@ def run_training(tiny_model_dir: Path):
     """run_training(run_dir, overrides, env=None) -> the run's output; fails with its tail on a non-zero exit."""
 
     def run(run_dir: Path, overrides: list[str], env: dict[str, str] | None = None) -> str:
-        command = [sys.executable, "-m", "recipe.beyond_agent.main_beyond_agent", *SMALL_RUN,
+        command = [sys.executable, "-m", "recipe.multiturn_rl.main", *SMALL_RUN,
                    f"actor_rollout_ref.model.path={tiny_model_dir}", f"trainer.default_local_dir={run_dir}",
                    *overrides, *cpu_overrides()]
         environment = {key: value for key, value in os.environ.items() if key != "VERL_FILE_LOGGER_PATH"}
@@ -86,9 +86,9 @@ def frozenlake_episodes(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathF
     from envservice.client import EnvClient
     from envservice.envs.frozenlake import shortest_path_actions
     from envservice.process import EnvServiceProcess
-    from recipe.beyond_agent.rollout.dataflow import Dataflow, DataflowConfig, EpisodeSpec
-    from recipe.beyond_agent.rollout.scripted import ScriptedPolicy
-    from recipe.beyond_agent.trajectories import episode_record
+    from beyond_agent.rollout.dataflow import Dataflow, DataflowConfig, EpisodeSpec
+    from beyond_agent.rollout.scripted import ScriptedPolicy
+    from beyond_agent.trajectories import episode_record
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     limits = DataflowConfig(**FROZENLAKE_LIMITS)
@@ -117,8 +117,8 @@ def frozenlake_episodes(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathF
 def move_writing_model(frozenlake_episodes, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model after 60 verl-SFT steps on oracle FrozenLake episodes of maps 100..163: it writes moves
     (the random-weight model never does, so no self-training loop could find anything to learn from)."""
-    from recipe.beyond_agent.sft import FP32_TRAINING, hf_model_dir, run_sft
-    from recipe.beyond_agent.trajectories import write_dump
+    from beyond_agent.sft import FP32_TRAINING, hf_model_dir, run_sft
+    from beyond_agent.trajectories import write_dump
 
     out = tmp_path_factory.mktemp("move_writing_model")
     write_dump(out / "oracle", 0, "train", frozenlake_episodes(range(100, 164), ["oracle"]))

@@ -1,4 +1,4 @@
-"""One Agent-R iteration end to end with the tiny model on CPU (recipe/beyond_agent/agent_r_loop.py).
+"""One Agent-R iteration end to end with the tiny model on CPU (recipe/agent_r/main.py).
 
 The random-weight tiny model never writes a move, so a search over its proposals could never find a path
 worth revising. The test therefore first teaches it the action words: verl's SFT trainer (our sft.py) for
@@ -16,9 +16,9 @@ import math
 
 import pytest
 
-from recipe.beyond_agent.agent_r_loop import main
-from recipe.beyond_agent.sft import FP32_TRAINING, hf_model_dir
-from recipe.beyond_agent.trajectories import read_dump, write_dump
+from recipe.agent_r.main import main
+from beyond_agent.sft import FP32_TRAINING, hf_model_dir
+from beyond_agent.trajectories import read_dump, write_dump
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 

@@ -1,4 +1,4 @@
-"""Agent-R's model-free parts (recipe/beyond_agent/agent_r.py): UCT, root-to-leaf paths, pairing, the first wrong
+"""Agent-R's model-free parts (beyond_agent/algorithms/agent_r.py): UCT, root-to-leaf paths, pairing, the first wrong
 step and the spliced revision trajectory with its masks, on a hand-built FrozenLake-like tree.
 
 The splice is tokenised by the real tiny model's tokenizer and chat template through RolloutHandler, and
@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from recipe.beyond_agent.agent_r import (
+from beyond_agent.algorithms.agent_r import (
     JUDGE_FAILED,
     REFLECTION_REPLY,
     SearchNode,
@@ -24,7 +24,7 @@ from recipe.beyond_agent.agent_r import (
     shared_prefix,
     uct_score,
 )
-from recipe.beyond_agent.trajectory_data import training_row
+from beyond_agent.trajectory_data import training_row
 
 REFLECTION = "I realize my approach was flawed. I need to revise it."
 
@@ -108,7 +108,7 @@ def test_the_first_wrong_step_comes_from_the_judge_or_else_from_where_the_paths_
 def test_a_judge_that_raises_is_logged_and_counted_not_silent(caplog):
     root, _ = hand_built_tree()
     good, bad = pair_paths(leaf_paths(root), 0.5, 0.5)[0]
-    with caplog.at_level("WARNING", logger="recipe.beyond_agent.agent_r"):
+    with caplog.at_level("WARNING", logger="beyond_agent.algorithms.agent_r"):
         assert first_wrong_step(good, bad, lambda nodes, index: 1 / 0) == (1, JUDGE_FAILED)
     assert "Agent-R judge failed on step 1 ('left'): ZeroDivisionError: division by zero; the fallback rule picks " \
            "step 1" in caplog.text
@@ -150,7 +150,7 @@ def test_the_revision_trains_on_the_reflection_and_the_good_continuation_only(ti
 def test_a_revision_longer_than_the_limit_is_refused_not_cut(tiny_model_dir):
     from transformers import AutoTokenizer
 
-    from recipe.beyond_agent.agent_r import RevisionTooLong
+    from beyond_agent.algorithms.agent_r import RevisionTooLong
 
     root, _ = hand_built_tree()
     good, bad = pair_paths(leaf_paths(root), 0.5, 0.5)[0]
@@ -161,12 +161,12 @@ def test_a_revision_longer_than_the_limit_is_refused_not_cut(tiny_model_dir):
 
 
 def test_the_model_judge_reads_the_first_word_of_the_models_chat_templated_answer(tiny_model_dir):
-    """The loop's judge (agent_r_loop.model_judge) with the real tokenizer and chat template; the model's reply
+    """The loop's judge (recipe.agent_r.main.model_judge) with the real tokenizer and chat template; the model's reply
     is scripted text, so the verdict path a capable model takes (the tiny one never answers validly) is checked."""
     from transformers import AutoTokenizer
 
-    from recipe.beyond_agent.agent_r_loop import model_judge
-    from recipe.beyond_agent.rollout.scripted import ScriptedTurn, reply_ids
+    from recipe.agent_r.main import model_judge
+    from beyond_agent.rollout.scripted import ScriptedTurn, reply_ids
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     root, _ = hand_built_tree()

@@ -1,4 +1,4 @@
-"""One AgentEvol iteration end to end with the tiny model on CPU (recipe/beyond_agent/agentevol.py).
+"""One AgentEvol iteration end to end with the tiny model on CPU (recipe/agentevol/main.py).
 
 The model that explores is conftest's `move_writing_model` (the tiny model after 60 SFT steps on oracle
 FrozenLake maps: it writes moves and sometimes reaches the goal). The real loop runs once with the model in
@@ -14,9 +14,9 @@ import math
 
 import pytest
 
-from recipe.beyond_agent.agentevol import main
-from recipe.beyond_agent.sft import FP32_TRAINING, hf_model_dir
-from recipe.beyond_agent.trajectories import read_dump, write_dump
+from recipe.agentevol.main import main
+from beyond_agent.sft import FP32_TRAINING, hf_model_dir
+from beyond_agent.trajectories import read_dump, write_dump
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -59,7 +59,7 @@ def test_one_agentevol_iteration_explores_keeps_successes_trains_and_evaluates(
 def test_collect_with_the_model_in_process_writes_records_reproducibly(move_writing_model, tmp_path, capsys):
     """`collect --backend hf` (what AgentEvol explores with on CPU): one record per episode, the env's
     parameters applied, policy tokens masked in, and the same seed gives the same sampled episodes."""
-    from recipe.beyond_agent.collect import main as collect_main
+    from beyond_agent.collect import main as collect_main
 
     def run(name: str) -> list:
         out = tmp_path / f"{name}.jsonl"

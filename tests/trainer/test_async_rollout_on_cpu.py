@@ -18,7 +18,7 @@ import re
 import pytest
 
 from envservice.process import EnvServiceProcess
-from recipe.beyond_agent.data import write_task_files
+from beyond_agent.data import write_task_files
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 ACCOUNTING = re.compile(r"\[beyond_agent\] async rollout accounting: (\{.*\})")

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from recipe.beyond_agent.main_beyond_agent import check_config
+from recipe.multiturn_rl.main import check_config
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "recipe/beyond_agent/config"
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "recipe/multiturn_rl/config"
 
 
 def composed(*overrides: str):

@@ -1,8 +1,8 @@
-"""DPO on pairs of trajectories (recipe/beyond_agent/dpo.py): pairing, the loss on trained tokens only, and
+"""DPO on pairs of trajectories (beyond_agent/dpo.py): pairing, the loss on trained tokens only, and
 verl's SFT trainer running it on CPU.
 
 The episodes are real: FrozenLake maps served by envservice, played through our Dataflow by scripted
-policies (recipe/beyond_agent/rollout/scripted.py), the oracle's shortest path (success, reward 1) and
+policies (beyond_agent/rollout/scripted.py), the oracle's shortest path (success, reward 1) and
 walking into the left wall (reward 0), so each map gives one pair with the same first prompt, tokenised by
 the tiny model's tokenizer and chat template exactly as a rollout would be.
 """
@@ -16,10 +16,10 @@ import subprocess
 import pytest
 import torch
 
-from recipe.beyond_agent.dpo import TrajectoryDPODataset, collate_pairs, dpo_loss, preference_pairs, sequence_log_probs
-from recipe.beyond_agent.sft import FP32_TRAINING, hf_model_dir, sft_command
-from recipe.beyond_agent.trajectories import write_dump
-from recipe.beyond_agent.trajectory_data import TrajectoryDataError
+from beyond_agent.dpo import TrajectoryDPODataset, collate_pairs, dpo_loss, preference_pairs, sequence_log_probs
+from beyond_agent.sft import FP32_TRAINING, hf_model_dir, sft_command
+from beyond_agent.trajectories import write_dump
+from beyond_agent.trajectory_data import TrajectoryDataError
 
 MAPS = range(8)
 
@@ -99,7 +99,7 @@ def test_verls_trainer_runs_dpo_two_steps_on_cpu(pair_dump, tiny_model_dir, tmp_
         "data.micro_batch_size_per_gpu=4", "trainer.total_training_steps=2", "optim.lr=1e-2", "dpo.beta=0.5",
         f"trainer.default_local_dir={out}", f"hydra.run.dir={tmp_path / 'hydra'}",
         FP32_TRAINING,
-    ], cpu=True, module="recipe.beyond_agent.dpo")
+    ], cpu=True, module="beyond_agent.dpo")
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
 

@@ -1,4 +1,4 @@
-"""The M2PO policy loss (recipe/beyond_agent/algos/m2po.py) against hand-worked numbers and real verl config.
+"""The M2PO policy loss (beyond_agent/algorithms/m2po.py) against hand-worked numbers and real verl config.
 
 Notation: lr = log r = log π_θ − log π_old per token, Δ = −lr, "harmful" = (A > 0, r > 1) or (A < 0, r < 1).
 The loss is max(−A·r, −A·clip(r, 1 − clip_low, 1 + clip_high)) with the window solved from the budget.
@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from verl.trainer.ppo.core_algos import get_policy_loss_fn
 from verl.utils.config import omega_conf_to_dataclass
 
-from recipe.beyond_agent.algos.m2po import (
+from beyond_agent.algorithms.m2po import (
     DEFAULT_M2PO_BUDGET,
     M2PO_BUDGET_KEY,
     M2POPolicyLossConfig,
@@ -29,7 +29,7 @@ from recipe.beyond_agent.algos.m2po import (
 )
 
 # The recipe YAML sets this _target_ (and m2po_budget: 0.04); the tests name it again to be explicit.
-TARGET = "actor_rollout_ref.actor.policy_loss._target_=recipe.beyond_agent.algos.M2POPolicyLossConfig"
+TARGET = "actor_rollout_ref.actor.policy_loss._target_=beyond_agent.algorithms.M2POPolicyLossConfig"
 VERL_OWN_CONFIG = "actor_rollout_ref.actor.policy_loss._target_=verl.workers.config.PolicyLossConfig"
 E = math.e
 
@@ -37,7 +37,7 @@ E = math.e
 def build_actor_config(repo_root: Path, *overrides: str):
     """The actor config as verl's workers build it: hydra-compose our recipe config, then
     omega_conf_to_dataclass(config.actor_rollout_ref.actor) (verl/workers/engine_workers.py, init_model)."""
-    with initialize_config_dir(config_dir=str(repo_root / "recipe/beyond_agent/config"), version_base=None):
+    with initialize_config_dir(config_dir=str(repo_root / "recipe/multiturn_rl/config"), version_base=None):
         config = compose(config_name="beyond_agent_trainer", overrides=[
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
             "actor_rollout_ref.actor.policy_loss.loss_mode=m2po", *overrides])
@@ -319,14 +319,14 @@ def test_import_verl_registers_m2po_through_the_entry_point(tmp_path):
     from importlib.metadata import entry_points
 
     names = {ep.name: ep.value for ep in entry_points(group="verl.plugins")}
-    assert names.get("beyond_agent_algos") == "recipe.beyond_agent.algos", (
+    assert names.get("beyond_agent_algos") == "beyond_agent.algorithms", (
         "entry point missing: run `.venv/bin/python -m uv pip install --python .venv/bin/python --no-deps -e .`")
     code = ("import sys, verl\n"
-            "assert 'recipe.beyond_agent.algos.m2po' in sys.modules, 'plugin not imported by import verl'\n"
+            "assert 'beyond_agent.algorithms.m2po' in sys.modules, 'plugin not imported by import verl'\n"
             "from verl.trainer.ppo.core_algos import get_policy_loss_fn\n"
             "print(get_policy_loss_fn('m2po').__module__)\n")
     env = {key: value for key, value in os.environ.items() if key not in ("VERL_USE_EXTERNAL_PLUGINS", "PYTHONPATH")}
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip() == "recipe.beyond_agent.algos.m2po"
+    assert done.stdout.strip() == "beyond_agent.algorithms.m2po"

@@ -1,4 +1,4 @@
-"""Agent-R's MCTS over a real envservice (recipe/beyond_agent/mcts.py): FrozenLake served over loopback,
+"""Agent-R's MCTS over a real envservice (beyond_agent/algorithms/mcts.py): FrozenLake served over loopback,
 states reached by reset + replay. A seeded scripted proposer stands in for the model (it proposes from the
 four moves, duplicates included), so the test checks the search itself: every node's state, reached by
 replaying its actions, matches playing the same actions directly in one session.
@@ -12,8 +12,8 @@ import pytest
 
 from envservice.client import EnvClient
 from envservice.process import EnvServiceProcess
-from recipe.beyond_agent.agent_r import leaf_paths
-from recipe.beyond_agent.mcts import EnvReplayer, MCTSConfig, TaskRef, mcts_search, tree_nodes
+from beyond_agent.algorithms.agent_r import leaf_paths
+from beyond_agent.algorithms.mcts import EnvReplayer, MCTSConfig, TaskRef, mcts_search, tree_nodes
 
 MOVES = ["left", "down", "right", "up"]
 

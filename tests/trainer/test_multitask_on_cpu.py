@@ -1,4 +1,4 @@
-"""Multi-task runs (recipe/beyond_agent/multitask.py): the weighted task sampler, per-task rollout figures and
+"""Multi-task runs (beyond_agent/multitask.py): the weighted task sampler, per-task rollout figures and
 AgentRL's per-task advantage normalisation, on hand-made inputs and real torchdata / verl / Hydra parts."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import torch
 from hydra import compose, initialize_config_dir
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from recipe.beyond_agent.main_beyond_agent import check_config
-from recipe.beyond_agent.multitask import (
+from recipe.multiturn_rl.main import check_config
+from beyond_agent.multitask import (
     MultitaskConfig,
     WeightedTaskSampler,
     apply_task_advantage_norm,
@@ -23,10 +23,11 @@ from recipe.beyond_agent.multitask import (
     task_names,
     task_rollout_figures,
 )
-from recipe.beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec
-from recipe.beyond_agent.settings import BeyondAgentSettings
+from beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec
+from beyond_agent.settings import BeyondAgentSettings
+from beyond_agent.sections import from_section
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "recipe/beyond_agent/config"
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "recipe/multiturn_rl/config"
 ROW_TASKS = ["frozenlake"] * 10 + ["babyai"] * 30  # the small task has a third of the big one's rows
 
 
@@ -116,7 +117,7 @@ def test_a_resumed_loader_continues_with_the_draws_of_the_uninterrupted_one():
 ])
 def test_bad_multitask_settings_are_refused_naming_the_key(section, message):
     with pytest.raises(ValueError, match=message):
-        MultitaskConfig.from_mapping(section)
+        from_section(MultitaskConfig, section, "beyond_agent.multitask")
 
 
 def test_weights_must_name_exactly_the_tasks_of_the_data():
@@ -130,7 +131,7 @@ def test_weights_must_name_exactly_the_tasks_of_the_data():
 
 @pytest.fixture
 def train_files(tmp_path) -> str:
-    """Two parquet files as recipe.beyond_agent.data writes them (only the column the task comes from)."""
+    """Two parquet files as beyond_agent.data writes them (only the column the task comes from)."""
     paths = []
     for env in ("babyai", "frozenlake"):
         paths.append(tmp_path / f"{env}.parquet")

@@ -18,14 +18,14 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from envservice.process import EnvServiceProcess
-from recipe.beyond_agent.data import write_task_files
-from recipe.beyond_agent.rollout.llm import AsyncLLMServerManager, HttpVLLMBackend
-from recipe.beyond_agent.rollout_manager import BeyondAgentLoopManager
-from recipe.beyond_agent.tasks import AgentTask
-from recipe.beyond_agent.trajectories import read_dump
+from beyond_agent.data import write_task_files
+from beyond_agent.rollout.llm import AsyncLLMServerManager, HttpVLLMBackend
+from beyond_agent.rollout_manager import BeyondAgentLoopManager
+from beyond_agent.tasks import AgentTask
+from beyond_agent.trajectories import read_dump
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "recipe" / "beyond_agent" / "config"
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "recipe" / "multiturn_rl" / "config"
 
 
 def recipe_config(overrides: list[str]):
@@ -121,7 +121,7 @@ def test_generate_sequences_feeds_verl_union_reward_grpo_and_metrics(
                **compute_timing_metrics(merged, {"gen": 1.0, **output.meta_info["timing"]})}
     assert "num_turns/mean" in metrics and "timing_s/beyond_agent/success_rate" in metrics
     dumped = Path(config.trainer.default_local_dir) / "trajectories" / "step_2.jsonl"
-    records = list(read_dump(dumped))  # checked against the schema (recipe/beyond_agent/trajectories.py)
+    records = list(read_dump(dumped))  # checked against the schema (beyond_agent/trajectories.py)
     assert [(r.step, r.kind, r.index) for r in records] == [(2, "train", row) for row in range(4)]
     for row, record in enumerate(records):  # the dump's mask is the batch's, unpadded
         assert output.batch["response_mask"][row, :len(record.response_mask)].tolist() == record.response_mask
@@ -178,8 +178,8 @@ def test_task_params_written_by_data_reach_every_episode_of_the_row(tiny_model_d
     episode's params, so the first prompt and every replayed session are the same variant of the task."""
     from verl.utils import hf_tokenizer
 
-    from recipe.beyond_agent.rollout_manager import rows_to_episodes
-    from recipe.beyond_agent.tasks import TaskTable
+    from beyond_agent.rollout_manager import rows_to_episodes
+    from beyond_agent.tasks import TaskTable
 
     train, _ = write_task_files("frozenlake", tmp_path / "data", [0, 1], [0], envservice_url=envservice_url,
                                 params={"around": True})

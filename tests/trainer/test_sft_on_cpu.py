@@ -1,4 +1,4 @@
-"""SFT on trajectory records through verl's own SFT trainer (recipe/beyond_agent/sft.py, trajectory_data.py).
+"""SFT on trajectory records through verl's own SFT trainer (beyond_agent/sft.py, trajectory_data.py).
 
 The records are real: the dumps of a recorded BeyondAgentTrainer run (tests/viewer/recorded_run), written by
 our rollout with the tiny model's tokenizer and chat template. The loss check runs verl's `sft_loss` on
@@ -17,9 +17,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from recipe.beyond_agent.sft import TrajectorySFTDataset, hf_model_dir, sft_command
-from recipe.beyond_agent.trajectories import read_dump
-from recipe.beyond_agent.trajectory_data import (
+from beyond_agent.sft import TrajectorySFTDataset, hf_model_dir, sft_command
+from beyond_agent.trajectories import read_dump
+from beyond_agent.trajectory_data import (
     TrajectoryDataError,
     TrajectoryFilter,
     read_trajectories,
@@ -90,8 +90,9 @@ def test_bad_filter_keys_and_paths_are_named(tiny_model_dir):
 
 
 def test_a_weight_repeats_every_file_and_the_loops_refuse_bad_ones_before_any_model_starts(tmp_path, capsys):
-    from recipe.beyond_agent import agent_r_loop, agentevol
-    from recipe.beyond_agent.sft import repeated_files
+    from recipe.agent_r import main as agent_r_loop
+    from recipe.agentevol import main as agentevol
+    from beyond_agent.sft import repeated_files
 
     files = trajectory_files(RECORDED)
     assert repeated_files(RECORDED, 3) == [str(path) for path in files for _ in range(3)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from recipe.beyond_agent.trainer import align_total_epochs
+from recipe.multiturn_rl.trainer import align_total_epochs
 
 
 def trainer_config(total_epochs: int):

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from envservice.process import EnvServiceProcess
-from recipe.beyond_agent.data import write_task_files
+from beyond_agent.data import write_task_files
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 STEP_LINE = re.compile(r"step:(\d+) - (.*)")

@@ -20,15 +20,15 @@ from collections import Counter
 import pytest
 
 from envservice.process import EnvServiceProcess
-from recipe.beyond_agent.data import write_task_files
-from recipe.beyond_agent.multitask import WeightedTaskSampler, parquet_task_names
+from beyond_agent.data import write_task_files
+from beyond_agent.multitask import WeightedTaskSampler, parquet_task_names
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 USER_TASKS = '''
 import itertools
 
-from recipe.beyond_agent.tasks import AgentTask
+from beyond_agent.tasks import AgentTask
 
 
 class Counted(AgentTask):

@@ -14,7 +14,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from recipe.beyond_agent.weights import (
+from beyond_agent.sections import from_section
+from beyond_agent.weights import (
     ChecksumMismatchError,
     FullSyncRequiredError,
     PayloadError,
@@ -288,21 +289,21 @@ def test_layout_changes_and_dense_changes_go_whole_within_a_delta_sync() -> None
 @pytest.mark.parametrize(
     ("section", "message"),
     [
-        ({"mode": "sparse"}, "weight_sync.mode must be one of ['full', 'delta'], got 'sparse'"),
+        ({"mode": "sparse"}, "beyond_agent.weight_sync.mode must be one of ['full', 'delta'], got 'sparse'"),
         ({"mode": "delta", "full_every": 0}, "weight_sync.full_every must be an integer >= 1"),
         ({"mode": "delta", "full_every": True}, "weight_sync.full_every must be an integer >= 1"),
         ({"mode": "delta", "full_every": "10"}, "weight_sync.full_every must be an integer >= 1"),
-        ({"full_every": 3}, "weight_sync.mode is required, one of ['full', 'delta']"),
         ({"mode": "delta", "every": 3},
-         "weight_sync has unknown key(s) ['every']; valid keys: ['mode', 'full_every']"),
+         "beyond_agent.weight_sync has unknown key(s) ['every']; valid keys: mode, full_every"),
     ],
 )
 def test_bad_config_names_the_field(section: dict, message: str) -> None:
     with pytest.raises(ValueError) as caught:
-        WeightSyncConfig.from_mapping(section)
+        from_section(WeightSyncConfig, section, "beyond_agent.weight_sync")
     assert message in str(caught.value)
 
 
 def test_config_defaults() -> None:
-    assert WeightSyncConfig.from_mapping(None) == WeightSyncConfig("full", 10)
-    assert WeightSyncConfig.from_mapping({"mode": "delta"}).full_every == 10
+    assert from_section(WeightSyncConfig, None, "beyond_agent.weight_sync") == WeightSyncConfig("full", 10)
+    assert from_section(WeightSyncConfig, {"mode": "delta"}, "beyond_agent.weight_sync").full_every == 10
+    assert from_section(WeightSyncConfig, {"full_every": 3}, "beyond_agent.weight_sync") == WeightSyncConfig("full", 3)

@@ -19,16 +19,16 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from recipe.beyond_agent.settings import BeyondAgentSettings
-from recipe.beyond_agent.weights import PayloadKind, SyncMode, WeightDeltaSender, WeightSyncConfig
-from recipe.beyond_agent.weights.verl_backend import (
+from beyond_agent.settings import BeyondAgentSettings
+from beyond_agent.weights import PayloadKind, SyncMode, WeightDeltaSender, WeightSyncConfig
+from beyond_agent.weights.verl_backend import (
     BACKEND,
     MANAGER_CLASS,
     WORKER_EXTENSION_CLASS,
     DeltaCheckpointEngine,
     configure_weight_sync,
 )
-from recipe.beyond_agent.weights.wire import (
+from beyond_agent.weights.wire import (
     HEADER_NAME,
     PREFIX,
     REFUSED_MARKER,
@@ -213,8 +213,8 @@ def test_verl_bucket_transport_carries_the_stream(tmp_path: Path) -> None:
     script = textwrap.dedent("""
         import asyncio, threading, torch
         from verl.workers.rollout.vllm_rollout.bucketed_weight_transfer import BucketedWeightReceiver, BucketedWeightSender
-        from recipe.beyond_agent.weights import WeightDeltaSender, WeightSyncConfig
-        from recipe.beyond_agent.weights.wire import DeltaSyncEndpoint, pack_sync
+        from beyond_agent.weights import WeightDeltaSender, WeightSyncConfig
+        from beyond_agent.weights.wire import DeltaSyncEndpoint, pack_sync
         torch.manual_seed(0)
         weights = {f"w{i}": torch.randn(20000 + i).to(torch.bfloat16 if i % 2 else torch.float32) for i in range(40)}
         sender, endpoint, loaded = WeightDeltaSender(WeightSyncConfig("delta", full_every=10)), DeltaSyncEndpoint(), []
@@ -258,7 +258,7 @@ def test_full_mode_leaves_the_config_alone_and_delta_mode_sets_the_seams() -> No
     configure_weight_sync(config, WeightSyncConfig("delta", full_every=4))
     rollout = config.actor_rollout_ref.rollout
     assert rollout.checkpoint_engine.backend == BACKEND
-    assert rollout.checkpoint_engine.custom_backend_module == "recipe.beyond_agent.weights.verl_backend"
+    assert rollout.checkpoint_engine.custom_backend_module == "beyond_agent.weights.verl_backend"
     assert rollout.checkpoint_engine.engine_kwargs[BACKEND] == {"full_every": 4}
     assert rollout.checkpoint_manager_class == MANAGER_CLASS
     assert rollout.engine_kwargs.vllm.worker_extension_cls == WORKER_EXTENSION_CLASS

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from childproc import ChildProcess, answers_200, free_port
+from envservice.childproc import ChildProcess, answers_200, free_port
 
 RECORDED_RUN = Path(__file__).parent / "recorded_run"
 CHROMIUM = Path("/usr/bin/chromium")
@@ -32,9 +32,9 @@ def run_folder(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def viewer_url(run_folder: Path, tiny_model_dir: Path, tmp_path: Path):
-    """`python -m recipe.beyond_agent.viewer` over the run's copy, on a free loopback port; its URL."""
+    """`python -m beyond_agent.viewer` over the run's copy, on a free loopback port; its URL."""
     port = free_port()
-    child = ChildProcess.start([sys.executable, "-m", "recipe.beyond_agent.viewer", str(run_folder), "--port",
+    child = ChildProcess.start([sys.executable, "-m", "beyond_agent.viewer", str(run_folder), "--port",
                                 str(port), "--tokenizer", str(tiny_model_dir)], "viewer", tmp_path / "viewer.log")
     url = f"http://127.0.0.1:{port}"
     try:

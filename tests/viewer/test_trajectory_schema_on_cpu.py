@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from recipe.beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec
-from recipe.beyond_agent.rollout.handler import Episode
-from recipe.beyond_agent.trajectories import (SCHEMA_VERSION, TrajectoryFormatError, TrajectoryRecord, episode_record,
+from beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec
+from beyond_agent.rollout.handler import Episode
+from beyond_agent.trajectories import (SCHEMA_VERSION, TrajectoryFormatError, TrajectoryRecord, episode_record,
                                               parse_dump_file_name, read_dump, write_dump)
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from recipe.beyond_agent.trajectories import TrajectoryFormatError, read_dump
-from recipe.beyond_agent.viewer.curves import write_curves_png
-from recipe.beyond_agent.viewer.run_folder import MetricsLog
+from beyond_agent.trajectories import TrajectoryFormatError, read_dump
+from beyond_agent.curves import write_curves_png
+from beyond_agent.run_folder import MetricsLog
 
 TRAJECTORIES = Path("checkpoints") / "trajectories"
 
@@ -110,10 +110,10 @@ def test_the_curves_png_is_drawn_from_the_metrics(run_folder: Path, tmp_path: Pa
     written = write_curves_png(MetricsLog(run_folder), tmp_path / "curves.png")
     assert written.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and written.stat().st_size > 20_000
     out = tmp_path / "cli.png"
-    done = subprocess.run([sys.executable, "-m", "recipe.beyond_agent.viewer", str(run_folder), "--png", str(out)],
+    done = subprocess.run([sys.executable, "-m", "beyond_agent.viewer", str(run_folder), "--png", str(out)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and out.read_bytes()[:4] == b"\x89PNG", done.stderr
     (tmp_path / "empty").mkdir()
-    empty = subprocess.run([sys.executable, "-m", "recipe.beyond_agent.viewer", str(tmp_path / "empty"), "--png",
+    empty = subprocess.run([sys.executable, "-m", "beyond_agent.viewer", str(tmp_path / "empty"), "--png",
                             str(tmp_path / "none.png")], capture_output=True, text=True, timeout=120)
     assert empty.returncode == 1 and "no metrics" in empty.stderr

@@ -1,6 +1,6 @@
 """The viewer in a real headless Chromium (Debian's package, driven by Playwright) over the recorded run.
 
-The page is served by the real `python -m recipe.beyond_agent.viewer` process on loopback; plotly.js
+The page is served by the real `python -m beyond_agent.viewer` process on loopback; plotly.js
 comes from the installed plotly package. What the browser shows is checked against the run's own files.
 """
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from recipe.beyond_agent.trajectories import read_dump
+from beyond_agent.trajectories import read_dump
 
 pytestmark = pytest.mark.slow
 TRAJECTORIES = Path("checkpoints") / "trajectories"

@@ -1,0 +1,24 @@
+"""BeyondAgent's library: the parts every program (the recipes under `recipe/`, the benches, the viewer) uses.
+
+Importing this package imports nothing else; each module is imported on its own:
+
+    rollout/         one episode's token bookkeeping (handler), the episode loop (dataflow), the thread pool
+                     over many (env_manager), the LLM front (llm), round limits (rounds), batch assembly
+                     (batch), the bounded-staleness pool (async_pool, versions), scripted and HF policies
+    rollout_manager  verl's rollout seam: a step's batch of tasks -> episodes -> DataProto
+    actions          parsers from model text to env actions
+    tasks            what a dataset row asks an env to do, and its parsers
+    multitask        several envs in one run: per-task settings and metrics
+    settings         the recipe's config sections read from the Hydra config
+    trajectories     the episode dump schema and writer; trajectory_data reads dumps into SFT/DPO rows
+    run_folder       the names and readers of an experiment folder; curves draws its metrics as a PNG
+    weights/         weight-sync codecs (full and delta) and their verl seams
+    algorithms/      losses registered with verl (M2PO), Agent-R's revision pairing and MCTS
+    evaluation       the one evaluation API: evaluate(policy, env, tasks, settings) -> Evaluation, serve_policy
+    serving          a local vLLM server for evaluation and collection
+    cli_args         argument types the command-line programs share (task ranges, JSON params)
+    verl_pin         the verl release we are built for, checked at start-up
+    viewer/          the run viewer (`python -m beyond_agent.viewer RUN_DIR`); nothing here imports it
+
+The layering is checked by import-linter (`lint-imports`, contracts in pyproject.toml).
+"""

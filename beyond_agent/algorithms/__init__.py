@@ -1,0 +1,18 @@
+"""Algorithms BeyondAgent registers with verl; the ``verl.plugins`` entry point ``beyond_agent_algos``.
+
+verl imports every ``verl.plugins`` entry point at ``import verl`` (verl/__init__.py), so importing this
+package there is what makes our registrations exist in every process, Ray workers included. verl logs a
+plugin that fails to import only at DEBUG level, so tests/trainer/test_m2po_loss_on_cpu.py checks the
+registration in a fresh interpreter.
+
+- ``m2po``: the M2PO policy loss (``actor_rollout_ref.actor.policy_loss.loss_mode=m2po``).
+"""
+
+from beyond_agent.algorithms.m2po import (
+    DEFAULT_M2PO_BUDGET,
+    M2PO_BUDGET_KEY,
+    M2POPolicyLossConfig,
+    compute_policy_loss_m2po,
+)
+
+__all__ = ["DEFAULT_M2PO_BUDGET", "M2PO_BUDGET_KEY", "M2POPolicyLossConfig", "compute_policy_loss_m2po"]

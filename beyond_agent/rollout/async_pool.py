@@ -1,0 +1,301 @@
+"""Asynchronous rollout: episodes are played while the actor trains, with a bound on their staleness.
+
+`AsyncEpisodePool` keeps episodes running in the background, fed row by row from the training data, and
+hands the trainer whole finished rows (a prompt and its n episodes: one GRPO group) when it asks for a
+batch. verl's `fit()` is unchanged: the trainer wraps its dataloader (`AsyncRowLoader` in trainer.py) so
+that each batch `fit()` draws is made of rows whose episodes have already finished, and the rollout
+manager's `generate_sequences` returns those episodes (matched by the row key the loader wrote).
+
+Why rows are handed over in the order they finish, not the order they were drawn: agentic episodes have a
+long tail, and a synchronous step waits for its slowest episode. Here a slow row is carried over to a
+later step while finished rows train now.
+
+Versions and staleness (see rollout/versions.py): version v = the weights after training step v. The
+trainer trains step s on weights s - 1, so a token sampled with version u is `s - 1 - u` versions stale.
+- Admission keeps FIFO order within the bound: a row drawn now, with q rows already waiting, is trained
+  `q // batch_size` steps after the next one, so rows are drawn only while that staleness is <= K
+  (`max_staleness`). With K = 0 nothing is drawn while the actor trains, which is synchronous rollout.
+- A row that finished late (carried over) can still exceed K by the time it would be trained: it is
+  dropped, counted, and its env/task mix logged (dropping biases training toward short tasks; the mix
+  shows by how much).
+- Every admitted episode is accounted for: trained, dropped (stale), in flight or ready at the end.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter, deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+from beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec
+from beyond_agent.rollout.versions import PolicyVersionGate
+
+OLD_LOG_PROB_SOURCES = ("behaviour", "recompute")
+
+
+@dataclass(frozen=True)
+class AsyncRolloutSettings:
+    """`beyond_agent.async_rollout`: the bound and policies of asynchronous rollout."""
+
+    max_staleness: int = 1
+    """K: a token may be at most K policy versions older than the weights it is trained against; rows are
+    drawn ahead only within this bound, and a row that finished too late for it is dropped."""
+    partial_rollout: bool = True
+    """True: an episode that spans a weight update continues on the new weights (its turns record both
+    versions). False: an update waits until running episodes finish on the old weights."""
+    old_log_probs: str = "behaviour"
+    """What the policy loss uses as π_old. behaviour: the log-probs the rollout sampled with (the staleness
+    is then in the ratio, as M2PO and off-policy PPO expect); recompute: verl's recomputation with the
+    weights before the update (a proximal policy; combine with verl's algorithm.rollout_correction)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_staleness, int) or isinstance(self.max_staleness, bool) or self.max_staleness < 0:
+            raise ValueError(f"beyond_agent.async_rollout.max_staleness must be an int >= 0, got {self.max_staleness!r}")
+        if not isinstance(self.partial_rollout, bool):
+            raise ValueError(f"beyond_agent.async_rollout.partial_rollout must be true or false, "
+                             f"got {self.partial_rollout!r}")
+        if self.old_log_probs not in OLD_LOG_PROB_SOURCES:
+            raise ValueError(f"beyond_agent.async_rollout.old_log_probs={self.old_log_probs!r} is not valid; "
+                             f"choose one of {', '.join(OLD_LOG_PROB_SOURCES)}")
+
+
+@dataclass
+class PendingRow:
+    """One drawn row: its key, data and the n episodes played for it."""
+
+    key: str
+    row: dict[str, Any]
+    """The dataset row as the dataloader gave it (one element of each batch field)."""
+    admitted_version: int
+    futures: list[Future] = field(default_factory=list)
+    finished_at: float | None = None
+
+    @property
+    def done(self) -> bool:
+        """All n episodes finished."""
+        return all(future.done() for future in self.futures)
+
+    def results(self) -> list[EpisodeResult]:
+        """The n results, in the order the episodes were submitted (Dataflow.run never raises)."""
+        return [future.result() for future in self.futures]
+
+
+def episode_versions(result: EpisodeResult, admitted_version: int) -> list[int]:
+    """The policy version of each generated turn; an episode with no tagged turn counts as admitted."""
+    versions = [v for v in (result.episode.turn_policy_versions if result.episode else []) if v is not None]
+    return versions or [admitted_version]
+
+
+def row_staleness(row: PendingRow, trainer_version: int) -> int:
+    """Versions between the row's oldest generated turn and the weights it would be trained against."""
+    oldest = min(min(episode_versions(r, row.admitted_version)) for r in row.results())
+    return trainer_version - oldest
+
+
+@dataclass
+class TakenBatch:
+    """What `take_batch` hands over: the rows, and the figures of this hand-over."""
+
+    rows: list[PendingRow]
+    metrics: dict[str, float]
+
+
+class AsyncEpisodePool:
+    """Background episodes fed from a row stream; see the module docstring.
+
+    Args:
+        rows: an endless iterator of dataset rows (dicts), drawn from a background thread.
+        make_specs: row key, row -> the n EpisodeSpecs of that row (one GRPO group).
+        run_episode: spec, max_rounds -> EpisodeResult (never raises; the manager's Dataflow).
+        max_rounds: training step -> the round limit (the RoundScheduler); rows use the step they are drawn at.
+        gate: the weight-version gate shared with the trainer's weight sync.
+        batch_size: rows per training step.
+        settings: the staleness bound.
+        concurrency: episodes running at once.
+        describe: result -> the label its drop is counted under (env or task name).
+        total_steps: the run's last step, if known: no row is drawn that no remaining step could train.
+    """
+
+    def __init__(self, rows: Iterator[dict[str, Any]], make_specs: Callable[[str, dict], Sequence[EpisodeSpec]],
+                 run_episode: Callable[[EpisodeSpec, int], EpisodeResult], max_rounds: Callable[[int], int],
+                 gate: PolicyVersionGate, batch_size: int, settings: AsyncRolloutSettings, concurrency: int,
+                 describe: Callable[[EpisodeResult], str] = lambda result: result.spec.env_id,
+                 total_steps: int | None = None):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self._rows = rows
+        self._make_specs = make_specs
+        self._run_episode = run_episode
+        self._max_rounds = max_rounds
+        self.gate = gate
+        self.batch_size = batch_size
+        self.settings = settings
+        self._describe = describe
+        self.total_steps = total_steps
+        self._executor = ThreadPoolExecutor(max_workers=max(concurrency, 1), thread_name_prefix="async-episode")
+        self._condition = threading.Condition()
+        self._waiting: deque[PendingRow] = deque()  # drawn, not yet taken (running or finished)
+        self._taken_steps = 0
+        self._serial = 0
+        self._closed = False
+        self._feed_error: BaseException | None = None
+        self.counts = Counter()
+        """Episodes admitted / trained / dropped_stale, over the whole run (rows: *_rows)."""
+        self._feeder = threading.Thread(target=self._feed, name="async-rollout-feeder", daemon=True)
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+
+    def start(self, taken_steps: int = 0) -> None:
+        """Start drawing rows; `taken_steps` is the number of steps already trained (a resumed run)."""
+        self._taken_steps = taken_steps
+        self._feeder.start()
+
+    def close(self) -> dict[str, int]:
+        """Stop drawing rows and cancel episodes not yet started; the final accounting of every episode."""
+        with self._condition:
+            self._closed = True
+            self._condition.notify_all()
+            waiting = list(self._waiting)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        unfinished = sum(1 for row in waiting for future in row.futures if not future.done())
+        finished = sum(1 for row in waiting for future in row.futures if future.done())
+        return {**self.counts, "left_unfinished_at_end": unfinished, "left_finished_at_end": finished}
+
+    # ---- the trainer's side --------------------------------------------------------------------
+
+    def take_batch(self, timeout_s: float | None = None) -> TakenBatch:
+        """Block until `batch_size` finished rows within the staleness bound are ready; hand them over.
+
+        The trainer is about to train step `taken_steps + 1` on weights `taken_steps`, so that is the
+        version staleness is measured against.
+        """
+        started = time.monotonic()
+        trainer_version = self._taken_steps
+        dropped: list[tuple[PendingRow, int]] = []
+        with self._condition:
+            while True:
+                self._raise_feed_error()
+                dropped.extend(self._drop_stale_rows(trainer_version))
+                # First finished, first trained. Rows stay in the queue until the batch is complete, so the
+                # feeder's admission bound never sees a half-taken batch.
+                ready = sorted((row for row in self._waiting if row.done), key=lambda r: r.finished_at or 0.0)
+                if len(ready) >= self.batch_size:
+                    taken = ready[: self.batch_size]
+                    break
+                if not self._condition.wait(timeout=1.0) and timeout_s and time.monotonic() - started > timeout_s:
+                    raise TimeoutError(f"fewer than {self.batch_size} finished rollout rows within {timeout_s:.0f} s")
+            for row in taken:
+                self._waiting.remove(row)
+            self._taken_steps += 1
+            carried_over = sum(1 for row in self._waiting for future in row.futures if not future.done())
+            self._condition.notify_all()  # admission may draw again
+        return TakenBatch(taken, self._step_metrics(taken, dropped, trainer_version, carried_over,
+                                                    time.monotonic() - started))
+
+    def _drop_stale_rows(self, trainer_version: int) -> list[tuple[PendingRow, int]]:
+        """Remove the finished rows already past the bound (called with the lock held)."""
+        dropped = []
+        for row in [row for row in self._waiting if row.done]:
+            staleness = row_staleness(row, trainer_version)
+            # Rule: beyond K the stale gradient is not taken; a finished row only gets staler, so it is
+            # dropped as soon as it is past the bound.
+            if staleness > self.settings.max_staleness:
+                self._waiting.remove(row)
+                dropped.append((row, staleness))
+        return dropped
+
+    def version_changed(self) -> None:
+        """Tell the feeder the weights moved on (it may draw rows again)."""
+        with self._condition:
+            self._condition.notify_all()
+
+    # ---- the background side --------------------------------------------------------------------
+
+    def _allowed_waiting_rows(self) -> int:
+        """Rows that may wait (drawn, not taken) without a FIFO row exceeding the bound (module docstring)."""
+        steps_ahead = self.settings.max_staleness + self.gate.version - self._taken_steps
+        allowed = self.batch_size * (steps_ahead + 1)
+        if self.total_steps is not None:  # rows past the last step would only be played and thrown away
+            allowed = min(allowed, self.batch_size * (self.total_steps - self._taken_steps))
+        return allowed
+
+    def _feed(self) -> None:
+        try:
+            while True:
+                with self._condition:
+                    self._condition.wait_for(
+                        lambda: self._closed or len(self._waiting) < self._allowed_waiting_rows(), timeout=1.0)
+                    if self._closed:
+                        return
+                    if len(self._waiting) >= self._allowed_waiting_rows():
+                        continue  # woke on the timeout: an update may have moved the version; look again
+                    step = self._taken_steps + 1
+                row = next(self._rows)
+                self._admit(row, step)
+        except BaseException as error:  # surfaced to the trainer at its next take_batch
+            with self._condition:
+                self._feed_error = error
+                self._condition.notify_all()
+
+    def _admit(self, row: dict[str, Any], step: int) -> None:
+        with self._condition:
+            self._serial += 1
+            key = f"r{self._serial}"
+            pending = PendingRow(key=key, row=row, admitted_version=self.gate.version)
+            specs = self._make_specs(key, row)
+            max_rounds = self._max_rounds(step)
+            for spec in specs:
+                future = self._executor.submit(self._run_episode, spec, max_rounds)
+                future.add_done_callback(lambda _, p=pending: self._episode_finished(p))
+                pending.futures.append(future)
+            self._waiting.append(pending)
+            self.counts["admitted"] += len(specs)
+            self.counts["admitted_rows"] += 1
+
+    def _episode_finished(self, row: PendingRow) -> None:
+        with self._condition:
+            if row.finished_at is None and row.done:
+                row.finished_at = time.monotonic()
+            self._condition.notify_all()
+
+    def _raise_feed_error(self) -> None:
+        if self._feed_error is not None:
+            raise RuntimeError(f"the async rollout stopped drawing rows: {type(self._feed_error).__name__}: "
+                               f"{self._feed_error}") from self._feed_error
+
+    # ---- figures ---------------------------------------------------------------------------------
+
+    def _step_metrics(self, taken: list[PendingRow], dropped: list[tuple[PendingRow, int]], trainer_version: int,
+                      carried_over: int, waited_s: float) -> dict[str, float]:
+        episode_staleness, token_staleness, mixed = [], [], 0
+        for row in taken:
+            for result in row.results():
+                versions = episode_versions(result, row.admitted_version)
+                episode_staleness.append(trainer_version - min(versions))
+                token_staleness.extend(trainer_version - v for v in versions)
+                mixed += len(set(versions)) > 1
+        dropped_results = [result for row, _ in dropped for result in row.results()]
+        self.counts["trained"] += sum(len(row.futures) for row in taken)
+        self.counts["trained_rows"] += len(taken)
+        self.counts["dropped_stale"] += len(dropped_results)
+        self.counts["dropped_stale_rows"] += len(dropped)
+        metrics = {
+            "async/staleness_mean": _mean(episode_staleness), "async/staleness_max": float(max(episode_staleness, default=0)),
+            "async/turn_staleness_mean": _mean(token_staleness),
+            "async/partial_episodes": float(mixed),
+            "async/carried_over_episodes": float(carried_over),
+            "async/dropped_stale_episodes": float(len(dropped_results)),
+            "async/wait_for_rows_s": waited_s, "async/update_wait_s": self.gate.take_update_wait(),
+            "async/policy_version": float(trainer_version),
+        }
+        metrics.update({f"async/dropped_stale/{label}": float(count)
+                        for label, count in Counter(self._describe(r) for r in dropped_results).items()})
+        metrics.update({f"async/total_{name}": float(value) for name, value in self.counts.items()})
+        return metrics
+
+
+def _mean(values: list[int]) -> float:
+    return float(sum(values) / len(values)) if values else 0.0

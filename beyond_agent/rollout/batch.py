@@ -1,0 +1,224 @@
+"""Batch assembly, in one place: finished episodes -> the DataProto verl's `fit()` takes from
+`generate_sequences`.
+
+- `collate` pads episodes into verl's tensors (prompts left-padded, responses right-padded) with the
+  episode reward as `rm_scores` and the per-turn env rewards as `step_rewards`.
+- `training_batch` is what the rollout manager returns: infrastructure failures kept out of training
+  (`mask_failures`), collated, with the input rows' non-tensor fields and our own (`success`, `agent_task`).
+
+Infrastructure failures (`env_error`, `llm_error`, `timeout`) are not reward. Their rows stay (verl's
+`fit()` needs every row back, in order) but get response mask 0 and no reward; with a group-based
+estimator (GRPO, RLOO, ...) their whole group goes with them, because the group's baseline would otherwise
+be computed from the survivors only.
+"""
+
+from __future__ import annotations
+
+from itertools import chain
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+import torch
+
+from beyond_agent.rollout.dataflow import EpisodeResult
+from beyond_agent.rollout.handler import TERMINATION_REASONS, Episode, RolloutHandler
+
+if TYPE_CHECKING:
+    from verl import DataProto
+
+
+def training_batch(results: Sequence[EpisodeResult], inputs: Any, pad_token_id: int, max_prompt_length: int,
+                   max_response_length: int, group_based: bool) -> DataProto:
+    """The rollout batch for verl, row i being results[i] (the input batch's row i), failures masked.
+
+    `inputs` is the DataProto `generate_sequences` was called with (None outside training): its non-tensor
+    fields come back unchanged, since verl unions this batch with its own copy.
+    """
+    episodes = mask_failures(results, pad_token_id, group_based)
+    batch = collate(episodes, pad_token_id, max_prompt_length, max_response_length)
+    for key, values in (inputs.non_tensor_batch.items() if inputs is not None else ()):
+        batch.non_tensor_batch[key] = values
+    batch.non_tensor_batch["success"] = np.array([float(r.success) for r in results], dtype=np.float32)
+    batch.non_tensor_batch["agent_task"] = np.array([r.spec.agent_task.label for r in results], dtype=object)
+    batch.non_tensor_batch["multi_modal_inputs"] = np.array([{} for _ in results], dtype=object)
+    return batch
+
+
+def mask_failures(results: Sequence[EpisodeResult], pad_token_id: int, group_based: bool) -> list[Episode]:
+    """One episode per result, in order: excluded rows (see `excluded_rows`) get mask 0 and no reward."""
+    excluded = excluded_rows(results, group_based)
+    return [_masked(_episode_or_placeholder(r, pad_token_id)) if i in excluded
+            else _episode_or_placeholder(r, pad_token_id) for i, r in enumerate(results)]
+
+
+def excluded_rows(results: Sequence[EpisodeResult], group_based: bool) -> set[int]:
+    """Rows to keep out of training: infra failures, and with a group estimator their whole group."""
+    failed = {i for i, r in enumerate(results) if r.infra_failure}
+    if not group_based:
+        return failed
+    failed_groups = {results[i].spec.group_id for i in failed}
+    return {i for i, r in enumerate(results) if r.spec.group_id in failed_groups}
+
+
+def _masked(episode: Episode) -> Episode:
+    # Rule: a failed episode's tokens are not the policy's behaviour in a working world, so none of them
+    # is trained on (mask 0) and it carries no reward, not even step rewards.
+    return Episode(prompt_ids=episode.prompt_ids, response_ids=episode.response_ids,
+                   response_mask=[0] * len(episode.response_ids),
+                   response_logprobs=episode.response_logprobs, reward=0.0,
+                   termination=episode.termination, num_turns=episode.num_turns,
+                   prompt_truncated=episode.prompt_truncated)
+
+
+def _episode_or_placeholder(result: EpisodeResult, pad_token_id: int) -> Episode:
+    """The result's episode, or a one-token placeholder for one that failed before its prompt existed."""
+    if result.episode is not None:
+        return result.episode
+    # Rule: a row must exist to keep the batch's shape; it holds one pad token and nothing to train on.
+    return Episode(prompt_ids=[pad_token_id], response_ids=[pad_token_id], response_mask=[0],
+                   response_logprobs=[0.0], reward=0.0, termination=result.termination)
+
+
+def collate(
+    episodes: Sequence[Episode | RolloutHandler],
+    pad_token_id: int,
+    max_prompt_length: int,
+    max_response_length: int,
+) -> DataProto:
+    """Pad finished episodes into the DataProto verl's trainer expects from `generate_sequences`.
+
+    Prompts are left-padded to max_prompt_length and responses right-padded to max_response_length, so
+    every row's prompt ends and response starts at the same column. `rm_scores` holds each episode's
+    reward on its last policy token; `step_rewards` each turn's env reward on that turn's last token (for
+    step-level credit methods; verl's estimators read only `rm_scores`). `rollout_log_probs` is present only
+    if every episode has log-probs. Non-tensor fields: `termination`, `__num_turns__`, `prompt_truncated`.
+    """
+    from verl import DataProto  # imported here: importing verl takes seconds, the handler does not need it
+
+    rows = [e.to_episode() if isinstance(e, RolloutHandler) else e for e in episodes]
+    if not rows:
+        raise ValueError("collate needs at least one episode")
+    for i, row in enumerate(rows):
+        _check_episode(i, row, max_prompt_length, max_response_length)
+    tensors = _sequence_tensors(rows, pad_token_id, max_prompt_length, max_response_length)
+    tensors["rm_scores"] = _reward_tensor(rows, tensors["response_mask"])  # [batch, response]
+    tensors["step_rewards"] = _step_reward_tensor(rows, max_response_length)  # [batch, response]
+    if all(row.response_logprobs is not None for row in rows):
+        # Padding gets 0.0; verl only reads positions where response_mask is 1.
+        positions = _flat_positions(_lengths(r.response_ids for r in rows), max_response_length, left=False)
+        tensors["rollout_log_probs"] = _pad(
+            [row.response_logprobs for row in rows], positions, max_response_length, 0.0, np.float32
+        )  # [batch, response]
+    non_tensors = {
+        "termination": np.array([row.termination for row in rows], dtype=object),
+        "__num_turns__": np.array([row.num_turns for row in rows], dtype=np.int32),
+        "prompt_truncated": np.array([row.prompt_truncated for row in rows], dtype=bool),
+    }
+    return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors)
+
+
+def _sequence_tensors(rows: list[Episode], pad_id: int, prompt_len: int, response_len: int) -> dict:
+    """prompts, responses, response_mask, input_ids, attention_mask, position_ids."""
+    prompt_lengths = _lengths(r.prompt_ids for r in rows)
+    response_lengths = _lengths(r.response_ids for r in rows)
+    prompt_at = _flat_positions(prompt_lengths, prompt_len, left=True)
+    response_at = _flat_positions(response_lengths, response_len, left=False)
+    prompts = _pad([r.prompt_ids for r in rows], prompt_at, prompt_len, pad_id, np.int64)  # [batch, prompt]
+    responses = _pad([r.response_ids for r in rows], response_at, response_len, pad_id, np.int64)
+    # Padding is never trained on: the mask is padded with 0.
+    response_mask = _pad([r.response_mask for r in rows], response_at, response_len, 0, np.int64)
+    # Left-padded prompt + right-padded response: each row's real tokens are one run starting here.
+    starts = prompt_len - prompt_lengths
+    lengths = prompt_lengths + response_lengths
+    width = prompt_len + response_len
+    attention_mask = np.zeros((len(rows), width), dtype=np.int64)  # [batch, prompt + response]
+    attention_mask.reshape(-1)[_runs(np.arange(len(rows)) * width + starts, lengths)] = 1
+    # Positions count real tokens only: left padding sits at 0 and right padding repeats the last
+    # position, as verl's compute_position_id_with_mask (cumsum(mask) - 1, clamped at 0) gives.
+    position_ids = np.arange(width) - starts[:, None]  # [batch, prompt + response]
+    np.clip(position_ids, 0, np.maximum(lengths - 1, 0)[:, None], out=position_ids)
+    return {
+        "prompts": prompts,  # [batch, prompt]
+        "responses": responses,  # [batch, response]
+        "response_mask": response_mask,  # [batch, response]
+        "input_ids": torch.cat([prompts, responses], dim=1),  # [batch, prompt + response]
+        "attention_mask": torch.from_numpy(attention_mask),
+        "position_ids": torch.from_numpy(position_ids),
+    }
+
+
+def _reward_tensor(rows: list[Episode], response_mask: torch.Tensor) -> torch.Tensor:
+    """Each reward on its row's last policy token (mask 1), zeros elsewhere.
+
+    Why the last mask-1 token and not simply the last response token: an episode cut by the length limit
+    can end inside an observation (mask 0), and verl's GAE and REINFORCE++ skip mask-0 positions when
+    they propagate returns, so a reward sitting there would be lost (tests/trainer shows it with verl's
+    own functions). Sum-based estimators (GRPO, RLOO) see the same total either way. A row with no
+    policy token keeps its reward on its last response token; an empty response gets no reward.
+    """
+    policy = response_mask.numpy() == 1  # [batch, response]; padding is 0, so never a policy token
+    last_policy = policy.shape[1] - 1 - np.argmax(policy[:, ::-1], axis=1)
+    last_token = _lengths(r.response_ids for r in rows) - 1
+    position = np.where(policy.any(axis=1), last_policy, last_token)
+    rewarded = np.flatnonzero(position >= 0)  # an empty response (position -1) gets no reward
+    scores = np.zeros(policy.shape, dtype=np.float32)  # [batch, response]
+    scores[rewarded, position[rewarded]] = np.array([float(rows[i].reward) for i in rewarded], dtype=np.float64)
+    return torch.from_numpy(scores)
+
+
+def _step_reward_tensor(rows: list[Episode], width: int) -> torch.Tensor:
+    """Each turn's step reward on the last token that turn kept; turns that kept none carry nothing."""
+    scores = np.zeros((len(rows), width), dtype=np.float32)  # [batch, response]
+    for row, episode in enumerate(rows):
+        for end, reward in zip(episode.turn_ends, episode.step_rewards):
+            if end >= 0:
+                scores[row, end] += reward
+    return torch.from_numpy(scores)
+
+
+def _lengths(rows) -> np.ndarray:
+    return np.array([len(row) for row in rows], dtype=np.int64)
+
+
+def _flat_positions(lengths: np.ndarray, width: int, left: bool) -> np.ndarray:
+    """Where each value of the concatenated rows goes in a flattened [batch, width] array, each row
+    padded on the left or the right."""
+    starts = np.arange(len(lengths)) * width + (width - lengths if left else 0)
+    return _runs(starts, lengths)
+
+
+def _runs(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The indices start[i] .. start[i] + lengths[i] - 1 for every i, concatenated."""
+    offsets = np.cumsum(lengths) - lengths  # where row i's values begin in the concatenation
+    return np.repeat(starts - offsets, lengths) + np.arange(int(lengths.sum()))
+
+
+def _pad(rows: list[Sequence], positions: np.ndarray, width: int, value, dtype) -> torch.Tensor:
+    """[batch, width] filled with `value`, the rows' values written at `positions` in one concatenation."""
+    out = np.full((len(rows), width), value, dtype=dtype)
+    out.reshape(-1)[positions] = np.fromiter(chain.from_iterable(rows), dtype=dtype, count=len(positions))
+    return torch.from_numpy(out)
+
+
+def _check_episode(index: int, row: Episode, prompt_len: int, response_len: int) -> None:
+    """Fail with the episode index and the field when an episode does not fit the batch."""
+    if row.termination not in TERMINATION_REASONS:
+        raise ValueError(
+            f"episode {index} has termination={row.termination!r}; call finish() with one of {TERMINATION_REASONS}"
+        )
+    if len(row.prompt_ids) > prompt_len:
+        raise ValueError(
+            f"episode {index}: prompt_ids has {len(row.prompt_ids)} tokens > max_prompt_length={prompt_len}"
+        )
+    if len(row.response_ids) > response_len:
+        raise ValueError(
+            f"episode {index}: response_ids has {len(row.response_ids)} tokens > max_response_length={response_len}"
+        )
+    lengths = {"response_mask": len(row.response_mask)}
+    if row.response_logprobs is not None:
+        lengths["response_logprobs"] = len(row.response_logprobs)
+    for name, length in lengths.items():
+        if length != len(row.response_ids):
+            raise ValueError(
+                f"episode {index}: {name} has {length} values but response_ids has {len(row.response_ids)}"
+            )

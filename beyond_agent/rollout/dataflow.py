@@ -1,0 +1,311 @@
+"""One episode, start to finish: env session -> (generate -> parse -> step -> observe)* -> evaluate -> release.
+
+A Dataflow runs in one thread of the ParallelEnvManager's pool. It does blocking environment I/O
+itself and sends every LLM call to the shared LLM front (which owns the one event loop). It never
+raises: whatever happens, it returns an `EpisodeResult` with exactly one termination reason, and its
+environment session is released in `finally`.
+
+The episode's `AgentTask` (on its `EpisodeSpec`, see `beyond_agent/tasks.py`) gives the first
+messages, parses each reply into an action and turns the env's final score and per-step rewards into the
+episode's reward. Each assistant turn gets one step reward: what the env returned for its action, 0.0
+when the env did not step (the reply was not an action, or the turn hit the length limit).
+
+Termination reasons (see `handler.TERMINATION_REASONS`):
+- `done`       the environment said the task ended (terminated, success or failure);
+- `max_rounds` the round limit of this training step, or the environment's own step limit (truncated);
+- `length`     the response reached max_response_length;
+- `env_error`, `llm_error`, `timeout`: infrastructure failures (`timeout`: the episode's wall-clock budget,
+  an LLM call's deadline, or an env call past the service's `--step-timeout`). They are never turned into reward:
+  `EpisodeResult.infra_failure` tells the manager to keep them out of training.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence
+
+import requests
+
+from envservice.errors import EnvServiceError, EnvTimeoutError
+from beyond_agent.rollout.handler import Episode, RolloutHandler
+from beyond_agent.tasks import AgentTask, EnvTask, EpisodeOutcome
+
+logger = logging.getLogger(__name__)
+
+INFRA_FAILURES = ("env_error", "llm_error", "timeout")
+
+
+class GeneratedTurn(Protocol):
+    """What a generate call returns: the sampled ids and their log-probs."""
+
+    token_ids: list[int]
+    logprobs: list[float] | None
+
+
+GenerateFn = Callable[[str, list[int], int], GeneratedTurn]
+"""generate(request_id, prompt_ids, max_tokens) -> GeneratedTurn; raises on an LLM failure."""
+
+
+@dataclass
+class EpisodeSpec:
+    """One episode to run: which environment and task, and where it sits in the batch."""
+
+    env_id: str
+    """Registered envservice id, e.g. "babyai"."""
+    task_id: int | str | None = None
+    """Task index or name within the split; None lets the environment choose from the seed."""
+    seed: int | None = None
+    """Seed for the task's randomness; None lets the service draw one."""
+    split: str = "train"
+    """Task split, e.g. "train" or "test"."""
+    params: dict[str, Any] = field(default_factory=dict)
+    """Environment-specific task parameters."""
+    group_id: str = ""
+    """Episodes with the same group_id sample the same task (verl's `uid`): one GRPO group."""
+    index: int = 0
+    """Row of this episode in the batch."""
+    agent_task: AgentTask = field(default_factory=EnvTask)
+    """How this episode is prompted, parsed and scored (the row's task; see beyond_agent/tasks.py)."""
+    prompt: list[dict] | None = None
+    """The dataset row's prompt messages, if it has any (`AgentTask.first_messages` uses them)."""
+
+
+@dataclass(frozen=True)
+class DataflowConfig:
+    """The limits of every episode of one call (validated here; the recipe's settings hold one)."""
+
+    max_rounds: int
+    """Assistant turns at most (from RoundScheduler.max_rounds(step) in training)."""
+    max_prompt_length: int
+    """Tokens of the first prompt (system + first observation)."""
+    max_response_length: int
+    """Tokens of everything after the prompt: assistant turns and observations."""
+    max_tokens_per_turn: int
+    """New tokens per assistant turn at most (AgentGym-RL's rollout.max_tokens)."""
+    episode_timeout_s: float = 600.0
+    """Wall-clock budget of one episode; past it the episode ends with `timeout`."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_rounds", "max_prompt_length", "max_response_length", "max_tokens_per_turn"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"DataflowConfig.{name} must be an int >= 1; got {value!r}")
+        if not self.episode_timeout_s > 0:
+            raise ValueError(f"DataflowConfig.episode_timeout_s must be > 0; got {self.episode_timeout_s!r}")
+
+
+@dataclass
+class EpisodeResult:
+    """A finished episode: its tokens, outcome and timings."""
+
+    spec: EpisodeSpec
+    episode: Episode | None
+    """Token lists for training; None when the episode failed before its first prompt existed."""
+    termination: str
+    reward: float = 0.0
+    """The task's reward (`AgentTask.reward`); 0.0 for an infrastructure failure."""
+    success: bool = False
+    score: float = 0.0
+    """The env's final `evaluate()` score (0.0 when the episode never got that far)."""
+    step_rewards: list[float] = field(default_factory=list)
+    """One per assistant turn: the env's reward for that turn's action (0.0 where it did not step)."""
+    rounds: int = 0
+    messages: list[dict] = field(default_factory=list)
+    error: str | None = None
+    """What went wrong, for env_error / llm_error / timeout."""
+    env_time_s: float = 0.0
+    llm_time_s: float = 0.0
+    wall_time_s: float = 0.0
+
+    @property
+    def infra_failure(self) -> bool:
+        """True when the episode ended for an infrastructure reason (not to be trained on)."""
+        return self.termination in INFRA_FAILURES
+
+    def to_record(self, step: int = 0, kind: str = "train", policy_version: int | None = None) -> dict[str, Any]:
+        """One JSON-serialisable line in the trajectory schema (`beyond_agent/trajectories.py`)."""
+        from beyond_agent.trajectories import episode_record
+
+        return episode_record(self, step, kind, policy_version).to_json()
+
+
+class _EpisodeFailure(Exception):
+    """Ends an episode with an infrastructure termination reason."""
+
+    def __init__(self, termination: str, message: str):
+        super().__init__(message)
+        self.termination = termination
+
+
+class Dataflow:
+    """Runs one episode against an envservice client and a generate function; see the module docstring."""
+
+    def __init__(self, spec: EpisodeSpec, env_client: Any, generate: GenerateFn, tokenizer: Any,
+                 config: DataflowConfig):
+        self.spec = spec
+        self.task = spec.agent_task
+        self.env = env_client
+        self.generate = generate
+        self.tokenizer = tokenizer
+        self.config = config
+        self.request_id = f"{spec.group_id or 'episode'}-{spec.index}-{uuid.uuid4().hex[:8]}"
+        self._deadline = 0.0
+        self._env_time = 0.0
+        self._llm_time = 0.0
+        self._rounds = 0
+        self._step_rewards: list[float] = []
+
+    def run(self) -> EpisodeResult:
+        """Play the episode; always returns a result and always releases the session."""
+        started = time.monotonic()
+        self._deadline = started + self.config.episode_timeout_s
+        session_id, handler = None, None
+        try:
+            session_id, first_observation = self._create_session()
+            handler = self._new_handler(first_observation)
+            self._play(handler, session_id)
+            score, success = self._evaluate(session_id)
+            result = self._scored_result(handler, score, success)
+        except _EpisodeFailure as failure:
+            result = self._result(handler, failure.termination, error=str(failure))
+        finally:
+            self._release(session_id)
+        result.wall_time_s = time.monotonic() - started
+        return result
+
+    # ---- the loop --------------------------------------------------------------------------------
+
+    def _play(self, handler: RolloutHandler, session_id: str) -> None:
+        """Generate, act and observe until a termination reason is set on the handler."""
+        for round_number in range(1, self.config.max_rounds + 1):
+            if handler.remaining_response_length <= 0:
+                # The last observation filled the response exactly: no room for a turn, and a request
+                # for 0 new tokens would be refused by the server, so this is `length`, not an LLM error.
+                handler.finish("length")
+                return
+            self._rounds = round_number
+            turn = self._generate(handler)
+            handler.add_assistant(turn.token_ids, turn.logprobs, getattr(turn, "policy_version", None))
+            if handler.done:  # the response hit max_response_length: `length`, and the env does not step
+                self._step_rewards.append(0.0)
+                return
+            observation, ended = self._act(session_id, turn.token_ids)
+            if ended:
+                handler.finish(ended)
+                return
+            if round_number == self.config.max_rounds:
+                handler.finish("max_rounds")
+                return
+            handler.add_observation(observation)
+            if handler.done:
+                return
+
+    def _act(self, session_id: str, token_ids: list[int]) -> tuple[str, str | None]:
+        """Parse the reply and step the env; records the turn's step reward; returns (observation, termination
+        or None)."""
+        # Decoding here only feeds the action parser; training keeps the sampled ids.
+        text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        parsed = self.task.parse(text)
+        if parsed.action is None:
+            self._step_rewards.append(0.0)  # no action, no env step
+            return parsed.error, None  # the model sees why its reply was not an action
+        step = self._env_call(self.env.step, session_id, parsed.action)
+        self._step_rewards.append(float(step.reward))
+        if step.terminated:
+            return step.observation, "done"
+        if step.truncated:
+            return step.observation, "max_rounds"
+        return step.observation, None
+
+    # ---- calls with their failure mapping --------------------------------------------------------
+
+    def _generate(self, handler: RolloutHandler) -> GeneratedTurn:
+        self._check_deadline()
+        max_tokens = min(self.config.max_tokens_per_turn, handler.remaining_response_length)
+        started = time.monotonic()
+        try:
+            return self.generate(self.request_id, handler.prompt_ids_for_next_turn(), max_tokens)
+        except Exception as exc:  # any failure of the LLM front ends this episode only
+            # LLMError says whether it was a timeout; anything else from the front is an llm_error.
+            raise _EpisodeFailure(getattr(exc, "termination", "llm_error"), f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            self._llm_time += time.monotonic() - started
+
+    def _env_call(self, method: Callable, *args: Any) -> Any:
+        self._check_deadline()
+        started = time.monotonic()
+        try:
+            return method(*args)
+        except (EnvTimeoutError, requests.Timeout) as exc:
+            # The service's per-call limit (env_timeout) or our own request deadline: the env hung, not the model.
+            raise _EpisodeFailure("timeout", f"{type(exc).__name__}: {exc}") from exc
+        except (EnvServiceError, requests.RequestException, ValueError) as exc:
+            raise _EpisodeFailure("env_error", f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            self._env_time += time.monotonic() - started
+
+    def _check_deadline(self) -> None:
+        if time.monotonic() > self._deadline:
+            raise _EpisodeFailure("timeout", f"episode exceeded {self.config.episode_timeout_s:.0f} s")
+
+    def _create_session(self) -> tuple[str, str]:
+        s = self.spec
+        created = self._env_call(self.env.create, s.env_id, s.task_id, s.seed, s.split, s.params)
+        return created.session_id, created.observation
+
+    def _new_handler(self, first_observation: str) -> RolloutHandler:
+        try:
+            messages = self.task.first_messages(first_observation, self.spec.prompt)
+            return RolloutHandler(self.tokenizer, messages, self.config.max_prompt_length,
+                                  self.config.max_response_length)
+        except ValueError as exc:  # a malformed row prompt is bad data for this episode, not a crash of the step
+            raise _EpisodeFailure("env_error", f"the first messages cannot start an episode: {exc}") from exc
+
+    def _evaluate(self, session_id: str) -> tuple[float, bool]:
+        evaluation = self._env_call(self.env.evaluate, session_id)
+        return evaluation.score, evaluation.success
+
+    def _release(self, session_id: str | None) -> None:
+        """Release the session; a failure here is logged (the service's reaper frees it eventually)."""
+        if session_id is None:
+            return
+        try:
+            self.env.release(session_id)
+        except (EnvServiceError, requests.RequestException) as exc:
+            logger.warning("could not release session %s: %s", session_id, exc)
+
+    def _scored_result(self, handler: RolloutHandler, score: float, success: bool) -> EpisodeResult:
+        """The result of an episode that ended normally, with its reward from the task."""
+        outcome = EpisodeOutcome(score=score, success=success, step_rewards=tuple(self._step_rewards),
+                                 termination=handler.termination, rounds=self._rounds)
+        try:
+            reward = float(self.task.reward(outcome))
+        except Exception as exc:  # a bug in a user's task ends this episode only, and is not reward
+            raise _EpisodeFailure("env_error", f"{self.task.label}.reward raised {type(exc).__name__}: {exc}") \
+                from exc
+        return self._result(handler, handler.termination, reward=reward, success=success, score=score)
+
+    def _result(self, handler: RolloutHandler | None, termination: str, reward: float = 0.0,
+                success: bool = False, score: float = 0.0, error: str | None = None) -> EpisodeResult:
+        episode = None
+        if handler is not None:
+            if handler.termination is None:
+                handler.finish(termination)
+            handler.reward = reward
+            handler.step_rewards = list(self._step_rewards)
+            episode = handler.to_episode()
+            episode.termination = termination  # an infra failure after a length stop is still a failure
+        return EpisodeResult(
+            spec=self.spec, episode=episode, termination=termination, reward=reward, success=success, score=score,
+            step_rewards=list(self._step_rewards), rounds=self._rounds,
+            messages=list(handler.messages) if handler else [], error=error,
+            env_time_s=self._env_time, llm_time_s=self._llm_time,
+        )
+
+
+def run_dataflows(specs: Sequence[EpisodeSpec], make_dataflow: Callable[[EpisodeSpec], Dataflow]) -> list[EpisodeResult]:
+    """Run dataflows one after another (the naive baseline the benchmark compares against)."""
+    return [make_dataflow(spec).run() for spec in specs]

@@ -1,0 +1,238 @@
+"""BeyondAgentLoopManager: verl's rollout manager seam, filled with our ParallelEnvManager.
+
+verl 0.9's RayPPOTrainer builds its rollout manager as
+`AgentLoopManager.create(config=, llm_client=, teacher_client=, reward_loop_worker_handles=)` and lets a
+config key swap the class (`actor_rollout_ref.rollout.agent.agent_loop_manager_class`); `fit()` then calls
+`generate_sequences(batch)` once per step with `meta_info["global_steps"]`. BeyondAgentTrainer sets that
+key to this class, so verl's `fit()` runs unchanged and every episode is played against envservice.
+
+Each row becomes one episode with its own AgentTask (`TaskTable.for_row`: the row's `task`, else its env's
+entry, else `default`) and its own prompt (verl's `raw_prompt`, from the parquet `prompt` column), so one
+batch can mix environments, parsers and rewards. What goes back to verl per row is `rollout/batch.py`'s
+`training_batch`; our figures go in `meta_info["timing"]`, which verl logs as `timing_s/<key>`, the same
+channel verl's own agent loop uses for its counters, each task's own under `beyond_agent/task/<name>/`
+(beyond_agent/multitask.py; validation's reach the trainer through `take_validation_figures`).
+
+With `beyond_agent.rollout_mode: async` the training episodes are played ahead, in the background, by an
+`AsyncEpisodePool` (rollout/async_pool.py) that the trainer feeds from its dataloader (`start_async`,
+`take_rows`); `generate_sequences` then returns the finished episodes of the rows verl hands it, found by the
+row key the trainer's loader wrote (`ROW_KEY`). Validation always plays its episodes on the spot.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any, Iterator
+
+from envservice.client import EnvClient
+from beyond_agent.multitask import VAL_PREFIX, task_names, task_rollout_figures
+from beyond_agent.rollout.async_pool import AsyncEpisodePool, PendingRow
+from beyond_agent.rollout.batch import training_batch
+from beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec
+from beyond_agent.rollout.env_manager import ParallelEnvManager, RolloutOutput, summarize
+from beyond_agent.rollout.llm import AsyncLLMServerManager, VerlLLMServerBackend
+from beyond_agent.rollout.versions import PolicyVersionGate
+from beyond_agent.settings import BeyondAgentSettings
+from beyond_agent.tasks import TaskTable
+from beyond_agent.trajectories import episode_record, write_dump
+
+logger = logging.getLogger(__name__)
+
+ROW_KEY = "beyond_agent_row_key"
+"""Non-tensor field the async loader writes on every row it hands verl: the key of its finished episodes."""
+
+
+def rows_to_episodes(non_tensor_batch: dict, default_env_id: str | None, tasks: TaskTable) -> list[EpisodeSpec]:
+    """One EpisodeSpec per row, from the row's `extra_info` (written by beyond_agent.data), its
+    `raw_prompt` (verl's copy of the parquet `prompt`) and its task (extra_info.task or a `task` column)."""
+    extra_infos = non_tensor_batch.get("extra_info")
+    if extra_infos is None:
+        raise ValueError("the batch has no `extra_info` column: write the dataset with "
+                         "`python -m beyond_agent.data` (it stores env_id/task_id/seed/split there)")
+    uids, prompts, task_column = (non_tensor_batch.get(key) for key in ("uid", "raw_prompt", "task"))
+    specs = []
+    for row, info in enumerate(extra_infos):
+        info = dict(info or {})
+        env_id = info.get("env_id") or default_env_id
+        if not env_id:
+            raise ValueError(f"row {row}: extra_info has no env_id and beyond_agent.env.env_id is not set")
+        task_name = info.get("task") or (task_column[row] if task_column is not None else None)
+        specs.append(EpisodeSpec(
+            env_id=env_id, task_id=info.get("task_id"), seed=info.get("seed"), split=info.get("split") or "train",
+            params=dict(info.get("params") or {}), group_id=str(uids[row]) if uids is not None else f"row{row}",
+            index=row, agent_task=tasks.for_row(env_id, task_name),
+            prompt=[dict(message) for message in prompts[row]] if prompts is not None else None))
+    return specs
+
+
+def outcome_only(result: EpisodeResult) -> EpisodeResult:
+    """The result without its tokens and messages (what per-task figures read, kept over a whole validation)."""
+    return dataclasses.replace(result, episode=None, messages=[], step_rewards=[])
+
+
+def rollout_timing(output: RolloutOutput, llm_busy_s: float) -> dict[str, float]:
+    """Our per-step figures for verl's `timing` channel (logged as timing_s/beyond_agent/...)."""
+    figures = {f"beyond_agent/{key}": value for key, value in output.metrics.as_dict(prefix="").items()}
+    figures["beyond_agent/llm_busy_s"] = llm_busy_s
+    return figures
+
+
+class BeyondAgentLoopManager:
+    """The rollout manager verl's trainer calls: one ParallelEnvManager run per `generate_sequences`."""
+
+    def __init__(self, config: Any, llm_client: Any, teacher_client: Any = None,
+                 reward_loop_worker_handles: Any = None, llm: AsyncLLMServerManager | None = None):
+        """`llm` replaces the front over verl's `llm_client` (e.g. vLLM servers over HTTP outside training)."""
+        from verl.utils import hf_tokenizer
+
+        self.config = config
+        self.settings = BeyondAgentSettings.from_config(config)
+        model = config.actor_rollout_ref.model
+        self.tokenizer = hf_tokenizer(model.path, trust_remote_code=model.get("trust_remote_code", False))
+        self.llm = llm or AsyncLLMServerManager(VerlLLMServerBackend(llm_client), self.settings.llm)
+        self._dumped: dict[tuple[int, str], int] = {}  # (step, kind) -> episodes dumped by this process
+        self.env_client = EnvClient(self.settings.env.url, token=self.settings.env.token,
+                                    timeout=self.settings.env.timeout_s, pool_size=self.settings.concurrency)
+        self.gate = PolicyVersionGate(partial_rollout=self.settings.async_rollout.partial_rollout)
+        """Weight versions of generated turns; the trainer's weight sync goes through it in async mode."""
+        self._pool: AsyncEpisodePool | None = None
+        self._taken: dict[str, list[EpisodeResult]] = {}  # row key -> its n finished episodes, until verl asks
+        self._taken_metrics: dict[str, float] = {}
+        self._validation: list[tuple[str, EpisodeResult]] = []  # (task, outcome) of this validation's episodes
+
+    @classmethod
+    def create(cls, config: Any, llm_client: Any, teacher_client: Any = None,
+               reward_loop_worker_handles: Any = None) -> "BeyondAgentLoopManager":
+        """verl's factory signature (its own manager's `create` is async and starts Ray workers; ours needs none)."""
+        return cls(config, llm_client, teacher_client, reward_loop_worker_handles)
+
+    def generate_sequences(self, prompts: Any) -> Any:
+        """Play one episode per row and return verl's rollout batch (see the module docstring)."""
+        meta = dict(prompts.meta_info)
+        settings = self.settings
+        busy_before = self.llm.metrics().busy_time_s
+        if self._pool is not None and not meta.get("validate") and ROW_KEY in prompts.non_tensor_batch:
+            output = self._finished_output(prompts.non_tensor_batch[ROW_KEY])
+        else:
+            specs = rows_to_episodes(prompts.non_tensor_batch, settings.env.env_id, settings.tasks)
+            manager = self._episode_manager(settings.sampling(meta), gated=self._pool is not None)
+            output = manager.run(specs, max_rounds=settings.max_rounds(meta))
+        batch = training_batch(output.results, prompts, self.tokenizer.pad_token_id,
+                               settings.episode.max_prompt_length, settings.episode.max_response_length,
+                               group_based=settings.group_based)
+        timing = rollout_timing(output, self.llm.metrics().busy_time_s - busy_before)
+        timing.update({f"beyond_agent/{key}": value for key, value in output.extra.items()})
+        tasks = task_names(prompts.non_tensor_batch, len(output.results))
+        timing.update(task_rollout_figures(tasks, output.results))  # timing_s/beyond_agent/task/<name>/...
+        if meta.get("validate"):
+            self._validation.extend(zip(tasks, map(outcome_only, output.results)))
+        batch.meta_info = {"timing": timing, "reward_extra_keys": ["success"]}
+        self._log_step(meta, output)
+        return batch
+
+    def take_validation_figures(self) -> dict[str, float]:
+        """Per-task figures of the validation episodes played since the last call
+        (`val-aux/beyond_agent/task/<name>/...`); verl validates in several batches, this sums them up.
+        Rows verl added to pad a batch to a multiple of agent.num_workers are counted too."""
+        tasks, results = zip(*self._validation) if self._validation else ((), ())
+        self._validation = []
+        return task_rollout_figures(tasks, results, prefix=VAL_PREFIX)
+
+    def _episode_manager(self, sampling: Any, gated: bool) -> ParallelEnvManager:
+        """Episodes with this sampling; `gated`: through the version gate (async mode), so that weight syncs
+        wait for requests in flight and every turn records its version."""
+        generate = self.llm.with_sampling(sampling)
+        if gated:
+            generate = self.gate.generate_fn(generate)
+        return ParallelEnvManager(self.env_client, generate, self.tokenizer, self.settings.episode,
+                                  max_workers=self.settings.concurrency)
+
+    # ---- asynchronous rollout (rollout/async_pool.py) -------------------------------------------
+
+    def start_async(self, rows: Iterator[dict], batch_size: int, samples_per_row: int, trained_steps: int,
+                    total_steps: int | None = None) -> None:
+        """Start playing training episodes in the background, drawing dataset rows from `rows` (none beyond
+        what steps up to `total_steps` can train)."""
+        settings = self.settings
+        manager = self._episode_manager(settings.train_sampling, gated=True)
+
+        def make_specs(key: str, row: dict) -> list[EpisodeSpec]:
+            group = {name: [row.get(name)] * samples_per_row for name in ("extra_info", "raw_prompt", "task")
+                     if name in row}
+            group["uid"] = [key] * samples_per_row
+            return rows_to_episodes(group, settings.env.env_id, settings.tasks)
+
+        def run_episode(spec: EpisodeSpec, max_rounds: int) -> EpisodeResult:
+            config = dataclasses.replace(settings.episode, max_rounds=max_rounds)
+            with self.gate.episode():
+                return manager.dataflow(spec, config).run()
+
+        self._pool = AsyncEpisodePool(
+            rows, make_specs, run_episode, lambda step: settings.max_rounds({"global_steps": step}), self.gate,
+            batch_size, settings.async_rollout, settings.concurrency,
+            describe=lambda result: result.spec.agent_task.label, total_steps=total_steps)
+        self._pool.start(trained_steps)
+
+    def take_rows(self) -> list[PendingRow]:
+        """The next training step's rows, all episodes finished (blocks until they are)."""
+        taken = self._pool.take_batch()
+        for row in taken.rows:
+            self._taken[row.key] = row.results()
+        self._taken_metrics = taken.metrics
+        return taken.rows
+
+    def version_changed(self) -> None:
+        """The trainer synced new weights: the pool may draw rows again."""
+        if self._pool is not None:
+            self._pool.version_changed()
+
+    def close_async(self) -> dict[str, int]:
+        """Stop the background rollout; the run's accounting of every admitted episode."""
+        if self._pool is None:
+            return {}
+        accounting = self._pool.close()
+        print(f"[beyond_agent] async rollout accounting: {accounting}", flush=True)
+        return accounting
+
+    def _finished_output(self, row_keys: Any) -> RolloutOutput:
+        """The taken episodes of these rows, in verl's row order (rows repeated n times, interleaved)."""
+        seen: dict[str, int] = {}
+        results = []
+        for key in row_keys:
+            if key not in self._taken:
+                raise KeyError(f"row {key!r} was not handed out by the async loader; in async mode every training "
+                               "batch must come from BeyondAgentTrainer's loader")
+            index = seen.get(key, 0)
+            seen[key] = index + 1
+            results.append(self._taken[key][index])
+        walls = [r.wall_time_s for r in results]
+        output = RolloutOutput(results=results, metrics=summarize(results, max(walls, default=0.0)),
+                               extra=dict(self._taken_metrics))
+        for key in seen:
+            self._taken.pop(key, None)
+        return output
+
+    def _log_step(self, meta: dict, output: RolloutOutput) -> None:
+        step = int(meta.get("global_steps", 0))
+        m = output.metrics
+        kind = "validation" if meta.get("validate") else "training"
+        print(f"[beyond_agent] step {step} {kind} rollout: {m.episodes} episodes, success {m.success_rate:.3f}, "
+              f"mean rounds {m.mean_rounds:.2f}, terminations {m.terminations}, wall {m.wall_time_s:.1f} s", flush=True)
+        every = self.settings.trajectories.every
+        if every and (meta.get("validate") or step % every == 0):
+            self._dump_trajectories(step, "val" if meta.get("validate") else "train", output.results,
+                                    meta.get("policy_version"))
+
+    def _dump_trajectories(self, step: int, kind: str, results: list[EpisodeResult],
+                           policy_version: int | None) -> None:
+        # verl validates in as many batches as data.val_batch_size makes: the first batch of a step starts
+        # its file, later ones add to it, all of them together up to max_per_step episodes.
+        written = self._dumped.get((step, kind), 0) if kind == "val" else 0
+        kept = results[: max(self.settings.trajectories.max_per_step - written, 0)]
+        if written and not kept:
+            return
+        write_dump(Path(self.settings.trajectories.dir), step, kind,
+                   (episode_record(result, step, kind, policy_version) for result in kept), append=written > 0)
+        self._dumped[(step, kind)] = written + len(kept)

@@ -1,0 +1,279 @@
+"""The recipe's settings: everything the rollout needs from the composed config, validated once per process.
+
+`BeyondAgentSettings.from_config(config)` reads our `beyond_agent:` section and the verl keys the rollout
+depends on (`data.max_prompt_length`, `data.max_response_length`, the rollout's sampling, the advantage
+estimator) and builds the objects the rollout uses as they are: the episode limits (`DataflowConfig`),
+the LLM front's limits (`LLMManagerConfig`), the round schedule (`RoundScheduler`), the tasks
+(`TaskTable`), the sampling parameters and the multi-task options (`MultitaskConfig`). Each field is
+validated by its own class; errors come back naming the config key and, where there is a fixed set, the
+valid choices. The driver (`recipe/multiturn_rl/main.py`) calls it to fail before any Ray actor starts; the rollout
+manager calls it where it is used.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from beyond_agent.algorithms.estimators import is_group_based
+from beyond_agent.multitask import MultitaskConfig
+from beyond_agent.rollout.async_pool import AsyncRolloutSettings
+from beyond_agent.rollout.dataflow import DataflowConfig
+from beyond_agent.rollout.llm import LLMManagerConfig, SamplingParams
+from beyond_agent.rollout.rounds import RoundScheduler
+from beyond_agent.sections import from_section, section_keys
+from beyond_agent.tasks import TaskTable
+from beyond_agent.weights.delta import WeightSyncConfig
+
+ROLLOUT_MODES = ("sync", "async")
+CONFIG_KEYS = {
+    "DataflowConfig.max_prompt_length": "data.max_prompt_length",
+    "DataflowConfig.max_response_length": "data.max_response_length",
+    "DataflowConfig.max_tokens_per_turn": "beyond_agent.max_tokens_per_turn",
+    "DataflowConfig.episode_timeout_s": "beyond_agent.episode_timeout_s",
+    "DataflowConfig.max_rounds": "beyond_agent.rounds",
+    "LLMManagerConfig.max_in_flight": "beyond_agent.concurrency",
+    "LLMManagerConfig.request_timeout_s": "beyond_agent.llm_request_timeout_s",
+    "SamplingParams.temperature": "actor_rollout_ref.rollout.temperature (or val_kwargs.temperature)",
+    "SamplingParams.top_p": "actor_rollout_ref.rollout.top_p (or val_kwargs.top_p)",
+}
+"""The class field named in a validation error -> the config key a user sets."""
+
+
+@dataclass(frozen=True)
+class EnvSettings:
+    """Where the environments are served (`beyond_agent.env`)."""
+
+    url: str
+    """envservice base URL, e.g. http://127.0.0.1:8000."""
+    token: str | None = None
+    """Bearer token when the service requires one."""
+    env_id: str | None = None
+    """Env id for dataset rows whose extra_info names none."""
+    timeout_s: float = 90.0
+    """Seconds per envservice request (above the service's own --step-timeout, so that answers first)."""
+
+    def __post_init__(self) -> None:
+        if self.token == "":  # an unset ${oc.env:ENVSERVICE_TOKEN,""} means no token
+            object.__setattr__(self, "token", None)
+        if not self.url:
+            raise ValueError("beyond_agent.env.url is required (e.g. http://127.0.0.1:8000 for a local envservice)")
+        if not str(self.url).startswith(("http://", "https://")):
+            raise ValueError(f"beyond_agent.env.url must start with http:// or https://, got {self.url!r}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"beyond_agent.env.timeout_s must be > 0, got {self.timeout_s}")
+
+
+@dataclass(frozen=True)
+class TrajectoryDump:
+    """Which sampled episodes are written to disk (`beyond_agent.trajectories`)."""
+
+    every: int = 1
+    """Write trajectories/step_<N>.jsonl every N training steps, and val_step_<N>.jsonl at every validation
+    (0: never). The schema is `beyond_agent/trajectories.py`'s `TrajectoryRecord`."""
+    dir: str = "trajectories"
+    """The folder of those files (the YAML puts it in `${trainer.default_local_dir}/trajectories`)."""
+    max_per_step: int = 16
+    """Episodes written per dump at most."""
+
+    def __post_init__(self) -> None:
+        if self.every < 0 or self.max_per_step < 1:
+            raise ValueError(f"beyond_agent.trajectories needs every >= 0 and max_per_step >= 1, got every="
+                             f"{self.every}, max_per_step={self.max_per_step}")
+
+
+@dataclass(frozen=True)
+class BeyondAgentSection:
+    """The `beyond_agent:` section as written: its own values, and its sub-sections still as mappings (each is
+    read by its own dataclass or class in `BeyondAgentSettings.from_config`)."""
+
+    env: Mapping[str, Any] = field(default_factory=dict)
+    """`EnvSettings`: where envservice is (`url` is required)."""
+    rounds: Mapping[str, Any] = field(default_factory=lambda: {"type": "fixed", "rounds": 8})
+    """`RoundScheduler`: the round limit per training step."""
+    val_max_rounds: int | None = None
+    """Round limit in validation; None uses the schedule's value at the current step."""
+    tasks: Any = None
+    """`TaskTable`: how episodes are prompted, parsed and scored."""
+    max_tokens_per_turn: int = 256
+    """New tokens per assistant turn."""
+    concurrency: int = 64
+    """Episodes in flight (threads), and LLM requests in flight."""
+    episode_timeout_s: float = 600.0
+    """Past it an episode ends with `timeout` (not reward)."""
+    llm_request_timeout_s: float = 300.0
+    """One generation request's deadline (past it: `timeout`, not reward)."""
+    rollout_mode: str = "sync"
+    """One of ROLLOUT_MODES: sync, or async (episodes played ahead while the actor trains)."""
+    async_rollout: Mapping[str, Any] | None = None
+    """`AsyncRolloutSettings` (read in async mode)."""
+    weight_sync: Mapping[str, Any] | None = None
+    """`WeightSyncConfig`: how weights reach the rollout."""
+    multitask: Mapping[str, Any] | None = None
+    """`MultitaskConfig`: several envs in one run."""
+    trajectories: Mapping[str, Any] | None = None
+    """`TrajectoryDump`: which sampled episodes are written to disk."""
+
+
+SECTION_CLASSES = {"env": EnvSettings, "trajectories": TrajectoryDump, "async_rollout": AsyncRolloutSettings,
+                   "weight_sync": WeightSyncConfig, "multitask": MultitaskConfig}
+"""The sub-sections read by a dataclass of their own (`from_section`), by key of `beyond_agent:`."""
+
+
+@dataclass(frozen=True)
+class BeyondAgentSettings:
+    """The validated settings of a run (see the module docstring)."""
+
+    env: EnvSettings
+    rounds: RoundScheduler
+    """Round limit per training step (ScalingInter-RL when stepwise)."""
+    val_max_rounds: int | None
+    """Round limit in validation; None uses the schedule's value at the current step."""
+    episode: DataflowConfig
+    """Limits of every episode; `max_rounds` is the schedule's first value and is set per call."""
+    llm: LLMManagerConfig
+    """Requests in flight at once and their deadline (the shared LLM front)."""
+    tasks: TaskTable
+    """The run's AgentTasks and the rule that gives each dataset row its own."""
+    trajectories: TrajectoryDump
+    train_sampling: SamplingParams
+    """Sampling of training rollouts (actor_rollout_ref.rollout.temperature/top_p)."""
+    val_sampling: SamplingParams
+    """Sampling of validation rollouts (greedy unless val_kwargs.do_sample)."""
+    group_based: bool
+    """Whether the advantage estimator baselines each sample against its group (GRPO, RLOO, ...)."""
+    rollout_mode: str = "sync"
+    """sync: each step plays its own episodes; async: episodes are played ahead while the actor trains."""
+    async_rollout: AsyncRolloutSettings = AsyncRolloutSettings()
+    """The staleness bound and policies of async mode (`beyond_agent.async_rollout`)."""
+    weight_sync: WeightSyncConfig = WeightSyncConfig(mode="full")
+    """How weights reach the rollout after each update (`beyond_agent.weight_sync`; full: verl's own sync)."""
+    multitask: MultitaskConfig = MultitaskConfig()
+    """Task sampling weights and per-task advantage normalisation (`beyond_agent.multitask`)."""
+
+    @classmethod
+    def from_config(cls, config: Any) -> "BeyondAgentSettings":
+        """Read the composed config (OmegaConf or a mapping); raise ValueError naming the bad key."""
+        raw = _section(_get(config, "beyond_agent"), "beyond_agent")
+        _check_keys(raw)
+        section = from_section(BeyondAgentSection, raw, "beyond_agent")
+        subsection = {key: from_section(kind, getattr(section, key), f"beyond_agent.{key}")
+                      for key, kind in SECTION_CLASSES.items()}
+        rounds = RoundScheduler.from_config(_section(section.rounds, "beyond_agent.rounds"))
+        return cls(
+            env=subsection["env"], rounds=rounds, val_max_rounds=_val_max_rounds(section.val_max_rounds),
+            episode=_named(DataflowConfig, max_rounds=rounds.max_rounds(0), **_episode_limits(config, section)),
+            llm=_named(LLMManagerConfig, max_in_flight=section.concurrency,
+                       request_timeout_s=float(section.llm_request_timeout_s)),
+            tasks=TaskTable.from_config(section.tasks), trajectories=subsection["trajectories"],
+            train_sampling=_sampling(config, validate=False), val_sampling=_sampling(config, validate=True),
+            group_based=is_group_based(_get(_get(config, "algorithm"), "adv_estimator") or "grpo"),
+            rollout_mode=_rollout_mode(config, section.rollout_mode), async_rollout=subsection["async_rollout"],
+            weight_sync=subsection["weight_sync"], multitask=subsection["multitask"],
+        )
+
+    @property
+    def is_async(self) -> bool:
+        """Whether training episodes are played ahead in the background (`rollout_mode: async`)."""
+        return self.rollout_mode == "async"
+
+    @property
+    def concurrency(self) -> int:
+        """Episodes in flight at once (threads): `beyond_agent.concurrency`, also the LLM front's in-flight limit."""
+        return self.llm.max_in_flight
+
+    def max_rounds(self, meta_info: Mapping[str, Any]) -> int:
+        """The round limit of one rollout call: a pure function of verl's global step (validation may fix it)."""
+        if meta_info.get("validate") and self.val_max_rounds:
+            return self.val_max_rounds
+        return self.rounds.max_rounds(int(meta_info.get("global_steps", 0)))
+
+    def sampling(self, meta_info: Mapping[str, Any]) -> SamplingParams:
+        """Training samples at the rollout temperature; validation follows val_kwargs."""
+        return self.val_sampling if meta_info.get("validate") else self.train_sampling
+
+
+def _episode_limits(config: Any, section: BeyondAgentSection) -> dict[str, Any]:
+    data = _get(config, "data")
+    return {"max_prompt_length": _get(data, "max_prompt_length"), "max_response_length": _get(data, "max_response_length"),
+            "max_tokens_per_turn": section.max_tokens_per_turn, "episode_timeout_s": float(section.episode_timeout_s)}
+
+
+def _sampling(config: Any, validate: bool) -> SamplingParams:
+    """verl's rollout sampling keys as SamplingParams: validation is greedy unless val_kwargs.do_sample."""
+    rollout = _get(_get(config, "actor_rollout_ref"), "rollout")
+    if not validate:
+        return _named(SamplingParams, temperature=float(_get(rollout, "temperature", 1.0)),
+                      top_p=float(_get(rollout, "top_p", 1.0)))
+    val = _get(rollout, "val_kwargs") or {}
+    if not _get(val, "do_sample", False):
+        return SamplingParams(temperature=0.0)
+    return _named(SamplingParams, temperature=float(_get(val, "temperature", 1.0)), top_p=float(_get(val, "top_p", 1.0)))
+
+
+def _rollout_mode(config: Any, mode: str) -> str:
+    """`beyond_agent.rollout_mode`, checked against what the rollout engine must allow for it."""
+    if mode not in ROLLOUT_MODES:
+        raise ValueError(f"beyond_agent.rollout_mode={mode!r} is not valid; choose one of {', '.join(ROLLOUT_MODES)}")
+    rollout = _get(_get(config, "actor_rollout_ref"), "rollout")
+    if mode == "async" and _get(rollout, "free_cache_engine", False):
+        # verl puts the rollout engine to sleep after each generation when this is on, and async episodes
+        # are still generating then.
+        raise ValueError("beyond_agent.rollout_mode=async needs actor_rollout_ref.rollout.free_cache_engine=false "
+                         "(the rollout server must keep serving while the actor trains)")
+    return mode
+
+
+def _val_max_rounds(value: Any) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"beyond_agent.val_max_rounds must be >= 1 or null, got {value!r}")
+    return value
+
+
+def _named(build: Callable, *args: Any, **kwargs: Any) -> Any:
+    """`build(...)`, with a validation error's class field replaced by the config key a user sets."""
+    try:
+        return build(*args, **kwargs)
+    except (TypeError, ValueError) as error:
+        text = str(error)
+        for class_field, key in CONFIG_KEYS.items():
+            text = re.sub(rf"\b{re.escape(class_field)}\b", key, text)
+        raise ValueError(text) from None
+
+
+MOVED_KEYS = {"action_format": "beyond_agent.tasks.default.action_format",
+              "system_prompt": "beyond_agent.tasks.default.system_prompt"}
+"""Keys `beyond_agent:` had once, and where they are now (named in the error)."""
+
+
+def _check_keys(section: dict) -> None:
+    """Refuse keys of `beyond_agent:` that nothing reads (a typo, or a key that moved)."""
+    unknown = sorted(set(section) - set(section_keys(BeyondAgentSection)))
+    if unknown:
+        moved = [f"{key} is now {MOVED_KEYS[key]}" for key in unknown if key in MOVED_KEYS]
+        raise ValueError(f"beyond_agent has unknown key(s) {unknown}; valid keys: "
+                         f"{', '.join(section_keys(BeyondAgentSection))}" + (f" ({'; '.join(moved)})" if moved else ""))
+
+
+def _get(node: Any, key: str, default: Any = None) -> Any:
+    if node is None:
+        return default
+    if isinstance(node, Mapping):
+        return node.get(key, default)
+    return getattr(node, key, default) if hasattr(node, key) else default
+
+
+def _section(node: Any, where: str) -> dict:
+    """An OmegaConf node or mapping as a plain dict (interpolations resolved)."""
+    if node is None:
+        raise ValueError(f"the config has no `{where}` section; see recipe/multiturn_rl/config/beyond_agent_trainer.yaml")
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(node, DictConfig):
+        return OmegaConf.to_container(node, resolve=True)
+    if not isinstance(node, Mapping):
+        raise ValueError(f"`{where}` must be a mapping, got {type(node).__name__}")
+    return dict(node)

@@ -1,0 +1,254 @@
+"""Supervised fine-tuning on trajectory records, through verl's own SFT trainer (verl.trainer.sft_trainer).
+
+    python -m beyond_agent.sft data.train_files=RUN/trajectories model.path=MODEL \\
+        +data.trajectory_filter.success=true trainer.total_training_steps=100 trainer.default_local_dir=OUT
+
+Everything is verl's (FSDP engine, its `sft_loss`, checkpointing, trackers) except the dataset:
+`TrajectorySFTDataset` (named in the config as verl's `data.custom_cls`) reads our `TrajectoryRecord` files
+and hands verl each episode's exact token ids with a loss mask that is 1 only on tokens the policy wrote.
+`data.train_files` / `data.val_files` name .jsonl files or folders of them (a run's `trajectories/`).
+
+verl's trainer is an SPMD program started by torchrun. This module starts torchrun itself (one process per
+`trainer.n_gpus_per_node`) when run with plain `python -m`. On a machine without CUDA it adds the CPU
+settings (`SFT_CPU_OVERRIDES` below) so the tiny model trains on CPU with the same command.
+Per-step figures (`train/loss`, ...) go to `<default_local_dir>/metrics.jsonl` (verl's `file` tracker).
+The trained model is written in Hugging Face format under `<default_local_dir>/global_step_<N>/huggingface`
+(config `checkpoint.save_contents` includes `hf_model`); `hf_model_dir(folder)` finds the latest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch.utils.data import Dataset
+
+from beyond_agent.trajectory_data import (
+    TrajectoryDataError,
+    TrajectoryFilter,
+    read_trajectories,
+    training_row,
+    trajectory_files,
+)
+
+SFT_CPU_OVERRIDES: tuple[tuple[str, str], ...] = (
+    ("trainer.device=cpu", "no accelerator"),
+    ("engine.strategy=fsdp2", "FSDP1 cannot run without an accelerator"),
+    ("+model.override_config.attn_implementation=sdpa", "verl defaults to flash-attn"),
+    ("model.use_remove_padding=false", "remove-padding needs flash-attn varlen kernels"),
+    ("engine.use_torch_compile=false", "compiling on 2 cores costs more than it saves"),
+    ("data.num_workers=0", "dataloader worker processes only add memory on 2 cores"),
+)
+"""(override, why): verl's SFT config on a CPU-only machine (the PPO ones are in verl_cpu/overrides.py)."""
+FP32_TRAINING = "+engine.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
+"""Override for full fp32 training: verl's SFT engine computes in bf16 unless told otherwise, and in bf16 the
+tiny model did not learn to read its FrozenLake maps (the learning bench's warm-up, measured)."""
+SFT_CPU_ENV = {"VERL_PLATFORM": "cpu", "VERL_ENGINE_DEVICE": "cuda", "TOKENIZERS_PARALLELISM": "false"}
+"""VERL_PLATFORM selects verl_cpu's platform; verl registers its FSDP engines for cuda/npu only, and they run
+on CPU tensors all the same."""
+
+
+class TrajectorySFTDataset(Dataset):
+    """verl SFT dataset (`data.custom_cls`) over trajectory records: one row per episode the filter keeps.
+
+    Called by verl as `cls(parquet_files=..., tokenizer=..., config=data_config, processor=..., max_samples=...)`;
+    `parquet_files` are our .jsonl files or folders. Reads `data.trajectory_filter` (TrajectoryFilter's
+    fields), `data.max_length`, `data.truncation` and `data.pad_mode` (verl's `no_padding` or `right`).
+    """
+
+    def __init__(self, parquet_files, tokenizer, config, processor=None, max_samples: int = -1):
+        files = dataset_files(parquet_files)
+        keep = TrajectoryFilter.from_mapping(plain_config(config.get("trajectory_filter", None)))
+        records = read_trajectories(files, keep)
+        if not records:
+            raise TrajectoryDataError(f"no episode in {', '.join(map(str, files))} passes the filter {keep}")
+        if max_samples is not None and max_samples > 0:
+            records = records[:max_samples]
+        self.max_length = int(config.get("max_length", 1024))
+        self.truncation = str(config.get("truncation", "error"))
+        self.pad_mode = str(config.get("pad_mode", "no_padding"))
+        if self.pad_mode not in ("no_padding", "right"):
+            raise TrajectoryDataError(f"data.pad_mode {self.pad_mode!r}; valid: no_padding, right")
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.rows = [training_row(record, self.max_length, self.truncation) for record in records]
+        self.records = records
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, item: int) -> dict[str, torch.Tensor]:
+        tensors = row_tensors(self.rows[item])
+        if self.pad_mode == "no_padding":  # verl nests variable-length rows itself
+            return tensors
+        input_ids, loss_mask = tensors["input_ids"], tensors["loss_mask"]
+        padding = self.max_length - len(input_ids)
+        return {
+            "input_ids": torch.cat([input_ids, torch.full((padding,), self.pad_token_id, dtype=torch.long)]),
+            "attention_mask": torch.cat([torch.ones_like(input_ids), torch.zeros(padding, dtype=torch.long)]),
+            "position_ids": torch.cat([torch.arange(len(input_ids)), torch.zeros(padding, dtype=torch.long)]),
+            # Padding is never trained on.
+            "loss_mask": torch.cat([loss_mask, torch.zeros(padding, dtype=torch.long)]),
+        }
+
+
+def row_tensors(row) -> dict[str, torch.Tensor]:
+    """A `TrainingRow` as verl's no-padding item: input_ids, position_ids, loss_mask, each [seq]."""
+    input_ids = torch.tensor(row.input_ids, dtype=torch.long)
+    return {"input_ids": input_ids, "position_ids": torch.arange(len(input_ids)),
+            "loss_mask": torch.tensor(row.loss_mask, dtype=torch.long)}
+
+
+def plain_config(value):
+    """An OmegaConf node as plain Python (dicts and lists), anything else unchanged."""
+    try:
+        from omegaconf import OmegaConf
+
+        if OmegaConf.is_config(value):
+            return OmegaConf.to_container(value, resolve=True)
+    except ImportError:
+        pass
+    return value
+
+
+def dataset_files(parquet_files) -> list:
+    """The trajectory files/folders verl hands a dataset class as `parquet_files`; unset is an error naming the key."""
+    if parquet_files is None:
+        raise TrajectoryDataError("data.train_files is not set: name trajectory .jsonl files or folders of them "
+                                  "(a run's checkpoints/trajectories, or a collect --out file)")
+    return [parquet_files] if isinstance(parquet_files, (str, os.PathLike)) else list(parquet_files)
+
+
+def hf_model_dir(folder: str | Path) -> Path:
+    """The Hugging Face model of the latest `global_step_<N>` checkpoint in an SFT output folder."""
+    steps = sorted((int(m.group(1)), p) for p in Path(folder).glob("global_step_*")
+                   if (m := re.fullmatch(r"global_step_(\d+)", p.name)))
+    for _step, path in reversed(steps):
+        model = path / "huggingface"
+        if (model / "config.json").exists():
+            return model
+    raise FileNotFoundError(f"no global_step_*/huggingface model in {folder}; was checkpoint.save_contents "
+                            "missing hf_model, or did training stop before its first save?")
+
+
+def sft_command(overrides: list[str], cpu: bool | None = None, nproc: int | None = None,
+                module: str = "beyond_agent.sft") -> tuple[list[str], dict]:
+    """The torchrun command line and environment that run `module`'s trainer (SFT; DPO) with `overrides`."""
+    cpu = (not torch.cuda.is_available()) if cpu is None else cpu
+    nproc = nproc or _n_gpus(overrides)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               "-m", module]
+    extra_env = dict(SFT_CPU_ENV) if cpu else {}
+    cpu_keys = [override for override, _why in SFT_CPU_OVERRIDES] if cpu else []
+    return command + cpu_keys + list(overrides), {**os.environ, **extra_env}
+
+
+def _n_gpus(overrides: list[str]) -> int:
+    for override in overrides:
+        if override.startswith("trainer.n_gpus_per_node="):
+            return int(override.split("=", 1)[1])
+    return 1
+
+
+def run_sft(overrides: list[str], cpu: bool | None = None, log_path: Path | None = None,
+            module: str = "beyond_agent.sft", progress: Callable[[], None] | None = None,
+            progress_every_s: float = 30.0) -> None:
+    """Run verl's SFT trainer on trajectories (or `module`'s trainer on it: beyond_agent.dpo) to
+    completion in a child torchrun; raises when it fails. `progress`, when given, is called every
+    `progress_every_s` seconds while it runs (a long run whose output goes to `log_path` is not silent)."""
+    command, env = sft_command(overrides, cpu, module=module)
+    with contextlib.ExitStack() as stack:
+        log = stack.enter_context(open(log_path, "w")) if log_path is not None else None
+        child = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT if log else None)
+        returncode = _wait(child, progress, progress_every_s)
+    if returncode != 0:
+        where = f"; its log: {log_path}" if log_path else ""
+        raise RuntimeError(f"SFT exited with status {returncode}{where}")
+
+
+def _wait(child: subprocess.Popen, progress: Callable[[], None] | None, every_s: float) -> int:
+    """The child's exit status, calling `progress` every `every_s` seconds until then (killed if we stop first,
+    as `subprocess.run` would)."""
+    try:
+        while True:
+            try:
+                return child.wait(timeout=every_s if progress else None)
+            except subprocess.TimeoutExpired:
+                progress()
+    except BaseException:
+        child.kill()
+        child.wait()
+        raise
+
+
+def repeated_files(paths, times: int) -> list[str]:
+    """The trajectory files of `paths`, each listed `times` times: in `data.train_files` their episodes then
+    weigh `times` as much as a new episode (how the self-training loops up-weight expert data)."""
+    if times < 1:
+        raise TrajectoryDataError(f"a trajectory weight must be an integer >= 1; got {times}")
+    return [str(path) for path in trajectory_files(paths) for _ in range(times)]
+
+
+def add_loop_options(parser, default_out: str) -> None:
+    """The options every explore -> SFT loop (AgentEvol, Agent-R) shares."""
+    parser.add_argument("--max-prompt-length", type=int, default=1024)
+    parser.add_argument("--max-response-length", type=int, default=2048)
+    parser.add_argument("--envservice-url", default=None, help="a running envservice (default: start one)")
+    parser.add_argument("--sft", action="append", default=[], help="a Hydra override for every SFT run (repeatable)")
+    parser.add_argument("--out", type=Path, default=Path(default_out))
+
+
+def parse_loop_args(parser, argv: list[str] | None, task_options: tuple[str, ...]):
+    """Parse, then fail before any model starts: every task range must parse (each becomes its list of task
+    indices) and --iterations be >= 1."""
+    import argparse
+
+    from beyond_agent.cli_args import task_indices
+
+    args = parser.parse_args(argv)
+    for name in task_options:
+        try:
+            setattr(args, name, task_indices(getattr(args, name)))
+        except argparse.ArgumentTypeError as error:
+            parser.error(f"--{name.replace('_', '-')}: {error}")
+    if args.iterations < 1:
+        parser.error(f"--iterations must be >= 1; got {args.iterations}")
+    return args
+
+
+def _hydra_main() -> None:
+    import hydra
+
+    @hydra.main(config_path="config", config_name="beyond_agent_sft", version_base=None)
+    def main(config) -> None:
+        from verl.trainer.sft_trainer import run_sft as verl_run_sft
+        from verl.utils.device import auto_set_device
+
+        use_metrics_file(config)
+        auto_set_device(config)
+        verl_run_sft(config)
+
+    main()
+
+
+def use_metrics_file(config) -> None:
+    """Point verl's `file` tracker at metrics.jsonl beside the checkpoints, as in RL runs."""
+    from beyond_agent.run_folder import METRICS_PATH_VARIABLE, metrics_path
+
+    path = metrics_path(config)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.environ[METRICS_PATH_VARIABLE] = str(path)
+
+
+if __name__ == "__main__":
+    if "LOCAL_RANK" in os.environ:  # started by torchrun: be verl's SFT program
+        _hydra_main()
+    else:  # started by a user: start torchrun with the right processes and settings
+        command, env = sft_command(sys.argv[1:])
+        sys.exit(subprocess.run(command, env=env).returncode)

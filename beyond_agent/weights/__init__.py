@@ -1,0 +1,51 @@
+"""Trainer -> inference-engine weight transfer (`beyond_agent.weight_sync`).
+
+- `delta`: the lossless full/delta sync codec (sender snapshot, receiver mirror, checksums, healing);
+- `wire`: a sync as tensors that verl's bucketed IPC can carry;
+- `verl_backend`: the actor side (a checkpoint-engine backend) and the driver side (a CheckpointEngineManager);
+- `vllm_extension`: the receiver inside the vLLM worker, which verifies before it loads.
+"""
+
+from beyond_agent.weights.delta import (
+    CHECKSUM_ALGOS,
+    METRIC_PREFIX,
+    WEIGHT_SYNC_MODES,
+    ChecksumMismatchError,
+    EncodedSync,
+    FullSyncRequiredError,
+    ParamMeta,
+    ParamPayload,
+    PayloadError,
+    PayloadKind,
+    SequenceGapError,
+    StaleSyncError,
+    SyncHeader,
+    SyncMode,
+    WeightDeltaReceiver,
+    WeightDeltaSender,
+    WeightSyncConfig,
+    WeightSyncError,
+    tensor_checksum,
+)
+
+__all__ = [
+    "CHECKSUM_ALGOS",
+    "METRIC_PREFIX",
+    "WEIGHT_SYNC_MODES",
+    "ChecksumMismatchError",
+    "EncodedSync",
+    "FullSyncRequiredError",
+    "ParamMeta",
+    "ParamPayload",
+    "PayloadError",
+    "PayloadKind",
+    "SequenceGapError",
+    "StaleSyncError",
+    "SyncHeader",
+    "SyncMode",
+    "WeightDeltaReceiver",
+    "WeightDeltaSender",
+    "WeightSyncConfig",
+    "WeightSyncError",
+    "tensor_checksum",
+]

@@ -1,0 +1,317 @@
+"""Agent-R's iterative self-training: search each task with the current model, revise bad paths, SFT, repeat.
+
+    python -m recipe.agent_r.main --env frozenlake --params '{"around": true}' --tasks 0:64 \\
+        --model MODEL --iterations 2 --out outputs/agent_r --mcts-iterations 16 --n-gen 3 --max-depth 8 \\
+        --alpha 0.5 --beta 0.5 --eval-tasks 0:64 --eval-split test --sft trainer.total_epochs=3
+
+Every iteration k (folder `<out>/iter_<k>/`), for each task of `--tasks` (progress bar):
+  1. MCTS (beyond_agent/algorithms/mcts.py) with the current model proposing `--n-gen` actions per expansion at
+     `--temperature`; states by reset + replay over envservice;
+  2. pairs of a good and a bad root-to-leaf path (value(good) > alpha, gap > beta): every such pair, as Agent-R
+     does (`--pairing one_to_one`: each path in at most one pair);
+  3. the first wrong step of the bad path, judged by the current model (good / bad / uncertain per step, shown
+     the path only up to that step; the fallback when it cannot: the step where the paths part; a judge that
+     raises is logged and counted as `judge_failed`);
+  4. the revision trajectory (bad prefix, loss off; a reflection, loss on; the good continuation, loss on)
+     and the good path itself, as trajectory records: `revisions.jsonl`, `good_paths.jsonl`;
+then SFT of the current model on them plus the `--replay` episodes (e.g. the expert episodes the model was
+warmed up on, `--replay-weight` times each, so self-training does not forget them; beyond_agent/sft.py;
+`--sft` adds overrides), and a greedy
+evaluation of the new model on `--eval-tasks` (before the first iteration too). `<out>/agent_r.json` holds
+every iteration's figures, rewritten after each one.
+
+`--reflections FILE` replaces Agent-R's reflection sentences (one per line), e.g. with text in the
+words the model already writes.
+
+`--backend hf` runs the model in this process with Hugging Face `generate` (small models on CPU); `vllm`
+(default) starts a vLLM server per model, as the collect CLI does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+from beyond_agent.algorithms.agent_r import (
+    JUDGE_FAILED,
+    PAIRINGS,
+    REFLECTIONS,
+    RevisionTooLong,
+    SearchNode,
+    first_wrong_step,
+    good_path_record,
+    leaf_paths,
+    pair_paths,
+    revision_record,
+)
+from beyond_agent.algorithms.mcts import EnvReplayer, MCTSConfig, TaskRef, mcts_search, tree_nodes
+from beyond_agent.cli_args import json_object
+from beyond_agent.evaluation import POLICY_BACKENDS, EvaluationSettings, PolicyConfig, evaluate, serve_policy
+from beyond_agent.rollout.dataflow import DataflowConfig, GenerateFn
+from beyond_agent.rollout.handler import RolloutHandler
+from beyond_agent.rollout.scripted import reply_ids
+from beyond_agent.tasks import AgentTask, EnvTask
+from beyond_agent.trajectories import write_dump
+from beyond_agent.trajectory_data import TrajectoryDataError, read_trajectories
+from envservice.contamination import TaskSet
+from beyond_agent.sft import add_loop_options, hf_model_dir, parse_loop_args, repeated_files, run_sft
+
+JUDGE_PROMPT = (
+    "You are checking an agent's steps in a task.\nTask: {task}\n{history}\n"
+    "Was step {step} ({action}) a good step, a bad step, or are you uncertain? Answer with one word: good, bad or uncertain."
+)
+
+
+def history_handler(node: SearchNode, tokenizer, agent_task: AgentTask, limits: DataflowConfig) -> RolloutHandler:
+    """The chat up to `node` as a rollout would hold it: first prompt, then each action and observation."""
+    path = node.path()
+    root = path[0].parent if path else node
+    handler = RolloutHandler(tokenizer, agent_task.first_messages(root.observation), limits.max_prompt_length,
+                             limits.max_response_length)
+    for step in path:
+        handler.add_assistant(reply_ids(tokenizer, step.action))
+        handler.add_observation(step.observation)
+    return handler
+
+
+def model_proposer(generate: GenerateFn, tokenizer, agent_task: AgentTask, limits: DataflowConfig,
+                   max_tokens: int) -> Callable[[SearchNode, int], list[str]]:
+    """propose(node, n): n samples of the model's next reply at `node`, parsed by the task's parser
+    (replies it cannot parse are dropped)."""
+
+    def propose(node: SearchNode, n: int) -> list[str]:
+        prompt_ids = history_handler(node, tokenizer, agent_task, limits).prompt_ids_for_next_turn()
+        actions = []
+        for sample in range(n):
+            reply = generate(f"mcts-{id(node)}-{sample}", prompt_ids, max_tokens)
+            text = tokenizer.decode(reply.token_ids, skip_special_tokens=True)
+            parsed = agent_task.parse(text)
+            if parsed.action:
+                actions.append(parsed.action)
+        return actions
+
+    return propose
+
+
+def model_judge(generate: GenerateFn, tokenizer, max_tokens: int = 8):
+    """judge(nodes, index): the model's one-word verdict on step `index` of a path (chat-templated prompt).
+
+    The model sees the task (the first observation) and the path up to and including the judged step, with
+    that step's result, as Agent-R's verifier does: never the later steps or how the episode ended, which
+    would give the verdict away."""
+
+    def judge(nodes, index: int) -> str:
+        task = nodes[0].parent.observation if nodes[0].parent is not None else ""
+        history = "\n".join(f"Step {i}: action {n.action!r}, result: {n.observation}"
+                            for i, n in enumerate(nodes[:index + 1]))
+        prompt = JUDGE_PROMPT.format(task=task, history=history, step=index, action=nodes[index].action)
+        prompt_ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                                   tokenize=True)
+        if not isinstance(prompt_ids, list):  # newer transformers return a BatchEncoding
+            prompt_ids = list(prompt_ids["input_ids"])
+        reply = generate(f"judge-{id(nodes[index])}", prompt_ids, max_tokens)
+        words = tokenizer.decode(reply.token_ids, skip_special_tokens=True).strip().lower().split()
+        return words[0].strip(".,!:") if words else "uncertain"
+
+    return judge
+
+
+def revise_task(task: TaskRef, client, generate: GenerateFn, tokenizer, args, rng: random.Random) -> dict:
+    """Search one task and build its revision and good-path records; figures of the tree."""
+    limits = _limits(args)
+    agent_task = EnvTask(action_format=args.action_format)
+    config = MCTSConfig(exploration=args.exploration, iterations=args.mcts_iterations, n_gen=args.n_gen,
+                        max_depth=args.max_depth, temperature=args.temperature, max_tokens=args.max_tokens)
+    replayer = EnvReplayer(client, task)
+    root = mcts_search(replayer, model_proposer(generate, tokenizer, agent_task, limits, config.max_tokens), config)
+    paths = leaf_paths(root)
+    pairs = pair_paths(paths, args.alpha, args.beta, args.pairing)
+    judge = model_judge(generate, tokenizer)
+    described = {"env": task.env_id, "task": task.task_id, "split": task.split, "seed": task.seed,
+                 "first_observation": root.observation}
+    revisions, goods, found_by, too_long = [], {}, [], 0
+    for good, bad in pairs:
+        wrong, how = first_wrong_step(good, bad, judge)
+        try:
+            revision = revision_record(good, bad, wrong, how, rng.choice(args.reflections), described, tokenizer,
+                                       max_prompt_length=limits.max_prompt_length,
+                                       max_response_length=limits.max_response_length)
+            good_path = goods.get(id(good)) or good_path_record(
+                good, described, tokenizer, max_prompt_length=limits.max_prompt_length,
+                max_response_length=limits.max_response_length)
+        except RevisionTooLong:
+            too_long += 1  # counted and reported: raise --max-response-length to keep such pairs
+            continue
+        found_by.append(how)
+        revisions.append(revision)
+        goods[id(good)] = good_path  # a good path in several pairs is one record (pairing "all")
+    goods = list(goods.values())
+    return {"revisions": revisions, "goods": goods, "nodes": len(tree_nodes(root)), "pairs": len(revisions),
+            "pairs_too_long": too_long,
+            "best_value": paths[0].value if paths else 0.0, "judged": found_by.count("judge"),
+            "judge_failed": found_by.count(JUDGE_FAILED),
+            "resets": replayer.resets, "env_steps": replayer.steps}
+
+
+def _limits(args) -> DataflowConfig:
+    return DataflowConfig(max_rounds=args.max_depth, max_prompt_length=args.max_prompt_length,
+                          max_response_length=args.max_response_length, max_tokens_per_turn=args.max_tokens)
+
+
+@contextlib.contextmanager
+def model_generate(args, model: str, temperature: float) -> Iterator[GenerateFn]:
+    """A generate function for `model`: in-process Hugging Face, or a vLLM server we start and stop."""
+    policy = PolicyConfig(model=model, backend=args.backend, temperature=temperature, seed=args.seed,
+                          max_model_len=args.max_model_len, max_in_flight=8)
+    with serve_policy(policy, lambda message: print(f"[agent-r] {message}", file=sys.stderr, flush=True)) as served:
+        yield served.generate
+
+
+def evaluate_model(args, model: str, client, tokenizer) -> float:
+    """Greedy success of `model` on the evaluation tasks (an env or LLM failure stops the loop: it is never a
+    failed episode)."""
+    tasks = TaskSet.of("evaluation", args.env, args.eval_split, args.eval_tasks, seed_offset=args.seed,
+                       params=args.params)
+    policy = PolicyConfig(model=model, backend=args.backend, temperature=0.0, seed=args.seed,
+                          max_model_len=args.max_model_len, max_in_flight=8)
+    with serve_policy(policy) as served:
+        evaluation = evaluate(served, client, tasks, EvaluationSettings(_limits(args)), tokenizer)
+    return evaluation.require_complete().success_rate
+
+
+def run_iteration(args, iteration: int, model: str, client, tokenizer) -> tuple[str, dict]:
+    """Search + revise every task with `model`, SFT it on the records; the new model and the figures."""
+    from tqdm import tqdm
+
+    folder = args.out / f"iter_{iteration}"
+    rng = random.Random(args.seed * 1000 + iteration)
+    revisions, goods, trees, failed = [], [], [], []
+    with model_generate(args, model, args.temperature) as generate:
+        for task in tqdm(args.tasks, desc=f"agent-r iteration {iteration}", unit="task", file=sys.stderr):
+            ref = TaskRef(args.env, task_id=task, seed=args.seed + task, split="train", params=args.params)
+            try:
+                figures = revise_task(ref, client, generate, tokenizer, args, rng)
+            except Exception as error:  # an env or model failure costs this task's tree, not the iteration
+                print(f"[agent-r] task {task}: search failed ({type(error).__name__}: {error}); skipped",
+                      file=sys.stderr, flush=True)
+                failed.append(task)
+                continue
+            revisions += figures.pop("revisions")
+            goods += figures.pop("goods")
+            trees.append(figures)
+    write_dump(folder / "revisions", 0, "train", revisions)
+    write_dump(folder / "good_paths", 0, "train", goods)
+    row = {"iteration": iteration, "tasks": len(trees) + len(failed), "pairs": sum(t["pairs"] for t in trees),
+           "pairs_too_long": sum(t["pairs_too_long"] for t in trees), "tasks_failed": failed,
+           "judged_by_model": sum(t["judged"] for t in trees), "judge_failed": sum(t["judge_failed"] for t in trees),
+           "nodes": sum(t["nodes"] for t in trees),
+           "env_resets": sum(t["resets"] for t in trees), "env_steps": sum(t["env_steps"] for t in trees),
+           "tasks_with_success_in_tree": sum(t["best_value"] > 0 for t in trees)}
+    if not revisions:
+        print(f"[agent-r] iteration {iteration}: no pair in any tree; the model is kept", flush=True)
+        return model, row
+    files = ",".join([str(folder / "revisions"), str(folder / "good_paths"), *args.replay_files])
+    row["replay_episodes"] = len(read_trajectories(args.replay_files)) if args.replay_files else 0
+    run_sft([f"data.train_files=[{files}]", f"model.path={model}",
+             f"trainer.default_local_dir={folder / 'sft'}", f"hydra.run.dir={folder / 'sft' / 'hydra'}", *args.sft],
+            log_path=folder / "sft.log")
+    return str(hf_model_dir(folder / "sft")), row
+
+
+def run(args) -> list[dict]:
+    """Evaluate, then `--iterations` times search, revise, SFT and evaluate; the figures per iteration."""
+    from transformers import AutoTokenizer
+
+    from envservice.client import EnvClient
+    from envservice.process import envservice_url
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    started, model = time.monotonic(), args.model
+    with envservice_url([args.env], args.envservice_url) as url, EnvClient(url) as client:
+        figures = [{"iteration": 0, "model": model, "eval_success": evaluate_model(args, model, client, tokenizer)}]
+        _report(figures, args.out / "agent_r.json", started)
+        for iteration in range(1, args.iterations + 1):
+            model, row = run_iteration(args, iteration, model, client, tokenizer)
+            row.update(model=model, eval_success=evaluate_model(args, model, client, tokenizer))
+            figures.append(row)
+            _report(figures, args.out / "agent_r.json", started)
+    return figures
+
+
+def _report(figures: list[dict], path: Path, started: float) -> None:
+    path.write_text(json.dumps({"iterations": figures, "wall_s": time.monotonic() - started}, indent=2))
+    print("[agent-r] iteration  pairs  judged  tasks with a success  eval success (greedy)")
+    for row in figures:
+        print(f"[agent-r] {row['iteration']:9d}  {row.get('pairs', '-'):>5}  {row.get('judged_by_model', '-'):>6}  "
+              f"{row.get('tasks_with_success_in_tree', '-'):>20}  {row['eval_success']:.1%}", flush=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m recipe.agent_r.main", description=__doc__.splitlines()[0])
+    parser.add_argument("--env", required=True)
+    parser.add_argument("--params", type=json_object, default={}, help="env task parameters as JSON")
+    parser.add_argument("--tasks", default="0:16", help="train tasks searched each iteration (0:64 or 3,5,7)")
+    parser.add_argument("--model", required=True, help="Hugging Face model folder to start from")
+    parser.add_argument("--iterations", type=int, default=2)
+    parser.add_argument("--mcts-iterations", type=int, default=16)
+    parser.add_argument("--n-gen", type=int, default=3)
+    parser.add_argument("--max-depth", type=int, default=8)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--max-tokens", type=int, default=64, help="tokens per proposed action")
+    parser.add_argument("--exploration", type=float, default=0.25, help="UCT constant c")
+    parser.add_argument("--alpha", type=float, default=0.5, help="a good path's value must exceed this")
+    parser.add_argument("--beta", type=float, default=0.5, help="value(good) - value(bad) must exceed this")
+    parser.add_argument("--pairing", choices=PAIRINGS, default="all",
+                        help="all: every good path with every worse-by-beta bad one (Agent-R's rule); one_to_one: "
+                             "each path in at most one pair")
+    parser.add_argument("--action-format", default="plain")
+    parser.add_argument("--eval-tasks", default="0:32")
+    parser.add_argument("--eval-split", default="test")
+    parser.add_argument("--seed", type=int, default=0, help="task seed = seed + task index")
+    parser.add_argument("--max-model-len", type=int, default=4096, help="context of a vLLM server we start")
+    parser.add_argument("--backend", choices=POLICY_BACKENDS, default="vllm")
+    parser.add_argument("--reflections", type=read_reflections, default=REFLECTIONS,
+                        help="a text file, one reflection sentence per line (default: Agent-R's sentences)")
+    parser.add_argument("--replay", nargs="+", type=Path, default=[],
+                        help="trajectory files or folders added to every SFT run (e.g. the warm-up's expert episodes)")
+    parser.add_argument("--replay-weight", type=int, default=1, help="times each --replay episode is repeated")
+    add_loop_options(parser, "outputs/agent_r")
+    return parser
+
+
+def read_reflections(path: str) -> tuple[str, ...]:
+    """The non-empty lines of a text file: the reflection sentences one of which each revision gets."""
+    try:
+        sentences = tuple(line.strip() for line in Path(path).read_text().splitlines() if line.strip())
+    except OSError as error:
+        raise argparse.ArgumentTypeError(f"cannot read {path}: {error.strerror}") from error
+    if not sentences:
+        raise argparse.ArgumentTypeError(f"{path} holds no sentence (one reflection per line)")
+    return sentences
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The CLI's options; the replay set is resolved (and its weight checked) before any model starts."""
+    parser = build_parser()
+    args = parse_loop_args(parser, argv, ("tasks", "eval_tasks"))
+    try:
+        args.replay_files = repeated_files(args.replay, args.replay_weight) if args.replay else []
+    except TrajectoryDataError as error:
+        parser.error(f"--replay/--replay-weight: {error}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    run(parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

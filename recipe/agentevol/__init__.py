@@ -1,0 +1,1 @@
+"""AgentEvol (AgentGym): `python -m recipe.agentevol.main --help`."""

@@ -1,1 +1,0 @@
-"""BeyondAgent: multi-turn agent RL as a recipe on upstream, unmodified verl."""

@@ -1,0 +1,128 @@
+"""Hydra entry point of the BeyondAgent recipe.
+
+    python -m recipe.multiturn_rl.main [hydra overrides]
+    python -m recipe.multiturn_rl.main --config-path=$PWD/examples/quickstart --config-name=cpu_tiny
+
+The config (config/beyond_agent_trainer.yaml) is verl's ppo_trainer plus our `beyond_agent:` section.
+Ray and the run itself are started by verl's own `run_ppo`; our TaskRunner builds verl's workers and
+datasets like verl's legacy runner does, then trains with BeyondAgentTrainer.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+
+import hydra
+import ray
+from omegaconf import OmegaConf
+
+from beyond_agent.settings import BeyondAgentSettings
+from beyond_agent.run_folder import METRICS_PATH_VARIABLE, metrics_path
+from beyond_agent.verl_pin import ensure_pinned_verl
+
+ensure_pinned_verl()  # before the trainer imports verl: a wrong verl is named as such, not as an import error
+from .trainer import BeyondAgentTrainer  # noqa: E402  (relative: a copy of this folder trains with its own trainer)
+
+
+def check_config(config) -> None:
+    """Refuse configs this recipe cannot run, with the key to change."""
+    if config.trainer.get("use_v1", False):
+        raise SystemExit("BeyondAgent subclasses verl's legacy RayPPOTrainer: set trainer.use_v1=false "
+                         "(recipe/multiturn_rl/config/beyond_agent_trainer.yaml does)")
+    try:
+        settings = BeyondAgentSettings.from_config(config)
+        # The trainer points verl's seams at the delta weight path itself; this dry run on a copy refuses a
+        # run it cannot serve now, instead of inside Ray minutes later.
+        from beyond_agent.weights.verl_backend import configure_weight_sync
+
+        configure_weight_sync(copy.deepcopy(config), settings.weight_sync)
+        check_task_weights_against_files(settings.multitask.task_weights, config.data.train_files)
+    except ValueError as error:  # a bad key: one sentence naming it, before Ray starts
+        raise SystemExit(f"beyond_agent config: {error}") from None
+
+
+def check_task_weights_against_files(weights, train_files) -> None:
+    """`beyond_agent.multitask.task_weights` against the tasks of local train parquet files, before Ray starts
+    (files that are not local, e.g. hdfs://, are checked by the sampler once verl has copied them)."""
+    if weights is None:
+        return
+    from beyond_agent.multitask import check_task_weights, parquet_task_names
+
+    files = [str(train_files)] if isinstance(train_files, str) else [str(path) for path in train_files]
+    if all(Path(path).is_file() for path in files):
+        check_task_weights(weights, parquet_task_names(files))
+
+
+def build_datasets(config, tokenizer, processor):
+    """verl's RL datasets for the train and val parquet files written by beyond_agent.data, and the
+    train sampler: the weighted task sampler when `beyond_agent.multitask.task_weights` is set, else verl's."""
+    from verl.trainer.ppo.utils import create_rl_dataset, create_rl_sampler
+
+    from beyond_agent.multitask import task_sampler
+
+    train = create_rl_dataset(config.data.train_files, config.data, tokenizer, processor, is_train=True,
+                              max_samples=config.data.get("train_max_samples", -1))
+    val = create_rl_dataset(config.data.val_files, config.data, tokenizer, processor, is_train=False,
+                            max_samples=config.data.get("val_max_samples", -1))
+    multitask = BeyondAgentSettings.from_config(config).multitask
+    sampler = task_sampler(multitask, train, config.data.get("seed"))
+    if sampler is not None:
+        print(f"[beyond_agent] {sampler.describe()}", flush=True)
+    return train, val, sampler or create_rl_sampler(config.data, train)
+
+
+def _task_runner_class():
+    """Defined lazily: verl's runner base class is imported only once verl is known to be the pinned one."""
+    from verl.trainer.main_ppo_v0 import BaseTaskRunner
+
+    class BeyondAgentTaskRunner(BaseTaskRunner):
+        """Ray actor that builds verl's workers and datasets and runs BeyondAgentTrainer.fit()."""
+
+        def run(self, config):
+            from verl.trainer.ppo.utils import need_critic, need_reference_policy
+            from verl.utils.config import omega_conf_to_dataclass, validate_config
+            from verl.utils.dataset.rl_dataset import collate_fn
+
+            print(f"[beyond_agent] TaskRunner pid {os.getpid()}", flush=True)
+            OmegaConf.resolve(config)
+            metrics = metrics_path(config)
+            if metrics is not None:  # read by verl's `file` tracker when fit() starts, in this process
+                metrics.parent.mkdir(parents=True, exist_ok=True)
+                os.environ[METRICS_PATH_VARIABLE] = str(metrics)
+                print(f"[beyond_agent] metrics: {metrics}", flush=True)
+            _, worker_group_cls = self.add_actor_rollout_worker(config)
+            self.add_critic_worker(config)
+            self.add_reward_model_resource_pool(config)
+            self.add_teacher_model_resource_pool(config)
+            validate_config(config=config, use_reference_policy=need_reference_policy(config),
+                            use_critic=need_critic(config))
+            model_config = omega_conf_to_dataclass(config.actor_rollout_ref.model)
+            train, val, sampler = build_datasets(config, model_config.tokenizer, model_config.processor)
+            trainer = BeyondAgentTrainer(
+                config=config, tokenizer=model_config.tokenizer, processor=model_config.processor,
+                role_worker_mapping=self.role_worker_mapping, resource_pool_manager=self.init_resource_pool_mgr(config),
+                ray_worker_group_cls=worker_group_cls, train_dataset=train, val_dataset=val,
+                collate_fn=collate_fn, train_sampler=sampler,
+            )
+            trainer.init_workers()
+            trainer.fit()
+
+    return ray.remote(BeyondAgentTaskRunner)
+
+
+@hydra.main(config_path="config", config_name="beyond_agent_trainer", version_base=None)
+def main(config) -> None:
+    """Check the pin and our config, then hand over to verl's run_ppo with our TaskRunner."""
+    ensure_pinned_verl()
+    check_config(config)
+    from verl.trainer.main_ppo import run_ppo
+    from verl.utils.device import auto_set_device
+
+    auto_set_device(config)
+    run_ppo(config, task_runner_class=_task_runner_class())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""The recipe's YAML states the same defaults as the dataclasses that read it (beyond_agent.sections).
+
+Each default lives once, on a dataclass field; the YAML shows every key with its value so that a user reads
+the whole section in one place. This test fails when the two disagree, when the YAML has a key no dataclass
+reads, or when a dataclass key is missing from the YAML.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from beyond_agent.sections import from_section, section_defaults, section_keys
+from beyond_agent.settings import SECTION_CLASSES, BeyondAgentSection, BeyondAgentSettings
+from beyond_agent.tasks import TaskTable
+
+YAML = Path(__file__).resolve().parents[2] / "recipe/multiturn_rl/config/beyond_agent_trainer.yaml"
+COMPUTED_IN_YAML = {"beyond_agent.trajectories.dir"}
+"""Keys whose YAML value is computed from another key (an interpolation), so not a literal default."""
+
+
+def yaml_section() -> dict:
+    return OmegaConf.to_container(OmegaConf.load(YAML).beyond_agent, resolve=False)
+
+
+def disagreements(cls: type, values: dict, where: str) -> list[str]:
+    """Keys of `values` whose value differs from `cls`'s default, and keys the YAML or the class lacks."""
+    found = [f"{where}.{key}: the YAML has it, {cls.__name__} does not" for key in values if key not in section_keys(cls)]
+    found += [f"{where}.{key}: {cls.__name__} has it, the YAML does not" for key in section_keys(cls) if key not in values]
+    for key, default in section_defaults(cls).items():
+        value = values.get(key)
+        if f"{where}.{key}" in COMPUTED_IN_YAML or key in SECTION_CLASSES or key == "tasks":
+            continue
+        if key in values and value != default:
+            found.append(f"{where}.{key}: YAML {value!r}, {cls.__name__} default {default!r}")
+    return found
+
+
+def test_every_default_of_the_beyond_agent_section_agrees_with_its_dataclass():
+    section = yaml_section()
+    found = disagreements(BeyondAgentSection, section, "beyond_agent")
+    for key, cls in SECTION_CLASSES.items():
+        found += disagreements(cls, section[key], f"beyond_agent.{key}")
+    assert found == []
+
+
+def test_only_the_listed_keys_are_computed_in_the_yaml():
+    section = yaml_section()
+    interpolated = {f"beyond_agent.{key}.{name}" for key in SECTION_CLASSES for name, value in section[key].items()
+                    if isinstance(value, str) and "${" in value}
+    assert interpolated == COMPUTED_IN_YAML
+
+
+def test_the_default_task_of_the_yaml_is_the_one_an_absent_section_gives():
+    configured = TaskTable.from_config(yaml_section()["tasks"]).tasks["default"]
+    absent = TaskTable.from_config(section_defaults(BeyondAgentSection)["tasks"]).tasks["default"]
+    assert type(configured) is type(absent) and type(configured.parser) is type(absent.parser)
+    assert (configured.action_format, configured.system_prompt) == (absent.action_format, absent.system_prompt)
+
+
+def test_the_check_finds_a_drifted_default():
+    drifted = {**yaml_section()["trajectories"], "every": 0, "extra": 1}
+    from beyond_agent.settings import TrajectoryDump
+
+    assert disagreements(TrajectoryDump, drifted, "beyond_agent.trajectories") == [
+        "beyond_agent.trajectories.extra: the YAML has it, TrajectoryDump does not",
+        "beyond_agent.trajectories.every: YAML 0, TrajectoryDump default 1"]
+
+
+def test_a_config_that_leaves_every_section_out_reads_as_the_yaml_does():
+    minimal = {"beyond_agent": {"env": {"url": "http://127.0.0.1:8000"}},
+               "data": {"max_prompt_length": 256, "max_response_length": 512},
+               "actor_rollout_ref": {"rollout": {"temperature": 1.0}}}
+    full = {**minimal, "beyond_agent": {**yaml_section(), "trajectories": {**yaml_section()["trajectories"],
+                                                                          "dir": "trajectories"}}}
+    assert BeyondAgentSettings.from_config(minimal).trajectories == BeyondAgentSettings.from_config(full).trajectories
+    settings = BeyondAgentSettings.from_config(minimal)
+    assert (settings.trajectories.every, settings.weight_sync.mode, settings.async_rollout.max_staleness) == (1, "full", 1)
+
+
+def test_unknown_keys_are_refused_naming_the_valid_ones():
+    with pytest.raises(ValueError, match=r"beyond_agent\.trajectories has unknown key\(s\) \['evry'\]; "
+                                         r"valid keys: every, dir, max_per_step"):
+        from_section(SECTION_CLASSES["trajectories"], {"evry": 2}, "beyond_agent.trajectories")
+    with pytest.raises(ValueError, match=r"beyond_agent\.env\.url is required"):
+        from_section(SECTION_CLASSES["env"], {}, "beyond_agent.env")
