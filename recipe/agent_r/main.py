@@ -56,11 +56,11 @@ from beyond_agent.evaluation import POLICY_BACKENDS, EvaluationSettings, PolicyC
 from beyond_agent.rollout.dataflow import DataflowConfig, GenerateFn
 from beyond_agent.rollout.handler import RolloutHandler
 from beyond_agent.rollout.scripted import reply_ids
+from beyond_agent.sft import add_loop_options, hf_model_dir, parse_loop_args, repeated_files, run_sft
 from beyond_agent.tasks import AgentTask, EnvTask
 from beyond_agent.trajectories import write_dump
 from beyond_agent.trajectory_data import TrajectoryDataError, read_trajectories
 from envservice.contamination import TaskSet
-from beyond_agent.sft import add_loop_options, hf_model_dir, parse_loop_args, repeated_files, run_sft
 
 JUDGE_PROMPT = (
     "You are checking an agent's steps in a task.\nTask: {task}\n{history}\n"
