@@ -39,7 +39,8 @@ def from_section(cls: type[T], node: Mapping[str, Any] | None, where: str) -> T:
     unknown = sorted(set(values) - set(valid))
     if unknown:
         raise ValueError(f"{where} has unknown key(s) {unknown}; valid keys: {', '.join(valid)}")
-    missing = [key for key in valid if key not in values and key not in section_defaults(cls)]
+    defaults = section_defaults(cls)
+    missing = [key for key in valid if key not in values and key not in defaults]
     if missing:
         raise ValueError(f"{where}.{missing[0]} is required")
     return cls(**values)

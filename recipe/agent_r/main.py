@@ -52,7 +52,14 @@ from beyond_agent.algorithms.agent_r import (
 )
 from beyond_agent.algorithms.mcts import EnvReplayer, MCTSConfig, TaskRef, mcts_search, tree_nodes
 from beyond_agent.cli_args import json_object
-from beyond_agent.evaluation import POLICY_BACKENDS, EvaluationSettings, PolicyConfig, evaluate, serve_policy
+from beyond_agent.evaluation import (
+    POLICY_BACKENDS,
+    EvaluationSettings,
+    Policy,
+    PolicyConfig,
+    evaluate,
+    serve_policy,
+)
 from beyond_agent.rollout.dataflow import DataflowConfig, GenerateFn
 from beyond_agent.rollout.handler import RolloutHandler
 from beyond_agent.rollout.scripted import reply_ids
@@ -165,11 +172,18 @@ def _limits(args) -> DataflowConfig:
 
 
 @contextlib.contextmanager
-def model_generate(args, model: str, temperature: float) -> Iterator[GenerateFn]:
-    """A generate function for `model`: in-process Hugging Face, or a vLLM server we start and stop."""
+def served_model(args, model: str, temperature: float) -> Iterator[Policy]:
+    """`model` served for the `with` block: in-process Hugging Face, or a vLLM server we start and stop."""
     policy = PolicyConfig(model=model, backend=args.backend, temperature=temperature, seed=args.seed,
                           max_model_len=args.max_model_len, max_in_flight=8)
     with serve_policy(policy, lambda message: print(f"[agent-r] {message}", file=sys.stderr, flush=True)) as served:
+        yield served
+
+
+@contextlib.contextmanager
+def model_generate(args, model: str, temperature: float) -> Iterator[GenerateFn]:
+    """A generate function for `model` (see `served_model`)."""
+    with served_model(args, model, temperature) as served:
         yield served.generate
 
 
@@ -178,9 +192,7 @@ def evaluate_model(args, model: str, client, tokenizer) -> float:
     failed episode)."""
     tasks = TaskSet.of("evaluation", args.env, args.eval_split, args.eval_tasks, seed_offset=args.seed,
                        params=args.params)
-    policy = PolicyConfig(model=model, backend=args.backend, temperature=0.0, seed=args.seed,
-                          max_model_len=args.max_model_len, max_in_flight=8)
-    with serve_policy(policy) as served:
+    with served_model(args, model, 0.0) as served:
         evaluation = evaluate(served, client, tasks, EvaluationSettings(_limits(args)), tokenizer)
     return evaluation.require_complete().success_rate
 
