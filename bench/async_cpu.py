@@ -37,7 +37,7 @@ envservice's /healthz, polled every 50 ms):
 - staleness mean/max: `.../async/staleness_mean` averaged over steps / `.../async/staleness_max` at most;
 - carried: episodes still in flight when a step took its rows (`.../async/carried_over_episodes`), per step;
 - dropped: episodes dropped as too stale (`.../async/dropped_stale_episodes`), all steps;
-- success: `timing_s/beyond_agent/success_rate` averaged over steps (the episodes each step trained on).
+- success: `beyond_agent/success_rate` averaged over steps (the episodes each step trained on).
 
 It is a benchmark, not a test (pytest collects tests/ only): figures depend on the machine; on 2 cores
 vLLM, the FSDP actor and the envservice share the CPU, so background rollout also slows training down, and
@@ -83,7 +83,7 @@ SMALL_RUN = [
     "beyond_agent.max_tokens_per_turn=12",
 ]
 """The tiny model on 2 cores, as tests/trainer/conftest.py and test_async_rollout_on_cpu.py run it."""
-ASYNC = "timing_s/beyond_agent/async/"
+ASYNC = "beyond_agent/async/"
 POLL_S = 0.05
 
 
@@ -288,7 +288,7 @@ def compute_figures(config: RunConfig, steps: int, clock: StepClock, sessions: S
 
     staleness, staleness_max = series(ASYNC + "staleness_mean"), series(ASYNC + "staleness_max")
     carried, dropped = series(ASYNC + "carried_over_episodes"), series(ASYNC + "dropped_stale_episodes")
-    success = series("timing_s/beyond_agent/success_rate")
+    success = series("beyond_agent/success_rate")
     for row in per_step.values():  # relative to the loop start, for the JSON
         row["metrics_line_at_s"] = round(row["metrics_line_at_s"] - loop_start, 3)
     return RunFigures(

@@ -452,7 +452,7 @@ def rl_stage(variant: str, warm_dir: Path, data_dir: Path, experiments: Path, ar
     return hf_dir
 
 
-TRAIN_SUCCESS = "timing_s/beyond_agent/success_rate"
+TRAIN_SUCCESS = "beyond_agent/success_rate"
 HELDOUT_GREEDY = f"val-core/{ENV_ID}/reward/mean@1"
 
 

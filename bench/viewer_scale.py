@@ -28,9 +28,9 @@ from envservice.childproc import ChildProcess, answers_200, free_port
 from beyond_agent.trajectories import SCHEMA_VERSION, TrajectoryRecord, write_dump
 
 TERMINATIONS = ("done", "max_rounds", "length", "env_error")
-METRIC_KEYS = ([f"timing_s/beyond_agent/{k}" for k in ("success_rate", "mean_reward", "mean_rounds", "env_time_s",
+METRIC_KEYS = ([f"beyond_agent/{k}" for k in ("success_rate", "mean_reward", "mean_rounds", "env_time_s",
                                                        "llm_time_s", "llm_busy_s", "wall_time_s")]
-               + [f"timing_s/beyond_agent/termination/{t}" for t in TERMINATIONS]
+               + [f"beyond_agent/termination/{t}" for t in TERMINATIONS]
                + ["actor/entropy", "actor/pg_loss", "actor/grad_norm", "critic/score/mean", "num_turns/mean"]
                + [f"filler/metric_{i}" for i in range(80)])
 

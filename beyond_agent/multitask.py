@@ -9,7 +9,7 @@ per-task figure of a run lines up under one name. Three parts use it:
 - `WeightedTaskSampler`, the train sampler when `task_weights` is set: rows are drawn so that tasks appear in
   proportion to their weights, whatever each task's number of rows;
 - `task_rollout_figures`: each task's episodes, success rate, mean reward, mean rounds and terminations of a
-  rollout, logged as `timing_s/beyond_agent/task/<name>/...` (validation: `val-aux/beyond_agent/task/<name>/...`);
+  rollout, logged as `beyond_agent/task/<name>/...` (validation: `val-aux/beyond_agent/task/<name>/...`);
 - `normalize_task_advantages`, AgentRL's task advantage normalisation (`task_advantage_norm: true`).
 
     beyond_agent:

@@ -9,9 +9,11 @@ key to this class, so verl's `fit()` runs unchanged and every episode is played 
 Each row becomes one episode with its own AgentTask (`TaskTable.for_row`: the row's `task`, else its env's
 entry, else `default`) and its own prompt (verl's `raw_prompt`, from the parquet `prompt` column), so one
 batch can mix environments, parsers and rewards. What goes back to verl per row is `rollout/batch.py`'s
-`training_batch`; our figures go in `meta_info["timing"]`, which verl logs as `timing_s/<key>`, the same
-channel verl's own agent loop uses for its counters, each task's own under `beyond_agent/task/<name>/`
-(beyond_agent/multitask.py; validation's reach the trainer through `take_validation_figures`).
+`training_batch`. Our figures of a training step (`beyond_agent/...`, each task's own under
+`beyond_agent/task/<name>/`, beyond_agent/multitask.py) wait here until the trainer takes them
+(`take_step_figures`) into the metrics of that step's update; validation's reach the trainer through
+`take_validation_figures`. (verl's `meta_info["timing"]` channel would log them as `timing_s/...`, as if
+success were a duration; runs before 2026-11-26 did, see `run_folder.EARLIER_METRICS_PREFIX`.)
 
 With `beyond_agent.rollout_mode: async` the training episodes are played ahead, in the background, by an
 `AsyncEpisodePool` (rollout/async_pool.py) that the trainer feeds from its dataloader (`start_async`,
@@ -34,6 +36,7 @@ from beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec
 from beyond_agent.rollout.env_manager import ParallelEnvManager, RolloutOutput, summarize
 from beyond_agent.rollout.llm import AsyncLLMServerManager, VerlLLMServerBackend
 from beyond_agent.rollout.versions import PolicyVersionGate
+from beyond_agent.run_folder import METRICS_PREFIX
 from beyond_agent.settings import BeyondAgentSettings
 from beyond_agent.tasks import TaskTable
 from beyond_agent.trajectories import episode_record, write_dump
@@ -72,10 +75,13 @@ def outcome_only(result: EpisodeResult) -> EpisodeResult:
     return dataclasses.replace(result, episode=None, messages=[], step_rewards=[])
 
 
-def rollout_timing(output: RolloutOutput, llm_busy_s: float) -> dict[str, float]:
-    """Our per-step figures for verl's `timing` channel (logged as timing_s/beyond_agent/...)."""
-    figures = {f"beyond_agent/{key}": value for key, value in output.metrics.as_dict(prefix="").items()}
-    figures["beyond_agent/llm_busy_s"] = llm_busy_s
+def rollout_figures(output: RolloutOutput, llm_busy_s: float, tasks: list[str]) -> dict[str, float]:
+    """Our figures of one rollout, under `beyond_agent/`: the episodes' summary, the LLM server's busy time,
+    the rollout's own extras (async mode's staleness and drops) and each task's figures."""
+    figures = output.metrics.as_dict(prefix=METRICS_PREFIX)
+    figures[f"{METRICS_PREFIX}llm_busy_s"] = llm_busy_s
+    figures.update({f"{METRICS_PREFIX}{key}": value for key, value in output.extra.items()})
+    figures.update(task_rollout_figures(tasks, output.results))  # beyond_agent/task/<name>/...
     return figures
 
 
@@ -100,6 +106,7 @@ class BeyondAgentLoopManager:
         self._pool: AsyncEpisodePool | None = None
         self._taken: dict[str, list[EpisodeResult]] = {}  # row key -> its n finished episodes, until verl asks
         self._taken_metrics: dict[str, float] = {}
+        self._step_figures: dict[str, float] = {}  # the last training rollout's, until the trainer takes them
         self._validation: list[tuple[str, EpisodeResult]] = []  # (task, outcome) of this validation's episodes
 
     @classmethod
@@ -122,15 +129,20 @@ class BeyondAgentLoopManager:
         batch = training_batch(output.results, prompts, self.tokenizer.pad_token_id,
                                settings.episode.max_prompt_length, settings.episode.max_response_length,
                                group_based=settings.group_based)
-        timing = rollout_timing(output, self.llm.metrics().busy_time_s - busy_before)
-        timing.update({f"beyond_agent/{key}": value for key, value in output.extra.items()})
         tasks = task_names(prompts.non_tensor_batch, len(output.results))
-        timing.update(task_rollout_figures(tasks, output.results))  # timing_s/beyond_agent/task/<name>/...
         if meta.get("validate"):
             self._validation.extend(zip(tasks, map(outcome_only, output.results)))
-        batch.meta_info = {"timing": timing, "reward_extra_keys": ["success"]}
+        else:
+            self._step_figures = rollout_figures(output, self.llm.metrics().busy_time_s - busy_before, tasks)
+        batch.meta_info = {"timing": {}, "reward_extra_keys": ["success"]}  # fit() reads "timing"; ours wait
         self._log_step(meta, output)
         return batch
+
+    def take_step_figures(self) -> dict[str, float]:
+        """Our figures of the last training rollout (`beyond_agent/...`), once: the trainer adds them to the
+        metrics of that step's update; {} when none is waiting."""
+        figures, self._step_figures = self._step_figures, {}
+        return figures
 
     def take_validation_figures(self) -> dict[str, float]:
         """Per-task figures of the validation episodes played since the last call

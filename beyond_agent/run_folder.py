@@ -28,6 +28,19 @@ METRICS_PATH_VARIABLE = "VERL_FILE_LOGGER_PATH"
 """Where verl's `file` tracker writes: the launcher points it into the experiment folder, and the recipe's
 TaskRunner (the process `fit()` runs in) sets it to the run's metrics file."""
 CURVES_FILE = "curves.png"
+METRICS_PREFIX = "beyond_agent/"
+"""Our own figures' namespace in the tracker: `beyond_agent/success_rate`, `beyond_agent/termination/<kind>`,
+`beyond_agent/task/<task>/...`, `beyond_agent/async/...` (validation's per-task ones: `val-aux/beyond_agent/...`)."""
+EARLIER_METRICS_PREFIX = "timing_s/beyond_agent/"
+"""Where runs before 2026-11-26 logged the same figures (verl's timing channel, so success looked like a
+timing); MetricsLog reads them under METRICS_PREFIX, so old and new runs draw the same curves."""
+
+
+def current_metric_key(key: str) -> str:
+    """The key under today's names: `timing_s/beyond_agent/x` (an earlier run's) -> `beyond_agent/x`."""
+    if key.startswith(EARLIER_METRICS_PREFIX):
+        return METRICS_PREFIX + key.removeprefix(EARLIER_METRICS_PREFIX)
+    return key
 """Drawn beside the metrics file when training ends (BeyondAgentTrainer.fit)."""
 METRICS_NAME = re.compile(r"^metrics(?:\.(\d+))?\.jsonl$")
 SEARCH_DEPTH = 3
@@ -54,6 +67,7 @@ class MetricsLog:
 
     A resumed run writes metrics.<n>.jsonl beside metrics.jsonl (recipe/multiturn_rl/main.py);
     files are read in that order and a later file's value for a step replaces an earlier one's.
+    Keys are read under today's names (`current_metric_key`).
     """
 
     folder: Path
@@ -90,7 +104,7 @@ class MetricsLog:
             step, data = int(entry["step"]), entry["data"]
         except (ValueError, KeyError, TypeError):
             return  # not a tracker line (the launcher reports those); the viewer shows what it can read
-        numbers = {key: float(value) for key, value in data.items()
+        numbers = {current_metric_key(key): float(value) for key, value in data.items()
                    if isinstance(value, (int, float)) and not isinstance(value, bool)}
         self.steps.setdefault(step, {}).update(numbers)
 

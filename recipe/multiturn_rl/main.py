@@ -23,7 +23,7 @@ from beyond_agent.run_folder import METRICS_PATH_VARIABLE, metrics_path
 from beyond_agent.verl_pin import ensure_pinned_verl
 
 ensure_pinned_verl()  # before the trainer imports verl: a wrong verl is named as such, not as an import error
-from .trainer import BeyondAgentTrainer  # noqa: E402  (relative: a copy of this folder trains with its own trainer)
+from .trainer import BeyondAgentTrainer, prepare_verl_config  # noqa: E402  (relative: a copy of this folder trains with its own trainer)
 
 
 def check_config(config) -> None:
@@ -33,11 +33,9 @@ def check_config(config) -> None:
                          "(recipe/multiturn_rl/config/beyond_agent_trainer.yaml does)")
     try:
         settings = BeyondAgentSettings.from_config(config)
-        # The trainer points verl's seams at the delta weight path itself; this dry run on a copy refuses a
-        # run it cannot serve now, instead of inside Ray minutes later.
-        from beyond_agent.weights.verl_backend import configure_weight_sync
-
-        configure_weight_sync(copy.deepcopy(config), settings.weight_sync)
+        # The trainer prepares verl's config itself; this dry run on a copy refuses a run it cannot serve now,
+        # instead of inside Ray minutes later.
+        prepare_verl_config(copy.deepcopy(config), settings)
         check_task_weights_against_files(settings.multitask.task_weights, config.data.train_files)
     except ValueError as error:  # a bad key: one sentence naming it, before Ray starts
         raise SystemExit(f"beyond_agent config: {error}") from None

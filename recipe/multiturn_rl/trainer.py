@@ -3,7 +3,8 @@
 verl's `fit()` runs unchanged. The trainer only fills verl's rollout-manager seam
 (`actor_rollout_ref.rollout.agent.agent_loop_manager_class`) with `BeyondAgentLoopManager`, which plays
 every episode against envservice with the round limit `RoundScheduler.max_rounds(global_step)`, returns
-each row's task reward as `rm_scores`, and reports its figures through verl's tracker. Our config is
+each row's task reward as `rm_scores`; its figures of the step (`beyond_agent/...`) join the metrics of the
+step's critic or actor update, which `fit()` logs with verl's tracker. Our config is
 validated by `BeyondAgentSettings`, in the driver before Ray starts and where the rollout manager uses it.
 When `fit()` returns or fails, the run's main curves are drawn into `curves.png` beside its metrics.jsonl
 (beyond_agent/curves.py), for people who never open the viewer.
@@ -56,12 +57,21 @@ MANAGER_CLASS = "beyond_agent.rollout_manager.BeyondAgentLoopManager"
 
 
 
-def use_beyond_agent_rollout(config: Any) -> None:
-    """Point verl's rollout-manager seam at our manager unless the user named another one."""
+def prepare_verl_config(config: Any, settings: BeyondAgentSettings) -> None:
+    """Every change BeyondAgent makes to verl's config before verl reads it, in one place:
+
+    - verl's rollout-manager seam (`actor_rollout_ref.rollout.agent.agent_loop_manager_class`) names our
+      manager, unless the user named another one;
+    - with `weight_sync.mode: delta`, verl's checkpoint-engine seams name our delta backend
+      (`configure_weight_sync`, which refuses with the key to change a run the delta path cannot serve).
+
+    The one change made later is `align_total_epochs`, which needs verl's dataloader. Raises ValueError.
+    """
     with open_dict(config):
         agent = config.actor_rollout_ref.rollout.agent
         if not agent.get("agent_loop_manager_class"):
             agent.agent_loop_manager_class = MANAGER_CLASS
+    configure_weight_sync(config, settings.weight_sync)
 
 
 class BeyondAgentTrainer(RayPPOTrainer):
@@ -69,15 +79,14 @@ class BeyondAgentTrainer(RayPPOTrainer):
 
     def __init__(self, config: Any, *args: Any, **kwargs: Any):
         ensure_pinned_verl()
-        use_beyond_agent_rollout(config)
+        self.beyond_settings = BeyondAgentSettings.from_config(config)
+        """Our validated `beyond_agent:` section."""
+        prepare_verl_config(config, self.beyond_settings)
         super().__init__(config, *args, **kwargs)
         notice = align_total_epochs(self.config, len(self.train_dataloader), self.total_training_steps)
         if notice:
             print(notice, flush=True)
-        self.beyond_settings = BeyondAgentSettings.from_config(self.config)
-        """Our validated `beyond_agent:` section."""
         self._async_actor_metrics: dict[str, float] = {}
-        configure_weight_sync(self.config, self.beyond_settings.weight_sync)  # weight_sync.mode=delta: verl's seams
         self._last_actor_output = None  # the actor update whose metrics the next weight sync's figures join
 
     def init_workers(self) -> None:
@@ -123,12 +132,26 @@ class BeyondAgentTrainer(RayPPOTrainer):
             old_log_prob.batch["old_log_probs"] = behaviour
         return old_log_prob, mfu
 
+    def _take_rollout_figures(self) -> dict[str, float]:
+        """The step's rollout figures (`beyond_agent/...`), from our rollout manager (another one has none)."""
+        take = getattr(self.async_rollout_manager, "take_step_figures", None)
+        return take() if take is not None else {}
+
+    def _update_critic(self, batch: Any) -> Any:
+        """verl's critic update; the step's rollout figures join its metrics (during critic warm-up no actor
+        update runs, and fit() logs the critic's metrics every step)."""
+        output = super()._update_critic(batch)
+        output.meta_info["metrics"].update(self._take_rollout_figures())
+        return output
+
     def _update_actor(self, batch: Any) -> Any:
         """verl's actor update, on advantages normalised within each task when `multitask.task_advantage_norm`
         (before the batch reaches the workers); the normalisation's per-task figures and the step's
-        rollout/trainer log-prob gap join its metrics (fit() reduces and logs `meta_info["metrics"]`)."""
+        rollout/trainer log-prob gap join its metrics (fit() reduces and logs `meta_info["metrics"]`), and the
+        step's rollout figures unless the critic's update took them first."""
         task_figures = apply_task_advantage_norm(batch) if self.beyond_settings.multitask.task_advantage_norm else {}
         output = super()._update_actor(batch)
+        output.meta_info["metrics"].update(self._take_rollout_figures())
         output.meta_info["metrics"].update(task_figures)
         output.meta_info["metrics"].update(self._async_actor_metrics)
         self._async_actor_metrics = {}

@@ -38,13 +38,13 @@ def test_async_m2po_trains_three_steps_with_bounded_staleness(run_training, step
         ])
     metrics = step_metrics(output)
     assert sorted(metrics) == [1, 2, 3]
-    staleness = [metrics[step]["timing_s/beyond_agent/async/staleness_max"] for step in (1, 2, 3)]
+    staleness = [metrics[step]["beyond_agent/async/staleness_max"] for step in (1, 2, 3)]
     assert max(staleness) > 0, f"no step trained on stale rows: {staleness}"
     assert all(0 <= value <= 2 for value in staleness), staleness
     for step in (1, 2, 3):
         assert math.isfinite(metrics[step]["actor/pg_loss"])
-        assert metrics[step]["timing_s/beyond_agent/episodes"] == 4.0  # 2 rows x n=2, all from the pool
-        assert metrics[step]["timing_s/beyond_agent/async/policy_version"] == step - 1
+        assert metrics[step]["beyond_agent/episodes"] == 4.0  # 2 rows x n=2, all from the pool
+        assert metrics[step]["beyond_agent/async/policy_version"] == step - 1
         assert math.isfinite(metrics[step]["beyond_agent/async/logprob_gap_abs_mean"])
         assert "actor/m2po_m2_before" in metrics[step] or "actor/actor/m2po_m2_before" in metrics[step]
 

@@ -102,7 +102,9 @@ def test_generate_sequences_feeds_verl_union_reward_grpo_and_metrics(
     assert output.batch["input_ids"].shape == output.batch["attention_mask"].shape == (4, 768)
     assert set(output.non_tensor_batch["__num_turns__"].tolist()) <= {1, 2, 3}
     assert max(output.non_tensor_batch["__num_turns__"]) == 3  # the step-2 round limit was applied
-    assert output.meta_info["timing"]["beyond_agent/episodes"] == 4.0
+    figures = manager.take_step_figures()  # the training step's, not the validations' after it
+    assert figures["beyond_agent/episodes"] == 4.0 and manager.take_step_figures() == {}  # taken once
+    assert output.meta_info["timing"] == {}  # nothing of ours under verl's timing_s/ any more
 
     # What fit() does next, with verl's own functions.
     merged = batch.repeat(repeat_times=2, interleave=True).union(output)
@@ -119,7 +121,8 @@ def test_generate_sequences_feeds_verl_union_reward_grpo_and_metrics(
     assert compute_response_mask(merged).shape == (4, 256)
     metrics = {**compute_data_metrics(merged, use_critic=False),
                **compute_timing_metrics(merged, {"gen": 1.0, **output.meta_info["timing"]})}
-    assert "num_turns/mean" in metrics and "timing_s/beyond_agent/success_rate" in metrics
+    assert "num_turns/mean" in metrics and not any("beyond_agent" in key for key in metrics)
+    assert 0.0 <= figures["beyond_agent/success_rate"] <= 1.0
     dumped = Path(config.trainer.default_local_dir) / "trajectories" / "step_2.jsonl"
     records = list(read_dump(dumped))  # checked against the schema (beyond_agent/trajectories.py)
     assert [(r.step, r.kind, r.index) for r in records] == [(2, "train", row) for row in range(4)]

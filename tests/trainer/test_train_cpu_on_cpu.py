@@ -74,7 +74,7 @@ def test_two_steps_then_resume_continues_step_and_round_schedule(run_training, t
         assert sorted(metrics) == [1, 2]
         for step in (1, 2):
             assert math.isfinite(as_float(metrics[step]["actor/pg_loss"]))
-            assert as_float(metrics[step]["timing_s/beyond_agent/episodes"]) == 4.0
+            assert as_float(metrics[step]["beyond_agent/episodes"]) == 4.0
             assert "num_turns/mean" in metrics[step]
         # Stepwise [1, 2, 3] every 1 step: step 1 allows one round, step 2 two.
         assert max(trajectory_rounds(run_dir, 1)) == 1 and max(trajectory_rounds(run_dir, 2)) == 2
