@@ -4,7 +4,8 @@
     GET /vendor/plotly.min.js  plotly.js as shipped inside the `plotly` Python package (no CDN)
     GET /healthz               200 once serving
     GET /api/run               name, configs, versions, where the files are
-    GET /api/panels            the dashboard's panels with the metric keys this run has for each
+    GET /api/panels            the dashboard's panels (title, y-axis unit) with the lines this run has for
+                               each: {key, label, points}; keys under today's names (current_metric_key)
     GET /api/metrics?keys=a,b  [[step, value], ...] per key (all keys listed in `keys`)
     GET /api/steps             the dumped steps: [{step, kind}]
     GET /api/episodes?step=N&kind=train&offset=0&limit=50[&env=&task=&agent_task=&termination=&success=
@@ -19,6 +20,7 @@ Errors are JSON `{"error": "..."}`: 400 for a bad parameter (naming it), 404 for
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from pathlib import Path
 
@@ -137,12 +139,10 @@ def create_app(folder: Path, tokenizer: str | None = None) -> FastAPI:
     @app.get("/api/panels")
     def panels():
         available = state.refreshed_metrics().keys()
-        shown = []
-        for panel in PANELS:
-            lines, points = panel.keys(available)
-            if lines or points:
-                shown.append({"id": panel.id, "title": panel.title, "lines": lines, "points": points,
-                              "stacked": panel.stacked})
+        shown = [{"id": panel.id, "title": panel.title, "unit": panel.unit, "stacked": panel.stacked,
+                  "y_range": panel.y_range,
+                  "lines": [dataclasses.asdict(line) for line in lines]}
+                 for panel in PANELS if (lines := panel.lines(available))]
         return {"panels": shown, "keys": available}
 
     @app.get("/api/metrics")

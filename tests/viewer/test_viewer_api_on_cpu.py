@@ -30,10 +30,11 @@ def test_metrics_follow_appended_lines_and_wait_for_a_line_being_written(run_fol
     log.refresh()
     recorded = metric_lines(run_folder)
     assert sorted(log.steps) == [entry["step"] for entry in recorded]
-    key = "timing_s/beyond_agent/success_rate"
-    assert log.series([key])[key] == [[entry["step"], entry["data"][key]] for entry in recorded]
+    key, logged_as = "beyond_agent/success_rate", "timing_s/beyond_agent/success_rate"  # the recorded run's name
+    assert log.series([key])[key] == [[entry["step"], entry["data"][logged_as]] for entry in recorded]
+    assert not any(k.startswith("timing_s/beyond_agent/") for k in log.keys())  # read under today's names
     with (run_folder / "metrics.jsonl").open("a") as out:  # a step being written: half a line so far
-        out.write('{"step": 99, "data": {"timing_s/beyond_agent/success_rate": 0.5')
+        out.write('{"step": 99, "data": {"beyond_agent/success_rate": 0.5')
     log.refresh()
     assert 99 not in log.steps
     with (run_folder / "metrics.jsonl").open("a") as out:
@@ -104,6 +105,33 @@ def test_a_dump_line_that_is_not_a_record_is_named(viewer_url: str, run_folder: 
     assert "step_50.jsonl:1" in answer.json()["error"] and "missing field" in answer.json()["error"]
     with pytest.raises(TrajectoryFormatError, match="step_50.jsonl:1: missing field"):
         dumped(run_folder, "step_50.jsonl")
+
+
+def test_panels_have_one_unit_readable_labels_and_no_figure_twice(viewer_url: str):
+    panels = {p["id"]: p for p in requests.get(f"{viewer_url}/api/panels", timeout=10).json()["panels"]}
+    labels = {panel_id: [line["label"] for line in panel["lines"]] for panel_id, panel in panels.items()}
+    assert labels["success"] == ["training episodes", "validation: babyai"]  # success only: reward has its own
+    assert labels["reward"] == ["training episodes", "validation: babyai"]  # ours, not verl's critic/score too
+    assert labels["rounds"] == ["training episodes"]  # our rounds, not verl's num_turns as well
+    assert labels["terminations"] == ["token budget", "round limit"]
+    assert "LLM server busy" in labels["time"] and labels["episode_time"] == ["environment calls",
+                                                                             "waiting for the LLM"]
+    assert panels["time"]["unit"] == "seconds (wall clock)" and panels["success"]["unit"] == "share of episodes"
+    assert "tasks" not in panels  # one task: its success per task would be the success curve again
+    [validation] = [line for line in panels["success"]["lines"] if line["points"]]
+    assert validation["key"] == "val-aux/babyai/success/mean@1"
+
+
+def test_two_tasks_get_a_success_per_task_panel_and_every_termination_a_label(run_folder: Path):
+    from beyond_agent.curves import PANELS, TERMINATIONS
+    from beyond_agent.rollout.handler import TERMINATION_REASONS
+
+    assert set(TERMINATIONS) == set(TERMINATION_REASONS)
+    tasks = next(panel for panel in PANELS if panel.id == "tasks")
+    keys = [f"beyond_agent/task/{task}/{figure}" for task in ("babyai", "frozenlake")
+            for figure in ("success_rate", "episodes")]
+    assert [(line.key, line.label) for line in tasks.lines(keys)] == [
+        ("beyond_agent/task/babyai/success_rate", "babyai"), ("beyond_agent/task/frozenlake/success_rate", "frozenlake")]
 
 
 def test_the_curves_png_is_drawn_from_the_metrics(run_folder: Path, tmp_path: Path):

@@ -30,16 +30,32 @@ def plotted(page, panel: str) -> dict[str, list]:
         trace => [trace.meta, trace.x.map((x, i) => [x, trace.y[i]])]))""", f"panel-{panel}")
 
 
+def legend(page, panel: str) -> list[str]:
+    """The legend texts plotly drew for a panel."""
+    return [text.text_content() for text in page.locator(f"#panel-{panel} .legendtext").all()]
+
+
+def assert_tick_labels_apart(page, panel: str) -> None:
+    """No two x-axis labels of a panel overlap on the page."""
+    boxes = sorted((box["x"], box["width"]) for box in
+                   (tick.bounding_box() for tick in page.locator(f"#panel-{panel} .xtick text").all()) if box)
+    assert len(boxes) >= 2 and all(x + width < next_x for (x, width), (next_x, _) in zip(boxes, boxes[1:])), \
+        f"{panel}: {boxes}"
+
+
 def test_the_dashboard_draws_the_run_s_success_curve_and_follows_new_steps(page, viewer_url: str, run_folder: Path):
     open_route(page, viewer_url, "#/dashboard")
     logged = [json.loads(line) for line in (run_folder / "metrics.jsonl").read_text().splitlines()]
-    key = "timing_s/beyond_agent/success_rate"
+    key, logged_as = "beyond_agent/success_rate", "timing_s/beyond_agent/success_rate"  # an earlier run's name
     success = plotted(page, "success")
-    assert success[key] == [[entry["step"], entry["data"][key]] for entry in logged]
+    assert success[key] == [[entry["step"], entry["data"][logged_as]] for entry in logged]
     val_keys = [k for k in success if k.startswith("val-")]  # validation points on the same chart
     assert val_keys and all(points for points in (success[k] for k in val_keys))
-    for panel in ("reward", "rounds", "terminations", "time", "entropy", "losses"):
+    for panel in ("reward", "rounds", "terminations", "time", "episode_time", "entropy", "losses", "grad_norm"):
         assert plotted(page, panel), f"panel {panel} has no data"
+        assert_tick_labels_apart(page, panel)
+    assert legend(page, "success") == ["training episodes", "validation: babyai"]
+    assert page.locator("#panel-time .g-ytitle").text_content() == "seconds (wall clock)"
     assert page.locator("#run-name").inner_text() == run_folder.name
 
     next_step = logged[-1]["step"] + 1  # training goes on: the open page picks the new step up
@@ -48,6 +64,15 @@ def test_the_dashboard_draws_the_run_s_success_curve_and_follows_new_steps(page,
     page.wait_for_function("(step) => document.getElementById('panel-success').dataset.drawn === String(step)",
                            arg=next_step, timeout=LOAD_MS)
     assert plotted(page, "success")[key][-1] == [next_step, 0.75]
+
+    last_step = next_step + 60  # a longer run: still whole steps, and labels that do not overlap
+    with (run_folder / "metrics.jsonl").open("a") as out:
+        out.writelines(json.dumps({"step": step, "data": {key: 0.5}}) + "\n" for step in range(next_step + 1, last_step + 1))
+    page.wait_for_function("(step) => document.getElementById('panel-success').dataset.drawn === String(step)",
+                           arg=last_step, timeout=LOAD_MS)
+    assert_tick_labels_apart(page, "success")
+    ticks = [tick.text_content() for tick in page.locator("#panel-success .xtick text").all()]
+    assert all(tick.replace(",", "").isdigit() for tick in ticks), ticks
 
 
 def test_an_episode_marks_exactly_the_mask_1_tokens_trained(page, viewer_url: str, run_folder: Path):

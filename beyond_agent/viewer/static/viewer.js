@@ -44,32 +44,28 @@ function go(name, params) {
 
 // ---------------------------------------------------------------- dashboard
 function traces(panel, series) {
-  const lines = panel.lines.filter(key => series[key]).map(key => ({
-    name: shortLabel(key), x: series[key].map(p => p[0]), y: series[key].map(p => p[1]),
-    type: panel.stacked ? "bar" : "scatter", mode: "lines+markers", meta: key,
-  }));
-  const points = panel.points.filter(key => series[key]).map(key => ({
-    name: key, x: series[key].map(p => p[0]), y: series[key].map(p => p[1]),
-    type: "scatter", mode: "markers", marker: {symbol: "diamond", size: 9}, meta: key,
-  }));
-  return lines.concat(points);
+  return panel.lines.filter(line => series[line.key]).map(line => {
+    const points = series[line.key];
+    const trace = {name: line.label, x: points.map(p => p[0]), y: points.map(p => p[1]), meta: line.key};
+    if (line.points) return {...trace, type: "scatter", mode: "markers", marker: {symbol: "diamond", size: 9}};
+    return {...trace, type: panel.stacked ? "bar" : "scatter", mode: "lines+markers"};
+  });
 }
 
-function shortLabel(key) {
-  return key.replace(/^timing_s\/beyond_agent\//, "").replace(/^termination\//, "");
-}
-
-function layout(title, stacked, lastStep) {
-  // Steps are whole numbers: with few of them, one tick per step (plotly would add 1.5, 2.5, ...).
-  const xaxis = {title: {text: "step"}, dtick: lastStep !== null && lastStep <= 20 ? 1 : undefined};
-  return {title: {text: title, font: {size: 14}}, margin: {l: 50, r: 10, t: 36, b: 36},
-          xaxis, barmode: stacked ? "stack" : undefined,
-          legend: {font: {size: 10}}};
+function layout(title, unit, stacked, lastStep, yRange = null) {
+  // Whole steps only, and at most ~8 labels on the axis, so they never overlap (plotly alone adds 1.5, 2.5, ...).
+  const dtick = lastStep !== null && lastStep > 0 ? Math.max(1, Math.ceil(lastStep / 8)) : undefined;
+  return {title: {text: title, font: {size: 14}}, margin: {l: 60, r: 10, t: 36, b: 40},
+          xaxis: {title: {text: "step"}, dtick, tickformat: "d"},
+          yaxis: {title: {text: unit, font: {size: 11}}, range: yRange || undefined},
+          barmode: stacked ? "stack" : undefined,
+          // Below the plot, in rows: a long legend never squeezes the plot into a strip.
+          legend: {font: {size: 10}, orientation: "h", yanchor: "top", y: -0.3, x: 0}};
 }
 
 async function drawDashboard() {
   const {panels, keys} = await api("/api/panels");
-  const wanted = [...new Set(panels.flatMap(p => p.lines.concat(p.points)))];
+  const wanted = [...new Set(panels.flatMap(p => p.lines.map(line => line.key)))];
   const {series, last_step} = await api("/api/metrics?keys=" + encodeURIComponent(wanted.join(",")));
   document.getElementById("dashboard-empty").hidden = keys.length > 0;
   const holder = document.getElementById("panels");
@@ -79,7 +75,8 @@ async function drawDashboard() {
       div = el("div", {id: `panel-${panel.id}`, class: "panel", "data-panel": panel.id});
       holder.append(div);
     }
-    await Plotly.react(div, traces(panel, series), layout(panel.title, panel.stacked, last_step), {responsive: true});
+    await Plotly.react(div, traces(panel, series), layout(panel.title, panel.unit, panel.stacked, last_step, panel.y_range),
+                       {responsive: true});
     div.dataset.drawn = String(last_step ?? "");
   }
   fillAnyMetric(keys);
@@ -102,7 +99,7 @@ async function drawAnyMetric() {
   const {series} = await api("/api/metrics?keys=" + encodeURIComponent(key));
   const points = series[key] || [];
   await Plotly.react(div, [{name: key, x: points.map(p => p[0]), y: points.map(p => p[1]), mode: "lines+markers"}],
-                     layout(key, false, points.length ? points[points.length - 1][0] : null), {responsive: true});
+                     layout(key, "", false, points.length ? points[points.length - 1][0] : null), {responsive: true});
 }
 
 // ---------------------------------------------------------------- episode list
