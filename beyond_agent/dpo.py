@@ -68,7 +68,7 @@ class TrajectoryDPODataset(Dataset):
 
     def __init__(self, parquet_files, tokenizer, config, processor=None, max_samples: int = -1):
         files = dataset_files(parquet_files)
-        keep = TrajectoryFilter.from_mapping(plain_config(config.get("trajectory_filter", None)))
+        keep = TrajectoryFilter.from_mapping(plain_config(config.get("trajectory_filter", None)), "trajectory_filter")
         if str(config.get("pad_mode", "no_padding")) != "no_padding":
             raise TrajectoryDataError(f"data.pad_mode {config.get('pad_mode')!r}; DPO supports: no_padding")
         micro_batch = int(config.get("micro_batch_size_per_gpu", 2))

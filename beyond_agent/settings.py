@@ -90,7 +90,7 @@ class BeyondAgentSection:
 
     env: Mapping[str, Any] = field(default_factory=dict)
     """`EnvSettings`: where envservice is (`url` is required)."""
-    rounds: Mapping[str, Any] = field(default_factory=lambda: {"type": "fixed", "rounds": 8})
+    rounds: Mapping[str, Any] = field(default_factory=lambda: {"type": "fixed", "rounds": 8, "every": None})
     """`RoundScheduler`: the round limit per training step."""
     val_max_rounds: int | None = None
     """Round limit in validation; None uses the schedule's value at the current step."""

@@ -64,7 +64,7 @@ class TrajectorySFTDataset(Dataset):
 
     def __init__(self, parquet_files, tokenizer, config, processor=None, max_samples: int = -1):
         files = dataset_files(parquet_files)
-        keep = TrajectoryFilter.from_mapping(plain_config(config.get("trajectory_filter", None)))
+        keep = TrajectoryFilter.from_mapping(plain_config(config.get("trajectory_filter", None)), "trajectory_filter")
         records = read_trajectories(files, keep)
         if not records:
             raise TrajectoryDataError(f"no episode in {', '.join(map(str, files))} passes the filter {keep}")

@@ -12,10 +12,11 @@ conversation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from beyond_agent.sections import from_section
 from beyond_agent.trajectories import TrajectoryRecord, read_dump
 
 INFRA_TERMINATIONS = ("env_error", "llm_error", "timeout")
@@ -47,20 +48,22 @@ class TrajectoryFilter:
     kinds: tuple[str, ...] = ()
     """Keep "train" and/or "val" episodes (a training dump holds both kinds in separate files)."""
 
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any] | None) -> "TrajectoryFilter":
-        """Build from a config mapping; an unknown key is an error listing the valid ones."""
-        values = dict(values or {})
-        valid = [f.name for f in fields(cls)]
-        unknown = sorted(set(values) - set(valid))
-        if unknown:
-            raise TrajectoryDataError(f"trajectory filter: unknown key(s) {', '.join(unknown)}; valid: {', '.join(valid)}")
+    def __post_init__(self) -> None:
+        # Frozen: the lists a YAML gives (or one name) are stored as tuples, once, after the type check.
         for key in ("terminations", "envs", "agent_tasks", "kinds"):
-            if key in values:
-                values[key] = _as_tuple(values[key])
-        if values.get("success") is not None and not isinstance(values["success"], bool):
-            raise TrajectoryDataError(f"trajectory filter: success must be true, false or null; got {values['success']!r}")
-        return cls(**values)
+            object.__setattr__(self, key, _as_tuple(getattr(self, key)))
+        if self.success is not None and not isinstance(self.success, bool):
+            raise TrajectoryDataError(f"trajectory filter: success must be true, false or null; got {self.success!r}")
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any] | None, where: str = "trajectory filter") -> "TrajectoryFilter":
+        """Build from a config section (`sections.from_section`); an unknown key is an error listing the valid ones."""
+        try:
+            return from_section(cls, values, where)
+        except TrajectoryDataError:
+            raise
+        except ValueError as error:
+            raise TrajectoryDataError(str(error)) from None
 
     def keeps(self, record: TrajectoryRecord) -> bool:
         """True when the record passes every condition."""

@@ -218,9 +218,10 @@ def _envservice(data: dict, dotenv: dict[str, str]) -> ServiceConfig | None:
                *(["--env-config", env_config] if env_config else []),
                *_str_list(section.get("args"), "envservice.args")]
     return ServiceConfig(name="envservice", where="envservice", command=command,
-                         host=str(section.get("host") or dotenv.get("ENVSERVICE_HOST") or "127.0.0.1"),
+                         host=str(section.get("host") or dotenv.get("ENVSERVICE_HOST") or ServiceConfig.host),
                          port=int(_number(section, "port", float(dotenv.get("ENVSERVICE_PORT") or 0), "envservice")),
-                         startup_timeout_s=_number(section, "startup_timeout_s", 120.0, "envservice"), env_url=True)
+                         startup_timeout_s=_number(section, "startup_timeout_s", ServiceConfig.startup_timeout_s, "envservice"),
+                         env_url=True)
 
 
 def _service(name: str, entry: Any) -> ServiceConfig:
@@ -232,11 +233,12 @@ def _service(name: str, entry: Any) -> ServiceConfig:
         raise LaunchConfigError(f"{where}: give a command (a list: program and arguments) to start it, or only a "
                                 "health_url to wait for a server you run yourself")
     return ServiceConfig(
-        name=name, where=where, command=command, host=str(entry.get("host") or "127.0.0.1"),
-        port=int(_number(entry, "port", 0.0, where)),
+        name=name, where=where, command=command, host=str(entry.get("host") or ServiceConfig.host),
+        port=int(_number(entry, "port", ServiceConfig.port, where)),
         health_url=str(entry.get("health_url") or ServiceConfig.health_url),
         env=_str_dict(entry.get("env"), f"{where}.env"), env_file=entry.get("env_file"),
-        activate=entry.get("activate"), startup_timeout_s=_number(entry, "startup_timeout_s", 120.0, where),
+        activate=entry.get("activate"),
+        startup_timeout_s=_number(entry, "startup_timeout_s", ServiceConfig.startup_timeout_s, where),
         env_url=bool(entry.get("env_url", False)), hint=entry.get("hint"))
 
 
@@ -290,8 +292,8 @@ def _train(data: dict) -> TrainConfig:
     if command and module_keys:
         raise LaunchConfigError(f"train.command cannot be combined with train.{module_keys[0]}: "
                                 "choose a module (Hydra) or a raw command")
-    return TrainConfig(module=str(section.get("module", DEFAULT_TRAIN_MODULE)), config_path=section.get("config_path"),
-                       config_name=section.get("config_name"), cpu=bool(section.get("cpu", False)),
+    return TrainConfig(module=str(section.get("module", TrainConfig.module)), config_path=section.get("config_path"),
+                       config_name=section.get("config_name"), cpu=bool(section.get("cpu", TrainConfig.cpu)),
                        overrides=_str_list(section.get("overrides"), "train.overrides"), command=command,
                        env=_str_dict(section.get("env"), "train.env"))
 

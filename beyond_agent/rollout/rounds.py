@@ -13,7 +13,7 @@ adds 1. So training steps are 1, 2, 3, ... and stage k of `stepwise` covers step
 training steps; we keep every stage exactly `every` steps long.)
 
 Because the value depends on the step only, a resumed run continues the same schedule.
-Accepted config keys, including AgentGym-RL's names (`algorithm.rounds_ctrl.*`):
+Accepted keys of `beyond_agent.rounds` (`RoundsSection`), including AgentGym-RL's names (its `rounds_ctrl.*`):
     type:   "fixed" | "stepwise" | "scaling_inter_stepwise" (alias of stepwise)
     rounds: int for fixed; strictly increasing list of positive ints for stepwise
     every:  steps per stage for stepwise (alias: steps_scaling_inter; give only one of them)
@@ -24,9 +24,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from beyond_agent.sections import from_section
+
 SCHEDULE_TYPES = ("fixed", "stepwise", "scaling_inter_stepwise")
 _TYPE_ALIASES = {"scaling_inter_stepwise": "stepwise"}
-_KNOWN_KEYS = ("type", "rounds", "every", "steps_scaling_inter")
+SECTION = "beyond_agent.rounds"
+"""The config path named in errors."""
+
+
+@dataclass(frozen=True)
+class RoundsSection:
+    """`beyond_agent.rounds` as written in the YAML (read by `sections.from_section`)."""
+
+    rounds: Any
+    """An int for fixed; a strictly increasing list of positive ints for stepwise (required)."""
+    type: str = "fixed"
+    """fixed | stepwise | scaling_inter_stepwise (AgentGym-RL's name of stepwise)."""
+    every: int | None = None
+    """Training steps per stage (stepwise only)."""
+    steps_scaling_inter: int | None = None
+    """AgentGym-RL's name of `every`; give only one of them."""
 
 
 @dataclass(frozen=True)
@@ -42,7 +59,7 @@ class RoundScheduler:
 
     def __post_init__(self) -> None:
         if self.type not in SCHEDULE_TYPES:
-            raise ValueError(f"rounds_ctrl.type={self.type!r} is not valid; choose one of {SCHEDULE_TYPES}")
+            raise ValueError(f"{SECTION}.type={self.type!r} is not valid; choose one of {SCHEDULE_TYPES}")
         kind = _TYPE_ALIASES.get(self.type, self.type)
         rounds = _normalise_rounds(kind, self.rounds)
         if kind == "fixed":
@@ -54,18 +71,13 @@ class RoundScheduler:
         object.__setattr__(self, "rounds", rounds)
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> "RoundScheduler":
-        """Build from a mapping (e.g. `algorithm.rounds_ctrl`), accepting AgentGym-RL's key names."""
-        config = dict(config)
-        unknown = sorted(set(config) - set(_KNOWN_KEYS))
-        if unknown:
-            raise ValueError(f"rounds_ctrl has unknown keys {unknown}; valid keys are {_KNOWN_KEYS}")
-        if "rounds" not in config:
-            raise ValueError("rounds_ctrl.rounds is missing: an int for fixed, a list for stepwise")
-        if config.get("every") is not None and config.get("steps_scaling_inter") is not None:
-            raise ValueError("rounds_ctrl gives both 'every' and 'steps_scaling_inter' (aliases): give only one")
-        every = config.get("every") if config.get("every") is not None else config.get("steps_scaling_inter")
-        return cls(type=config.get("type", "fixed"), rounds=config["rounds"], every=every)
+    def from_config(cls, section: Mapping[str, Any] | None) -> "RoundScheduler":
+        """Build from the `beyond_agent.rounds` section (AgentGym-RL's key names accepted)."""
+        written = from_section(RoundsSection, section, SECTION)
+        if written.every is not None and written.steps_scaling_inter is not None:
+            raise ValueError(f"{SECTION} gives both 'every' and 'steps_scaling_inter' (aliases): give only one")
+        every = written.every if written.every is not None else written.steps_scaling_inter
+        return cls(type=written.type, rounds=written.rounds, every=every)
 
     def max_rounds(self, global_step: int) -> int:
         """The round limit for training step `global_step` (verl counts 1, 2, ...; 0 = before training)."""
@@ -82,7 +94,7 @@ def _normalise_rounds(kind: str, rounds: Any) -> Any:
     as given so that validation can name it."""
     if _is_sequence(rounds):
         if kind == "fixed":
-            raise ValueError(f"rounds_ctrl.rounds must be one int for type 'fixed', got the list {list(rounds)}")
+            raise ValueError(f"{SECTION}.rounds must be one int for type 'fixed', got the list {list(rounds)}")
         return tuple(rounds)
     return (rounds,) if kind == "fixed" else rounds
 
@@ -90,30 +102,30 @@ def _normalise_rounds(kind: str, rounds: Any) -> Any:
 def _check_fixed(rounds: tuple, every: Any) -> None:
     _check_positive_round(rounds[0])
     if every is not None:
-        raise ValueError("rounds_ctrl.every/steps_scaling_inter only applies to type 'stepwise', not 'fixed'")
+        raise ValueError(f"{SECTION}.every/steps_scaling_inter only applies to type 'stepwise', not 'fixed'")
 
 
 def _check_stepwise(rounds: Any, every: Any) -> None:
     if not isinstance(rounds, tuple):
         raise ValueError(
-            f"rounds_ctrl.rounds must be a list of ints for type 'stepwise', got {rounds!r} "
+            f"{SECTION}.rounds must be a list of ints for type 'stepwise', got {rounds!r} "
             "(use type 'fixed' for one value)"
         )
     if not rounds:
-        raise ValueError("rounds_ctrl.rounds is an empty list; stepwise needs at least one stage")
+        raise ValueError(f"{SECTION}.rounds is an empty list; stepwise needs at least one stage")
     for value in rounds:
         _check_positive_round(value)
     if any(later <= earlier for earlier, later in zip(rounds, rounds[1:])):
-        raise ValueError(f"rounds_ctrl.rounds must be strictly increasing for type 'stepwise', got {list(rounds)}")
+        raise ValueError(f"{SECTION}.rounds must be strictly increasing for type 'stepwise', got {list(rounds)}")
     if every is None:
-        raise ValueError("rounds_ctrl.every (or steps_scaling_inter) is missing; stepwise needs steps per stage")
+        raise ValueError(f"{SECTION}.every (or steps_scaling_inter) is missing; stepwise needs steps per stage")
     if not _is_int(every) or every <= 0:
-        raise ValueError(f"rounds_ctrl.every (steps_scaling_inter) must be a positive int, got {every!r}")
+        raise ValueError(f"{SECTION}.every (steps_scaling_inter) must be a positive int, got {every!r}")
 
 
 def _check_positive_round(value: Any) -> None:
     if not _is_int(value) or value <= 0:
-        raise ValueError(f"rounds_ctrl.rounds values must be positive ints, got {value!r}")
+        raise ValueError(f"{SECTION}.rounds values must be positive ints, got {value!r}")
 
 
 def _is_int(value: Any) -> bool:

@@ -60,21 +60,21 @@ def test_single_stage_stepwise_and_tuple_rounds():
 @pytest.mark.parametrize(
     "config, message",
     [
-        ({"type": "adaptive", "rounds": 5}, r"rounds_ctrl.type='adaptive' is not valid; choose one of \('fixed'"),
-        ({"type": "fixed"}, "rounds_ctrl.rounds is missing"),
-        ({"type": "fixed", "rounds": 0}, "rounds_ctrl.rounds values must be positive ints, got 0"),
-        ({"type": "fixed", "rounds": 2.5}, "rounds_ctrl.rounds values must be positive ints, got 2.5"),
+        ({"type": "adaptive", "rounds": 5}, r"beyond_agent.rounds.type='adaptive' is not valid; choose one of \('fixed'"),
+        ({"type": "fixed"}, "beyond_agent.rounds.rounds is required"),
+        ({"type": "fixed", "rounds": 0}, "beyond_agent.rounds.rounds values must be positive ints, got 0"),
+        ({"type": "fixed", "rounds": 2.5}, "beyond_agent.rounds.rounds values must be positive ints, got 2.5"),
         ({"type": "fixed", "rounds": [10, 20]}, r"must be one int for type 'fixed', got the list \[10, 20\]"),
         ({"type": "fixed", "rounds": 5, "every": 10}, "only applies to type 'stepwise'"),
         ({"type": "stepwise", "rounds": 10, "every": 100}, "must be a list of ints for type 'stepwise', got 10"),
         ({"type": "stepwise", "rounds": [], "every": 100}, "empty list"),
         ({"type": "stepwise", "rounds": [10, -1], "every": 100}, "positive ints, got -1"),
         ({"type": "stepwise", "rounds": [10, 10, 30], "every": 100}, r"strictly increasing .* got \[10, 10, 30\]"),
-        ({"type": "stepwise", "rounds": [10, 20]}, r"rounds_ctrl.every \(or steps_scaling_inter\) is missing"),
+        ({"type": "stepwise", "rounds": [10, 20]}, r"beyond_agent.rounds.every \(or steps_scaling_inter\) is missing"),
         ({"type": "stepwise", "rounds": [10, 20], "every": 0}, r"must be a positive int, got 0"),
         ({"type": "stepwise", "rounds": [10, 20], "steps_scaling_inter": -5}, r"must be a positive int, got -5"),
         ({"type": "stepwise", "rounds": [10, 20], "every": 100, "steps_scaling_inter": 100}, "both 'every' and"),
-        ({"type": "fixed", "rounds": 5, "round": 6}, r"unknown keys \['round'\]; valid keys are"),
+        ({"type": "fixed", "rounds": 5, "round": 6}, r"beyond_agent.rounds has unknown key\(s\) \['round'\]; valid keys: rounds, type, every"),
     ],
 )
 def test_invalid_configs_name_the_field(config, message):

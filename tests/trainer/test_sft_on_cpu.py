@@ -76,7 +76,7 @@ def test_filters_keep_what_they_name_and_never_infrastructure_failures():
 def test_bad_filter_keys_and_paths_are_named(tiny_model_dir):
     from transformers import AutoTokenizer
 
-    with pytest.raises(TrajectoryDataError, match="unknown key.* sucess; valid: success, min_reward, terminations"):
+    with pytest.raises(TrajectoryDataError, match=r"unknown key\(s\) \[.sucess.\]; valid keys: success, min_reward, terminations"):
         TrajectoryFilter.from_mapping({"sucess": True})
     with pytest.raises(TrajectoryDataError, match="success must be true, false or null; got 'yes'"):
         TrajectoryFilter.from_mapping({"success": "yes"})
