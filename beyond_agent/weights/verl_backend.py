@@ -128,7 +128,7 @@ class DeltaCheckpointEngine(CheckpointEngine):
                                f"actor_rollout_ref.rollout.checkpoint_manager_class={MANAGER_CLASS} "
                                "(configure_weight_sync does)")
         sync = self.sender.encode(weights)
-        named, header_bytes = pack_sync(sync)
+        named, header_bytes = pack_sync(sync, max_part_bytes=self.bucket_size)  # parts fit verl's bucket
         named = _inject_fault(named, sync.header.seq)
         start = time.perf_counter()
         refusal = None

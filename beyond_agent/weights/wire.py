@@ -4,13 +4,22 @@ verl moves rollout weights as a stream of (name, tensor) pairs (vLLM: `BucketedW
 or shared memory). `pack_sync` turns one sync of `beyond_agent.weights.delta` into such a stream,
 so the codec rides verl's own transport unchanged:
 
-    __beyond_weight_sync__/header          uint8 JSON: sequence, mode, and per parameter its name, shape,
-                                           dtype, checksum, payload kind and element counts
-    __beyond_weight_sync__/<i>/values      uint8 bytes of parameter i's values (whole tensor, or the changed ones)
-    __beyond_weight_sync__/<i>/positions   uint8 bytes of its int32/int64 changed positions (DELTA only)
+    __beyond_weight_sync__/header            uint8 JSON: sequence, mode, and per parameter its name, shape,
+                                             dtype, checksum, payload kind, element counts and part counts
+    __beyond_weight_sync__/<i>/values/<k>    part k of the uint8 bytes of parameter i's values (whole tensor,
+                                             or the changed ones)
+    __beyond_weight_sync__/<i>/positions/<k> part k of the bytes of its int32/int64 changed positions (DELTA only)
 
 Every payload travels as raw bytes: verl's bucket packs tensors back to back, and a value array of odd
 length would leave the next array misaligned for its dtype. Empty arrays are not sent at all.
+
+Why parts: verl's `BucketedWeightSender` sends a tensor larger than its bucket
+(`checkpoint_engine.update_weights_bucket_megabytes`, 2 048 MiB by default) outside the bucket, by a CUDA IPC
+handle (`_direct_send_large_weight`). Our payloads are CPU bytes: with shared memory that path refuses them,
+and with CUDA IPC the vLLM worker fails to rebuild the handle (a CPU tensor's handle has 3 arguments, the
+receiver sets the 7th) while the sender waits forever for its answer. Qwen2.5-7B's fp32 embedding and
+lm_head are 2.18 GB each. So `pack_sync` cuts every array into parts no larger than the bucket (views, no
+copy) and the receiver joins them.
 
 `DeltaSyncEndpoint` is the receiving end the vLLM worker extension runs
 (`beyond_agent.weights.vllm_extension`): it decodes a stream, applies it to its mirror, verifies
@@ -41,8 +50,9 @@ from beyond_agent.weights.delta import (
     WeightSyncError,
 )
 
-WIRE_VERSION = 1
-"""Version of this stream layout; the sender passes it to the receiver (`beyond_weight_sync=`)."""
+WIRE_VERSION = 2
+"""Version of this stream layout; the sender passes it to the receiver (`beyond_weight_sync=`).
+1: one tensor per array; 2: arrays in parts of at most the bucket size."""
 PREFIX = "__beyond_weight_sync__/"
 """Prefix of every tensor name on the wire (never a parameter name)."""
 HEADER_NAME = PREFIX + "header"
@@ -58,29 +68,47 @@ class SyncRefusedError(RuntimeError):
 # ---------------------------------------------------------------------------------------------- sender side
 
 
-def pack_sync(sync: EncodedSync) -> tuple[list[tuple[str, torch.Tensor]], int]:
+def pack_sync(sync: EncodedSync, max_part_bytes: int | None = None) -> tuple[list[tuple[str, torch.Tensor]], int]:
     """The sync as wire tensors (header first) and the header's size in bytes.
 
-    The tensors are byte views of the payloads (no copy): send them before encoding the next sync.
+    `max_part_bytes`: no wire tensor but the header is larger (the transport's bucket size; None: one part per
+    array). The tensors are byte views of the payloads (no copy): send them before encoding the next sync.
     """
+    if max_part_bytes is not None and max_part_bytes <= 0:
+        raise ValueError(f"max_part_bytes must be > 0, got {max_part_bytes}")
     by_name = {payload.name: payload for payload in sync.payloads}
     entries: list[dict[str, Any]] = []
     tensors: list[tuple[str, torch.Tensor]] = []
     for index, meta in enumerate(sync.header.params):
         payload = by_name[meta.name]
         positions = payload.positions
+        value_parts = _parts(_bytes_of(payload.values), max_part_bytes)
+        position_parts = [] if positions is None else _parts(_bytes_of(positions), max_part_bytes)
         entries.append({"name": meta.name, "shape": list(meta.shape), "dtype": _dtype_name(meta.dtype),
                         "checksum": meta.checksum, "kind": payload.kind.value, "count": payload.values.numel(),
-                        "positions_dtype": None if positions is None else _dtype_name(positions.dtype)})
-        tensors.append((f"{PREFIX}{index}/values", _bytes_of(payload.values)))
-        if positions is not None:
-            tensors.append((f"{PREFIX}{index}/positions", _bytes_of(positions)))
+                        "positions_dtype": None if positions is None else _dtype_name(positions.dtype),
+                        "values_parts": len(value_parts), "positions_parts": len(position_parts)})
+        tensors.extend((f"{PREFIX}{index}/values/{k}", part) for k, part in enumerate(value_parts))
+        tensors.extend((f"{PREFIX}{index}/positions/{k}", part) for k, part in enumerate(position_parts))
     header = {"wire": WIRE_VERSION, "seq": sync.header.seq, "base_seq": sync.header.base_seq,
               "mode": sync.header.mode.value, "reason": sync.header.reason,
               "checksum_algo": sync.header.checksum_algo, "params": entries}
     header_bytes = json.dumps(header, separators=(",", ":")).encode()
+    if max_part_bytes is not None and len(header_bytes) > max_part_bytes:
+        raise ValueError(f"the weight-sync header ({len(header_bytes)} bytes, {len(entries)} parameters) does not fit "
+                         f"one transport bucket of {max_part_bytes} bytes: raise "
+                         "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes")
     header_tensor = torch.frombuffer(bytearray(header_bytes), dtype=torch.uint8)
-    return [(HEADER_NAME, header_tensor)] + [(n, t) for n, t in tensors if t.numel()], len(header_bytes)
+    return [(HEADER_NAME, header_tensor)] + tensors, len(header_bytes)
+
+
+def _parts(raw: torch.Tensor, max_part_bytes: int | None) -> list[torch.Tensor]:
+    """Views of consecutive slices of `raw` bytes, none larger than `max_part_bytes`; [] when empty."""
+    if not raw.numel():
+        return []
+    if max_part_bytes is None:
+        return [raw]
+    return list(torch.split(raw, max_part_bytes))
 
 
 def wire_bytes(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
@@ -149,15 +177,33 @@ def _param_from_wire(index: int, entry: Any, tensors: dict[str, torch.Tensor]) -
         positions_dtype = None if entry["positions_dtype"] is None else _dtype(entry["positions_dtype"])
     except (KeyError, TypeError, ValueError) as err:
         raise PayloadError(f"wire: bad header entry {index}: {err}") from None
-    values = _array(tensors.pop(f"{PREFIX}{index}/values", None), dtype, count, name, "values")
+    values = _array(_joined(tensors, f"{PREFIX}{index}/values", entry, "values_parts"), dtype, count, name, "values")
     if kind is PayloadKind.FULL:
         if count != torch.Size(shape).numel():
             raise PayloadError(f"wire: full payload of {name!r} has {count} elements for shape {shape}")
         return meta, ParamPayload(name, kind, values.reshape(shape))
     if positions_dtype is None:
         raise PayloadError(f"wire: delta payload of {name!r} names no positions dtype")
-    positions = _array(tensors.pop(f"{PREFIX}{index}/positions", None), positions_dtype, count, name, "positions")
+    positions = _array(_joined(tensors, f"{PREFIX}{index}/positions", entry, "positions_parts"), positions_dtype,
+                       count, name, "positions")
     return meta, ParamPayload(name, kind, values, positions)
+
+
+def _joined(tensors: dict[str, torch.Tensor], stem: str, entry: dict, parts_key: str) -> torch.Tensor | None:
+    """The parts `<stem>/0..n-1` taken out of `tensors`, as one byte tensor (None when the array was empty)."""
+    try:
+        count = int(entry[parts_key])
+    except (KeyError, TypeError, ValueError) as err:
+        raise PayloadError(f"wire: header entry {entry.get('name')!r} has no valid {parts_key}: {err}") from None
+    parts = [tensors.pop(f"{stem}/{k}", None) for k in range(count)]
+    missing = [k for k, part in enumerate(parts) if part is None]
+    if missing:
+        raise PayloadError(f"wire: {stem} is missing part(s) {missing[:5]} of {count}")
+    if not parts:
+        return None
+    if any(part.dtype != torch.uint8 or part.dim() != 1 for part in parts):
+        raise PayloadError(f"wire: a part of {stem} is not a 1-d uint8 tensor")
+    return parts[0] if count == 1 else torch.cat(parts)
 
 
 def _dtype(name: Any) -> torch.dtype:

@@ -32,6 +32,7 @@ from beyond_agent.weights.wire import (
     HEADER_NAME,
     PREFIX,
     REFUSED_MARKER,
+    WIRE_VERSION,
     DeltaSyncEndpoint,
     SyncRefusedError,
     pack_sync,
@@ -114,8 +115,29 @@ def test_stream_round_trip_and_deltas_are_smaller() -> None:
     assert endpoint.applied == 5 and endpoint.failures == 0
 
 
+def test_arrays_larger_than_a_part_travel_in_parts_and_are_joined() -> None:
+    weights, sender = Weights(), WeightDeltaSender(WeightSyncConfig("delta", full_every=10))
+    weights.tensors["model.layers.0.mlp.up_proj.weight"] = torch.randn(48, 64, generator=weights.generator)
+    endpoint, loader, part = DeltaSyncEndpoint(), Loader(), 2048
+    for step in range(2):  # a full sync, then a delta
+        named, header_bytes = pack_sync(sender.encode(weights.items()), max_part_bytes=part)
+        assert header_bytes <= part and all(tensor.nbytes <= part for _, tensor in named)
+        # 48 x 64 fp32 = 12 288 bytes: 6 parts in the full sync.
+        assert step or sum("/5/values/" in name for name, _ in named) == 6
+        endpoint.accept(copy_stream(named), load=loader)
+        assert_loaded_equal(loader.calls[-1], weights.items())
+        weights.tensors["model.layers.0.mlp.up_proj.weight"].reshape(-1)[::5] += 1.0  # 2 457 bytes of values
+        weights.step()
+    named, _ = pack_sync(sender.encode(weights.items()), max_part_bytes=part)
+    assert sum("/5/values/" in name for name, _ in named) == 2 and sum("/5/positions/" in name for name, _ in named) == 2
+    with pytest.raises(SyncRefusedError, match="missing part"):
+        endpoint.accept(copy_stream([(n, t) for n, t in named if n != f"{PREFIX}5/values/1"]), load=loader)
+    with pytest.raises(ValueError, match="update_weights_bucket_megabytes"):
+        pack_sync(sender.encode(weights.items()), max_part_bytes=512)  # the header itself would not fit
+
+
 def _corrupt_first_delta_value(named: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
-    index = next(i for i, (name, _) in enumerate(named) if name.endswith("/values"))
+    index = next(i for i, (name, _) in enumerate(named) if "/values/" in name)
     name, tensor = named[index]
     corrupted = tensor.clone()
     corrupted[0] ^= 1
@@ -124,8 +146,8 @@ def _corrupt_first_delta_value(named: list[tuple[str, torch.Tensor]]) -> list[tu
 
 CORRUPTIONS = {
     "flipped_value_bit": _corrupt_first_delta_value,
-    "missing_positions": lambda named: [(n, t) for n, t in named if not n.endswith("/positions")][:],
-    "truncated_values": lambda named: [(n, t[:-1] if n.endswith("/values") else t) for n, t in named],
+    "missing_positions": lambda named: [(n, t) for n, t in named if "/positions/" not in n],
+    "truncated_values": lambda named: [(n, t[:-1] if "/values/" in n else t) for n, t in named],
     "garbled_header": lambda named: [(HEADER_NAME, named[0][1][:-3])] + named[1:],
     "no_header": lambda named: named[1:],
     "foreign_tensor": lambda named: named + [("model.norm.weight", torch.ones(4))],
@@ -197,7 +219,8 @@ def test_engine_turns_a_refusal_into_a_full_sync_request() -> None:
         if step != 2:  # the refused sync: the rollout still serves the previous weights
             assert_loaded_equal(adapter.loader.calls[-1], weights.items())
         weights.step()
-    assert adapter.calls[0] == {"peft_config": None, "base_sync_done": True, "beyond_weight_sync": 1}
+    assert adapter.calls[0] == {"peft_config": None, "base_sync_done": True,
+                               "beyond_weight_sync": WIRE_VERSION}
     failed = [m["weight_sync/verify_failed"] for m in results]
     full = [m["weight_sync/full"] for m in results]
     assert failed == [0.0, 0.0, 1.0, 0.0, 0.0]
@@ -209,7 +232,8 @@ def test_engine_turns_a_refusal_into_a_full_sync_request() -> None:
 
 
 def test_verl_bucket_transport_carries_the_stream(tmp_path: Path) -> None:
-    """verl's own BucketedWeightSender/Receiver (shared memory, as on CPU), with buckets smaller than the sync."""
+    """verl's own BucketedWeightSender/Receiver (shared memory, as on CPU), with buckets smaller than the sync and
+    a parameter larger than a bucket, in a full sync and in deltas (before parts, verl refused it)."""
     script = textwrap.dedent("""
         import asyncio, threading, torch
         from verl.workers.rollout.vllm_rollout.bucketed_weight_transfer import BucketedWeightReceiver, BucketedWeightSender
@@ -217,10 +241,11 @@ def test_verl_bucket_transport_carries_the_stream(tmp_path: Path) -> None:
         from beyond_agent.weights.wire import DeltaSyncEndpoint, pack_sync
         torch.manual_seed(0)
         weights = {f"w{i}": torch.randn(20000 + i).to(torch.bfloat16 if i % 2 else torch.float32) for i in range(40)}
+        weights["embed"] = torch.randn(1_000_000)  # 4 MB: four times the 1 MiB bucket, like a 7B's 2.18 GB embedding
         sender, endpoint, loaded = WeightDeltaSender(WeightSyncConfig("delta", full_every=10)), DeltaSyncEndpoint(), []
         handle = "ipc://@DIR@/bucket.sock"
         for step in range(3):
-            named, _ = pack_sync(sender.encode([(k, v.clone()) for k, v in weights.items()]))
+            named, _ = pack_sync(sender.encode([(k, v.clone()) for k, v in weights.items()]), max_part_bytes=1 << 20)
             received = []
             receiver = BucketedWeightReceiver(zmq_handle=handle, device=torch.device("cpu"), use_shm=True)
             thread = threading.Thread(target=receiver.receive_weights,
@@ -232,6 +257,7 @@ def test_verl_bucket_transport_carries_the_stream(tmp_path: Path) -> None:
             assert all(torch.equal(loaded[-1][k], v) for k, v in weights.items()), step
             for k in list(weights)[::3]:
                 weights[k][::97] += 1
+            weights["embed"][::3] += 1  # a delta of 1.3 MB of values and 1.3 MB of positions: larger than a bucket
         print("OK", endpoint.applied)
     """).replace("@DIR@", str(tmp_path))
     env = {**os.environ, "VERL_PLATFORM": "cpu"}
