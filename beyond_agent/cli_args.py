@@ -1,4 +1,4 @@
-"""Argument types shared by the command-line programs (argparse `type=` functions; nothing else uses them).
+"""What the command-line programs share: argparse `type=` functions and the dry-run switch of the training entries.
 
     parser.add_argument("--tasks", type=task_indices, default=task_indices("0:8"))
     parser.add_argument("--params", type=json_object, default={})
@@ -8,6 +8,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+
+DRY_RUN_VARIABLE = "BEYOND_AGENT_DRY_RUN"
+"""Set to 1 by `launcher.py --dry-run`: a training entry (the recipes' Hydra mains, beyond_agent.sft and .dpo)
+composes its config, checks it as it would before training, prints DRY_RUN_MARKER and exits; nothing trains."""
+DRY_RUN_MARKER = "[beyond_agent] dry run: the training config composes and passes its checks"
+
+
+def is_dry_run() -> bool:
+    """Whether this process is a training entry's dry run (`DRY_RUN_VARIABLE`)."""
+    return os.environ.get(DRY_RUN_VARIABLE) == "1"
 
 
 def task_indices(text: str) -> list[int]:

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
+from beyond_agent.cli_args import is_dry_run
 from beyond_agent.sft import dataset_files, plain_config, row_tensors, sft_command
 from beyond_agent.trajectories import TrajectoryRecord
 from beyond_agent.trajectory_data import TrajectoryDataError, TrajectoryFilter, read_trajectories, training_row
@@ -208,8 +209,10 @@ def _hydra_main() -> None:
         from verl.utils.device import auto_set_device
         from verl.utils.distributed import destroy_global_process_group, initialize_global_process_group
 
-        from beyond_agent.sft import use_metrics_file
+        from beyond_agent.sft import dry_run_checked, use_metrics_file
 
+        if dry_run_checked(config):
+            return
         use_metrics_file(config)
         auto_set_device(config)
         initialize_global_process_group()
@@ -220,7 +223,7 @@ def _hydra_main() -> None:
 
 
 if __name__ == "__main__":
-    if "LOCAL_RANK" in os.environ:  # started by torchrun: be the SPMD program
+    if "LOCAL_RANK" in os.environ or is_dry_run():  # started by torchrun: be the SPMD program
         _hydra_main()
     else:
         command, env = sft_command(sys.argv[1:], module="beyond_agent.dpo")

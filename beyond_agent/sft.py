@@ -29,6 +29,7 @@ from typing import Callable
 import torch
 from torch.utils.data import Dataset
 
+from beyond_agent.cli_args import DRY_RUN_MARKER, is_dry_run
 from beyond_agent.trajectory_data import (
     TrajectoryDataError,
     TrajectoryFilter,
@@ -229,11 +230,23 @@ def _hydra_main() -> None:
         from verl.trainer.sft_trainer import run_sft as verl_run_sft
         from verl.utils.device import auto_set_device
 
+        if dry_run_checked(config):
+            return
         use_metrics_file(config)
         auto_set_device(config)
         verl_run_sft(config)
 
     main()
+
+
+def dry_run_checked(config) -> bool:
+    """In a dry run (`launcher.py --dry-run`): check what this program reads of its composed config (the
+    trajectory filter), print the marker and say so; otherwise False and nothing is checked here."""
+    if not is_dry_run():
+        return False
+    TrajectoryFilter.from_mapping(plain_config(config.data.get("trajectory_filter", None)), "data.trajectory_filter")
+    print(DRY_RUN_MARKER, flush=True)
+    return True
 
 
 def use_metrics_file(config) -> None:
@@ -247,7 +260,7 @@ def use_metrics_file(config) -> None:
 
 
 if __name__ == "__main__":
-    if "LOCAL_RANK" in os.environ:  # started by torchrun: be verl's SFT program
+    if "LOCAL_RANK" in os.environ or is_dry_run():  # started by torchrun: be verl's SFT program
         _hydra_main()
     else:  # started by a user: start torchrun with the right processes and settings
         command, env = sft_command(sys.argv[1:])

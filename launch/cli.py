@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import shlex
+import subprocess
 import sys
+import tempfile
 import traceback
 from pathlib import Path
 
+from beyond_agent.cli_args import DRY_RUN_MARKER, DRY_RUN_VARIABLE
 from launch import experiment
 from launch.config import LaunchConfig, LaunchConfigError, ServiceConfig, load_config
 from launch.services import PlannedService, ServiceStartError, plan_service, start_service, wait_for_external
@@ -27,6 +31,11 @@ from launch.training import (METRICS_FILE, MetricsFollower, PrepareError, run_pr
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EXIT_CONFIG, EXIT_SERVICE, EXIT_INTERRUPTED = 2, 3, 130
 SHORTCUTS = {"with_envservice": "envservice", "with_appworld": "appworld", "with_viewer": "viewer"}
+DRY_RUN_MODULES = ("recipe.", "beyond_agent.sft", "beyond_agent.dpo")
+"""Training entries that honour BEYOND_AGENT_DRY_RUN (a copied recipe's main does too)."""
+DRY_RUN_TIMEOUT_S = 300
+FREE_PORT = "<free port>"
+"""What a dry run shows for a port the launcher would pick when it starts the service."""
 
 
 def say(message: str) -> None:
@@ -48,7 +57,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--with-appworld", action="store_true", help="same as --with appworld")
     parser.add_argument("--with-viewer", action="store_true",
                         help="same as --with viewer: the run viewer on a free loopback port, stopped with training")
-    parser.add_argument("--dry-run", action="store_true", help="print what would start and the training command")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print what would start and the training command, and check the training config "
+                             "(composed by its entry, with ours and verl's checks); start nothing")
     parser.add_argument("--backup-dir", type=Path, default=None,
                         help="folder for experiment folders (default: experiment.root in the YAML)")
     parser.add_argument("--env-file", type=Path, default=Path(".env"), help="the .env to read (default ./.env)")
@@ -95,10 +106,11 @@ def env_url_of(planned: list[PlannedService]) -> str:
 
 
 def dry_run(config: LaunchConfig, args, overrides: list[str], services: list[ServiceConfig]) -> int:
-    """Print the services, the folder, the preparation steps and the training command; start nothing."""
+    """Print the services, the folder, the preparation steps and the training command, then check the training
+    config (`check_training_config`); start nothing. Returns the exit code."""
     root = args.backup_dir or Path(config.experiment_root)
     folder = root / f"{config.experiment_name}-<timestamp>"
-    planned = [plan_service(svc, placeholder_values(folder), config.dotenv, port=svc.port or "<free port>")
+    planned = [plan_service(svc, placeholder_values(folder), config.dotenv, port=svc.port or FREE_PORT)
                for svc in services]
     for service in planned:
         if service.config.external:
@@ -115,14 +127,45 @@ def dry_run(config: LaunchConfig, args, overrides: list[str], services: list[Ser
     command = train_command(config.train, values, overrides, bool(config.dotenv.get("ENVSERVICE_TOKEN")))
     print("training environment: " + " ".join(f"{key}={value}" for key, value in env.items()))
     print(f"training command: {shlex.join(command)}")
-    return 0
+    return check_training_config(config, values, overrides)
+
+
+def check_training_config(config: LaunchConfig, values: dict[str, str], overrides: list[str]) -> int:
+    """Run the training entry in its dry-run mode (`BEYOND_AGENT_DRY_RUN=1`): it composes its Hydra config with
+    the overrides and runs the checks it runs before training (ours and verl's `validate_config`), then exits.
+    Its Hydra output goes to a scratch folder. A raw command or a module that is not a BeyondAgent entry (it
+    would not know the switch and would train) is not run. Returns the exit code of the dry run."""
+    module = config.train.module
+    if config.train.command or not module.startswith(DRY_RUN_MODULES):
+        why = "a raw command" if config.train.command else f"{module} is not a BeyondAgent training entry"
+        print(f"training config: not checked ({why}; only those compose and check their config in a dry run)")
+        return 0
+    with tempfile.TemporaryDirectory(prefix="beyond_dry_run_") as scratch:
+        # A port still to be picked ("<free port>") is not a valid override value: port 0 stands in for it.
+        scratch_values = {**values, "experiment_dir": scratch,
+                          "env_url": values.get("env_url", "").replace(FREE_PORT, "0")}
+        command = train_command(config.train, scratch_values, overrides, bool(config.dotenv.get("ENVSERVICE_TOKEN")))
+        env = {**os.environ, **train_env(config.train, config.dotenv, scratch_values), DRY_RUN_VARIABLE: "1"}
+        try:
+            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=DRY_RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            print(f"training config: the dry run of {module} took over {DRY_RUN_TIMEOUT_S} s", file=sys.stderr)
+            return 1
+    if done.returncode == 0 and DRY_RUN_MARKER in done.stdout:
+        print(f"training config: {module} composes it and it passes its checks")
+        return 0
+    said = [line for line in (done.stderr + done.stdout).splitlines() if line.strip() and "warn" not in line.lower()
+            and not line.startswith(("  from ", "  use_critic"))]  # verl's import-time warnings say nothing here
+    tail = "\n".join(said[-12:])
+    print(f"training config: REFUSED by {module} (exit {done.returncode}):\n{tail}", file=sys.stderr)
+    return done.returncode or 1
 
 
 def check_placeholders(config: LaunchConfig, services: list[ServiceConfig], values: dict[str, str],
                        overrides: list[str]) -> None:
     """Fail before anything starts when a command names an unknown placeholder."""
     for service in services:
-        plan_service(service, values, config.dotenv, port=service.port or "<free port>")
+        plan_service(service, values, config.dotenv, port=service.port or FREE_PORT)
     train_command(config.train, values, overrides, token=False)
     train_env(config.train, {}, values)
     for step in config.prepare:

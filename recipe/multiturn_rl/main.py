@@ -18,6 +18,7 @@ import hydra
 import ray
 from omegaconf import OmegaConf
 
+from beyond_agent.cli_args import DRY_RUN_MARKER, is_dry_run
 from beyond_agent.settings import BeyondAgentSettings
 from beyond_agent.run_folder import METRICS_PATH_VARIABLE, metrics_path
 from beyond_agent.verl_pin import ensure_pinned_verl
@@ -39,6 +40,22 @@ def check_config(config) -> None:
         check_task_weights_against_files(settings.multitask.task_weights, config.data.train_files)
     except ValueError as error:  # a bad key: one sentence naming it, before Ray starts
         raise SystemExit(f"beyond_agent config: {error}") from None
+    validate_with_verl(config)
+
+
+def validate_with_verl(config) -> None:
+    """verl's own `validate_config` (batch sizes against GPUs, micro-batch keys, the actor/critic dataclasses) on
+    a resolved copy, before Ray starts; verl runs it again inside its TaskRunner."""
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    resolved = copy.deepcopy(config)
+    OmegaConf.resolve(resolved)
+    try:
+        validate_config(config=resolved, use_reference_policy=need_reference_policy(resolved),
+                        use_critic=need_critic(resolved))
+    except (AssertionError, ValueError, TypeError) as error:
+        raise SystemExit(f"verl config (verl.utils.config.validate_config): {error}") from None
 
 
 def check_task_weights_against_files(weights, train_files) -> None:
@@ -112,9 +129,13 @@ def _task_runner_class():
 
 @hydra.main(config_path="config", config_name="beyond_agent_trainer", version_base=None)
 def main(config) -> None:
-    """Check the pin and our config, then hand over to verl's run_ppo with our TaskRunner."""
+    """Check the pin and the config (ours and verl's), then hand over to verl's run_ppo with our TaskRunner
+    (in a dry run, `BEYOND_AGENT_DRY_RUN=1`, stop after the checks)."""
     ensure_pinned_verl()
     check_config(config)
+    if is_dry_run():  # launcher.py --dry-run: composed and checked, nothing starts
+        print(DRY_RUN_MARKER, flush=True)
+        return
     from verl.trainer.main_ppo import run_ppo
     from verl.utils.device import auto_set_device
 

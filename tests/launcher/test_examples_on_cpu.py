@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 from launch.config import load_config
 from launch.training import train_command
 from beyond_agent.settings import BeyondAgentSettings
+from recipe.multiturn_rl.main import check_config
 
 pytestmark = pytest.mark.timeout(120)
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -74,6 +75,10 @@ def test_script_starts_with_its_command_and_dry_runs(path):
     assert result.returncode == 0, result.stderr
     assert re.search(r"^would start (envservice|appworld): ", result.stdout, re.M), result.stdout
     assert "training command: " in result.stdout
+    # The entry composed the config with the script's overrides and ran its checks (ours and verl's; Agent-R's
+    # raw command is the one not composed).
+    assert re.search(r"^training config: (\S+ composes it and it passes its checks|not checked \(a raw command)",
+                     result.stdout, re.M), result.stdout
 
 
 RECIPE_CONFIGS = {"recipe.multiturn_rl.main": ("recipe/multiturn_rl/config", "beyond_agent_trainer"),
@@ -105,6 +110,7 @@ def test_training_overrides_compose_with_the_recipe_config(path, tmp_path):
     if "beyond_agent" in composed:
         assert composed.beyond_agent.env.url == "http://x:1"
         BeyondAgentSettings.from_config(composed)
+        check_config(composed)  # what the entry checks before Ray starts: ours, the delta seams, verl's validate_config
     else:  # SFT / DPO on trajectories: our dataset is verl's custom dataset class, the model goes to the folder
         assert composed.data.custom_cls.path.startswith("pkg://beyond_agent.")
         assert composed.trainer.default_local_dir == str(tmp_path / "checkpoints")

@@ -49,6 +49,19 @@ def test_dry_run_prints_services_and_training_command_and_starts_nothing(launch,
     assert command.endswith("trainer.total_training_steps=1")  # the CLI override comes last and wins
     assert "beyond_agent.env.url=http://127.0.0.1:<free port>" in command
     assert "VERL_PLATFORM=cpu" in text
+    assert "training config: recipe.multiturn_rl.main composes it and it passes its checks" in text
+    assert not (tmp_path / "exp").exists()
+
+
+def test_dry_run_refuses_a_config_verl_would_refuse_and_names_why(launch, tmp_path):
+    # 3 prompts x rollout.n=2 cannot be split into mini-batches of 4: verl's validate_config refuses it in
+    # the TaskRunner, minutes into a run; the dry run says so at once.
+    run = launch("--conf", QUICKSTART, "--dry-run", "--backup-dir", str(tmp_path / "exp"), "--", "data.train_batch_size=3")
+    assert run.wait(120) == 1, run.text()
+    assert "training config: REFUSED by recipe.multiturn_rl.main" in run.text()
+    assert "train_batch_size (3) must be >= actor.ppo_mini_batch_size (4)" in run.text()
+    run = launch("--conf", QUICKSTART, "--dry-run", "--", "beyond_agent.rounds.type=growing")
+    assert run.wait(120) == 1 and "beyond_agent.rounds.type='growing' is not valid" in run.text(), run.text()
     assert not (tmp_path / "exp").exists()
 
 
