@@ -21,6 +21,7 @@ import traceback
 from pathlib import Path
 
 from beyond_agent.cli_args import DRY_RUN_MARKER, DRY_RUN_VARIABLE
+from beyond_agent.gpu_plan import GPU_PLAN_WARNING
 from launch import experiment
 from launch.config import LaunchConfig, LaunchConfigError, ServiceConfig, load_config
 from launch.services import PlannedService, ServiceStartError, plan_service, start_service, wait_for_external
@@ -152,6 +153,9 @@ def check_training_config(config: LaunchConfig, values: dict[str, str], override
             print(f"training config: the dry run of {module} took over {DRY_RUN_TIMEOUT_S} s", file=sys.stderr)
             return 1
     if done.returncode == 0 and DRY_RUN_MARKER in done.stdout:
+        for line in done.stdout.splitlines():
+            if line.startswith(GPU_PLAN_WARNING):
+                print(line)
         print(f"training config: {module} composes it and it passes its checks")
         return 0
     said = [line for line in (done.stderr + done.stdout).splitlines() if line.strip() and "warn" not in line.lower()

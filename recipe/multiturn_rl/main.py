@@ -19,6 +19,7 @@ import ray
 from omegaconf import OmegaConf
 
 from beyond_agent.cli_args import DRY_RUN_MARKER, is_dry_run
+from beyond_agent.gpu_plan import GPU_PLAN_WARNING, model_shape, plan
 from beyond_agent.settings import BeyondAgentSettings
 from beyond_agent.run_folder import METRICS_PATH_VARIABLE, metrics_path
 from beyond_agent.verl_pin import ensure_pinned_verl
@@ -41,6 +42,23 @@ def check_config(config) -> None:
     except ValueError as error:  # a bad key: one sentence naming it, before Ray starts
         raise SystemExit(f"beyond_agent config: {error}") from None
     validate_with_verl(config)
+    report_gpu_plan(config)
+
+
+def report_gpu_plan(config) -> None:
+    """Print what the GPU memory and layout estimate (beyond_agent.gpu_plan) finds will not fit, as warnings
+    (estimates do not refuse a run); nothing on CPU."""
+    if config.trainer.get("device", "cuda") == "cpu":
+        return
+    resolved = copy.deepcopy(config)
+    OmegaConf.resolve(resolved)
+    shape = model_shape(str(resolved.actor_rollout_ref.model.path))
+    if shape is None:
+        print(f"[beyond_agent] no GPU memory estimate: {resolved.actor_rollout_ref.model.path} is neither a local "
+              "folder with config.json nor in beyond_agent.gpu_plan.KNOWN_MODELS", flush=True)
+        return
+    for problem in plan(OmegaConf.to_container(resolved), shape).problems():
+        print(f"{GPU_PLAN_WARNING} {problem}", flush=True)
 
 
 def validate_with_verl(config) -> None:
