@@ -39,6 +39,8 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 WEIGHT_SYNC_MODES = ("full", "delta")
 """Valid values of `weight_sync.mode`."""
+SEND_DTYPES = ("rollout", "trainer")
+"""Valid values of `weight_sync.send_dtype`."""
 CHECKSUM_ALGOS = ("xxh3_64", "crc32")
 """Checksums a header may name; the receiver verifies with the one the sender used."""
 METRIC_PREFIX = "weight_sync/"
@@ -61,10 +63,27 @@ class WeightSyncConfig:
     """`full`: every sync sends every tensor. `delta`: send only the elements that changed since the last sync."""
     full_every: int = 10
     """In delta mode, every `full_every`-th sync is a full one (1 = always full)."""
+    send_dtype: str = "rollout"
+    """In delta mode, the dtype floating weights are compared and sent in. `rollout`: the rollout's
+    (`actor_rollout_ref.rollout.dtype`, bf16 on GPUs), which is what vLLM stores anyway (it rounds fp32 to
+    nearest-even when loading, as the cast here does): half the bytes of fp32, and at small learning rates
+    most updates do not move an element across a bf16 step, so far fewer elements change. `trainer`: as the
+    trainer holds them (fp32), for models whose rollout keeps some parameters in fp32 (e.g. MoE gates)."""
+    host_memory_gib: float | None = None
+    """In delta mode, the host memory per node its copies of the model may take (None: this machine's total
+    memory); a run whose estimate exceeds it is refused before it starts (`verl_backend.delta_host_bytes`)."""
 
     def __post_init__(self) -> None:
         if self.mode not in WEIGHT_SYNC_MODES:
             raise ValueError(f"beyond_agent.weight_sync.mode must be one of {list(WEIGHT_SYNC_MODES)}, got {self.mode!r}")
+        if self.host_memory_gib is not None and (isinstance(self.host_memory_gib, bool)
+                                                 or not isinstance(self.host_memory_gib, (int, float))
+                                                 or self.host_memory_gib <= 0):
+            raise ValueError(f"beyond_agent.weight_sync.host_memory_gib must be a number > 0 or null, "
+                             f"got {self.host_memory_gib!r}")
+        if self.send_dtype not in SEND_DTYPES:
+            raise ValueError(f"beyond_agent.weight_sync.send_dtype must be one of {list(SEND_DTYPES)}, "
+                             f"got {self.send_dtype!r}")
         # bool is an int subclass; `full_every: true` is a typo, not 1.
         if isinstance(self.full_every, bool) or not isinstance(self.full_every, int) or self.full_every < 1:
             raise ValueError(f"beyond_agent.weight_sync.full_every must be an integer >= 1 (1 = every sync is full), "
@@ -202,9 +221,11 @@ def _byte_view(tensor: torch.Tensor) -> np.ndarray:
     return flat.view(torch.uint8).numpy()
 
 
-def _cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
-    """A contiguous CPU copy that owns its memory (never aliases the model's parameter or a caller's tensor)."""
-    copy = torch.empty(tuple(tensor.shape), dtype=tensor.dtype, device="cpu")
+def _cpu_copy(tensor: torch.Tensor, float_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A contiguous CPU copy that owns its memory (never aliases the model's parameter or a caller's tensor);
+    floating tensors cast to `float_dtype` when given (round to nearest even, as vLLM's loading does)."""
+    dtype = float_dtype if float_dtype is not None and tensor.is_floating_point() else tensor.dtype
+    copy = torch.empty(tuple(tensor.shape), dtype=dtype, device="cpu")
     copy.copy_(tensor.detach())
     return copy
 
@@ -253,12 +274,16 @@ class _SyncTally:
 class WeightDeltaSender:
     """Trainer side: encodes each sync as FULL or DELTA payloads against a CPU snapshot of the last sync.
 
-    Memory: in delta mode the snapshot is one CPU copy of the model; in full mode none is kept.
+    Memory: in delta mode the snapshot is one CPU copy of the model (in `float_dtype` when given); in full mode
+    none is kept.
     """
 
-    def __init__(self, config: WeightSyncConfig, checksum_algo: str | None = None) -> None:
+    def __init__(self, config: WeightSyncConfig, checksum_algo: str | None = None,
+                 float_dtype: torch.dtype | None = None) -> None:
         self.config = config
         """The sync policy."""
+        self.float_dtype = float_dtype
+        """The dtype floating weights are snapshotted, compared and sent in (None: as given)."""
         self.checksum_algo = checksum_algo or ("xxh3_64" if xxhash is not None else "crc32")
         """Checksum every header names; xxh3_64 when xxhash is installed (fast), else crc32."""
         if self.checksum_algo not in CHECKSUM_ALGOS:
@@ -326,7 +351,7 @@ class WeightDeltaSender:
             # The receiver keys everything by name: a repeated name would make its checksum ambiguous.
             if name in snapshot:
                 raise ValueError(f"parameter {name!r} appears twice in one sync")
-            current = _cpu_copy(tensor)
+            current = _cpu_copy(tensor, self.float_dtype)
             # Pop as we go so the old and new snapshots never both hold the whole model.
             payload, changed = self._encode_param(name, current, self._snapshot.pop(name, None), mode)
             metas.append(ParamMeta(name, tuple(current.shape), current.dtype,

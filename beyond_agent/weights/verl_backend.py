@@ -31,6 +31,7 @@ import os
 import time
 from typing import Any, Generator
 
+import psutil
 import ray
 import torch
 from omegaconf import open_dict
@@ -38,6 +39,7 @@ from omegaconf import open_dict
 from verl.checkpoint_engine.base import CheckpointEngine, CheckpointEngineManager, CheckpointEngineRegistry
 from verl.utils.ray_utils import auto_await
 
+from beyond_agent.gpu_plan import GIB, ModelShape, model_shape
 from beyond_agent.weights.delta import METRIC_PREFIX, WeightDeltaSender, WeightSyncConfig
 from beyond_agent.weights.wire import LOG_PREFIX, REFUSED_MARKER, WIRE_VERSION, pack_sync, wire_bytes
 
@@ -79,6 +81,7 @@ def configure_weight_sync(config: Any, settings: WeightSyncConfig) -> None:
          "path does not resume slept weights; only free_cache_engine=false is implemented)"),
         (lora_rank > 0, "LoRA (actor_rollout_ref.model.lora.rank > 0): adapters are synced by verl's own path"),
         (bool(rollout.get("quantization")), f"actor_rollout_ref.rollout.quantization={rollout.get('quantization')}"),
+        *_host_memory_refusal(config, settings),
     ]
     problems = [why for refused, why in refusals if refused]
     if problems:
@@ -87,9 +90,35 @@ def configure_weight_sync(config: Any, settings: WeightSyncConfig) -> None:
     with open_dict(config):
         engine.backend = BACKEND
         engine.custom_backend_module = BACKEND_MODULE
-        engine.engine_kwargs[BACKEND] = {"full_every": settings.full_every}
+        engine.engine_kwargs[BACKEND] = {"full_every": settings.full_every,
+                                         "float_dtype": str(rollout.dtype) if settings.send_dtype == "rollout" else None}
         rollout.checkpoint_manager_class = MANAGER_CLASS
         rollout.engine_kwargs.vllm.worker_extension_cls = WORKER_EXTENSION_CLASS
+
+
+def delta_host_bytes(shape: ModelShape, gpus_per_node: int, element_bytes: int) -> int:
+    """Host memory per node the delta path holds at a full sync: on every GPU, the actor rank's snapshot of
+    the model, and the vLLM worker's mirror plus the copy of the full sync it received before verifying it."""
+    return gpus_per_node * 3 * shape.parameters * element_bytes
+
+
+def _host_memory_refusal(config: Any, settings: WeightSyncConfig) -> list[tuple[bool, str]]:
+    """(refused, why) when the estimate exceeds the budget; [] when the model's shape is unknown."""
+    path = config.actor_rollout_ref.model.get("path")
+    shape = model_shape(str(path)) if path else None
+    if shape is None:
+        return []
+    trainer = config.get("trainer") or {}
+    gpus = int(trainer.get("n_gpus_per_node", 1) or 1)
+    rollout_dtype = str(config.actor_rollout_ref.rollout.get("dtype") or "bfloat16")
+    element_bytes = _torch_dtype(rollout_dtype).itemsize if settings.send_dtype == "rollout" else 4
+    needed = delta_host_bytes(shape, gpus, element_bytes)
+    budget = (settings.host_memory_gib * GIB if settings.host_memory_gib is not None
+              else psutil.virtual_memory().total)
+    where = "beyond_agent.weight_sync.host_memory_gib" if settings.host_memory_gib is not None else "this machine"
+    return [(needed > budget, f"host memory: {needed / GIB:.0f} GiB per node for {gpus} GPUs x 3 copies of "
+             f"{path} ({shape.parameters / 1e9:.2f} B parameters x {element_bytes} bytes), over the "
+             f"{budget / GIB:.0f} GiB of {where} (send_dtype=rollout halves fp32's share)")]
 
 
 @CheckpointEngineRegistry.register(BACKEND)
@@ -100,10 +129,12 @@ class DeltaCheckpointEngine(CheckpointEngine):
     `build_topology`, `init_process_group`, `finalize` and `receive_weights` are not used.
     """
 
-    def __init__(self, bucket_size: int, is_master: bool = False, full_every: int = 10) -> None:
+    def __init__(self, bucket_size: int, is_master: bool = False, full_every: int = 10,
+                 float_dtype: str | None = None) -> None:
         self.bucket_size = bucket_size
         self.is_master = is_master
-        self.sender = WeightDeltaSender(WeightSyncConfig(mode="delta", full_every=int(full_every)))
+        self.sender = WeightDeltaSender(WeightSyncConfig(mode="delta", full_every=int(full_every)),
+                                        float_dtype=_torch_dtype(float_dtype))
         """The codec's trainer side: snapshot of the last sync, sequence numbers, full/delta choice."""
         self.adapter = None
         """verl's ServerAdapter to our colocated vLLM server (set by `attach_rollout`)."""
@@ -169,6 +200,16 @@ class DeltaCheckpointEngine(CheckpointEngine):
 
     async def receive_weights(self, global_steps: int | None = None):
         raise NotImplementedError(f"{BACKEND} is received by the vLLM worker extension {WORKER_EXTENSION_CLASS}")
+
+
+def _torch_dtype(name: str | None) -> torch.dtype | None:
+    """`bfloat16` (verl's rollout.dtype spelling) -> torch.bfloat16; None stays None."""
+    if name is None:
+        return None
+    dtype = getattr(torch, str(name).removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"actor_rollout_ref.rollout.dtype={name!r} is not a floating torch dtype")
+    return dtype
 
 
 def _refusal_line(message: str) -> str:
