@@ -433,6 +433,7 @@ class WeightDeltaReceiver:
         self._seq: int | None = None
         self._needs_full = True
         self._why_full = "no sync applied yet"
+        self._writing = False  # buffer_for handed out a mirror tensor for a sync not yet applied
         self.last_metrics: dict[str, float] = {}
         """`weight_sync/apply_s` and `weight_sync/applied_seq` of the last successful apply."""
 
@@ -445,6 +446,33 @@ class WeightDeltaReceiver:
     def needs_full(self) -> bool:
         """True until a full sync has been applied, and again after any failed sync."""
         return self._needs_full
+
+    def check(self, header: SyncHeader) -> None:
+        """Refuse a sync before any of it is written (stale, out of order, a delta without a verified base);
+        a refusal is a failed sync. Call it first when a sync is written into the mirror as it arrives."""
+        if self._writing:  # an earlier sync was cut off half-written: its mirror is unknown
+            self._fail(PayloadError("an earlier sync was cut off while being written into the mirror"))
+        try:
+            self._check_header(header)
+        except WeightSyncError as err:
+            self._fail(err)
+            raise
+
+    def check_failed(self, err: WeightSyncError) -> None:
+        """A sync failed outside `apply` (on the wire, after parts were written into the mirror): only a full
+        sync is accepted from now on."""
+        self._fail(err)
+
+    def buffer_for(self, meta: ParamMeta) -> torch.Tensor:
+        """The mirror's tensor for a parameter, to write a FULL payload into as it arrives (reused when its
+        shape and dtype match, else replaced): a full sync then needs no second copy of the model. Until the
+        sync is applied and verified the mirror counts as unknown."""
+        self._writing = True
+        held = self._mirror.get(meta.name)
+        if held is None or tuple(held.shape) != meta.shape or held.dtype != meta.dtype:
+            held = torch.empty(meta.shape, dtype=meta.dtype)
+            self._mirror[meta.name] = held
+        return held
 
     def apply(self, header: SyncHeader, payloads: Iterable[ParamPayload]) -> list[tuple[str, torch.Tensor]]:
         """Apply one sync; return every parameter as (name, tensor) in header order, or raise WeightSyncError.
@@ -505,7 +533,8 @@ class WeightDeltaReceiver:
                                f"the header says {meta.dtype}{meta.shape}")
         held = self._mirror.get(meta.name)
         if held is not None and _same_layout(held, values):
-            held.copy_(values)  # reuse the buffer: no second copy of the model during a full sync
+            if held.data_ptr() != values.data_ptr():  # else written in place as it arrived (buffer_for)
+                held.copy_(values)  # reuse the buffer: no second copy of the model during a full sync
         else:
             self._mirror[meta.name] = _cpu_copy(values)  # own copy: never alias the sender or the transport
 
@@ -522,12 +551,12 @@ class WeightDeltaReceiver:
         names = {meta.name for meta in header.params}
         for name in [n for n in self._mirror if n not in names]:
             del self._mirror[name]
-        self._seq, self._needs_full, self._why_full = header.seq, False, ""
+        self._seq, self._needs_full, self._why_full, self._writing = header.seq, False, "", False
         self.last_metrics = {_metric("apply_s"): seconds, _metric("applied_seq"): float(header.seq)}
 
     def _fail(self, err: WeightSyncError) -> None:
         """After any failure only a full sync is accepted: the mirror may be half-updated."""
-        self._needs_full, self._why_full = True, str(err)
+        self._needs_full, self._why_full, self._writing = True, str(err), False
 
 
 def _check_delta_arrays(seq: int, meta: ParamMeta, positions: torch.Tensor | None, values: torch.Tensor,

@@ -97,9 +97,9 @@ def configure_weight_sync(config: Any, settings: WeightSyncConfig) -> None:
 
 
 def delta_host_bytes(shape: ModelShape, gpus_per_node: int, element_bytes: int) -> int:
-    """Host memory per node the delta path holds at a full sync: on every GPU, the actor rank's snapshot of
-    the model, and the vLLM worker's mirror plus the copy of the full sync it received before verifying it."""
-    return gpus_per_node * 3 * shape.parameters * element_bytes
+    """Host memory per node the delta path holds: on every GPU, the actor rank's snapshot of the model and the
+    vLLM worker's mirror (a sync is written into the mirror as it arrives: no third copy, `wire.SyncStream`)."""
+    return gpus_per_node * 2 * shape.parameters * element_bytes
 
 
 def _host_memory_refusal(config: Any, settings: WeightSyncConfig) -> list[tuple[bool, str]]:
@@ -116,7 +116,7 @@ def _host_memory_refusal(config: Any, settings: WeightSyncConfig) -> list[tuple[
     budget = (settings.host_memory_gib * GIB if settings.host_memory_gib is not None
               else psutil.virtual_memory().total)
     where = "beyond_agent.weight_sync.host_memory_gib" if settings.host_memory_gib is not None else "this machine"
-    return [(needed > budget, f"host memory: {needed / GIB:.0f} GiB per node for {gpus} GPUs x 3 copies of "
+    return [(needed > budget, f"host memory: {needed / GIB:.0f} GiB per node for {gpus} GPUs x 2 copies of "
              f"{path} ({shape.parameters / 1e9:.2f} B parameters x {element_bytes} bytes), over the "
              f"{budget / GIB:.0f} GiB of {where} (send_dtype=rollout halves fp32's share)")]
 

@@ -43,16 +43,18 @@ class DeltaSyncWorkerExtension(vLLMColocateWorkerExtension):
 
         if self.device is None:  # as verl's extension: some platforms leave it unset
             self.device = torch.device(f"{get_device_name()}:{self.local_rank}")
-        received: list[tuple[str, torch.Tensor]] = []
+        endpoint = self._weight_sync_endpoint()
+        stream = endpoint.stream()
 
-        def keep(weights: list[tuple[str, torch.Tensor]], is_last: bool) -> None:
-            # The bucket buffer is reused for the next bucket: own a copy (a delta is small).
-            received.extend((name, tensor.detach().to("cpu", copy=True)) for name, tensor in weights)
+        def take(weights: list[tuple[str, torch.Tensor]], is_last: bool) -> None:
+            # The bucket buffer is reused for the next bucket: the stream copies what it needs now (full
+            # arrays straight into the mirror, delta arrays aside).
+            stream.take(weights)
 
         BucketedWeightReceiver(zmq_handle=self._get_zmq_handle(), device=self.device,
-                               use_shm=use_shm).receive_weights(on_bucket_received=keep)
+                               use_shm=use_shm).receive_weights(on_bucket_received=take)
         # Raises SyncRefusedError (logged and counted there) without calling _load_verified_weights.
-        self._weight_sync_endpoint().accept(received, load=self._load_verified_weights)
+        endpoint.finish(stream, load=self._load_verified_weights)
 
     def _weight_sync_endpoint(self) -> DeltaSyncEndpoint:
         endpoint = getattr(self, "_beyond_weight_sync_endpoint", None)

@@ -22,7 +22,8 @@ lm_head are 2.18 GB each. So `pack_sync` cuts every array into parts no larger t
 copy) and the receiver joins them.
 
 `DeltaSyncEndpoint` is the receiving end the vLLM worker extension runs
-(`beyond_agent.weights.vllm_extension`): it decodes a stream, applies it to its mirror, verifies
+(`beyond_agent.weights.vllm_extension`): it reads a stream bucket by bucket (`SyncStream`: full arrays go
+straight into its mirror, so a full sync needs no second host copy of the model), applies it, verifies
 every parameter's checksum and only then hands the full tensors to `load`. A stream that fails anywhere
 loads nothing, is logged and counted, and raises `SyncRefusedError`, whose message carries
 `REFUSED_MARKER` so that the sender can tell a refusal from a transport failure after the error crossed
@@ -92,7 +93,7 @@ def pack_sync(sync: EncodedSync, max_part_bytes: int | None = None) -> tuple[lis
         tensors.extend((f"{PREFIX}{index}/positions/{k}", part) for k, part in enumerate(position_parts))
     header = {"wire": WIRE_VERSION, "seq": sync.header.seq, "base_seq": sync.header.base_seq,
               "mode": sync.header.mode.value, "reason": sync.header.reason,
-              "checksum_algo": sync.header.checksum_algo, "params": entries}
+              "checksum_algo": sync.header.checksum_algo, "part_bytes": max_part_bytes, "params": entries}
     header_bytes = json.dumps(header, separators=(",", ":")).encode()
     if max_part_bytes is not None and len(header_bytes) > max_part_bytes:
         raise ValueError(f"the weight-sync header ({len(header_bytes)} bytes, {len(entries)} parameters) does not fit "
@@ -127,38 +128,6 @@ def _dtype_name(dtype: torch.dtype) -> str:
 # ---------------------------------------------------------------------------------------------- receiver side
 
 
-def unpack_sync(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> tuple[SyncHeader, list[ParamPayload]]:
-    """Rebuild the header and payloads from a received stream; `PayloadError` when it is malformed.
-
-    Keeps references to the received tensors (the caller passes tensors it owns, not transport buffers).
-    """
-    tensors: dict[str, torch.Tensor] = {}
-    for name, tensor in named_tensors:
-        if name in tensors:
-            raise PayloadError(f"wire: tensor {name!r} received twice")
-        if not name.startswith(PREFIX):
-            raise PayloadError(f"wire: {name!r} is not a weight-sync tensor (is the sender in weight_sync.mode=delta?)")
-        tensors[name] = tensor
-    header_tensor = tensors.pop(HEADER_NAME, None)
-    if header_tensor is None:
-        raise PayloadError("wire: the stream has no header")
-    header = _parse_header(header_tensor)
-    metas, payloads = [], []
-    for index, entry in enumerate(header["params"]):
-        meta, payload = _param_from_wire(index, entry, tensors)
-        metas.append(meta)
-        payloads.append(payload)
-    if tensors:
-        raise PayloadError(f"wire: tensors no header entry names: {sorted(tensors)[:5]}")
-    try:
-        sync_header = SyncHeader(seq=int(header["seq"]), base_seq=header["base_seq"], mode=SyncMode(header["mode"]),
-                                 reason=str(header["reason"]), checksum_algo=str(header["checksum_algo"]),
-                                 params=tuple(metas))
-    except (KeyError, TypeError, ValueError) as err:
-        raise PayloadError(f"wire: bad header field: {err}") from None
-    return sync_header, payloads
-
-
 def _parse_header(tensor: torch.Tensor) -> dict[str, Any]:
     try:
         header = json.loads(tensor.detach().cpu().contiguous().numpy().tobytes())
@@ -169,24 +138,24 @@ def _parse_header(tensor: torch.Tensor) -> dict[str, Any]:
     return header
 
 
-def _param_from_wire(index: int, entry: Any, tensors: dict[str, torch.Tensor]) -> tuple[ParamMeta, ParamPayload]:
+def _header_from_wire(header: dict[str, Any]) -> tuple[SyncHeader, list[PayloadKind], list[dict]]:
+    """The SyncHeader, each parameter's payload kind and its raw entry; `PayloadError` when malformed."""
+    metas, kinds = [], []
+    for index, entry in enumerate(header["params"]):
+        try:
+            metas.append(ParamMeta(name=str(entry["name"]), shape=tuple(int(d) for d in entry["shape"]),
+                                   dtype=_dtype(entry["dtype"]), checksum=int(entry["checksum"])))
+            kinds.append(PayloadKind(entry["kind"]))
+            int(entry["count"]), int(entry["values_parts"]), int(entry["positions_parts"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise PayloadError(f"wire: bad header entry {index}: {err}") from None
     try:
-        name, shape, count = str(entry["name"]), tuple(int(d) for d in entry["shape"]), int(entry["count"])
-        dtype, kind = _dtype(entry["dtype"]), PayloadKind(entry["kind"])
-        meta = ParamMeta(name=name, shape=shape, dtype=dtype, checksum=int(entry["checksum"]))
-        positions_dtype = None if entry["positions_dtype"] is None else _dtype(entry["positions_dtype"])
+        sync_header = SyncHeader(seq=int(header["seq"]), base_seq=header["base_seq"], mode=SyncMode(header["mode"]),
+                                 reason=str(header["reason"]), checksum_algo=str(header["checksum_algo"]),
+                                 params=tuple(metas))
     except (KeyError, TypeError, ValueError) as err:
-        raise PayloadError(f"wire: bad header entry {index}: {err}") from None
-    values = _array(_joined(tensors, f"{PREFIX}{index}/values", entry, "values_parts"), dtype, count, name, "values")
-    if kind is PayloadKind.FULL:
-        if count != torch.Size(shape).numel():
-            raise PayloadError(f"wire: full payload of {name!r} has {count} elements for shape {shape}")
-        return meta, ParamPayload(name, kind, values.reshape(shape))
-    if positions_dtype is None:
-        raise PayloadError(f"wire: delta payload of {name!r} names no positions dtype")
-    positions = _array(_joined(tensors, f"{PREFIX}{index}/positions", entry, "positions_parts"), positions_dtype,
-                       count, name, "positions")
-    return meta, ParamPayload(name, kind, values, positions)
+        raise PayloadError(f"wire: bad header field: {err}") from None
+    return sync_header, kinds, header["params"]
 
 
 def _joined(tensors: dict[str, torch.Tensor], stem: str, entry: dict, parts_key: str) -> torch.Tensor | None:
@@ -228,11 +197,138 @@ def _array(raw: torch.Tensor | None, dtype: torch.dtype, count: int, name: str, 
         return raw.clone().view(dtype)
 
 
+class SyncStream:
+    """One sync as it arrives, bucket by bucket (`take`), then verified and loaded (`DeltaSyncEndpoint.finish`).
+
+    The header comes first and is checked against the receiver before anything is written. Each FULL array
+    is copied from the transport's buffer straight into the receiver's mirror tensor (`buffer_for`), so a full
+    sync of a 7B model needs no second host copy beside the mirror; DELTA arrays (small) are copied aside.
+    Any error is kept and the rest of the stream is drained without reading it: verl's sender waits for every
+    bucket to be acknowledged.
+    """
+
+    def __init__(self, receiver: WeightDeltaReceiver) -> None:
+        self.receiver = receiver
+        self.header: SyncHeader | None = None
+        """The sync's header, once its first tensor arrived."""
+        self.error: WeightSyncError | None = None
+        """Why the stream is refused, once something was wrong."""
+        self._entries: list[dict] = []
+        self._kinds: list[PayloadKind] = []
+        self._part_bytes: int | None = None
+        self._full: dict[int, torch.Tensor] = {}  # parameter index -> its mirror tensor, being written
+        self._written: dict[int, int] = {}  # parameter index -> bytes written into it
+        self._aside: dict[str, torch.Tensor] = {}  # delta arrays' parts, copied
+        self._seen: set[str] = set()
+
+    def take(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """One bucket's tensors; they are transport buffers, read now and never kept."""
+        if self.error is not None:
+            return
+        try:
+            for name, tensor in named_tensors:
+                self._take_one(name, tensor)
+        except WeightSyncError as err:
+            self.error = err
+        except Exception as err:  # e.g. torch refusing a malformed tensor: still a refused sync
+            self.error = PayloadError(f"wire: cannot read the stream: {type(err).__name__}: {err}")
+
+    def payloads(self) -> list[ParamPayload]:
+        """Every parameter's payload (FULL ones are the mirror tensors just written); `PayloadError` when a
+        part, an array or the header is missing."""
+        if self.error is not None:
+            raise self.error
+        if self.header is None:
+            raise PayloadError("wire: the stream has no header")
+        payloads = [self._payload(index, meta) for index, meta in enumerate(self.header.params)]
+        if self._aside:
+            raise PayloadError(f"wire: tensors no header entry names: {sorted(self._aside)[:5]}")
+        return payloads
+
+    def _take_one(self, name: str, tensor: torch.Tensor) -> None:
+        if name in self._seen:
+            raise PayloadError(f"wire: tensor {name!r} received twice")
+        if not name.startswith(PREFIX):
+            raise PayloadError(f"wire: {name!r} is not a weight-sync tensor (is the sender in weight_sync.mode=delta?)")
+        self._seen.add(name)
+        if name == HEADER_NAME:
+            return self._begin(tensor)
+        if self.header is None:
+            raise PayloadError(f"wire: {name!r} arrived before the header")
+        index, array, part = _part_address(name)
+        if array == "values" and 0 <= index < len(self._kinds) and self._kinds[index] is PayloadKind.FULL:
+            self._write_full(index, part, name, tensor)
+        else:  # checked against the header when the payloads are built
+            self._aside[name] = tensor.detach().to("cpu", copy=True)
+
+    def _begin(self, tensor: torch.Tensor) -> None:
+        if self.header is not None:
+            raise PayloadError("wire: a second header")
+        raw = _parse_header(tensor)
+        header, self._kinds, self._entries = _header_from_wire(raw)
+        part_bytes = raw.get("part_bytes")
+        if part_bytes is not None and (not isinstance(part_bytes, int) or part_bytes <= 0):
+            raise PayloadError(f"wire: bad part_bytes {part_bytes!r}")
+        self._part_bytes = part_bytes
+        self.receiver.check(header)  # raises (and marks the receiver failed) before anything is written
+        self.header = header
+
+    def _write_full(self, index: int, part: int, name: str, tensor: torch.Tensor) -> None:
+        meta = self.header.params[index]
+        if tensor.dtype != torch.uint8 or tensor.dim() != 1:
+            raise PayloadError(f"wire: {name!r} is {tensor.dtype}{tuple(tensor.shape)}, expected 1-d bytes")
+        target = self._full.get(index)
+        if target is None:
+            target = self._full[index] = self.receiver.buffer_for(meta)
+        flat = target.reshape(-1).view(torch.uint8)
+        offset = part * self._part_bytes if self._part_bytes else 0
+        if (part and not self._part_bytes) or offset + tensor.numel() > flat.numel():
+            raise PayloadError(f"wire: {name!r} ({tensor.numel()} bytes at offset {offset}) lies outside "
+                               f"{meta.name!r} ({flat.numel()} bytes)")
+        flat[offset:offset + tensor.numel()].copy_(tensor)
+        self._written[index] = self._written.get(index, 0) + tensor.numel()
+
+    def _payload(self, index: int, meta: ParamMeta) -> ParamPayload:
+        entry, kind = self._entries[index], self._kinds[index]
+        stem = f"{PREFIX}{index}"
+        if kind is PayloadKind.FULL:
+            expected = meta.dtype.itemsize * torch.Size(meta.shape).numel()
+            if int(entry["count"]) != torch.Size(meta.shape).numel():
+                raise PayloadError(f"wire: full payload of {meta.name!r} has {entry['count']} elements for shape "
+                                   f"{meta.shape}")
+            if self._written.get(index, 0) != expected or sum(f"{stem}/values/{k}" in self._seen
+                                                                for k in range(int(entry["values_parts"]))) \
+                    != int(entry["values_parts"]):
+                raise PayloadError(f"wire: {stem}/values is missing part(s): {self._written.get(index, 0)} of "
+                                   f"{expected} bytes of {meta.name!r} arrived")
+            return ParamPayload(meta.name, kind, self._full[index]) if expected else \
+                ParamPayload(meta.name, kind, torch.empty(meta.shape, dtype=meta.dtype))
+        count = int(entry["count"])
+        if entry["positions_dtype"] is None:
+            raise PayloadError(f"wire: delta payload of {meta.name!r} names no positions dtype")
+        values = _array(_joined(self._aside, f"{stem}/values", entry, "values_parts"), meta.dtype, count, meta.name,
+                        "values")
+        positions = _array(_joined(self._aside, f"{stem}/positions", entry, "positions_parts"),
+                           _dtype(entry["positions_dtype"]), count, meta.name, "positions")
+        return ParamPayload(meta.name, kind, values, positions)
+
+
+def _part_address(name: str) -> tuple[int, str, int]:
+    """`<PREFIX><i>/<values|positions>/<k>` -> (i, array, k); `PayloadError` for any other name."""
+    fields = name.removeprefix(PREFIX).split("/")
+    if len(fields) != 3 or fields[1] not in ("values", "positions") or not fields[0].isdigit() \
+            or not fields[2].isdigit():
+        raise PayloadError(f"wire: {name!r} is not <index>/<values|positions>/<part>")
+    return int(fields[0]), fields[1], int(fields[2])
+
+
 class DeltaSyncEndpoint:
     """The receiving end of delta syncs: decode, apply to the mirror, verify, and only then load.
 
-    Runs in the inference worker (one per vLLM worker process). `accept` returns a report of the applied
-    sync, or raises `SyncRefusedError` (after logging and counting the failure) having loaded nothing.
+    Runs in the inference worker (one per vLLM worker process). A sync arrives through a `SyncStream`
+    (`stream()`, fed bucket by bucket) and is ended by `finish`, which returns a report of the applied sync or
+    raises `SyncRefusedError` (after logging and counting the failure) having loaded nothing. `accept` does
+    both for a stream already in hand.
     """
 
     def __init__(self, label: str = "") -> None:
@@ -246,15 +342,25 @@ class DeltaSyncEndpoint:
         """Syncs refused."""
         self._wire_failure: str | None = None
 
+    def stream(self) -> SyncStream:
+        """A stream for the next sync."""
+        return SyncStream(self.receiver)
+
     def accept(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
                load: Callable[[list[tuple[str, torch.Tensor]]], Any]) -> dict[str, Any]:
-        """Apply one received stream; call `load(weights)` with every verified full tensor, or raise."""
+        """Apply one whole received stream; call `load(weights)` with every verified full tensor, or raise."""
+        stream = self.stream()
+        stream.take(named_tensors)
+        return self.finish(stream, load)
+
+    def finish(self, stream: SyncStream, load: Callable[[list[tuple[str, torch.Tensor]]], Any]) -> dict[str, Any]:
+        """Verify the streamed sync and call `load(weights)` with every verified full tensor, or raise."""
         start = time.perf_counter()
-        seq = None
+        seq = None if stream.header is None else stream.header.seq
         try:
-            header, payloads = unpack_sync(named_tensors)
-            seq = header.seq
-            # A stream that could not even be decoded left the mirror untouched, but the sender's next delta is
+            payloads = stream.payloads()
+            header = stream.header
+            # A stream that could not even be decoded left the mirror unverified, and the sender's next delta is
             # based on what it sent, not on what we hold: only a full sync restores a shared state.
             if self._wire_failure is not None and header.mode != SyncMode.FULL:
                 raise FullSyncRequiredError(f"delta sync {header.seq} refused: waiting for a full sync "
@@ -263,6 +369,7 @@ class DeltaSyncEndpoint:
         except WeightSyncError as err:
             self.failures += 1
             self._wire_failure = f"{type(err).__name__}: {err}"
+            self.receiver.check_failed(err)
             message = (f"{REFUSED_MARKER}: sync {seq} refused by {self.label or 'the receiver'}: "
                        f"{type(err).__name__}: {err} (nothing loaded; failures so far: {self.failures})")
             print(f"{LOG_PREFIX} REFUSED {self._where()}seq={seq} error={type(err).__name__}: {err}; nothing loaded, "

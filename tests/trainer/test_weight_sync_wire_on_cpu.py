@@ -9,6 +9,8 @@ tests/trainer/test_weight_sync_delta_on_cpu.py end to end).
 from __future__ import annotations
 
 import asyncio
+import json
+from concurrent.futures import ThreadPoolExecutor
 import os
 import subprocess
 import sys
@@ -36,7 +38,6 @@ from beyond_agent.weights.wire import (
     DeltaSyncEndpoint,
     SyncRefusedError,
     pack_sync,
-    unpack_sync,
 )
 
 INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -101,9 +102,10 @@ def test_stream_round_trip_and_deltas_are_smaller() -> None:
         named, header_bytes = pack_sync(sync)
         assert named[0][0] == HEADER_NAME and all(name.startswith(PREFIX) for name, _ in named)
         assert all(tensor.dtype == torch.uint8 and tensor.dim() == 1 for _, tensor in named)
-        header, payloads = unpack_sync(copy_stream(named))
-        assert header == sync.header
-        report = endpoint.accept(copy_stream(named), load=loader)
+        stream = endpoint.stream()
+        stream.take(copy_stream(named))
+        assert stream.header == sync.header and stream.error is None
+        report = endpoint.finish(stream, load=loader)
         assert report["seq"] == step and report["mode"] == sync.header.mode.value
         assert_loaded_equal(loader.calls[-1], weights.items())
         sizes.append((sync.header.mode, sum(t.nbytes for _, t in named), header_bytes))
@@ -134,6 +136,41 @@ def test_arrays_larger_than_a_part_travel_in_parts_and_are_joined() -> None:
         endpoint.accept(copy_stream([(n, t) for n, t in named if n != f"{PREFIX}5/values/1"]), load=loader)
     with pytest.raises(ValueError, match="update_weights_bucket_megabytes"):
         pack_sync(sender.encode(weights.items()), max_part_bytes=512)  # the header itself would not fit
+
+
+def test_a_full_sync_is_written_into_the_mirror_as_it_arrives_without_a_second_copy() -> None:
+    weights, sender = Weights(), WeightDeltaSender(WeightSyncConfig("delta", full_every=2))
+    endpoint, loader = DeltaSyncEndpoint(), Loader()
+    endpoint.accept(copy_stream(pack_sync(sender.encode(weights.items()), max_part_bytes=2048)[0]), load=loader)
+    mirror = {name: tensor.data_ptr() for name, tensor in endpoint.receiver._mirror.items()}
+    for _ in range(2):  # a delta, then a full sync (full_every=2)
+        weights.step()
+        named, _ = pack_sync(sender.encode(weights.items()), max_part_bytes=2048)
+        stream = endpoint.stream()
+        for part in range(0, len(named), 3):  # buckets of three wire tensors, each buffer reused after reading
+            bucket = copy_stream(named[part:part + 3])
+            stream.take(bucket)
+            for _, tensor in bucket:
+                tensor.fill_(0xAB)  # the transport overwrites its buffer with the next bucket
+        loaded = []
+        endpoint.finish(stream, load=lambda ws: loaded.extend(ws))
+        assert_loaded_equal(dict(loaded), weights.items())
+        # the same mirror tensors were written in place and handed to the loader: no second copy of the model
+        assert {name: tensor.data_ptr() for name, tensor in loaded} == mirror
+
+
+def test_a_stream_cut_off_half_written_makes_the_next_delta_wait_for_a_full_sync() -> None:
+    weights, sender = Weights(), WeightDeltaSender(WeightSyncConfig("delta", full_every=100))
+    endpoint, loader = DeltaSyncEndpoint(), Loader()
+    endpoint.accept(copy_stream(pack_sync(sender.encode(weights.items()))[0]), load=loader)
+    sender.request_full("test")
+    endpoint.stream().take(copy_stream(pack_sync(sender.encode(weights.items()))[0][:2]))  # cut off: no finish
+    weights.step()
+    with pytest.raises(SyncRefusedError, match="cut off while being written"):
+        endpoint.accept(copy_stream(pack_sync(sender.encode(weights.items()))[0]), load=loader)
+    sender.request_full("the receiver refused")
+    endpoint.accept(copy_stream(pack_sync(sender.encode(weights.items()))[0]), load=loader)  # heals it
+    assert_loaded_equal(loader.calls[-1], weights.items())
 
 
 def _corrupt_first_delta_value(named: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
@@ -201,8 +238,8 @@ class InProcessAdapter:
     async def update_weights(self, weights, global_steps=None, **kwargs):
         self.calls.append(kwargs)
         named = copy_stream(list(weights))
-        header, _ = unpack_sync(copy_stream(named))
-        if header.seq == self.corrupt_seq:
+        seq = json.loads(named[0][1].numpy().tobytes())["seq"]  # the header, first on the wire
+        if seq == self.corrupt_seq:
             named = _corrupt_first_delta_value(named)
         try:
             self.endpoint.accept(named, load=self.loader)
@@ -321,13 +358,13 @@ def test_delta_mode_refuses_a_run_whose_model_copies_exceed_the_host_budget() ->
             config.trainer = {"n_gpus_per_node": 8}
         return config
 
-    # 8 GPUs x 3 copies (actor snapshot, vLLM mirror, a received full sync) x 7.62 B parameters x 2 bytes (bf16)
-    # = 340 GiB per node; x 4 bytes (fp32) = 681 GiB.
-    with pytest.raises(ValueError, match=r"host memory: 340 GiB per node .* over the 300 GiB of "
+    # 8 GPUs x 2 copies (actor snapshot, vLLM mirror) x 7.62 B parameters x 2 bytes (bf16) = 227 GiB per node;
+    # x 4 bytes (fp32) = 454 GiB.
+    with pytest.raises(ValueError, match=r"host memory: 227 GiB per node .* over the 200 GiB of "
                                          r"beyond_agent.weight_sync.host_memory_gib"):
-        configure_weight_sync(qwen_7b_on_8_gpus(), WeightSyncConfig("delta", host_memory_gib=300))
+        configure_weight_sync(qwen_7b_on_8_gpus(), WeightSyncConfig("delta", host_memory_gib=200))
     configure_weight_sync(qwen_7b_on_8_gpus(), WeightSyncConfig("delta", host_memory_gib=400))
-    with pytest.raises(ValueError, match="host memory: 681 GiB per node"):
+    with pytest.raises(ValueError, match="host memory: 454 GiB per node"):
         configure_weight_sync(qwen_7b_on_8_gpus(), WeightSyncConfig("delta", send_dtype="trainer", host_memory_gib=400))
     with pytest.raises(ValueError, match="host_memory_gib must be a number > 0 or null"):
         WeightSyncConfig("delta", host_memory_gib=0)
@@ -381,3 +418,106 @@ def test_settings_read_the_weight_sync_section() -> None:
     base["beyond_agent"]["weight_sync"] = {"mode": "sparse"}
     with pytest.raises(ValueError, match=r"beyond_agent\.weight_sync\.mode must be one of"):
         BeyondAgentSettings.from_config(base)
+
+
+class EightRanks:
+    """verl's actor worker group as `DeltaCheckpointEngineManager` sees it, for 8 ranks in this process: each
+    rank a real `DeltaCheckpointEngine` (as verl builds it: bucket size, is_master on rank 0) whose rollout is
+    an `InProcessAdapter`, so each rank has its own receiving endpoint; calls come back as Ray object refs, as
+    from verl's RayWorkerGroup. `refusing_rank`'s receiver gets sync `corrupt_seq` with one bit flipped."""
+
+    world_size = 8
+
+    def __init__(self, refusing_rank: int, corrupt_seq: int) -> None:
+        self.engines = [DeltaCheckpointEngine(bucket_size=1 << 20, is_master=rank == 0, full_every=100)
+                        for rank in range(self.world_size)]
+        self.adapters = [InProcessAdapter(corrupt_seq=corrupt_seq if rank == refusing_rank else None)
+                         for rank in range(self.world_size)]
+        self.weights = Weights()
+        self.calls: list[str] = []
+
+    def execute_checkpoint_engine(self, methods: list[str], *per_rank_args: list) -> list:
+        import ray
+
+        assert len(methods) == self.world_size and all(len(args) == self.world_size for args in per_rank_args)
+        self.calls.append(methods[0])
+        results = []
+        for rank, method in enumerate(methods):
+            if method == "attach_rollout":  # verl's ServerAdapter to this rank's vLLM server: ours in process
+                self.engines[rank].adapter = self.adapters[rank]
+                results.append(True)
+            else:
+                results.append(getattr(self.engines[rank], method)(*(args[rank] for args in per_rank_args)))
+        return [ray.put(result) for result in results]
+
+    def update_weights(self, global_steps: int | None = None, mode: str | None = None) -> list:
+        """What each verl actor worker does for a non-naive backend: stream its weights into its engine."""
+        import ray
+
+        assert mode == BACKEND
+        # Each verl worker runs its engine in its own process and event loop; here each in its own thread,
+        # since the manager's caller already runs one.
+        with ThreadPoolExecutor(1) as worker:
+            return [ray.put(worker.submit(asyncio.run, engine.send_weights(iter(self.weights.items()),
+                                                                           global_steps=global_steps)).result())
+                    for engine in self.engines]
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    import ray
+
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    yield
+    ray.shutdown()
+
+
+def test_the_manager_redoes_a_sync_in_full_on_every_rank_when_one_rank_refuses(local_ray) -> None:
+    from types import SimpleNamespace
+
+    from beyond_agent.weights.verl_backend import DeltaCheckpointEngineManager
+
+    ranks = EightRanks(refusing_rank=5, corrupt_seq=2)
+    config = SimpleNamespace(backend=BACKEND, custom_backend_module="beyond_agent.weights.verl_backend")
+    manager = DeltaCheckpointEngineManager(config, ranks, replicas=[SimpleNamespace(config="rollout config")])
+    assert ranks.calls == ["attach_rollout"]
+    results = []
+    for step in range(4):
+        results.append(manager.update_weights(global_steps=step))
+        for adapter in ranks.adapters:  # every rank's rollout serves this step's weights, the refusing one too
+            assert_loaded_equal(adapter.loader.calls[-1], ranks.weights.items())
+        ranks.weights.step()
+    failed = [m["weight_sync/verify_failed"] for m in results]
+    assert failed == [0.0, 0.0, 1.0, 0.0]  # rank 5's refusal, max-reduced over the 8 ranks
+    assert [m["weight_sync/retried_full"] for m in results] == [0.0, 0.0, 1.0, 0.0]
+    assert ranks.calls == ["attach_rollout", "request_full"]  # one request, to all 8 engines at once
+    # sync 2 was refused on rank 5 only; the retry (seq 3) went full to every rank, and the next is a delta again
+    assert [e.sender.seq for e in ranks.engines] == [4] * 8
+    assert ranks.adapters[5].endpoint.failures == 1 and sum(a.endpoint.failures for a in ranks.adapters) == 1
+    assert all(len(a.loader.calls) == 5 for a in ranks.adapters[:5] + ranks.adapters[6:])  # seq 0-4
+    assert len(ranks.adapters[5].loader.calls) == 4  # seq 2 refused, nothing loaded; its full retry was
+    assert results[2]["weight_sync/verify_failures_total"] == 1.0 == results[3]["weight_sync/verify_failures_total"]
+    retry_bytes = results[2]["weight_sync/bytes_sent"]
+    assert retry_bytes > results[2]["weight_sync/bytes_full"]  # both transfers of the step are counted
+
+
+def test_each_of_8_ranks_with_tp_2_reaches_its_own_vllm_worker(local_ray, monkeypatch) -> None:
+    """`attach_rollout` builds verl's real vLLM ServerAdapter per actor rank (as verl's CheckpointEngineWorker
+    does): with TP 2 on 8 GPUs, 4 replicas; each rank streams through the socket of its own TP worker, and the
+    first rank of each replica owns the server whose collective_rpc makes both workers receive (so a
+    refusal by either worker surfaces on that rank, which the manager's max over ranks catches)."""
+    from verl.workers.config import RolloutConfig
+
+    config = RolloutConfig(name="vllm", mode="async", tensor_model_parallel_size=2)
+    monkeypatch.setenv("RAY_LOCAL_WORLD_SIZE", "8")
+    adapters = []
+    for rank in range(8):
+        monkeypatch.setenv("RANK", str(rank))
+        engine = DeltaCheckpointEngine(bucket_size=1 << 20)
+        assert engine.attach_rollout(config)
+        adapters.append(engine.adapter)
+    assert [a.replica_rank for a in adapters] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert [a._has_server for a in adapters] == [True, False] * 4
+    sockets = [a.zmq_handle.rsplit("-replica-", 1)[1] for a in adapters]
+    assert sockets == [f"{replica}-rank-{tp_rank}.sock" for replica in range(4) for tp_rank in range(2)]
+    assert len({a.zmq_handle for a in adapters}) == 8  # no two ranks write into one worker's socket
