@@ -146,7 +146,8 @@ def _header_from_wire(header: dict[str, Any]) -> tuple[SyncHeader, list[PayloadK
             metas.append(ParamMeta(name=str(entry["name"]), shape=tuple(int(d) for d in entry["shape"]),
                                    dtype=_dtype(entry["dtype"]), checksum=int(entry["checksum"])))
             kinds.append(PayloadKind(entry["kind"]))
-            int(entry["count"]), int(entry["values_parts"]), int(entry["positions_parts"])
+            for key in ("count", "values_parts", "positions_parts"):  # read later; refused now when not ints
+                int(entry[key])
         except (KeyError, TypeError, ValueError) as err:
             raise PayloadError(f"wire: bad header entry {index}: {err}") from None
     try:
@@ -289,20 +290,26 @@ class SyncStream:
         self._written[index] = self._written.get(index, 0) + tensor.numel()
 
     def _payload(self, index: int, meta: ParamMeta) -> ParamPayload:
-        entry, kind = self._entries[index], self._kinds[index]
-        stem = f"{PREFIX}{index}"
-        if kind is PayloadKind.FULL:
-            expected = meta.dtype.itemsize * torch.Size(meta.shape).numel()
-            if int(entry["count"]) != torch.Size(meta.shape).numel():
-                raise PayloadError(f"wire: full payload of {meta.name!r} has {entry['count']} elements for shape "
-                                   f"{meta.shape}")
-            if self._written.get(index, 0) != expected or sum(f"{stem}/values/{k}" in self._seen
-                                                                for k in range(int(entry["values_parts"]))) \
-                    != int(entry["values_parts"]):
-                raise PayloadError(f"wire: {stem}/values is missing part(s): {self._written.get(index, 0)} of "
-                                   f"{expected} bytes of {meta.name!r} arrived")
-            return ParamPayload(meta.name, kind, self._full[index]) if expected else \
-                ParamPayload(meta.name, kind, torch.empty(meta.shape, dtype=meta.dtype))
+        if self._kinds[index] is PayloadKind.FULL:
+            return self._full_payload(index, meta)
+        return self._delta_payload(index, meta)
+
+    def _full_payload(self, index: int, meta: ParamMeta) -> ParamPayload:
+        """The mirror tensor its parts were written into, once every part and byte arrived."""
+        entry, elements = self._entries[index], torch.Size(meta.shape).numel()
+        if int(entry["count"]) != elements:
+            raise PayloadError(f"wire: full payload of {meta.name!r} has {entry['count']} elements for shape {meta.shape}")
+        expected, parts = meta.dtype.itemsize * elements, int(entry["values_parts"])
+        arrived = sum(f"{PREFIX}{index}/values/{k}" in self._seen for k in range(parts))
+        if arrived != parts or self._written.get(index, 0) != expected:
+            raise PayloadError(f"wire: {PREFIX}{index}/values is missing part(s): {arrived} of {parts} parts, "
+                               f"{self._written.get(index, 0)} of {expected} bytes of {meta.name!r} arrived")
+        values = self._full[index] if expected else torch.empty(meta.shape, dtype=meta.dtype)
+        return ParamPayload(meta.name, PayloadKind.FULL, values)
+
+    def _delta_payload(self, index: int, meta: ParamMeta) -> ParamPayload:
+        """Changed positions and values, joined from the parts set aside."""
+        entry, stem = self._entries[index], f"{PREFIX}{index}"
         count = int(entry["count"])
         if entry["positions_dtype"] is None:
             raise PayloadError(f"wire: delta payload of {meta.name!r} names no positions dtype")
@@ -310,7 +317,7 @@ class SyncStream:
                         "values")
         positions = _array(_joined(self._aside, f"{stem}/positions", entry, "positions_parts"),
                            _dtype(entry["positions_dtype"]), count, meta.name, "positions")
-        return ParamPayload(meta.name, kind, values, positions)
+        return ParamPayload(meta.name, PayloadKind.DELTA, values, positions)
 
 
 def _part_address(name: str) -> tuple[int, str, int]:
