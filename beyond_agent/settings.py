@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from beyond_agent.algorithms.estimators import is_group_based
+from beyond_agent.algorithms.gigpo import GiGPOConfig
 from beyond_agent.multitask import MultitaskConfig
 from beyond_agent.rollout.async_pool import AsyncRolloutSettings
 from beyond_agent.rollout.dataflow import DataflowConfig
@@ -112,12 +113,14 @@ class BeyondAgentSection:
     """`WeightSyncConfig`: how weights reach the rollout."""
     multitask: Mapping[str, Any] | None = None
     """`MultitaskConfig`: several envs in one run."""
+    gigpo: Mapping[str, Any] | None = None
+    """`GiGPOConfig`: the step-level part of `algorithm.adv_estimator=gigpo`."""
     trajectories: Mapping[str, Any] | None = None
     """`TrajectoryDump`: which sampled episodes are written to disk."""
 
 
 SECTION_CLASSES = {"env": EnvSettings, "trajectories": TrajectoryDump, "async_rollout": AsyncRolloutSettings,
-                   "weight_sync": WeightSyncConfig, "multitask": MultitaskConfig}
+                   "weight_sync": WeightSyncConfig, "multitask": MultitaskConfig, "gigpo": GiGPOConfig}
 """The sub-sections read by a dataclass of their own (`from_section`), by key of `beyond_agent:`."""
 
 
@@ -151,6 +154,8 @@ class BeyondAgentSettings:
     """How weights reach the rollout after each update (`beyond_agent.weight_sync`; full: verl's own sync)."""
     multitask: MultitaskConfig = MultitaskConfig()
     """Task sampling weights and per-task advantage normalisation (`beyond_agent.multitask`)."""
+    gigpo: GiGPOConfig = GiGPOConfig()
+    """GiGPO's gamma and omega (`beyond_agent.gigpo`; read with `algorithm.adv_estimator=gigpo`)."""
 
     @classmethod
     def from_config(cls, config: Any) -> "BeyondAgentSettings":
@@ -170,7 +175,7 @@ class BeyondAgentSettings:
             train_sampling=_sampling(config, validate=False), val_sampling=_sampling(config, validate=True),
             group_based=is_group_based(_get(_get(config, "algorithm"), "adv_estimator") or "grpo"),
             rollout_mode=_rollout_mode(config, section.rollout_mode), async_rollout=subsection["async_rollout"],
-            weight_sync=subsection["weight_sync"], multitask=subsection["multitask"],
+            weight_sync=subsection["weight_sync"], multitask=subsection["multitask"], gigpo=subsection["gigpo"],
         )
 
     @property

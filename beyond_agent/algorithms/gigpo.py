@@ -22,34 +22,34 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
+from verl.trainer.ppo.core_algos import register_adv_est
+
+from beyond_agent.algorithms.estimators import declare_estimator
 
 GIGPO_NORMS = ("std", "mean")
-"""Valid values of `norm`: divide by the group's standard deviation, or only subtract its mean."""
+"""Normalisations: divide by the group's standard deviation, or only subtract its mean. Which one a run uses
+is verl's own `algorithm.norm_adv_by_std_in_grpo` (true: std), for both kinds of group."""
+EPSILON = 1e-6
+"""Added to a group's standard deviation (as verl's GRPO does)."""
 
 
 @dataclass(frozen=True)
 class GiGPOConfig:
-    """The estimator's settings (`beyond_agent.gigpo`)."""
+    """`beyond_agent.gigpo`: the step-level part of `algorithm.adv_estimator=gigpo`."""
 
     gamma: float = 0.95
     """Discount of later step rewards in a step's return (verl-agent's scripts use 0.95)."""
     omega: float = 1.0
     """Weight of the step-level advantage added to the episode-level one."""
-    norm: str = "std"
-    """std: (x - mean) / (std + eps) in both kinds of group; mean: x - mean."""
-    epsilon: float = 1e-6
-    """Added to the standard deviation."""
 
     def __post_init__(self) -> None:
-        if self.norm not in GIGPO_NORMS:
-            raise ValueError(f"beyond_agent.gigpo.norm must be one of {list(GIGPO_NORMS)}, got {self.norm!r}")
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"beyond_agent.gigpo.gamma must be in [0, 1], got {self.gamma!r}")
-        if self.omega < 0:
-            raise ValueError(f"beyond_agent.gigpo.omega must be >= 0, got {self.omega!r}")
+        if isinstance(self.gamma, bool) or not isinstance(self.gamma, (int, float)) or not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"beyond_agent.gigpo.gamma must be a number in [0, 1], got {self.gamma!r}")
+        if isinstance(self.omega, bool) or not isinstance(self.omega, (int, float)) or self.omega < 0:
+            raise ValueError(f"beyond_agent.gigpo.omega must be a number >= 0, got {self.omega!r}")
 
 
 @dataclass(frozen=True)
@@ -90,8 +90,10 @@ def discounted_returns(rewards: Sequence[float], gamma: float) -> list[float]:
     return returns
 
 
-def normalized(values: Sequence[float], norm: str, epsilon: float) -> list[float]:
+def normalized(values: Sequence[float], norm: str, epsilon: float = EPSILON) -> list[float]:
     """(x - mean) / (std + eps) or x - mean over one group; zeros for a group of one."""
+    if norm not in GIGPO_NORMS:
+        raise ValueError(f"norm must be one of {list(GIGPO_NORMS)}, got {norm!r}")
     if len(values) < 2:
         return [0.0] * len(values)
     tensor = torch.tensor(values, dtype=torch.float64)
@@ -101,30 +103,44 @@ def normalized(values: Sequence[float], norm: str, epsilon: float) -> list[float
     return centred.tolist()
 
 
-def gigpo_advantages(episodes: Sequence[EpisodeSteps], config: GiGPOConfig) -> GiGPOAdvantages:
-    """A^E, A^S and their combination for every episode and turn (see the module docstring)."""
+def episode_advantages(rewards: Sequence[float], groups: Sequence[str], norm: str,
+                       epsilon: float = EPSILON) -> list[float]:
+    """A^E of every episode: its return against its group's."""
+    found = [0.0] * len(rewards)
+    for members in _members(range(len(rewards)), lambda i: groups[i]).values():
+        for i, value in zip(members, normalized([rewards[i] for i in members], norm, epsilon)):
+            found[i] = value
+    return found
+
+
+def step_advantages(episodes: Sequence[EpisodeSteps], gamma: float, norm: str,
+                    epsilon: float = EPSILON) -> tuple[list[list[float]], dict[str, float]]:
+    """A^S of every episode's turns, and the anchor-group figures (see `GiGPOAdvantages.figures`)."""
     for index, episode in enumerate(episodes):
         if len(episode.step_rewards) != len(episode.anchors):
             raise ValueError(f"episode {index}: {len(episode.step_rewards)} step rewards for "
                              f"{len(episode.anchors)} anchor states (one of each per turn)")
-    episode_adv = [0.0] * len(episodes)
-    for members in _members(range(len(episodes)), lambda i: episodes[i].group).values():
-        for i, value in zip(members, normalized([episodes[i].reward for i in members], config.norm, config.epsilon)):
-            episode_adv[i] = value
-    returns = [discounted_returns(e.step_rewards, config.gamma) for e in episodes]
-    step_adv = [[0.0] * len(e.step_rewards) for e in episodes]
+    returns = [discounted_returns(e.step_rewards, gamma) for e in episodes]
+    found = [[0.0] * len(e.step_rewards) for e in episodes]
     turns = [(i, t) for i, e in enumerate(episodes) for t in range(len(e.step_rewards))]
     anchor_groups = _members(turns, lambda turn: (episodes[turn[0]].group, episodes[turn[0]].anchors[turn[1]]))
     for members in anchor_groups.values():
-        for (i, t), value in zip(members, normalized([returns[i][t] for i, t in members], config.norm,
-                                                     config.epsilon)):
-            step_adv[i][t] = value
-    combined = [[episode_adv[i] + config.omega * a for a in step_adv[i]] for i in range(len(episodes))]
+        for (i, t), value in zip(members, normalized([returns[i][t] for i, t in members], norm, epsilon)):
+            found[i][t] = value
     sizes = [len(members) for members in anchor_groups.values()]
     figures = {"anchor_groups": float(len(sizes)),
                "mean_group_size": sum(sizes) / len(sizes) if sizes else 0.0,
                "singleton_fraction": sum(1 for size in sizes if size == 1) / len(turns) if turns else 0.0}
-    return GiGPOAdvantages(episode=episode_adv, step=step_adv, turns=combined, figures=figures)
+    return found, figures
+
+
+def gigpo_advantages(episodes: Sequence[EpisodeSteps], config: GiGPOConfig, norm: str = "std",
+                     epsilon: float = EPSILON) -> GiGPOAdvantages:
+    """A^E, A^S and their combination for every episode and turn (see the module docstring)."""
+    episode = episode_advantages([e.reward for e in episodes], [e.group for e in episodes], norm, epsilon)
+    step, figures = step_advantages(episodes, config.gamma, norm, epsilon)
+    turns = [[episode[i] + config.omega * a for a in step[i]] for i in range(len(episodes))]
+    return GiGPOAdvantages(episode=episode, step=step, turns=turns, figures=figures)
 
 
 def _members(items, key) -> dict:
@@ -138,14 +154,71 @@ def _members(items, key) -> dict:
 def spread_over_turns(response_mask: torch.Tensor, turn_ends: Sequence[int], turn_values: Sequence[float]) -> torch.Tensor:
     """One row's token advantages: turn t's value on the trained tokens (mask 1) of that turn, which ends at
     response position `turn_ends[t]` (inclusive) and starts after the previous turn's end; every other token
-    0. Why only mask-1 tokens: observations and template tokens between turns are context, never trained."""
+    0. A turn that kept no token (end -1, or not after the previous end) gets none. Why only mask-1 tokens:
+    observations and template tokens between turns are context, never trained."""
     if len(turn_ends) != len(turn_values):
         raise ValueError(f"{len(turn_values)} turn advantages for {len(turn_ends)} turns")
     values = torch.zeros(response_mask.shape, dtype=torch.float32)
     start = 0
     for end, value in zip(turn_ends, turn_values):
         stop = min(int(end) + 1, response_mask.shape[0])
+        if stop <= start:
+            continue
         values[start:stop] = float(value)
         start = stop
     return values * (response_mask > 0)
+
+
+# ---- verl's seams ---------------------------------------------------------------------------------
+
+METRIC_PREFIX = "beyond_agent/gigpo/"
+
+
+def norm_of(algorithm_config: Any) -> str:
+    """The normalisation a run uses: verl's `algorithm.norm_adv_by_std_in_grpo` (true: std, false: mean)."""
+    getter = getattr(algorithm_config, "get", None)
+    flag = getter("norm_adv_by_std_in_grpo", True) if getter else getattr(algorithm_config, "norm_adv_by_std_in_grpo",
+                                                                           True)
+    return "std" if flag else "mean"
+
+
+@register_adv_est("gigpo")
+def compute_gigpo_episode_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
+                                    index: Any = None, config: Any = None, **kwargs: Any):
+    """verl's estimator seam for `algorithm.adv_estimator=gigpo`: the episode part A^E on every response
+    token (verl passes only rewards, masks and the group ids). The step part needs each turn's anchor state
+    and is added by the trainer before the actor update (`add_step_advantages`), since verl hands custom
+    estimators no per-turn data. Returns (advantages, returns) as verl's estimators do."""
+    if index is None:
+        raise ValueError("adv_estimator=gigpo needs verl's group ids (non_tensor_batch['uid'])")
+    scores = token_level_rewards.sum(dim=-1).tolist()
+    values = episode_advantages(scores, [str(group) for group in index], norm_of(config))
+    advantages = torch.tensor(values, dtype=token_level_rewards.dtype).unsqueeze(-1) * response_mask
+    return advantages, advantages
+
+
+declare_estimator("gigpo", group_based=True)
+
+
+def add_step_advantages(batch: Any, config: GiGPOConfig, norm: str) -> dict[str, float]:
+    """Add omega * A^S to `batch.batch["advantages"]` (which holds A^E from `compute_gigpo_episode_advantage`),
+    turn by turn on each turn's trained tokens; the anchor-group figures as metrics (`beyond_agent/gigpo/...`).
+
+    Reads per row: verl's `uid` (the group), and from our rollout `anchors`, `turn_rewards` and `turn_ends`.
+    """
+    rows = batch.non_tensor_batch
+    missing = [key for key in ("uid", "anchors", "turn_rewards", "turn_ends") if key not in rows]
+    if missing:
+        raise ValueError(f"adv_estimator=gigpo needs the per-turn fields {missing} that BeyondAgent's rollout "
+                         "writes; this batch comes from another rollout")
+    episodes = [EpisodeSteps(group=str(uid), reward=0.0, step_rewards=tuple(rewards), anchors=tuple(anchors))
+                for uid, rewards, anchors in zip(rows["uid"], rows["turn_rewards"], rows["anchors"])]
+    step, figures = step_advantages(episodes, config.gamma, norm)
+    mask = batch.batch["response_mask"]
+    added = torch.stack([spread_over_turns(mask[row], rows["turn_ends"][row], step[row])
+                         for row in range(len(episodes))]).to(batch.batch["advantages"].dtype)
+    batch.batch["advantages"] = batch.batch["advantages"] + config.omega * added
+    batch.batch["returns"] = batch.batch["advantages"]
+    return {METRIC_PREFIX + name: value for name, value in figures.items()}
+
 

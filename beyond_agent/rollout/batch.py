@@ -38,10 +38,22 @@ def training_batch(results: Sequence[EpisodeResult], inputs: Any, pad_token_id: 
     batch = collate(episodes, pad_token_id, max_prompt_length, max_response_length)
     for key, values in (inputs.non_tensor_batch.items() if inputs is not None else ()):
         batch.non_tensor_batch[key] = values
+    excluded = excluded_rows(results, group_based)
+    # Rule: an excluded row has no turns to credit (its tokens are all mask 0, its step rewards dropped).
+    batch.non_tensor_batch["anchors"] = object_array([() if i in excluded else tuple(r.anchors)
+                                                      for i, r in enumerate(results)])
     batch.non_tensor_batch["success"] = np.array([float(r.success) for r in results], dtype=np.float32)
     batch.non_tensor_batch["agent_task"] = np.array([r.spec.agent_task.label for r in results], dtype=object)
     batch.non_tensor_batch["multi_modal_inputs"] = np.array([{} for _ in results], dtype=object)
     return batch
+
+
+def object_array(values: Sequence[Any]) -> np.ndarray:
+    """A 1-d object array of the given values (np.array would turn equal-length tuples into a 2-d array)."""
+    array = np.empty(len(values), dtype=object)
+    for index, value in enumerate(values):
+        array[index] = value
+    return array
 
 
 def mask_failures(results: Sequence[EpisodeResult], pad_token_id: int, group_based: bool) -> list[Episode]:
@@ -91,7 +103,8 @@ def collate(
     every row's prompt ends and response starts at the same column. `rm_scores` holds each episode's
     reward on its last policy token; `step_rewards` each turn's env reward on that turn's last token (for
     step-level credit methods; verl's estimators read only `rm_scores`). `rollout_log_probs` is present only
-    if every episode has log-probs. Non-tensor fields: `termination`, `__num_turns__`, `prompt_truncated`.
+    if every episode has log-probs. Non-tensor fields: `termination`, `__num_turns__`, `prompt_truncated`, and per
+    turn `turn_ends` (its last response position; -1 for a turn that kept no token) and `turn_rewards`.
     """
     from verl import DataProto  # imported here: importing verl takes seconds, the handler does not need it
 
@@ -110,6 +123,9 @@ def collate(
             [row.response_logprobs for row in rows], positions, max_response_length, 0.0, np.float32
         )  # [batch, response]
     non_tensors = {
+        # Per turn (GiGPO, beyond_agent/algorithms/gigpo.py): where it ends in the response, and its env reward.
+        "turn_ends": object_array([tuple(row.turn_ends) for row in rows]),
+        "turn_rewards": object_array([tuple(row.step_rewards) for row in rows]),
         "termination": np.array([row.termination for row in rows], dtype=object),
         "__num_turns__": np.array([row.num_turns for row in rows], dtype=np.int32),
         "prompt_truncated": np.array([row.prompt_truncated for row in rows], dtype=bool),

@@ -21,11 +21,12 @@ Termination reasons (see `handler.TERMINATION_REASONS`):
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import requests
 
@@ -112,6 +113,8 @@ class EpisodeResult:
     """The env's final `evaluate()` score (0.0 when the episode never got that far)."""
     step_rewards: list[float] = field(default_factory=list)
     """One per assistant turn: the env's reward for that turn's action (0.0 where it did not step)."""
+    anchors: list[str] = field(default_factory=list)
+    """One per assistant turn: the env state the turn started from (`state_anchor`), GiGPO's anchor states."""
     rounds: int = 0
     messages: list[dict] = field(default_factory=list)
     error: str | None = None
@@ -157,6 +160,8 @@ class Dataflow:
         self._llm_time = 0.0
         self._rounds = 0
         self._step_rewards: list[float] = []
+        self._anchors: list[str] = []  # one per turn, beside _step_rewards
+        self._state = ""  # the env state the next turn starts from (`state_anchor`)
 
     def run(self) -> EpisodeResult:
         """Play the episode; always returns a result and always releases the session."""
@@ -189,6 +194,7 @@ class Dataflow:
             self._rounds = round_number
             turn = self._generate(handler)
             handler.add_assistant(turn.token_ids, turn.logprobs, getattr(turn, "policy_version", None))
+            self._anchors.append(self._state)
             if handler.done:  # the response hit max_response_length: `length`, and the env does not step
                 self._step_rewards.append(0.0)
                 return
@@ -214,6 +220,7 @@ class Dataflow:
             return parsed.error, None  # the model sees why its reply was not an action
         step = self._env_call(self.env.step, session_id, parsed.action)
         self._step_rewards.append(float(step.reward))
+        self._state = state_anchor(step.observation, getattr(step, "info", None))  # no action: unchanged
         if step.terminated:
             return step.observation, "done"
         if step.truncated:
@@ -254,6 +261,7 @@ class Dataflow:
     def _create_session(self) -> tuple[str, str]:
         s = self.spec
         created = self._env_call(self.env.create, s.env_id, s.task_id, s.seed, s.split, s.params)
+        self._state = state_anchor(created.observation, getattr(created, "info", None))
         return created.session_id, created.observation
 
     def _new_handler(self, first_observation: str) -> RolloutHandler:
@@ -300,10 +308,23 @@ class Dataflow:
             episode.termination = termination  # an infra failure after a length stop is still a failure
         return EpisodeResult(
             spec=self.spec, episode=episode, termination=termination, reward=reward, success=success, score=score,
-            step_rewards=list(self._step_rewards), rounds=self._rounds,
+            step_rewards=list(self._step_rewards), anchors=list(self._anchors), rounds=self._rounds,
             messages=list(handler.messages) if handler else [], error=error,
             env_time_s=self._env_time, llm_time_s=self._llm_time,
         )
+
+
+STATE_KEY = "state_key"
+"""The `info` key under which an env may name its state in its create and step responses (a string or
+number): turns that start from the same key are one anchor group for GiGPO. Without one, the observation
+text stands for the state."""
+
+
+def state_anchor(observation: str, info: Mapping[str, Any] | None) -> str:
+    """A short stable key of an env state: its `info[STATE_KEY]` when the env gives one, else its observation."""
+    key = (info or {}).get(STATE_KEY)
+    text = f"key:{key}" if key is not None else f"observation:{observation}"
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
 def run_dataflows(specs: Sequence[EpisodeSpec], make_dataflow: Callable[[EpisodeSpec], Dataflow]) -> list[EpisodeResult]:

@@ -45,6 +45,7 @@ import torch
 from omegaconf import open_dict
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
+from beyond_agent.algorithms.gigpo import add_step_advantages, norm_of
 from beyond_agent.multitask import apply_task_advantage_norm
 from beyond_agent.rollout_manager import ROW_KEY
 from beyond_agent.settings import BeyondAgentSettings
@@ -145,13 +146,19 @@ class BeyondAgentTrainer(RayPPOTrainer):
         return output
 
     def _update_actor(self, batch: Any) -> Any:
-        """verl's actor update, on advantages normalised within each task when `multitask.task_advantage_norm`
+        """verl's actor update; with `adv_estimator=gigpo` first GiGPO's step-level advantages are added (they need
+        each turn's anchor state, which verl's estimator seam does not pass); on advantages normalised within
+        each task when `multitask.task_advantage_norm`
         (before the batch reaches the workers); the normalisation's per-task figures and the step's
         rollout/trainer log-prob gap join its metrics (fit() reduces and logs `meta_info["metrics"]`), and the
         step's rollout figures unless the critic's update took them first."""
+        step_figures = {}
+        if self.config.algorithm.adv_estimator == "gigpo":  # verl computed A^E; the step part needs our turns
+            step_figures = add_step_advantages(batch, self.beyond_settings.gigpo, norm_of(self.config.algorithm))
         task_figures = apply_task_advantage_norm(batch) if self.beyond_settings.multitask.task_advantage_norm else {}
         output = super()._update_actor(batch)
         output.meta_info["metrics"].update(self._take_rollout_figures())
+        output.meta_info["metrics"].update(step_figures)
         output.meta_info["metrics"].update(task_figures)
         output.meta_info["metrics"].update(self._async_actor_metrics)
         self._async_actor_metrics = {}

@@ -5,6 +5,8 @@ rollout, FSDP2 on CPU, envservice serving BabyAI, our async pool and version gat
 loss registered through verl's plugin entry point. With `max_staleness: 2` the pool draws up to three
 batches ahead, so the rows of steps 2 and 3 are sampled by older weights than the ones they train: the
 logged staleness must be > 0 and never above the bound, and every admitted episode must be accounted for.
+The advantages are GiGPO's (`algorithm.adv_estimator=gigpo`: verl's estimator seam for the episode part, the
+trainer's for the step part from the rollout's anchor states), so this is also GiGPO's end-to-end run.
 ~5 min on 2 cores.
 """
 
@@ -35,6 +37,7 @@ def test_async_m2po_trains_three_steps_with_bounded_staleness(run_training, step
             "trainer.total_training_steps=3", "trainer.logger=[console,file]", f"beyond_agent.env.url={service.url}",
             "beyond_agent.max_tokens_per_turn=12", "beyond_agent.rounds.rounds=2",
             "beyond_agent.rollout_mode=async", "beyond_agent.async_rollout.max_staleness=2",
+            "algorithm.adv_estimator=gigpo", "beyond_agent.gigpo.gamma=0.9",
         ])
     metrics = step_metrics(output)
     assert sorted(metrics) == [1, 2, 3]
@@ -47,6 +50,10 @@ def test_async_m2po_trains_three_steps_with_bounded_staleness(run_training, step
         assert metrics[step]["beyond_agent/async/policy_version"] == step - 1
         assert math.isfinite(metrics[step]["beyond_agent/async/logprob_gap_abs_mean"])
         assert "actor/m2po_m2_before" in metrics[step] or "actor/actor/m2po_m2_before" in metrics[step]
+        # GiGPO's step part ran: every turn is in one anchor group (2 groups x 2 episodes x up to 2 rounds).
+        groups, size = metrics[step]["beyond_agent/gigpo/anchor_groups"], metrics[step]["beyond_agent/gigpo/mean_group_size"]
+        assert 1 <= groups <= 8 and 1 <= size <= 4 and 2 <= groups * size <= 8, (groups, size)
+        assert 0 <= metrics[step]["beyond_agent/gigpo/singleton_fraction"] <= 1
 
     accounting = ast.literal_eval(ACCOUNTING.search(output).group(1))
     assert accounting["trained"] == 12 and accounting["trained_rows"] == 6

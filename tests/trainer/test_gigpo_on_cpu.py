@@ -24,7 +24,7 @@ ROOT3 = math.sqrt(1 / 3)  # group a's sample std of R = (1, 0, 1)
 
 
 def test_hand_worked_batch_with_gamma_one_half():
-    found = gigpo_advantages(BATCH, GiGPOConfig(gamma=0.5, omega=1.0, norm="std", epsilon=1e-12))
+    found = gigpo_advantages(BATCH, GiGPOConfig(gamma=0.5, omega=1.0), "std", epsilon=1e-12)
     # A^E: group a (R - 2/3) / sqrt(1/3); group b all equal; group c alone.
     assert found.episode == pytest.approx([1 / 3 / ROOT3, -2 / 3 / ROOT3, 1 / 3 / ROOT3, 0.0, 0.0, 0.0])
     # Step returns with gamma 1/2: episode 0 (0.5, 1), episode 1 (0, 0), episode 2 (0.25, 0.5, 1).
@@ -45,9 +45,9 @@ def test_equal_returns_give_zero_not_nan_with_the_default_epsilon():
 
 
 def test_omega_weighs_the_step_part_and_mean_norm_only_centres():
-    half = gigpo_advantages(BATCH, GiGPOConfig(gamma=0.5, omega=0.5, epsilon=1e-12))
+    half = gigpo_advantages(BATCH, GiGPOConfig(gamma=0.5, omega=0.5), epsilon=1e-12)
     assert half.turns[0] == pytest.approx([1 / 3 / ROOT3 + 0.5, 1 / 3 / ROOT3 + 0.5 / math.sqrt(2)])
-    mean = gigpo_advantages(BATCH, GiGPOConfig(gamma=0.5, omega=1.0, norm="mean"))
+    mean = gigpo_advantages(BATCH, GiGPOConfig(gamma=0.5, omega=1.0), "mean")
     assert mean.episode[:3] == pytest.approx([1 / 3, -2 / 3, 1 / 3])
     assert [mean.step[i][0] for i in range(3)] == pytest.approx([0.25, -0.25, 0.0])
     assert mean.turns[0] == pytest.approx([1 / 3 + 0.25, 1 / 3 + 0.25])  # (a, s1): 1 - 0.75
@@ -56,10 +56,12 @@ def test_omega_weighs_the_step_part_and_mean_norm_only_centres():
 def test_gamma_and_config_checks():
     assert discounted_returns([1.0, 0.0, 2.0], 0.9) == pytest.approx([1 + 0.81 * 2, 1.8, 2.0])
     assert discounted_returns([], 0.9) == []
-    one = gigpo_advantages(BATCH, GiGPOConfig(gamma=1.0, epsilon=1e-12))  # undiscounted: (a, s0) returns 1, 0, 1
+    one = gigpo_advantages(BATCH, GiGPOConfig(gamma=1.0), epsilon=1e-12)  # undiscounted: (a, s0) returns 1, 0, 1
     assert [one.step[i][0] for i in range(3)] == pytest.approx([1 / 3 / ROOT3, -2 / 3 / ROOT3, 1 / 3 / ROOT3])
     with pytest.raises(ValueError, match=r"norm must be one of \['std', 'mean'\]"):
-        GiGPOConfig(norm="max")
+        gigpo_advantages(BATCH, GiGPOConfig(), "max")
+    with pytest.raises(ValueError, match=r"gigpo.gamma must be a number in \[0, 1\]"):
+        GiGPOConfig(gamma=1.5)
     with pytest.raises(ValueError, match="2 step rewards for 1 anchor states"):
         gigpo_advantages([EpisodeSteps("a", 0.0, (0.0, 0.0), ("s0",))], GiGPOConfig())
 
