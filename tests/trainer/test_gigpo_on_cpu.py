@@ -75,3 +75,14 @@ def test_each_turn_s_advantage_lands_on_its_own_trained_tokens_only():
     assert cut.tolist() == [0.5, 0.5, 0.5, 0, 0, 0, -1.0, -1.0, 0, 0, 2.0]
     with pytest.raises(ValueError, match="2 turn advantages for 3 turns"):
         spread_over_turns(mask, [2, 7, 11], [0.5, -1.0])
+
+
+def test_an_env_s_state_key_names_the_state_instead_of_the_observation_text():
+    from beyond_agent.rollout.dataflow import STATE_KEY, state_anchor
+
+    # Two texts of one state (e.g. the same room after different feedback) are one anchor when the env says so.
+    assert state_anchor("You moved.\nSFFH", {STATE_KEY: "cell-4"}) == state_anchor("Nothing happens.\nSFFH",
+                                                                                    {STATE_KEY: "cell-4"})
+    assert state_anchor("SFFH", {STATE_KEY: "cell-4"}) != state_anchor("SFFH", {STATE_KEY: "cell-5"})
+    assert state_anchor("SFFH", {}) == state_anchor("SFFH", None) != state_anchor("SFFG", {})
+    assert state_anchor("cell-4", {}) != state_anchor("other", {STATE_KEY: "cell-4"})  # a key never equals a text
