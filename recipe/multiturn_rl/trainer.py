@@ -9,8 +9,10 @@ validated by `BeyondAgentSettings`, in the driver before Ray starts and where th
 When `fit()` returns or fails, the run's main curves are drawn into `curves.png` beside its metrics.jsonl
 (beyond_agent/curves.py), for people who never open the viewer.
 
-Multi-task runs (`beyond_agent.multitask`, beyond_agent/multitask.py) take two more helpers of
-`fit()`: `_update_actor` normalises advantages within each task first (`task_advantage_norm`), and
+With `algorithm.adv_estimator=gigpo`, `_update_actor` first adds GiGPO's step-level advantages from the
+rollout's per-turn anchor states (beyond_agent/algorithms/gigpo.py; verl's estimator seam computed the
+episode-level part). Multi-task runs (`beyond_agent.multitask`, beyond_agent/multitask.py) take two more
+helpers of `fit()`: `_update_actor` normalises advantages within each task (`task_advantage_norm`), and
 `_validate` adds each task's rollout figures to verl's per-data_source validation metrics. The weighted
 task sampler is the `train_sampler` our TaskRunner hands verl.
 
