@@ -72,11 +72,6 @@ class ModelShape:
         embeddings = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
         return self.num_hidden_layers * layer + embeddings + self.hidden_size
 
-    @property
-    def largest_tensor_elements(self) -> int:
-        """The embedding (and lm_head): vocabulary x hidden."""
-        return self.vocab_size * self.hidden_size
-
 
 KNOWN_MODELS = {
     "Qwen/Qwen2.5-0.5B-Instruct": ModelShape(896, 4864, 24, 14, 2, 151936, True),

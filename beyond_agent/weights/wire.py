@@ -161,10 +161,7 @@ def _header_from_wire(header: dict[str, Any]) -> tuple[SyncHeader, list[PayloadK
 
 def _joined(tensors: dict[str, torch.Tensor], stem: str, entry: dict, parts_key: str) -> torch.Tensor | None:
     """The parts `<stem>/0..n-1` taken out of `tensors`, as one byte tensor (None when the array was empty)."""
-    try:
-        count = int(entry[parts_key])
-    except (KeyError, TypeError, ValueError) as err:
-        raise PayloadError(f"wire: header entry {entry.get('name')!r} has no valid {parts_key}: {err}") from None
+    count = int(entry[parts_key])  # checked by _header_from_wire
     parts = [tensors.pop(f"{stem}/{k}", None) for k in range(count)]
     missing = [k for k, part in enumerate(parts) if part is None]
     if missing:

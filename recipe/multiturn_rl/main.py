@@ -33,25 +33,25 @@ def check_config(config) -> None:
     if config.trainer.get("use_v1", False):
         raise SystemExit("BeyondAgent subclasses verl's legacy RayPPOTrainer: set trainer.use_v1=false "
                          "(recipe/multiturn_rl/config/beyond_agent_trainer.yaml does)")
+    # The checks below run on one resolved copy: the trainer prepares verl's config itself, and this dry run
+    # refuses a run it cannot serve now, instead of inside Ray minutes later.
+    resolved = copy.deepcopy(config)
+    OmegaConf.resolve(resolved)
     try:
         settings = BeyondAgentSettings.from_config(config)
-        # The trainer prepares verl's config itself; this dry run on a copy refuses a run it cannot serve now,
-        # instead of inside Ray minutes later.
-        prepare_verl_config(copy.deepcopy(config), settings)
+        prepare_verl_config(resolved, settings)
         check_task_weights_against_files(settings.multitask.task_weights, config.data.train_files)
     except ValueError as error:  # a bad key: one sentence naming it, before Ray starts
         raise SystemExit(f"beyond_agent config: {error}") from None
-    validate_with_verl(config)
-    report_gpu_plan(config)
+    validate_with_verl(resolved)
+    report_gpu_plan(resolved)
 
 
-def report_gpu_plan(config) -> None:
-    """Print what the GPU memory and layout estimate (beyond_agent.gpu_plan) finds will not fit, as warnings
-    (estimates do not refuse a run); nothing on CPU."""
-    if config.trainer.get("device", "cuda") == "cpu":
+def report_gpu_plan(resolved) -> None:
+    """Print what the GPU memory and layout estimate (beyond_agent.gpu_plan) finds will not fit in a resolved
+    config, as warnings (estimates do not refuse a run); nothing on CPU."""
+    if resolved.trainer.get("device", "cuda") == "cpu":
         return
-    resolved = copy.deepcopy(config)
-    OmegaConf.resolve(resolved)
     shape = model_shape(str(resolved.actor_rollout_ref.model.path))
     if shape is None:
         print(f"[beyond_agent] no GPU memory estimate: {resolved.actor_rollout_ref.model.path} is neither a local "
@@ -61,14 +61,12 @@ def report_gpu_plan(config) -> None:
         print(f"{GPU_PLAN_WARNING} {problem}", flush=True)
 
 
-def validate_with_verl(config) -> None:
+def validate_with_verl(resolved) -> None:
     """verl's own `validate_config` (batch sizes against GPUs, micro-batch keys, the actor/critic dataclasses) on
-    a resolved copy, before Ray starts; verl runs it again inside its TaskRunner."""
+    a resolved config, before Ray starts; verl runs it again inside its TaskRunner."""
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
-    resolved = copy.deepcopy(config)
-    OmegaConf.resolve(resolved)
     try:
         validate_config(config=resolved, use_reference_policy=need_reference_policy(resolved),
                         use_critic=need_critic(resolved))
