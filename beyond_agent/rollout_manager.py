@@ -16,15 +16,22 @@ batch can mix environments, parsers and rewards. What goes back to verl per row 
 success were a duration; runs before 2026-11-26 did, see `run_folder.EARLIER_METRICS_PREFIX`.)
 
 With `beyond_agent.rollout_mode: async` the training episodes are played ahead, in the background, by an
-`AsyncEpisodePool` (rollout/async_pool.py) that the trainer feeds from its dataloader (`start_async`,
+`AsyncEpisodePool` (rollout/async_pool.py) that the trainer feeds from its dataloader (`start_rows`,
 `take_rows`); `generate_sequences` then returns the finished episodes of the rows verl hands it, found by the
-row key the trainer's loader wrote (`ROW_KEY`). Validation always plays its episodes on the spot.
+row key the trainer's loader wrote (`ROW_KEY`). Dynamic sampling (rollout/dynamic_sampling.py) goes the same
+way in sync mode: `take_rows` plays a batch of rows on the spot, drops the groups without signal and plays
+new rows in their place, before the batch reaches verl. Validation always plays its episodes on the spot.
+
+The round limit of each step comes from a `Horizon` (rollout/rounds.py): the schedule's value, raised from
+the episodes each step trained on for `rounds.type: adaptive`; the limit is logged as `beyond_agent/max_rounds`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -33,8 +40,10 @@ from beyond_agent.multitask import VAL_PREFIX, task_names, task_rollout_figures
 from beyond_agent.rollout.async_pool import AsyncEpisodePool, PendingRow
 from beyond_agent.rollout.batch import training_batch
 from beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec
+from beyond_agent.rollout.dynamic_sampling import GroupSieve
 from beyond_agent.rollout.env_manager import ParallelEnvManager, RolloutOutput, summarize
 from beyond_agent.rollout.llm import AsyncLLMServerManager, VerlLLMServerBackend
+from beyond_agent.rollout.rounds import Horizon
 from beyond_agent.rollout.versions import PolicyVersionGate
 from beyond_agent.run_folder import METRICS_PREFIX
 from beyond_agent.settings import BeyondAgentSettings
@@ -70,6 +79,25 @@ def rows_to_episodes(non_tensor_batch: dict, default_env_id: str | None, tasks: 
     return specs
 
 
+@dataclass
+class PlayedRow:
+    """A dataset row whose episodes were played on the spot (sync mode with dynamic sampling)."""
+
+    key: str
+    row: dict[str, Any]
+    """The dataset row as the dataloader gave it (one element of each batch field)."""
+
+
+@dataclass
+class RowSource:
+    """Where `take_rows` draws rows from in sync mode, and what it needs to play them."""
+
+    rows: Iterator[dict]
+    batch_size: int
+    samples_per_row: int
+    next_step: int
+
+
 def outcome_only(result: EpisodeResult) -> EpisodeResult:
     """The result without its tokens and messages (what per-task figures read, kept over a whole validation)."""
     return dataclasses.replace(result, episode=None, messages=[], step_rewards=[])
@@ -103,7 +131,11 @@ class BeyondAgentLoopManager:
                                     timeout=self.settings.env.timeout_s, pool_size=self.settings.concurrency)
         self.gate = PolicyVersionGate(partial_rollout=self.settings.async_rollout.partial_rollout)
         """Weight versions of generated turns; the trainer's weight sync goes through it in async mode."""
+        self.horizon = Horizon(self.settings.rounds, record_dir=config.trainer.get("default_local_dir"))
+        """The round limit of each step (adaptive: raised by the agent's episodes; kept in horizon.json)."""
         self._pool: AsyncEpisodePool | None = None
+        self._row_source: RowSource | None = None  # sync mode's rows, with dynamic sampling
+        self._serial = 0
         self._taken: dict[str, list[EpisodeResult]] = {}  # row key -> its n finished episodes, until verl asks
         self._taken_metrics: dict[str, float] = {}
         self._step_figures: dict[str, float] = {}  # the last training rollout's, until the trainer takes them
@@ -120,12 +152,12 @@ class BeyondAgentLoopManager:
         meta = dict(prompts.meta_info)
         settings = self.settings
         busy_before = self.llm.metrics().busy_time_s
-        if self._pool is not None and not meta.get("validate") and ROW_KEY in prompts.non_tensor_batch:
+        if not meta.get("validate") and ROW_KEY in prompts.non_tensor_batch:
             output = self._finished_output(prompts.non_tensor_batch[ROW_KEY])
         else:
             specs = rows_to_episodes(prompts.non_tensor_batch, settings.env.env_id, settings.tasks)
             manager = self._episode_manager(settings.sampling(meta), gated=self._pool is not None)
-            output = manager.run(specs, max_rounds=settings.max_rounds(meta))
+            output = manager.run(specs, max_rounds=self._max_rounds(meta))
         batch = training_batch(output.results, prompts, self.tokenizer.pad_token_id,
                                settings.episode.max_prompt_length, settings.episode.max_response_length,
                                group_based=settings.group_based)
@@ -134,6 +166,8 @@ class BeyondAgentLoopManager:
             self._validation.extend(zip(tasks, map(outcome_only, output.results)))
         else:
             self._step_figures = rollout_figures(output, self.llm.metrics().busy_time_s - busy_before, tasks)
+            horizon = self.horizon.observe(int(meta.get("global_steps", 0)), output.results)
+            self._step_figures.update({f"{METRICS_PREFIX}{key}": value for key, value in horizon.items()})
         batch.meta_info = {"timing": {}, "reward_extra_keys": ["success"]}  # fit() reads "timing"; ours wait
         self._log_step(meta, output)
         return batch
@@ -152,6 +186,12 @@ class BeyondAgentLoopManager:
         self._validation = []
         return task_rollout_figures(tasks, results, prefix=VAL_PREFIX)
 
+    def _max_rounds(self, meta: dict) -> int:
+        """The round limit of one rollout call: the horizon's at verl's global step (validation may fix it)."""
+        if meta.get("validate") and self.settings.val_max_rounds:
+            return self.settings.val_max_rounds
+        return self.horizon.max_rounds(int(meta.get("global_steps", 0)), validate=bool(meta.get("validate")))
+
     def _episode_manager(self, sampling: Any, gated: bool) -> ParallelEnvManager:
         """Episodes with this sampling; `gated`: through the version gate (async mode), so that weight syncs
         wait for requests in flight and every turn records its version."""
@@ -161,20 +201,64 @@ class BeyondAgentLoopManager:
         return ParallelEnvManager(self.env_client, generate, self.tokenizer, self.settings.episode,
                                   max_workers=self.settings.concurrency)
 
-    # ---- asynchronous rollout (rollout/async_pool.py) -------------------------------------------
+    # ---- rows played before verl sees them: async rollout, dynamic sampling ---------------------
 
-    def start_async(self, rows: Iterator[dict], batch_size: int, samples_per_row: int, trained_steps: int,
-                    total_steps: int | None = None) -> None:
-        """Start playing training episodes in the background, drawing dataset rows from `rows` (none beyond
-        what steps up to `total_steps` can train)."""
+    def start_rows(self, rows: Iterator[dict], batch_size: int, samples_per_row: int, trained_steps: int,
+                   total_steps: int | None = None) -> None:
+        """Draw training rows from `rows` from now on: in async mode episodes start playing in the background
+        (none beyond what steps up to `total_steps` can train); in sync mode each `take_rows` plays its batch."""
+        if not self.settings.is_async:
+            self._row_source = RowSource(rows, batch_size, samples_per_row, next_step=trained_steps + 1)
+            return
+        self._start_async(rows, batch_size, samples_per_row, trained_steps, total_steps)
+
+    def take_rows(self) -> list[PendingRow] | list[PlayedRow]:
+        """The next training step's rows, all episodes finished (async: blocks until they are; sync: plays them)."""
+        if self._pool is None:
+            return self._play_rows_now()
+        taken = self._pool.take_batch()
+        for row in taken.rows:
+            self._taken[row.key] = row.results()
+        self._taken_metrics = taken.metrics
+        return taken.rows
+
+    def _row_specs(self, key: str, row: dict, samples_per_row: int) -> list[EpisodeSpec]:
+        """The episodes of one dataset row: one GRPO group, keyed by `key`."""
+        group = {name: [row.get(name)] * samples_per_row for name in ("extra_info", "raw_prompt", "task")
+                 if name in row}
+        group["uid"] = [key] * samples_per_row
+        return rows_to_episodes(group, self.settings.env.env_id, self.settings.tasks)
+
+    def _play_rows_now(self) -> list[PlayedRow]:
+        """Sync mode with dynamic sampling: play a batch of rows, and new rows in place of the groups the sieve
+        drops, until the batch is full (the sieve's budget bounds the extra rows)."""
+        source, settings = self._row_source, self.settings
+        step, source.next_step = source.next_step, source.next_step + 1
+        manager = self._episode_manager(settings.train_sampling, gated=False)
+        sieve = GroupSieve(settings.dynamic_sampling, source.batch_size, lambda r: r.spec.agent_task.label)
+        max_rounds, started, kept = self.horizon.max_rounds(step), time.monotonic(), []
+        while len(kept) < source.batch_size:
+            rows = []
+            for _ in range(source.batch_size - len(kept)):
+                self._serial += 1
+                rows.append(PlayedRow(f"s{self._serial}", next(source.rows)))
+            specs = [spec for row in rows for spec in self._row_specs(row.key, row.row, source.samples_per_row)]
+            results = manager.run(specs, max_rounds=max_rounds).results
+            for index, row in enumerate(rows):
+                group = results[index * source.samples_per_row:(index + 1) * source.samples_per_row]
+                if sieve.offer(group):
+                    self._taken[row.key] = group
+                    kept.append(row)
+        self._taken_metrics = {**sieve.figures(), "dynamic_sampling/play_s": time.monotonic() - started}
+        return kept
+
+    def _start_async(self, rows: Iterator[dict], batch_size: int, samples_per_row: int, trained_steps: int,
+                     total_steps: int | None) -> None:
         settings = self.settings
         manager = self._episode_manager(settings.train_sampling, gated=True)
 
         def make_specs(key: str, row: dict) -> list[EpisodeSpec]:
-            group = {name: [row.get(name)] * samples_per_row for name in ("extra_info", "raw_prompt", "task")
-                     if name in row}
-            group["uid"] = [key] * samples_per_row
-            return rows_to_episodes(group, settings.env.env_id, settings.tasks)
+            return self._row_specs(key, row, samples_per_row)
 
         def run_episode(spec: EpisodeSpec, max_rounds: int) -> EpisodeResult:
             config = dataclasses.replace(settings.episode, max_rounds=max_rounds)
@@ -182,18 +266,11 @@ class BeyondAgentLoopManager:
                 return manager.dataflow(spec, config).run()
 
         self._pool = AsyncEpisodePool(
-            rows, make_specs, run_episode, lambda step: settings.max_rounds({"global_steps": step}), self.gate,
+            rows, make_specs, run_episode, self.horizon.max_rounds, self.gate,
             batch_size, settings.async_rollout, settings.concurrency,
-            describe=lambda result: result.spec.agent_task.label, total_steps=total_steps)
+            describe=lambda result: result.spec.agent_task.label, total_steps=total_steps,
+            dynamic_sampling=settings.dynamic_sampling)
         self._pool.start(trained_steps)
-
-    def take_rows(self) -> list[PendingRow]:
-        """The next training step's rows, all episodes finished (blocks until they are)."""
-        taken = self._pool.take_batch()
-        for row in taken.rows:
-            self._taken[row.key] = row.results()
-        self._taken_metrics = taken.metrics
-        return taken.rows
 
     def version_changed(self) -> None:
         """The trainer synced new weights: the pool may draw rows again."""
@@ -214,8 +291,8 @@ class BeyondAgentLoopManager:
         results = []
         for key in row_keys:
             if key not in self._taken:
-                raise KeyError(f"row {key!r} was not handed out by the async loader; in async mode every training "
-                               "batch must come from BeyondAgentTrainer's loader")
+                raise KeyError(f"row {key!r} was not handed out by BeyondAgentTrainer's loader; in async mode and "
+                               "with dynamic sampling every training batch must come from it")
             index = seen.get(key, 0)
             seen[key] = index + 1
             results.append(self._taken[key][index])

@@ -21,6 +21,7 @@ from beyond_agent.algorithms.gigpo import GiGPOConfig
 from beyond_agent.multitask import MultitaskConfig
 from beyond_agent.rollout.async_pool import AsyncRolloutSettings
 from beyond_agent.rollout.dataflow import DataflowConfig
+from beyond_agent.rollout.dynamic_sampling import DynamicSamplingConfig
 from beyond_agent.rollout.llm import LLMManagerConfig, SamplingParams
 from beyond_agent.rollout.rounds import RoundScheduler
 from beyond_agent.sections import from_section, section_keys
@@ -91,7 +92,8 @@ class BeyondAgentSection:
 
     env: Mapping[str, Any] = field(default_factory=dict)
     """`EnvSettings`: where envservice is (`url` is required)."""
-    rounds: Mapping[str, Any] = field(default_factory=lambda: {"type": "fixed", "rounds": 8, "every": None})
+    rounds: Mapping[str, Any] = field(default_factory=lambda: {"type": "fixed", "rounds": 8, "every": None,
+                                                               "signal": "truncated", "threshold": None, "window": 1})
     """`RoundScheduler`: the round limit per training step."""
     val_max_rounds: int | None = None
     """Round limit in validation; None uses the schedule's value at the current step."""
@@ -115,12 +117,15 @@ class BeyondAgentSection:
     """`MultitaskConfig`: several envs in one run."""
     gigpo: Mapping[str, Any] | None = None
     """`GiGPOConfig`: the step-level part of `algorithm.adv_estimator=gigpo`."""
+    dynamic_sampling: Mapping[str, Any] | None = None
+    """`DynamicSamplingConfig`: groups without learning signal dropped and replaced."""
     trajectories: Mapping[str, Any] | None = None
     """`TrajectoryDump`: which sampled episodes are written to disk."""
 
 
 SECTION_CLASSES = {"env": EnvSettings, "trajectories": TrajectoryDump, "async_rollout": AsyncRolloutSettings,
-                   "weight_sync": WeightSyncConfig, "multitask": MultitaskConfig, "gigpo": GiGPOConfig}
+                   "weight_sync": WeightSyncConfig, "multitask": MultitaskConfig, "gigpo": GiGPOConfig,
+                   "dynamic_sampling": DynamicSamplingConfig}
 """The sub-sections read by a dataclass of their own (`from_section`), by key of `beyond_agent:`."""
 
 
@@ -156,6 +161,8 @@ class BeyondAgentSettings:
     """Task sampling weights and per-task advantage normalisation (`beyond_agent.multitask`)."""
     gigpo: GiGPOConfig = GiGPOConfig()
     """GiGPO's gamma and omega (`beyond_agent.gigpo`; read with `algorithm.adv_estimator=gigpo`)."""
+    dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
+    """Which groups a training step drops for lack of signal, and how many it replaces."""
 
     @classmethod
     def from_config(cls, config: Any) -> "BeyondAgentSettings":
@@ -166,6 +173,8 @@ class BeyondAgentSettings:
         subsection = {key: from_section(kind, getattr(section, key), f"beyond_agent.{key}")
                       for key, kind in SECTION_CLASSES.items()}
         rounds = RoundScheduler.from_config(_section(section.rounds, "beyond_agent.rounds"))
+        group_based = is_group_based(_get(_get(config, "algorithm"), "adv_estimator") or "grpo")
+        _check_dynamic_sampling(config, subsection["dynamic_sampling"], group_based)
         return cls(
             env=subsection["env"], rounds=rounds, val_max_rounds=_val_max_rounds(section.val_max_rounds),
             episode=_named(DataflowConfig, max_rounds=rounds.max_rounds(0), **_episode_limits(config, section)),
@@ -173,9 +182,10 @@ class BeyondAgentSettings:
                        request_timeout_s=float(section.llm_request_timeout_s)),
             tasks=TaskTable.from_config(section.tasks), trajectories=subsection["trajectories"],
             train_sampling=_sampling(config, validate=False), val_sampling=_sampling(config, validate=True),
-            group_based=is_group_based(_get(_get(config, "algorithm"), "adv_estimator") or "grpo"),
+            group_based=group_based,
             rollout_mode=_rollout_mode(config, section.rollout_mode), async_rollout=subsection["async_rollout"],
             weight_sync=subsection["weight_sync"], multitask=subsection["multitask"], gigpo=subsection["gigpo"],
+            dynamic_sampling=subsection["dynamic_sampling"],
         )
 
     @property
@@ -184,15 +194,15 @@ class BeyondAgentSettings:
         return self.rollout_mode == "async"
 
     @property
+    def rows_played_by_loader(self) -> bool:
+        """Whether the trainer's dataloader hands verl rows whose episodes are already played (async mode, or
+        dynamic sampling, which must see a group's rewards before the row joins a batch)."""
+        return self.is_async or self.dynamic_sampling.active
+
+    @property
     def concurrency(self) -> int:
         """Episodes in flight at once (threads): `beyond_agent.concurrency`, also the LLM front's in-flight limit."""
         return self.llm.max_in_flight
-
-    def max_rounds(self, meta_info: Mapping[str, Any]) -> int:
-        """The round limit of one rollout call: a pure function of verl's global step (validation may fix it)."""
-        if meta_info.get("validate") and self.val_max_rounds:
-            return self.val_max_rounds
-        return self.rounds.max_rounds(int(meta_info.get("global_steps", 0)))
 
     def sampling(self, meta_info: Mapping[str, Any]) -> SamplingParams:
         """Training samples at the rollout temperature; validation follows val_kwargs."""
@@ -215,6 +225,21 @@ def _sampling(config: Any, validate: bool) -> SamplingParams:
     if not _get(val, "do_sample", False):
         return SamplingParams(temperature=0.0)
     return _named(SamplingParams, temperature=float(_get(val, "temperature", 1.0)), top_p=float(_get(val, "top_p", 1.0)))
+
+
+def _check_dynamic_sampling(config: Any, dynamic: DynamicSamplingConfig, group_based: bool) -> None:
+    """Dynamic sampling judges a group by its rewards: it needs groups, and an estimator that compares them."""
+    if not dynamic.active:
+        return
+    samples = _get(_get(_get(config, "actor_rollout_ref"), "rollout"), "n", 1)
+    if samples < 2:
+        raise ValueError(f"beyond_agent.dynamic_sampling.drop={dynamic.drop!r} needs groups: set "
+                         f"actor_rollout_ref.rollout.n >= 2 (it is {samples})")
+    if not group_based:
+        estimator = _get(_get(config, "algorithm"), "adv_estimator")
+        raise ValueError(f"beyond_agent.dynamic_sampling.drop={dynamic.drop!r} drops groups whose rewards are all "
+                         f"equal, which only carry no signal for a group-based estimator (grpo, rloo, gigpo, ...); "
+                         f"algorithm.adv_estimator={estimator!r} is not one: set dynamic_sampling.drop=none")
 
 
 def _rollout_mode(config: Any, mode: str) -> str:

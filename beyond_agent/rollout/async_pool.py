@@ -2,7 +2,7 @@
 
 `AsyncEpisodePool` keeps episodes running in the background, fed row by row from the training data, and
 hands the trainer whole finished rows (a prompt and its n episodes: one GRPO group) when it asks for a
-batch. verl's `fit()` is unchanged: the trainer wraps its dataloader (`AsyncRowLoader` in trainer.py) so
+batch. verl's `fit()` is unchanged: the trainer wraps its dataloader (`PlayedRowLoader` in trainer.py) so
 that each batch `fit()` draws is made of rows whose episodes have already finished, and the rollout
 manager's `generate_sequences` returns those episodes (matched by the row key the loader wrote).
 
@@ -18,7 +18,10 @@ trainer trains step s on weights s - 1, so a token sampled with version u is `s 
 - A row that finished late (carried over) can still exceed K by the time it would be trained: it is
   dropped, counted, and its env/task mix logged (dropping biases training toward short tasks; the mix
   shows by how much).
-- Every admitted episode is accounted for: trained, dropped (stale), in flight or ready at the end.
+- With dynamic sampling (rollout/dynamic_sampling.py), a finished row whose group has no learning signal is
+  dropped within the step's budget, counted, and the feeder draws another row in its place.
+- Every admitted episode is accounted for: trained, dropped (stale or without signal), in flight or ready at
+  the end.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
 from beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec
+from beyond_agent.rollout.dynamic_sampling import DynamicSamplingConfig, GroupSieve
 from beyond_agent.rollout.versions import PolicyVersionGate
 
 OLD_LOG_PROB_SOURCES = ("behaviour", "recompute")
@@ -72,6 +76,8 @@ class PendingRow:
     admitted_version: int
     futures: list[Future] = field(default_factory=list)
     finished_at: float | None = None
+    sieved: bool = False
+    """Passed a step's dynamic-sampling sieve (it trains, whichever step takes it)."""
 
     @property
     def done(self) -> bool:
@@ -117,13 +123,14 @@ class AsyncEpisodePool:
         concurrency: episodes running at once.
         describe: result -> the label its drop is counted under (env or task name).
         total_steps: the run's last step, if known: no row is drawn that no remaining step could train.
+        dynamic_sampling: which finished groups are dropped for lack of signal (default: none).
     """
 
     def __init__(self, rows: Iterator[dict[str, Any]], make_specs: Callable[[str, dict], Sequence[EpisodeSpec]],
                  run_episode: Callable[[EpisodeSpec, int], EpisodeResult], max_rounds: Callable[[int], int],
                  gate: PolicyVersionGate, batch_size: int, settings: AsyncRolloutSettings, concurrency: int,
                  describe: Callable[[EpisodeResult], str] = lambda result: result.spec.env_id,
-                 total_steps: int | None = None):
+                 total_steps: int | None = None, dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self._rows = rows
@@ -135,6 +142,7 @@ class AsyncEpisodePool:
         self.settings = settings
         self._describe = describe
         self.total_steps = total_steps
+        self.dynamic_sampling = dynamic_sampling
         self._executor = ThreadPoolExecutor(max_workers=max(concurrency, 1), thread_name_prefix="async-episode")
         self._condition = threading.Condition()
         self._waiting: deque[PendingRow] = deque()  # drawn, not yet taken (running or finished)
@@ -143,7 +151,7 @@ class AsyncEpisodePool:
         self._closed = False
         self._feed_error: BaseException | None = None
         self.counts = Counter()
-        """Episodes admitted / trained / dropped_stale, over the whole run (rows: *_rows)."""
+        """Episodes admitted / trained / dropped_stale / dropped_no_signal, over the whole run (rows: *_rows)."""
         self._feeder = threading.Thread(target=self._feed, name="async-rollout-feeder", daemon=True)
 
     # ---- lifecycle -------------------------------------------------------------------------------
@@ -175,13 +183,16 @@ class AsyncEpisodePool:
         started = time.monotonic()
         trainer_version = self._taken_steps
         dropped: list[tuple[PendingRow, int]] = []
+        sieve = GroupSieve(self.dynamic_sampling, self.batch_size, self._describe)
         with self._condition:
             while True:
                 self._raise_feed_error()
                 dropped.extend(self._drop_stale_rows(trainer_version))
+                self._sieve_finished_rows(sieve)
                 # First finished, first trained. Rows stay in the queue until the batch is complete, so the
                 # feeder's admission bound never sees a half-taken batch.
-                ready = sorted((row for row in self._waiting if row.done), key=lambda r: r.finished_at or 0.0)
+                ready = sorted((row for row in self._waiting if row.done and row.sieved),
+                               key=lambda r: r.finished_at or 0.0)
                 if len(ready) >= self.batch_size:
                     taken = ready[: self.batch_size]
                     break
@@ -192,8 +203,28 @@ class AsyncEpisodePool:
             self._taken_steps += 1
             carried_over = sum(1 for row in self._waiting for future in row.futures if not future.done())
             self._condition.notify_all()  # admission may draw again
-        return TakenBatch(taken, self._step_metrics(taken, dropped, trainer_version, carried_over,
-                                                    time.monotonic() - started))
+        metrics = self._step_metrics(taken, dropped, trainer_version, carried_over, time.monotonic() - started)
+        metrics.update(sieve.figures())  # the run's total is async/total_dropped_no_signal
+        return TakenBatch(taken, metrics)
+
+    def _sieve_finished_rows(self, sieve: GroupSieve) -> None:
+        """Offer finished rows not sieved yet, first finished first, until a batch has passed; drop those the
+        sieve refuses (called with the lock held). A dropped row leaves the queue, so the feeder draws another
+        in its place. Rows beyond the batch wait unsieved: the next step's sieve and budget judge them."""
+        passed = sum(1 for row in self._waiting if row.done and row.sieved)
+        finished = sorted((row for row in self._waiting if row.done and not row.sieved),
+                          key=lambda r: r.finished_at or 0.0)
+        for row in finished:
+            if passed >= self.batch_size:
+                return
+            if sieve.offer(row.results()):
+                passed += 1
+                row.sieved = True
+                continue
+            self._waiting.remove(row)
+            self.counts["dropped_no_signal"] += len(row.futures)
+            self.counts["dropped_no_signal_rows"] += 1
+            self._condition.notify_all()
 
     def _drop_stale_rows(self, trainer_version: int) -> list[tuple[PendingRow, int]]:
         """Remove the finished rows already past the bound (called with the lock held)."""

