@@ -5,6 +5,7 @@
     .venv/bin/python bench/learning_cpu.py --rl grpo grpo_scaling --rl-steps 30    # ScalingInter vs fixed
     .venv/bin/python bench/learning_cpu.py --rl rloo reinforce_plus_plus gae --rl-steps 15
     .venv/bin/python bench/learning_cpu.py --size 6 --rl grpo grpo_scaling m2po_async   # longer episodes
+    .venv/bin/python bench/learning_cpu.py --size 6 --seeds 0 1 --reuse-warmup --rl gigpo grpo_dynamic grpo_adaptive
 
 A random-weight 2-layer model never writes a valid action, so RL alone has nothing to work with. The
 check therefore has stages, each scored on two sets of maps (non-slippery, 4x4 unless `--size`, so a short
@@ -33,6 +34,11 @@ envservice, with a Hugging Face `generate` as the policy: greedy (one episode pe
 temperature 1 (`--samples` episodes per map, fixed torch seed). With several `--seeds` every stage after
 `base` is repeated per seed (warm-up data order and init of RL sampling), and the table gives the mean and
 the range. It is a benchmark, not a test: figures vary with the machine.
+
+Resumable: each evaluated stage is kept in `<out>/seed<N>/stages/<stage>.json` (the figures, the RL run's
+wall time and folder) and a later call with the same `--out` reuses it instead of training again, so a long
+comparison can be stopped and restarted, or run one variant at a time; the table shows every stage asked for.
+Delete a stage's file to redo it.
 """
 
 from __future__ import annotations
@@ -394,6 +400,15 @@ def scaling_inter_overrides(steps: int, lake: Lake) -> list[str]:
             f"+beyond_agent.rounds.every={max(1, steps // 3)}", f"beyond_agent.val_max_rounds={rounds}"]
 
 
+def adaptive_overrides(steps: int, lake: Lake) -> list[str]:
+    """The adaptive horizon over ScalingInter's limits (R-2 -> R-1 -> R): the next limit once at most 30% of
+    the episodes of the last 2 steps were cut by the current one, and never later than ScalingInter's stage."""
+    rounds = lake.limits["max_rounds"]
+    return ["beyond_agent.rounds.type=adaptive", f"beyond_agent.rounds.rounds=[{rounds - 2},{rounds - 1},{rounds}]",
+            f"beyond_agent.rounds.every={max(1, steps // 3)}", "beyond_agent.rounds.signal=truncated",
+            "beyond_agent.rounds.threshold=0.3", "beyond_agent.rounds.window=2", f"beyond_agent.val_max_rounds={rounds}"]
+
+
 def gae_overrides(steps: int, warm_dir: Path, lake: Lake) -> list[str]:
     """PPO with a critic: the value model starts from the warm model (verl adds a fresh value head)."""
     return ["algorithm.adv_estimator=gae", f"critic.model.path={warm_dir.resolve()}", "critic.optim.lr=1e-3",
@@ -409,6 +424,10 @@ RL_VARIANTS: dict[str, Callable[[int, Path, Lake], list[str]]] = {
     "m2po_async": lambda steps, warm_dir, lake: [
         "beyond_agent.rollout_mode=async", "beyond_agent.async_rollout.max_staleness=2",
         "actor_rollout_ref.actor.policy_loss.loss_mode=m2po", "actor_rollout_ref.rollout.free_cache_engine=false"],
+    "gigpo": lambda steps, warm_dir, lake: ["algorithm.adv_estimator=gigpo"],
+    "grpo_dynamic": lambda steps, warm_dir, lake: [
+        "beyond_agent.dynamic_sampling.drop=zero_variance", "beyond_agent.dynamic_sampling.max_extra_batches=1.0"],
+    "grpo_adaptive": lambda steps, warm_dir, lake: adaptive_overrides(steps, lake),
 }
 """RL variants: the overrides each adds to bench/learning_cpu.yaml, given the step count, the warm model and the lake."""
 
@@ -509,27 +528,78 @@ def write_rl_data(out: Path, service_url: str, args) -> Path:
     return out
 
 
+def kept_stage(out: Path, stage: str) -> dict | None:
+    """The figures of a stage an earlier call of this bench evaluated (`stages/<stage>.json`), if any."""
+    path = out / "stages" / f"{stage}.json"
+    if not path.exists():
+        return None
+    figures = json.loads(path.read_text())
+    print(f"[learning] {stage}: kept from {path} (delete it to redo the stage)", flush=True)
+    return figures
+
+
+def keep_stage(out: Path, stage: str, figures: dict) -> dict:
+    """Write a stage's figures where `kept_stage` finds them (whole or not at all)."""
+    path = out / "stages" / f"{stage}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".json.partial")
+    partial.write_text(json.dumps(figures, indent=2, default=str))
+    os.replace(partial, path)
+    return figures
+
+
 def run_seed(seed: int, base_dir: Path, tokenizer, client: EnvClient, data_dir: Path, args) -> dict:
-    """Warm-up, then every RL variant from that warm model; the figures of each stage."""
+    """Warm-up, then every RL variant from that warm model; the figures of each stage (kept ones reused)."""
     out = args.out.resolve() / f"seed{seed}"
     started = time.monotonic()
     warm_dir = warmup_stage(base_dir, out / "warm_model", tokenizer, client, args, seed)
-    stages = {"warm-up": evaluate_stage(f"warm-up (seed {seed})", warm_dir, tokenizer, client, args)}
+    stages = {"warm-up": kept_stage(out, "warm-up") or keep_stage(out, "warm-up", evaluate_stage(
+        f"warm-up (seed {seed})", warm_dir, tokenizer, client, args))}
     if args.offline:
         episodes = own_episodes(warm_dir, out, tokenizer, client, args, seed)
         for method in args.offline:
             trained = offline_stage(method, warm_dir, episodes, out / f"offline_{method}", args, seed)
             stages[f"+{method}"] = evaluate_stage(f"+{method} (seed {seed})", trained, tokenizer, client, args)
     for variant in args.rl:
+        kept = kept_stage(out, variant)
+        if kept is not None:
+            stages[variant] = kept
+            continue
         try:
+            run_started = time.monotonic()
             trained = rl_stage(variant, warm_dir, data_dir, out / "experiments", args, seed)
+            rl_wall_s = time.monotonic() - run_started
         except RLRunFailed as error:  # reported, left out of the table; the other variants still run
             print(f"[learning] {error}; going on with the other variants", flush=True)
             stages.setdefault("_failed", []).append(variant)
             continue
-        stages[variant] = evaluate_stage(f"{variant} (seed {seed})", trained, tokenizer, client, args)
+        figures = evaluate_stage(f"{variant} (seed {seed})", trained, tokenizer, client, args)
+        run_dir = trained.parents[3]  # <run>/checkpoints/global_step_N/actor/huggingface
+        stages[variant] = keep_stage(out, variant, {**figures, "rl_wall_s": rl_wall_s, "run": str(run_dir),
+                                                    "training": training_figures(run_dir / "metrics.jsonl")})
     print(f"[learning] seed {seed}: {time.monotonic() - started:.0f} s", flush=True)
     return stages
+
+
+TRAINING_FIGURES = {
+    "extra_episodes": "beyond_agent/dynamic_sampling/extra_episodes",
+    "dropped_groups": "beyond_agent/dynamic_sampling/dropped_groups",
+    "max_rounds": "beyond_agent/max_rounds",
+    "episodes": "beyond_agent/episodes",
+    "singleton_fraction": "beyond_agent/gigpo/singleton_fraction",
+}
+"""What the table's notes quote from an RL run's metrics.jsonl, per step (absent where the run logged none)."""
+
+
+def training_figures(metrics_path: Path) -> dict[str, list[float]]:
+    """Per-step values of TRAINING_FIGURES from a run's metrics (verl's file tracker: {"step", "data"})."""
+    figures: dict[str, list[float]] = {}
+    for line in metrics_path.read_text().splitlines():
+        data = json.loads(line).get("data", {})
+        for name, key in TRAINING_FIGURES.items():
+            if key in data:
+                figures.setdefault(name, []).append(float(data[key]))
+    return figures
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -585,6 +655,9 @@ def summarize(per_seed: dict[int, dict]) -> dict:
                 cell[mode] = statistics.fmean(values)
                 cell[f"{mode}_per_seed"] = values
             summary[stage][maps] = cell
+        walls = [per_seed[seed][stage].get("rl_wall_s") for seed in per_seed if stage in per_seed[seed]]
+        if any(wall is not None for wall in walls):
+            summary[stage]["rl_wall_s_per_seed"] = walls
     return summary
 
 
@@ -595,13 +668,16 @@ def print_table(summary: dict, args) -> None:
           f"pool; sampled = {args.samples} "
           f"episodes per map at T=1; seeds {args.seeds}")
     header = f"{'stage':22s}" + "".join(f"{title:>22s}" for title in (
-        "held-out greedy", "held-out sampled", "train greedy", "train sampled"))
+        "held-out greedy", "held-out sampled", "train greedy", "train sampled")) + f"{'RL wall (min)':>16s}"
     print(header)
     for stage, cells in summary.items():
         row = f"{stage:22s}"
         for maps in ("heldout", "train"):
             for mode in ("greedy", "sampled"):
                 row += f"{_cell(cells[maps][mode + '_per_seed']):>22s}"
+        walls = cells.get("rl_wall_s_per_seed") or []
+        wall_cells = " / ".join("?" if wall is None else f"{wall / 60:.1f}" for wall in walls)
+        row += f"{wall_cells or '-':>16s}"
         print(row)
 
 

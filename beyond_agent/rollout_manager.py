@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from envservice.client import EnvClient
-from beyond_agent.multitask import VAL_PREFIX, task_names, task_rollout_figures
+from beyond_agent.multitask import VAL_PREFIX, task_name, task_names, task_rollout_figures
 from beyond_agent.rollout.async_pool import AsyncEpisodePool, PendingRow
 from beyond_agent.rollout.batch import training_batch
 from beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec
@@ -235,7 +235,7 @@ class BeyondAgentLoopManager:
         source, settings = self._row_source, self.settings
         step, source.next_step = source.next_step, source.next_step + 1
         manager = self._episode_manager(settings.train_sampling, gated=False)
-        sieve = GroupSieve(settings.dynamic_sampling, source.batch_size, lambda r: r.spec.agent_task.label)
+        sieve = GroupSieve(settings.dynamic_sampling, source.batch_size)
         max_rounds, started, kept = self.horizon.max_rounds(step), time.monotonic(), []
         while len(kept) < source.batch_size:
             rows = []
@@ -246,7 +246,7 @@ class BeyondAgentLoopManager:
             results = manager.run(specs, max_rounds=max_rounds).results
             for index, row in enumerate(rows):
                 group = results[index * source.samples_per_row:(index + 1) * source.samples_per_row]
-                if sieve.offer(group):
+                if sieve.offer(group, task_name(row.row)):
                     self._taken[row.key] = group
                     kept.append(row)
         self._taken_metrics = {**sieve.figures(), "dynamic_sampling/play_s": time.monotonic() - started}
@@ -269,7 +269,7 @@ class BeyondAgentLoopManager:
             rows, make_specs, run_episode, self.horizon.max_rounds, self.gate,
             batch_size, settings.async_rollout, settings.concurrency,
             describe=lambda result: result.spec.agent_task.label, total_steps=total_steps,
-            dynamic_sampling=settings.dynamic_sampling)
+            dynamic_sampling=settings.dynamic_sampling, row_task=task_name)
         self._pool.start(trained_steps)
 
     def version_changed(self) -> None:

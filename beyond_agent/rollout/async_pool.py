@@ -124,13 +124,15 @@ class AsyncEpisodePool:
         describe: result -> the label its drop is counted under (env or task name).
         total_steps: the run's last step, if known: no row is drawn that no remaining step could train.
         dynamic_sampling: which finished groups are dropped for lack of signal (default: none).
+        row_task: dataset row -> its task name (dynamic sampling counts its drops per task).
     """
 
     def __init__(self, rows: Iterator[dict[str, Any]], make_specs: Callable[[str, dict], Sequence[EpisodeSpec]],
                  run_episode: Callable[[EpisodeSpec, int], EpisodeResult], max_rounds: Callable[[int], int],
                  gate: PolicyVersionGate, batch_size: int, settings: AsyncRolloutSettings, concurrency: int,
                  describe: Callable[[EpisodeResult], str] = lambda result: result.spec.env_id,
-                 total_steps: int | None = None, dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()):
+                 total_steps: int | None = None, dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig(),
+                 row_task: Callable[[dict], str] = lambda row: str(row.get("data_source", "unknown"))):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self._rows = rows
@@ -143,6 +145,7 @@ class AsyncEpisodePool:
         self._describe = describe
         self.total_steps = total_steps
         self.dynamic_sampling = dynamic_sampling
+        self._row_task = row_task
         self._executor = ThreadPoolExecutor(max_workers=max(concurrency, 1), thread_name_prefix="async-episode")
         self._condition = threading.Condition()
         self._waiting: deque[PendingRow] = deque()  # drawn, not yet taken (running or finished)
@@ -183,7 +186,7 @@ class AsyncEpisodePool:
         started = time.monotonic()
         trainer_version = self._taken_steps
         dropped: list[tuple[PendingRow, int]] = []
-        sieve = GroupSieve(self.dynamic_sampling, self.batch_size, self._describe)
+        sieve = GroupSieve(self.dynamic_sampling, self.batch_size)
         with self._condition:
             while True:
                 self._raise_feed_error()
@@ -217,7 +220,7 @@ class AsyncEpisodePool:
         for row in finished:
             if passed >= self.batch_size:
                 return
-            if sieve.offer(row.results()):
+            if sieve.offer(row.results(), self._row_task(row.row)):
                 passed += 1
                 row.sieved = True
                 continue

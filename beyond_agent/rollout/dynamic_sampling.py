@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 from beyond_agent.rollout.dataflow import EpisodeResult
 
@@ -86,25 +86,26 @@ class GroupSieve:
     """One training step's sieve: `offer` each finished group in turn; it says whether the group trains.
 
     A group without signal is dropped while the step's drop budget lasts, and kept after that. The sieve
-    counts what it saw for the step's figures (`figures`).
+    counts what it saw for the step's figures (`figures`), the dropped groups by the task label given.
     """
 
-    def __init__(self, config: DynamicSamplingConfig, batch_size: int,
-                 describe: Callable[[EpisodeResult], str] = lambda result: result.spec.env_id):
+    def __init__(self, config: DynamicSamplingConfig, batch_size: int):
         self.config = config
         self.budget = config.drop_budget(batch_size)
-        self._describe = describe
         self.dropped: list[Sequence[EpisodeResult]] = []
+        self.dropped_tasks: Counter = Counter()
         self.kept_without_signal = 0
         self._played: list[EpisodeResult] = []
 
-    def offer(self, results: Sequence[EpisodeResult]) -> bool:
-        """True: the group trains this step; False: it is dropped (the caller draws another row)."""
+    def offer(self, results: Sequence[EpisodeResult], task: str) -> bool:
+        """True: the group (of dataset task `task`) trains this step; False: it is dropped (the caller draws
+        another row)."""
         self._played.extend(results)
         if group_has_signal(results, self.config.drop):
             return True
         if len(self.dropped) < self.budget:
             self.dropped.append(results)
+            self.dropped_tasks[task] += 1
             return False
         self.kept_without_signal += 1
         return True
@@ -127,6 +128,5 @@ class GroupSieve:
             # is biased by what the sieve removed.
             "played_success_rate": sum(r.success for r in scored) / len(scored) if scored else 0.0,
         }
-        mix = Counter(self._describe(group[0]) for group in self.dropped if group)
-        figures.update({f"dropped/{label}": float(count) for label, count in mix.items()})
+        figures.update({f"dropped/{task}": float(count) for task, count in self.dropped_tasks.items()})
         return {FIGURES_PREFIX + key: value for key, value in figures.items()}

@@ -144,7 +144,8 @@ class ScriptedEpisodes:
         self.lock = threading.Lock()
 
     def rows(self):
-        return ({"extra_info": {"env_id": "frozenlake", "task_id": task}} for task in itertools.count())
+        return ({"extra_info": {"env_id": "frozenlake", "task_id": task}, "data_source": "frozenlake"}
+                for task in itertools.count())
 
     def make_specs(self, key, row):
         return [EpisodeSpec(env_id=row["extra_info"]["env_id"], task_id=row["extra_info"]["task_id"],

@@ -11,9 +11,9 @@ from beyond_agent.rollout.dynamic_sampling import DynamicSamplingConfig, GroupSi
 from beyond_agent.settings import BeyondAgentSettings
 
 
-def group(*outcomes: tuple[float, bool], env: str = "frozenlake", termination: str = "done") -> list[EpisodeResult]:
+def group(*outcomes: tuple[float, bool], termination: str = "done") -> list[EpisodeResult]:
     """One group: an episode per (reward, success)."""
-    return [EpisodeResult(spec=EpisodeSpec(env_id=env), episode=None, termination=termination, reward=reward,
+    return [EpisodeResult(spec=EpisodeSpec(env_id="frozenlake"), episode=None, termination=termination, reward=reward,
                           success=won) for reward, won in outcomes]
 
 
@@ -47,11 +47,11 @@ def test_rewards_within_the_tolerance_count_as_equal():
 
 
 def test_the_sieve_drops_within_its_budget_then_keeps_and_counts():
-    sieve = GroupSieve(DynamicSamplingConfig(drop="zero_variance", max_extra_batches=0.5), batch_size=3,
-                       describe=lambda result: result.spec.env_id)
+    sieve = GroupSieve(DynamicSamplingConfig(drop="zero_variance", max_extra_batches=0.5), batch_size=3)
     assert sieve.budget == 2  # ceil(0.5 * 3)
-    offers = [SOLVED, MIXED, group((0.0, False), (0.0, False), env="babyai"), UNSOLVED, MIXED]
-    assert [sieve.offer(g) for g in offers] == [False, True, False, True, True]
+    offers = [(SOLVED, "frozenlake"), (MIXED, "frozenlake"), (group((0.0, False), (0.0, False)), "babyai"),
+              (UNSOLVED, "frozenlake"), (MIXED, "babyai")]
+    assert [sieve.offer(g, task) for g, task in offers] == [False, True, False, True, True]
     # 10 episodes played, 4 won (SOLVED's 2, each MIXED's 1).
     assert sieve.figures() == {
         "dynamic_sampling/dropped_groups": 2.0, "dynamic_sampling/extra_episodes": 4.0,
@@ -62,7 +62,7 @@ def test_the_sieve_drops_within_its_budget_then_keeps_and_counts():
 
 def test_without_a_rule_nothing_is_dropped_or_logged():
     sieve = GroupSieve(DynamicSamplingConfig(), batch_size=4)
-    assert sieve.budget == 0 and sieve.offer(SOLVED) and sieve.figures() == {}
+    assert sieve.budget == 0 and sieve.offer(SOLVED, "frozenlake") and sieve.figures() == {}
 
 
 @pytest.mark.parametrize("section, message", [
