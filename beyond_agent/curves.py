@@ -103,11 +103,13 @@ PANELS = (
     Panel("reward", "Reward", "mean per episode", (
         Curve((f"{OURS}mean_reward$", r"^critic/score/mean$"), "training episodes"), validation("reward"))),
     Panel("rounds", "Rounds per episode", "rounds", (
-        Curve((f"{OURS}mean_rounds$", r"^num_turns/mean$"), "training episodes"),)),
+        Curve((f"{OURS}mean_rounds$", r"^num_turns/mean$"), "training episodes"),
+        Curve((f"{OURS}max_rounds$",), "round limit"))),
     Panel("terminations", "How episodes ended", "episodes", (
         Curve((f"{OURS}termination/(?P<kind>.+)$",), "{kind}", readable=TERMINATIONS),), stacked=True),
     Panel("time", "Time per step", "seconds (wall clock)", (
         wall_time("step", "whole step"), wall_time("gen", "rollout"),
+        Curve((f"{OURS}dynamic_sampling/play_s$",), "rollout (dynamic sampling, before the step)"),
         Curve((f"{OURS}llm_busy_s$",), "LLM server busy"), wall_time("old_log_prob", "old log-probs"),
         wall_time("update_actor", "actor update"), wall_time("update_weights", "weight sync"))),
     Panel("episode_time", "Time inside episodes", "seconds, summed over a step's episodes", (
@@ -120,6 +122,9 @@ PANELS = (
         Curve((r"^actor/grad_norm$",), "actor"), Curve((r"^critic/grad_norm$",), "critic"))),
     Panel("staleness", "Staleness of trained episodes", "policy versions behind", (
         Curve((f"{OURS}async/staleness_mean$",), "mean"), Curve((f"{OURS}async/staleness_max$",), "max"))),
+    Panel("dynamic_sampling", "Groups without signal", "groups per step", (
+        Curve((f"{OURS}dynamic_sampling/dropped_groups$",), "dropped, replaced by new rows"),
+        Curve((f"{OURS}dynamic_sampling/kept_without_signal_groups$",), "trained anyway (budget spent)"))),
     Panel("tasks", "Success per task", SHARE, (
         Curve((f"{OURS}task/(?P<task>[^/]+)/success_rate$",), "{task}"),), min_lines=2, y_range=SHARE_RANGE),
 )
