@@ -14,7 +14,10 @@ and the FSDP state. `plan` adds up the big items for one GPU and `problems` name
   offloaded;
 - vLLM's share (`gpu_memory_utilization`), counted while the actor trains only when the rollout keeps it
   (`free_cache_engine=false`);
-- the layout: rollout tensor parallelism must divide the GPUs (replicas x TP = GPUs).
+- the layout: rollout tensor parallelism must divide the GPUs (replicas x TP = GPUs);
+- throughput (`notes`, advice rather than a problem): `beyond_agent.concurrency` requests in flight are
+  shared by all rollout replicas, so 64 over 4 replicas keeps 16 on each while vLLM could batch
+  `rollout.max_num_seqs` (256): generation then waits on latency. Slow, not wrong.
 
 These are estimates of the largest items, not a profile: a plan within budget can still run out of memory,
 but one over budget will. The model's shape comes from its `config.json` when the path is a local folder,
@@ -31,6 +34,12 @@ from typing import Any, Mapping
 GIB = 1 << 30
 GPU_PLAN_WARNING = "[beyond_agent] warning (GPU memory estimate):"
 """How a training entry prints each problem of its plan (the launcher's dry run repeats these lines)."""
+GPU_PLAN_NOTE = "[beyond_agent] note (GPU throughput estimate):"
+"""How a training entry prints each of the plan's notes."""
+FEW_REQUESTS_PER_REPLICA = 32
+"""Below this many requests in flight per rollout replica (while a step has more episodes to play) the plan
+notes that generation is latency-bound."""
+SUGGESTED_REQUESTS_PER_REPLICA = 64
 HEADROOM = 0.9
 """Share of the GPU's memory a plan may use (the rest: CUDA context, allocator fragmentation, buffers)."""
 UPDATE_LOGIT_BYTES = 2 + 2 + 2
@@ -107,6 +116,17 @@ class GpuPlan:
     vllm_kept_gib: float
     """vLLM's memory while the actor trains (0 when the rollout frees it)."""
     gpu_gib: float
+    concurrency: int = 0
+    """`beyond_agent.concurrency`: episodes and generation requests in flight, over all replicas (0: unknown)."""
+    episodes_per_step: int = 0
+    """data.train_batch_size x rollout.n."""
+    max_num_seqs: int = 256
+    """What one vLLM replica batches at most (`rollout.max_num_seqs`)."""
+
+    @property
+    def rollout_replicas(self) -> int:
+        """vLLM servers: GPUs / rollout TP."""
+        return max(self.gpus // max(self.rollout_tp, 1), 1)
 
     @property
     def training_peak_gib(self) -> float:
@@ -127,6 +147,18 @@ class GpuPlan:
                 "budget (actor.ppo_max_token_len_per_gpu, rollout.log_prob_max_token_len_per_gpu), smaller "
                 "micro-batches, or a lower rollout.gpu_memory_utilization")
         return found
+
+    def notes(self) -> list[str]:
+        """Advice on throughput (the run works without it); [] when none applies."""
+        per_replica = self.concurrency / self.rollout_replicas
+        if not self.concurrency or per_replica >= FEW_REQUESTS_PER_REPLICA or self.episodes_per_step <= self.concurrency:
+            return []
+        suggested = min(self.episodes_per_step, self.rollout_replicas * SUGGESTED_REQUESTS_PER_REPLICA)
+        return [f"beyond_agent.concurrency={self.concurrency} over {self.rollout_replicas} rollout replicas keeps about "
+                f"{per_replica:.0f} requests in flight on each, while a step plays {self.episodes_per_step} episodes "
+                f"and a replica batches up to {self.max_num_seqs} (rollout.max_num_seqs): generation will wait on "
+                f"latency. Consider beyond_agent.concurrency={suggested} if envservice has the memory for that many "
+                "sessions at once (bench/env_memory.py measures an env's memory per session)"]
 
     def summary(self) -> str:
         """One line of the figures."""
@@ -155,7 +187,9 @@ def plan(config: Any, model: ModelShape, gpu_gib: float = 80.0) -> GpuPlan:
         log_prob_gib=log_prob * model.vocab_size * LOG_PROB_LOGIT_BYTES / GIB,
         fsdp_state_gib=0.0 if offloaded else model.parameters * FSDP_BYTES_PER_PARAM / max(gpus, 1) / GIB,
         vllm_kept_gib=float(rollout.get("gpu_memory_utilization") or 0.0) * gpu_gib if keeps_cache else 0.0,
-        gpu_gib=gpu_gib)
+        gpu_gib=gpu_gib, concurrency=int((config.get("beyond_agent") or {}).get("concurrency") or 0),
+        episodes_per_step=int(data.get("train_batch_size") or 0) * int(rollout.get("n") or 1),
+        max_num_seqs=int(rollout.get("max_num_seqs") or 256))
 
 
 def _forward_tokens(dynamic: Any, max_tokens: Any, micro_batch: Any, sequence: int) -> int:

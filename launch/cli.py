@@ -21,7 +21,7 @@ import traceback
 from pathlib import Path
 
 from beyond_agent.cli_args import DRY_RUN_MARKER, DRY_RUN_VARIABLE
-from beyond_agent.gpu_plan import GPU_PLAN_WARNING
+from beyond_agent.gpu_plan import GPU_PLAN_NOTE, GPU_PLAN_WARNING
 from launch import experiment
 from launch.config import LaunchConfig, LaunchConfigError, ServiceConfig, load_config
 from launch.services import PlannedService, ServiceStartError, plan_service, start_service, wait_for_external
@@ -154,7 +154,7 @@ def check_training_config(config: LaunchConfig, values: dict[str, str], override
             return 1
     if done.returncode == 0 and DRY_RUN_MARKER in done.stdout:
         for line in done.stdout.splitlines():
-            if line.startswith(GPU_PLAN_WARNING):
+            if line.startswith((GPU_PLAN_WARNING, GPU_PLAN_NOTE)):
                 print(line)
         print(f"training config: {module} composes it and it passes its checks")
         return 0

@@ -19,7 +19,7 @@ import ray
 from omegaconf import OmegaConf
 
 from beyond_agent.cli_args import DRY_RUN_MARKER, is_dry_run
-from beyond_agent.gpu_plan import GPU_PLAN_WARNING, model_shape, plan
+from beyond_agent.gpu_plan import GPU_PLAN_NOTE, GPU_PLAN_WARNING, model_shape, plan
 from beyond_agent.settings import BeyondAgentSettings
 from beyond_agent.run_folder import METRICS_PATH_VARIABLE, metrics_path
 from beyond_agent.verl_pin import ensure_pinned_verl
@@ -49,7 +49,7 @@ def check_config(config) -> None:
 
 def report_gpu_plan(resolved) -> None:
     """Print what the GPU memory and layout estimate (beyond_agent.gpu_plan) finds will not fit in a resolved
-    config, as warnings (estimates do not refuse a run); nothing on CPU."""
+    config, as warnings (estimates do not refuse a run), and its throughput notes; nothing on CPU."""
     if resolved.trainer.get("device", "cuda") == "cpu":
         return
     shape = model_shape(str(resolved.actor_rollout_ref.model.path))
@@ -57,8 +57,11 @@ def report_gpu_plan(resolved) -> None:
         print(f"[beyond_agent] no GPU memory estimate: {resolved.actor_rollout_ref.model.path} is neither a local "
               "folder with config.json nor in beyond_agent.gpu_plan.KNOWN_MODELS", flush=True)
         return
-    for problem in plan(OmegaConf.to_container(resolved), shape).problems():
+    found = plan(OmegaConf.to_container(resolved), shape)
+    for problem in found.problems():
         print(f"{GPU_PLAN_WARNING} {problem}", flush=True)
+    for note in found.notes():
+        print(f"{GPU_PLAN_NOTE} {note}", flush=True)
 
 
 def validate_with_verl(resolved) -> None:

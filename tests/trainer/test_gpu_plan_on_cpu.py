@@ -1,5 +1,6 @@
 """The GPU memory and layout estimate (beyond_agent.gpu_plan): the parameter count against a real model, the
-figures worked by hand, and every GPU example within budget while their former settings were not."""
+figures worked by hand, every GPU example within budget while their former settings were not, and the
+throughput note on requests in flight per rollout replica."""
 
 from __future__ import annotations
 
@@ -97,3 +98,27 @@ def test_the_async_examples_former_micro_batches_did_not(name: str, tmp_path: Pa
                            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
                            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4")
     assert former.problems() and former.training_peak_gib > 100
+
+
+def test_few_requests_per_replica_get_a_note():
+    settings = config(use_dynamic_bsz=True, log_prob_use_dynamic_bsz=True, max_num_seqs=256)
+    settings["beyond_agent"] = {"concurrency": 64}
+    settings["data"]["train_batch_size"] = 128
+    settings["actor_rollout_ref"]["rollout"]["n"] = 8
+    found = plan(settings, QWEN_7B)
+    # 8 GPUs at TP 2: 4 replicas, 64 / 4 = 16 requests each for 128 x 8 = 1 024 episodes a step.
+    assert found.rollout_replicas == 4 and found.problems() == []
+    [note] = found.notes()
+    assert "concurrency=64 over 4 rollout replicas keeps about 16 requests in flight on each" in note
+    assert "1024 episodes" in note and "Consider beyond_agent.concurrency=256" in note  # 4 x 64
+    settings["beyond_agent"]["concurrency"] = 128  # 32 per replica: enough
+    assert plan(settings, QWEN_7B).notes() == []
+    settings["beyond_agent"]["concurrency"], settings["data"]["train_batch_size"] = 64, 8  # 64 episodes: all at once
+    assert plan(settings, QWEN_7B).notes() == []
+
+
+def test_the_alfworld_example_gets_the_note(tmp_path: Path, monkeypatch):
+    monkeypatch.delenv("MODEL_PATH", raising=False)
+    found = composed_plan(Path(__file__).resolve().parents[2] / "examples/alfworld/alfworld.yaml", tmp_path)
+    assert found.concurrency == 64 and found.rollout_replicas == 4 and found.episodes_per_step == 1024
+    assert len(found.notes()) == 1
