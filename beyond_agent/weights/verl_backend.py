@@ -23,6 +23,13 @@ Delta mode keeps that transport and changes what flows through it (`configure_we
   at once, so the rollout never serves unverified weights nor stays behind the trainer. It returns the
   sync's `weight_sync/*` metrics; verl's `fit()` discards them, so the recipe's trainer (`wrap_weight_sync`) adds
   them to the actor metrics of the step whose update they carry (fit() reduces those after the sync).
+
+What verl's actor worker does around a `naive` sync and not around any other backend's (its
+`update_weights`, engine_workers.py), our engine does itself, since the transfer is the same: the
+ServerAdapter's bucket is a GPU buffer shared by CUDA IPC, so expandable segments are turned off (and the
+cache emptied) for the sync and on again after it. The naive branch also moves offloaded parameters back to
+the CPU after the sync; the engine cannot (it gets the tensors, not the training engine), so delta mode
+refuses `fsdp_config.param_offload=true`.
 """
 
 from __future__ import annotations
@@ -37,6 +44,8 @@ import torch
 from omegaconf import open_dict
 
 from verl.checkpoint_engine.base import CheckpointEngine, CheckpointEngineManager, CheckpointEngineRegistry
+from verl.utils.device import set_expandable_segments
+from verl.utils.memory_utils import aggressive_empty_cache
 from verl.utils.ray_utils import auto_await
 
 from beyond_agent.gpu_plan import GIB, ModelShape, model_shape
@@ -66,6 +75,7 @@ def configure_weight_sync(config: Any, settings: WeightSyncConfig) -> None:
     engine = rollout.checkpoint_engine
     lora_rank = max(int((model.get("lora") or {}).get("rank", 0) or 0), int(model.get("lora_rank", 0) or 0))
     vllm_kwargs = (rollout.get("engine_kwargs") or {}).get("vllm") or {}
+    actor_fsdp = (config.actor_rollout_ref.get("actor") or {}).get("fsdp_config") or {}
     refusals = [
         (rollout.name != "vllm", f"actor_rollout_ref.rollout.name={rollout.name} (delta mode serves vllm)"),
         (rollout.mode != "async", f"actor_rollout_ref.rollout.mode={rollout.mode} (delta mode serves async)"),
@@ -81,6 +91,9 @@ def configure_weight_sync(config: Any, settings: WeightSyncConfig) -> None:
          "path does not resume slept weights; only free_cache_engine=false is implemented)"),
         (lora_rank > 0, "LoRA (actor_rollout_ref.model.lora.rank > 0): adapters are synced by verl's own path"),
         (bool(rollout.get("quantization")), f"actor_rollout_ref.rollout.quantization={rollout.get('quantization')}"),
+        (bool(actor_fsdp.get("param_offload")), "actor_rollout_ref.actor.fsdp_config.param_offload=true (verl moves "
+         "offloaded parameters back to the CPU after a naive sync only; the delta engine gets tensors, not the "
+         "training engine)"),
         *_host_memory_refusal(config, settings),
     ]
     problems = [why for refused, why in refusals if refused]
@@ -158,6 +171,33 @@ class DeltaCheckpointEngine(CheckpointEngine):
             raise RuntimeError(f"checkpoint_engine.backend={BACKEND} needs its rollout attached first: set "
                                f"actor_rollout_ref.rollout.checkpoint_manager_class={MANAGER_CLASS} "
                                "(configure_weight_sync does)")
+        # As verl's naive branch around the same transfer: its bucket is shared by CUDA IPC, which the
+        # allocator's expandable segments would break; the cache is emptied so the bucket finds room.
+        set_expandable_segments(False)
+        aggressive_empty_cache(force_sync=True)
+        try:
+            sync, named, header_bytes, transfer_s, refusal = await self._encode_and_stream(weights, global_steps)
+        finally:
+            aggressive_empty_cache(force_sync=True)
+            set_expandable_segments(True)
+        metrics = {**sync.metrics,
+                   METRIC_PREFIX + "header_bytes": float(header_bytes),
+                   METRIC_PREFIX + "wire_bytes": float(wire_bytes(named)),
+                   METRIC_PREFIX + "transfer_s": transfer_s,
+                   FAILED: 1.0 if refusal else 0.0}
+        if self.is_master:
+            print(f"{LOG_PREFIX} sent: step={global_steps} seq={sync.header.seq} mode={sync.header.mode.value} "
+                  f"reason={sync.header.reason!r} bytes_sent={int(metrics[METRIC_PREFIX + 'bytes_sent'])} "
+                  f"bytes_full={int(metrics[METRIC_PREFIX + 'bytes_full'])} "
+                  f"wire_bytes={int(metrics[METRIC_PREFIX + 'wire_bytes'])} "
+                  f"changed_fraction={metrics[METRIC_PREFIX + 'changed_fraction']:.4f} "
+                  f"receiver={'REFUSED: ' + refusal if refusal else 'verified'}", flush=True)
+        return metrics
+
+    async def _encode_and_stream(self, weights: Generator[tuple[str, torch.Tensor], None, None],
+                                 global_steps: int | None):
+        """Encode against the snapshot and stream to vLLM: (sync, wire tensors, header bytes, transfer seconds,
+        the receiver's refusal or None)."""
         sync = self.sender.encode(weights)
         named, header_bytes = pack_sync(sync, max_part_bytes=self.bucket_size)  # parts fit verl's bucket
         named = _inject_fault(named, sync.header.seq)
@@ -171,19 +211,7 @@ class DeltaCheckpointEngine(CheckpointEngine):
                 raise
             refusal = _refusal_line(str(err))
             self.sender.request_full(refusal)
-        metrics = {**sync.metrics,
-                   METRIC_PREFIX + "header_bytes": float(header_bytes),
-                   METRIC_PREFIX + "wire_bytes": float(wire_bytes(named)),
-                   METRIC_PREFIX + "transfer_s": time.perf_counter() - start,
-                   FAILED: 1.0 if refusal else 0.0}
-        if self.is_master:
-            print(f"{LOG_PREFIX} sent: step={global_steps} seq={sync.header.seq} mode={sync.header.mode.value} "
-                  f"reason={sync.header.reason!r} bytes_sent={int(metrics[METRIC_PREFIX + 'bytes_sent'])} "
-                  f"bytes_full={int(metrics[METRIC_PREFIX + 'bytes_full'])} "
-                  f"wire_bytes={int(metrics[METRIC_PREFIX + 'wire_bytes'])} "
-                  f"changed_fraction={metrics[METRIC_PREFIX + 'changed_fraction']:.4f} "
-                  f"receiver={'REFUSED: ' + refusal if refusal else 'verified'}", flush=True)
-        return metrics
+        return sync, named, header_bytes, time.perf_counter() - start, refusal
 
     def prepare(self):
         raise NotImplementedError(f"{BACKEND} needs no process group")

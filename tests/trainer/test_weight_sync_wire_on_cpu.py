@@ -340,6 +340,38 @@ def test_delta_mode_refuses_runs_it_does_not_serve(rollout: dict, message: str) 
     assert message in str(caught.value)
 
 
+def test_delta_mode_refuses_offloaded_actor_parameters() -> None:
+    config = _config()
+    with open_dict(config):
+        config.actor_rollout_ref.actor = {"fsdp_config": {"param_offload": True}}
+    with pytest.raises(ValueError, match=r"fsdp_config.param_offload=true \(verl moves offloaded parameters back"):
+        configure_weight_sync(config, WeightSyncConfig("delta"))
+
+
+def test_a_sync_runs_with_expandable_segments_off_as_verl_s_naive_sync_does(monkeypatch) -> None:
+    """verl's ServerAdapter shares its bucket by CUDA IPC; its naive branch turns the allocator's expandable
+    segments off around the transfer, and so must the delta engine (verl's actor worker does it for naive only)."""
+    from beyond_agent.weights import verl_backend
+
+    allocator: list[str] = []
+    monkeypatch.setattr(verl_backend, "set_expandable_segments", lambda on: allocator.append(f"expandable={on}"))
+    monkeypatch.setattr(verl_backend, "aggressive_empty_cache", lambda force_sync: allocator.append("empty_cache"))
+    engine = DeltaCheckpointEngine(bucket_size=1 << 20, full_every=100)
+    engine.adapter = adapter = InProcessAdapter()
+    transfer = adapter.update_weights
+
+    async def recording_transfer(weights, **kwargs):
+        allocator.append("transfer")
+        return await transfer(weights, **kwargs)
+
+    adapter.update_weights = recording_transfer
+    asyncio.run(engine.send_weights(iter(Weights().items()), global_steps=1))
+    assert allocator == ["expandable=False", "empty_cache", "transfer", "empty_cache", "expandable=True"]
+    adapter.corrupt_seq, allocator[:] = 2, []  # a sync the receiver refuses ends the same way
+    asyncio.run(engine.send_weights(iter(Weights().items()), global_steps=2))
+    assert allocator[-1] == "expandable=True"
+
+
 def test_send_dtype_trainer_keeps_the_trainer_s_dtype_and_an_unknown_one_is_refused() -> None:
     config = _config()
     configure_weight_sync(config, WeightSyncConfig("delta", full_every=4, send_dtype="trainer"))
