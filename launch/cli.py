@@ -24,6 +24,7 @@ from beyond_agent.cli_args import DRY_RUN_MARKER, DRY_RUN_VARIABLE
 from beyond_agent.gpu_plan import GPU_PLAN_NOTE, GPU_PLAN_WARNING
 from launch import experiment
 from launch.config import LaunchConfig, LaunchConfigError, ServiceConfig, load_config
+from launch.secrets import Redactor, redact_by_name
 from launch.services import PlannedService, ServiceStartError, plan_service, start_service, wait_for_external
 from launch.signals import Interrupted, ProcessTracker, install_handlers
 from launch.training import (METRICS_FILE, MetricsFollower, PrepareError, run_prepare, run_streamed, substitute,
@@ -39,9 +40,19 @@ FREE_PORT = "<free port>"
 """What a dry run shows for a port the launcher would pick when it starts the service."""
 
 
+REDACTOR = Redactor()
+"""Hides the run's secret values in everything the launcher prints and writes; `main` sets it once the
+config is read (launch/secrets.py)."""
+
+
 def say(message: str) -> None:
     """Launcher messages go to stderr, prefixed, so they stand out from training's output."""
-    print(f"[launcher] {message}", file=sys.stderr, flush=True)
+    print(f"[launcher] {REDACTOR.text(message)}", file=sys.stderr, flush=True)
+
+
+def show(message: str) -> None:
+    """A dry run's lines, on stdout, secrets hidden."""
+    print(REDACTOR.text(message), flush=True)
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -115,19 +126,19 @@ def dry_run(config: LaunchConfig, args, overrides: list[str], services: list[Ser
                for svc in services]
     for service in planned:
         if service.config.external:
-            print(f"would wait for {service.config.name} (your own server) at {service.health_url}  "
+            show(f"would wait for {service.config.name} (your own server) at {service.health_url}  "
                   f"(deadline {service.config.startup_timeout_s:.0f} s)")
             continue
-        print(f"would start {service.config.name}: {shlex.join(service.command)}  "
+        show(f"would start {service.config.name}: {shlex.join(service.command)}  "
               f"(deadline {service.config.startup_timeout_s:.0f} s)")
-    print(f"would write the experiment folder {folder}")
+    show(f"would write the experiment folder {folder}")
     values = placeholder_values(folder, env_url_of(planned))
     for step in config.prepare:
-        print(f"would prepare {step.name}: " + shlex.join(substitute(a, values, "prepare") for a in step.command))
+        show(f"would prepare {step.name}: " + shlex.join(substitute(a, values, "prepare") for a in step.command))
     env = train_env(config.train, {}, values)
     command = train_command(config.train, values, overrides, bool(config.dotenv.get("ENVSERVICE_TOKEN")))
-    print("training environment: " + " ".join(f"{key}={value}" for key, value in env.items()))
-    print(f"training command: {shlex.join(command)}")
+    show("training environment: " + " ".join(f"{key}={value}" for key, value in redact_by_name(env).items()))
+    show(f"training command: {shlex.join(command)}")
     return check_training_config(config, values, overrides)
 
 
@@ -139,7 +150,7 @@ def check_training_config(config: LaunchConfig, values: dict[str, str], override
     module = config.train.module
     if config.train.command or not module.startswith(DRY_RUN_MODULES):
         why = "a raw command" if config.train.command else f"{module} is not a BeyondAgent training entry"
-        print(f"training config: not checked ({why}; only those compose and check their config in a dry run)")
+        show(f"training config: not checked ({why}; only those compose and check their config in a dry run)")
         return 0
     with tempfile.TemporaryDirectory(prefix="beyond_dry_run_") as scratch:
         # A port still to be picked ("<free port>") is not a valid override value: port 0 stands in for it.
@@ -150,18 +161,18 @@ def check_training_config(config: LaunchConfig, values: dict[str, str], override
         try:
             done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=DRY_RUN_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            print(f"training config: the dry run of {module} took over {DRY_RUN_TIMEOUT_S} s", file=sys.stderr)
+            say(f"training config: the dry run of {module} took over {DRY_RUN_TIMEOUT_S} s")
             return 1
     if done.returncode == 0 and DRY_RUN_MARKER in done.stdout:
         for line in done.stdout.splitlines():
             if line.startswith((GPU_PLAN_WARNING, GPU_PLAN_NOTE)):
-                print(line)
-        print(f"training config: {module} composes it and it passes its checks")
+                show(line)
+        show(f"training config: {module} composes it and it passes its checks")
         return 0
     said = [line for line in (done.stderr + done.stdout).splitlines() if line.strip() and "warn" not in line.lower()
             and not line.startswith(("  from ", "  use_critic"))]  # verl's import-time warnings say nothing here
     tail = "\n".join(said[-12:])
-    print(f"training config: REFUSED by {module} (exit {done.returncode}):\n{tail}", file=sys.stderr)
+    print(REDACTOR.text(f"training config: REFUSED by {module} (exit {done.returncode}):\n{tail}"), file=sys.stderr)
     return done.returncode or 1
 
 
@@ -195,9 +206,9 @@ def write_backup(folder: Path, config: LaunchConfig, planned: list[PlannedServic
                  argv: list[str]) -> None:
     """The experiment folder's record of this run (see experiment.py)."""
     urls = {service.config.name: service.url for service in planned}
-    resolved = {**config.redacted(), "service_urls": urls, "train_command": command}
-    experiment.write_config(folder, resolved, config.conf_path)
-    experiment.write_commands(folder, [sys.executable, "launcher.py", *argv], command)
+    resolved = {**config.redacted(REDACTOR), "service_urls": urls, "train_command": command}
+    experiment.write_config(folder, resolved, config.conf_path, REDACTOR)
+    experiment.write_commands(folder, [sys.executable, "launcher.py", *argv], command, REDACTOR)
     experiment.write_git(folder, REPO_ROOT)
     experiment.write_verl(folder)
     (folder / "pip_freeze.txt").write_text(experiment.pip_freeze())
@@ -211,7 +222,7 @@ def run(config: LaunchConfig, args, overrides: list[str], argv: list[str], track
     folder = experiment.create_experiment_dir(root, config.experiment_name)
     say(f"experiment folder: {folder}")
     tracker.on_add = functools.partial(experiment.write_processes, folder)
-    experiment.write_commands(folder, [sys.executable, "launcher.py", *argv], None)
+    experiment.write_commands(folder, [sys.executable, "launcher.py", *argv], None, REDACTOR)
     planned = start_services(config, services, folder, tracker)
     values = placeholder_values(folder, env_url_of(planned))
     command = train_command(config.train, values, overrides, bool(config.dotenv.get("ENVSERVICE_TOKEN")))
@@ -221,7 +232,8 @@ def run(config: LaunchConfig, args, overrides: list[str], argv: list[str], track
         run_prepare(step, values, env, folder / "logs", tracker, say)
     say(f"training: {shlex.join(command)}")
     metrics = MetricsFollower(folder / METRICS_FILE, say)
-    code = run_streamed("train", command, env, folder / "logs" / "train.log", tracker, on_line=metrics)
+    code = run_streamed("train", command, env, folder / "logs" / "train.log", tracker, on_line=metrics,
+                        redact=REDACTOR.text)
     metrics()
     say(f"training exited with code {code} after {metrics.steps} logged step(s); experiment folder: {folder}")
     if metrics.steps:
@@ -231,11 +243,13 @@ def run(config: LaunchConfig, args, overrides: list[str], argv: list[str], track
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of launcher.py; returns the exit code."""
+    global REDACTOR
     argv = sys.argv[1:] if argv is None else argv
     args, overrides = parse_args(argv)
     tracker = ProcessTracker()
     try:
         config = load_config(args.conf, args.env_file)
+        REDACTOR = config.redactor(overrides)
         if args.dry_run:
             return dry_run(config, args, overrides, services_to_start(config, args.services))
         install_handlers(tracker, say)

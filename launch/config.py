@@ -32,8 +32,9 @@ from typing import Any
 
 import yaml
 
+from launch.secrets import Redactor, collect_secrets, redact_by_name
+
 DEFAULT_TRAIN_MODULE = "recipe.multiturn_rl.main"
-SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
 ENVSERVICE_KEYS = ("envs", "env_config", "host", "port", "args", "startup_timeout_s")
 SERVICE_KEYS = ("command", "host", "port", "health_url", "env", "env_file", "activate", "startup_timeout_s", "env_url",
                 "hint")
@@ -125,25 +126,24 @@ class LaunchConfig:
     train: TrainConfig
     dotenv: dict[str, str]
 
-    def redacted(self) -> dict[str, Any]:
-        """A plain dict for the experiment folder, with secret-looking values hidden."""
+    def redactor(self, cli_overrides: list[str] = ()) -> Redactor:
+        """What hides this run's secret values wherever the launcher prints or writes them (launch/secrets.py)."""
+        services = list(self.services.values())
+        commands = [service.command for service in services] + [step.command for step in self.prepare]
+        commands += [self.train.command or [], self.train.overrides, list(cli_overrides)]
+        return collect_secrets([self.dotenv, self.train.env, *(service.env for service in services)], commands,
+                               env_files=[service.env_file for service in services])
+
+    def redacted(self, redactor: Redactor | None = None) -> dict[str, Any]:
+        """A plain dict for the experiment folder: secret-named values hidden, and every secret value known to
+        `redactor` wherever else it appears (arguments, URLs)."""
         data = asdict(self)
         data["conf_path"] = str(self.conf_path)
-        data["dotenv"] = redact_all(self.dotenv)
-        data["train"]["env"] = redact_all(self.train.env)
+        data["dotenv"] = redact_by_name(self.dotenv)
+        data["train"]["env"] = redact_by_name(self.train.env)
         for service in data["services"].values():
-            service["env"] = redact_all(service["env"])
-        return data
-
-
-def redact(name: str, value: str) -> str:
-    """Hide the value of anything named like a token or key."""
-    return "***" if value and SECRET_NAME.search(name) else value
-
-
-def redact_all(values: dict[str, str]) -> dict[str, str]:
-    """`redact` applied to every entry."""
-    return {key: redact(key, value) for key, value in values.items()}
+            service["env"] = redact_by_name(service["env"])
+        return (redactor or self.redactor()).data(data)
 
 
 def parse_dotenv(text: str, source: str = ".env") -> dict[str, str]:

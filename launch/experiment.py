@@ -2,7 +2,7 @@
 
     <root>/<name>-<YYYYmmdd-HHMMSS>/
       launcher.yaml        the --conf file as given
-      config.yaml          the resolved launch config (.env secrets hidden), services' URLs, training command
+      config.yaml          the resolved launch config (secret values hidden), services' URLs, training command
       command.txt          the launcher's command line and the training command
       git.txt, git.diff    the commit, `git status`, and the uncommitted diff
       verl.txt             the verl pin (REQUIRED_VERL.txt) and the installed verl version
@@ -24,6 +24,7 @@ from pathlib import Path
 import yaml
 
 from beyond_agent.verl_pin import installed_verl_version, read_pin
+from launch.secrets import Redactor
 
 
 def create_experiment_dir(root: Path, name: str) -> Path:
@@ -77,18 +78,19 @@ def pip_freeze() -> str:
     return "# pip unavailable: listed from importlib.metadata\n" + "\n".join(lines) + "\n"
 
 
-def write_commands(folder: Path, launcher_argv: list[str], train_command: list[str] | None) -> None:
-    """command.txt: how the launcher was run and the training command it runs."""
+def write_commands(folder: Path, launcher_argv: list[str], train_command: list[str] | None,
+                   redactor: Redactor) -> None:
+    """command.txt: how the launcher was run and the training command it runs (secrets hidden)."""
     text = f"# launcher\n{shlex.join(launcher_argv)}\n"
     if train_command:
         text += f"\n# training\n{shlex.join(train_command)}\n"
-    (folder / "command.txt").write_text(text)
+    (folder / "command.txt").write_text(redactor.text(text))
 
 
-def write_config(folder: Path, resolved: dict, conf_path: Path) -> None:
-    """config.yaml (resolved) and launcher.yaml (the file as given)."""
-    (folder / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
-    (folder / "launcher.yaml").write_text(conf_path.read_text())
+def write_config(folder: Path, resolved: dict, conf_path: Path, redactor: Redactor) -> None:
+    """config.yaml (resolved) and launcher.yaml (the file as given), secret values hidden in both."""
+    (folder / "config.yaml").write_text(yaml.safe_dump(redactor.data(resolved), sort_keys=False))
+    (folder / "launcher.yaml").write_text(redactor.text(conf_path.read_text()))
 
 
 def write_processes(folder: Path, children) -> None:

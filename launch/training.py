@@ -104,13 +104,16 @@ def step_summary(step: int, metrics: dict) -> str:
 
 
 def run_streamed(name: str, command: list[str], env: dict[str, str], log_path: Path, tracker: ProcessTracker,
-                 on_line: Callable[[str], None] | None = None, echo: TextIO = sys.stdout) -> int:
-    """Run `command` in its own process group; copy its output to the terminal and `log_path`; return its code."""
+                 on_line: Callable[[str], None] | None = None, echo: TextIO = sys.stdout,
+                 redact: Callable[[str], str] = lambda line: line) -> int:
+    """Run `command` in its own process group; copy its output (through `redact`, which hides the run's secret
+    values) to the terminal and `log_path`; return its code."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as log:
         child = tracker.add(ChildProcess.start(command, name, env={**os.environ, **env}, stdout=subprocess.PIPE,
                                                stderr=subprocess.STDOUT, text=True, bufsize=1, errors="replace"))
         for line in child.process.stdout:
+            line = redact(line)
             log.write(line)
             log.flush()
             echo.write(line)

@@ -1,0 +1,76 @@
+"""Secrets never leave the launcher in clear (launch/secrets.py): the redactor by hand, then a real launch
+whose `.env`, `train.env`, envservice arguments, Hydra overrides and a `user:pass@` URL all carry secrets,
+none of which may appear in the experiment folder's files, the teed training log or the launcher's output."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from launch.secrets import HIDDEN, MIN_SECRET_LENGTH, collect_secrets, secrets_in_arguments
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_launcher_on_cpu import started_pids  # noqa: E402
+
+
+def test_secret_values_are_found_by_name_flag_key_and_env_file(tmp_path):
+    env_file = tmp_path / "svc.env"
+    env_file.write_text("export SVC_TOKEN='from-env-file'\nDATA=/d\n")
+    redactor = collect_secrets(
+        [{"HF_TOKEN": "hf_abc123", "DB_PASS": "pa55word", "PLAIN": "visible", "WANDB_API_KEY": "k"}],
+        [["serve", "--token", "tok-flag-1"], ["--api-key=key-joined-2", "+beyond_agent.env.token=tok-hydra-3",
+                                             "data.path=/not/secret"]], env_files=[str(env_file), None])
+    assert redactor.secrets == {"hf_abc123", "pa55word", "tok-flag-1", "key-joined-2", "tok-hydra-3",
+                                "from-env-file"}  # "k" is shorter than MIN_SECRET_LENGTH: hidden by name only
+    assert MIN_SECRET_LENGTH == 4
+    line = "run --token tok-flag-1 with hf_abc123 at https://me:hunter22@host.example/x and visible /not/secret"
+    assert redactor.text(line) == (f"run --token {HIDDEN} with {HIDDEN} at https://me:{HIDDEN}@host.example/x and "
+                                   "visible /not/secret")
+    assert redactor.data({"a": ["pa55word", 3], "b": {"c": "x-from-env-file-y"}}) == {
+        "a": [HIDDEN, 3], "b": {"c": f"x-{HIDDEN}-y"}}
+
+
+def test_a_flag_at_the_end_and_plain_arguments_give_nothing():
+    assert secrets_in_arguments(["--token"]) == set()
+    assert secrets_in_arguments(["--port", "8000", "trainer.keyword=x", "model.path=/m"]) == set()
+
+
+SECRETS = {"dotenv": "hf_dotenv_secret_1", "train_env": "db-pass-secret-2", "service_arg": "svc-token-secret-3",
+           "override": "wandb-key-secret-4", "url_password": "url-password-5"}
+
+
+def test_no_secret_reaches_the_experiment_folder_or_the_terminal(launch, conf, fake_train, tmp_path, helpers):
+    dotenv = tmp_path / "run.env"
+    dotenv.write_text(f"HF_TOKEN={SECRETS['dotenv']}\n")
+    path = conf({"experiment": {"name": "t"},
+                 "envservice": {"envs": ["babyai"], "args": ["--token", SECRETS["service_arg"]]},
+                 "train": {"command": ["{python}", str(fake_train), str(tmp_path), "1", "exit"],
+                           "env": {"DB_PASS": SECRETS["train_env"], "PLAIN": "plain-value"}}})
+    backup = tmp_path / "exp"
+    overrides = [f"+trainer.wandb_api_key={SECRETS['override']}",
+                 f"data.url=https://me:{SECRETS['url_password']}@data.example/x"]
+    run = launch("--conf", str(path), "--env-file", str(dotenv), "--with-envservice", "--backup-dir", str(backup),
+                 "--", *overrides)
+    assert run.wait(120) == 0, run.text()
+    folder = run.experiment_dir(backup)
+    written = {str(file.relative_to(folder)): file.read_text(errors="replace")
+               for file in folder.rglob("*") if file.is_file()}
+    # The fake trainer printed its arguments (the overrides) into the teed log; the service got its token.
+    assert "fake trainer sees" in written["logs/train.log"] and f"me:{HIDDEN}@data.example" in written["logs/train.log"]
+    assert f"--token {HIDDEN}" in run.text() and "envservice is healthy" in run.text()
+    for where, text in [*written.items(), ("launcher output", run.text())]:
+        leaked = [name for name, secret in SECRETS.items() if secret in text]
+        assert not leaked, f"{where} holds {leaked}"
+    assert "plain-value" in written["config.yaml"] and "babyai" in written["launcher.yaml"]  # only secrets go
+    assert not [pid for pid in started_pids(folder, tmp_path) if helpers.is_alive(pid)]
+
+
+def test_the_dry_run_hides_them_too(launch, conf, fake_train, tmp_path):
+    path = conf({"experiment": {"name": "t"}, "envservice": {"envs": ["babyai"], "args": ["--token", "svc-tok-dry"]},
+                 "train": {"command": ["{python}", str(fake_train), str(tmp_path), "1", "exit"],
+                           "env": {"DB_PASS": "abc", "PLAIN": "plain-value"}}})
+    run = launch("--conf", str(path), "--with-envservice", "--dry-run", "--", "+x.api_key=dry-key-123")
+    assert run.wait(60) == 0, run.text()
+    text = run.text()
+    assert "svc-tok-dry" not in text and "dry-key-123" not in text and "DB_PASS=abc" not in text
+    assert f"DB_PASS={HIDDEN}" in text and "PLAIN=plain-value" in text
