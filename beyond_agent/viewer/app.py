@@ -53,7 +53,7 @@ class RunState:
     def __init__(self, folder: Path, tokenizer: str | None):
         self.folder = folder
         self.metrics = MetricsLog(folder)
-        self.episodes = EpisodeStore(trajectory_folders(folder))
+        self.episodes = EpisodeStore(trajectory_folders(folder), root=folder)
         self.tokenizer_path = tokenizer or model_path_from_config(folder)
         self._texts: TokenTexts | None = None
         self.lock = threading.Lock()

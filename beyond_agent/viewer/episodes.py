@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from beyond_agent.run_folder import within
 from beyond_agent.trajectories import KINDS, parse_dump_file_name, parse_line
 
 CACHED_STEPS = 64
@@ -85,8 +86,10 @@ def _number(params: dict[str, str], key: str) -> float | None:
 class EpisodeStore:
     """The dump files under the run's trajectory folders, indexed lazily (see the module docstring)."""
 
-    def __init__(self, folders: list[Path]):
+    def __init__(self, folders: list[Path], root: Path | None = None):
         self.folders = folders
+        self.root = root
+        """The run folder: a dump file that links out of it is not read (None: no such check)."""
         self._index: OrderedDict[Path, tuple[tuple[int, float], list[tuple[int, dict]]]] = OrderedDict()
 
     def dump_files(self) -> list[DumpFile]:
@@ -94,6 +97,8 @@ class EpisodeStore:
         found: dict[tuple[int, str], DumpFile] = {}
         for folder in self.folders:
             for path in folder.glob("*step_*.jsonl") if folder.is_dir() else []:
+                if self.root is not None and not within(self.root, path):
+                    continue
                 parsed = parse_dump_file_name(path.name)
                 if parsed:
                     found[parsed] = DumpFile(parsed[0], parsed[1], path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import requests
 
 from beyond_agent.trajectories import TrajectoryFormatError, read_dump
 from beyond_agent.curves import write_curves_png
-from beyond_agent.run_folder import MetricsLog
+from beyond_agent.run_folder import TEXT_LIMIT, MetricsLog
 
 TRAJECTORIES = Path("checkpoints") / "trajectories"
 
@@ -96,6 +97,33 @@ def test_the_run_s_config_and_versions_are_served(viewer_url: str, run_folder: P
     assert run["name"] == run_folder.name and run["versions"]["verl"] == "0.9.0"
     assert run["versions"]["commit"] and "actor_rollout_ref:" in run["training_config"]
     assert run["launcher_config"] == (run_folder / "config.yaml").read_text()
+
+
+def test_links_out_of_the_run_folder_are_not_followed_and_big_files_are_read_in_part(viewer_url: str,
+                                                                                       run_folder: Path, tmp_path: Path):
+    """#33 finding 5: `command.txt -> a secret file` and `verl.txt -> /proc/self/environ` were served whole, and a
+    400 MB config was read whole before being cut."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("TOKEN=do-not-serve\n")
+    (outside / "step_60.jsonl").write_text((run_folder / TRAJECTORIES / "step_1.jsonl").read_text())
+    (run_folder / "command.txt").unlink()
+    (run_folder / "command.txt").symlink_to(outside / "secret.txt")
+    (run_folder / "verl.txt").unlink()
+    (run_folder / "verl.txt").symlink_to("/proc/self/environ")
+    (run_folder / TRAJECTORIES / "step_60.jsonl").symlink_to(outside / "step_60.jsonl")
+    with (run_folder / "config.yaml").open("r+b") as config:
+        config.truncate(400 << 20)  # sparse: 400 MB of zero bytes after the real text
+    started = time.monotonic()
+    run = requests.get(f"{viewer_url}/api/run", timeout=30).json()
+    assert run["command"] == "[not shown: command.txt links outside the run folder]"
+    assert run["versions"]["verl.txt"] == "[not shown: verl.txt links outside the run folder]"
+    assert "do-not-serve" not in json.dumps(run) and "PATH=" not in json.dumps(run)
+    assert run["launcher_config"].endswith(f"[cut at {TEXT_LIMIT} bytes of {400 << 20}]")
+    assert len(run["launcher_config"]) < TEXT_LIMIT + 100 and time.monotonic() - started < 10
+    steps = requests.get(f"{viewer_url}/api/steps", timeout=10).json()
+    assert 60 not in [entry["step"] for entry in steps["steps"]]  # the linked dump is not listed
+    assert requests.get(f"{viewer_url}/api/episodes", params={"step": 60}, timeout=10).status_code == 404
 
 
 def test_a_dump_line_that_is_not_a_record_is_named(viewer_url: str, run_folder: Path):
