@@ -1,6 +1,7 @@
 """Run the environment service: `python -m envservice --envs babyai,textcraft --port 8000`.
 
-Binds 127.0.0.1 by default. A non-loopback host needs a token (`--token` or ENVSERVICE_TOKEN). Prints one
+Binds 127.0.0.1 by default, and then answers only to loopback Host names (`--allowed-host` adds one). A
+non-loopback host needs a token (`--token` or ENVSERVICE_TOKEN). Prints one
 line `envservice ready on http://HOST:PORT (envs: ...; backend: ...; step timeout: ...)` on stdout once it
 accepts requests; with `--port 0` the line shows the port the system picked. Before that line the served
 envs' packages are imported, in the service and in every worker, so that no first /create stalls on an
@@ -33,7 +34,7 @@ import time
 
 import uvicorn
 
-from envservice.childproc import is_loopback
+from envservice.childproc import allowed_hosts, is_loopback
 from envservice import registry
 from envservice.env_config import EnvConfigError, load_env_config
 from envservice.latency import InjectedLatency, LatencySpecError, parse_latency_spec
@@ -60,6 +61,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help=f"largest request body; larger ones get 413 before they are read (default "
                         f"{DEFAULT_MAX_REQUEST_BYTES})")
     parser.add_argument("--token", default=None, help="bearer token required from clients (or ENVSERVICE_TOKEN)")
+    parser.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                        help="a Host name to answer besides localhost/127.0.0.1/::1 when bound to loopback (e.g. a "
+                        "container's host name; repeatable); other names get 400 (DNS rebinding)")
     parser.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
     parser.add_argument("--no-preload", dest="preload", action="store_false",
                         help="do not import the served envs' packages before the ready line (in the service and "
@@ -210,7 +214,8 @@ def build_settings(args: argparse.Namespace, env_ids: list[str], token: str | No
                    backend: EnvBackend) -> Settings:
     """The service `Settings` the parsed flags ask for."""
     return Settings(env_ids=env_ids, max_sessions=args.max_sessions, idle_timeout_s=args.idle_timeout,
-                    token=token, backend=backend, preload=args.preload, max_request_bytes=args.max_request_bytes)
+                    token=token, backend=backend, preload=args.preload, max_request_bytes=args.max_request_bytes,
+                    allowed_hosts=allowed_hosts(args.host, args.allowed_host))
 
 
 def main(argv: list[str] | None = None) -> int:

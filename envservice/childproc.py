@@ -205,6 +205,35 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+"""The Host names a loopback-bound server answers to (with any port), besides the ones its user adds."""
+
+
+def allowed_hosts(bind_host: str, extra: Sequence[str] = ()) -> tuple[str, ...] | None:
+    """The Host header names a server bound to `bind_host` answers to; None: any.
+
+    Why: a web page on another site can point its own DNS name at 127.0.0.1 (DNS rebinding) and reach a
+    loopback server from the user's browser; its requests then carry that site's name as Host. A server
+    bound to loopback therefore answers only to loopback names (and the `extra` ones its user names, e.g. a
+    container's host name). One bound elsewhere is reached by names it cannot know, and needs its token.
+    """
+    if not is_loopback(bind_host):
+        return tuple(name.lower() for name in extra) or None
+    return (*LOOPBACK_NAMES, *(name.lower() for name in extra))
+
+
+def host_allowed(host_header: str, allowed: Sequence[str] | None) -> bool:
+    """Whether a request's Host header (`name`, `name:port`, `[v6]:port`) names an allowed host."""
+    if allowed is None:
+        return True
+    host = host_header.strip().lower()
+    if host.startswith("["):  # [::1]:8000
+        name = host[1:host.find("]")] if "]" in host else host
+    else:
+        name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    return name in allowed
+
+
 def is_loopback(host: str) -> bool:
     """Whether `host` (a name or an address) only reaches this machine: `localhost`, 127.0.0.0/8 or ::1."""
     import ipaddress

@@ -36,6 +36,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from envservice import registry
+from envservice.childproc import host_allowed
 from envservice.errors import CLIP_CHARS, EnvServiceError, clip
 from envservice.host import entry_point_of
 from envservice.protocol import (
@@ -88,6 +89,9 @@ class Settings:
     ready (`preload_envs`); False starts faster and leaves each import to the env's first /create."""
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     """Largest request body; a larger one is refused (413 `too_large`) before it is read."""
+    allowed_hosts: tuple[str, ...] | None = None
+    """Host header names answered (`childproc.allowed_hosts`: the loopback names for a loopback bind); None: any.
+    Another Host gets 400 `bad_request` before anything else is read (DNS rebinding)."""
 
 
 @dataclass(frozen=True)
@@ -130,7 +134,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     _add_error_handlers(app)
     _add_routes(app, manager, env_ids)
     _describe_in_openapi(app, env_ids, settings.token is not None)
-    app.add_middleware(RequestGuard, token=settings.token, max_request_bytes=settings.max_request_bytes)
+    app.add_middleware(RequestGuard, token=settings.token, max_request_bytes=settings.max_request_bytes,
+                       allowed_hosts=settings.allowed_hosts)
     return app
 
 
@@ -194,8 +199,10 @@ class RequestGuard:
     read; the body of an accepted request is read here (bounded) and replayed to the app.
     """
 
-    def __init__(self, app: ASGIApp, token: str | None, max_request_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, token: str | None, max_request_bytes: int,
+                 allowed_hosts: tuple[str, ...] | None = None) -> None:
         self.app, self.token, self.max_request_bytes = app, token, max_request_bytes
+        self.allowed_hosts = allowed_hosts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -230,8 +237,13 @@ class RequestGuard:
         await refusal(scope, receive, send_with_id)
 
     def _refusal(self, scope: Scope, request_id: str) -> ProtocolJSONResponse | None:
-        """The answer to a request refused on its headers alone (no token, too large), or None."""
+        """The answer to a request refused on its headers alone (foreign Host, no token, too large), or None."""
         headers = dict(scope["headers"])
+        host = headers.get(b"host", b"").decode("latin-1")
+        if not host_allowed(host, self.allowed_hosts):
+            return error_response(EnvServiceError(
+                ErrorCode.bad_request, f"Host {clip(host, 100)!r} is not a name this service answers to (allowed: "
+                f"{', '.join(self.allowed_hosts)}); start it with --allowed-host NAME to add one"), request_id)
         if self.token is not None and scope["path"] not in UNAUTHENTICATED_PATHS and not self._authorised(headers):
             return error_response(EnvServiceError(ErrorCode.unauthorized,
                                                   "missing or wrong 'Authorization: Bearer <token>' header"),

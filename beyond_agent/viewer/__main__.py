@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from envservice.childproc import free_port, is_loopback
+from envservice.childproc import allowed_hosts, free_port, is_loopback
 from beyond_agent.curves import write_curves_png
 from beyond_agent.run_folder import MetricsLog
 
@@ -21,6 +21,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tokenizer", default=None,
                         help="tokenizer folder for token texts (default: the model of the run's training config)")
     parser.add_argument("--png", type=Path, default=None, help="write the curves PNG here and exit")
+    parser.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                        help="a Host name to answer besides localhost/127.0.0.1/::1 when listening on loopback "
+                        "(repeatable); other names get 400 (DNS rebinding)")
     return parser.parse_args(argv)
 
 
@@ -43,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"viewer: warning: listening on {args.host}: anyone who can reach it reads this run "
               "(the viewer has no login)", file=sys.stderr)
     port = args.port or free_port(args.host)
-    app = create_app(args.folder.resolve(), args.tokenizer)
+    app = create_app(args.folder.resolve(), args.tokenizer, hosts=allowed_hosts(args.host, args.allowed_host))
     print(f"viewer: serving {args.folder.resolve()} at http://{args.host}:{port}/", file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=port, log_level="warning")
     return 0

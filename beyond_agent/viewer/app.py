@@ -28,6 +28,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
+from envservice.childproc import host_allowed
 from beyond_agent.trajectories import KINDS, TrajectoryFormatError
 from beyond_agent.curves import PANELS
 from beyond_agent.viewer.episode_view import TokenTexts, episode_view
@@ -102,13 +103,22 @@ def _kind(request: Request) -> str:
     return kind
 
 
-def create_app(folder: Path, tokenizer: str | None = None) -> FastAPI:
-    """The viewer over `folder` (read live; see the module docstring)."""
+def create_app(folder: Path, tokenizer: str | None = None, hosts: tuple[str, ...] | None = None) -> FastAPI:
+    """The viewer over `folder` (read live; see the module docstring). `hosts`: the Host header names it
+    answers to (`envservice.childproc.allowed_hosts`; None: any), refused with 400 otherwise (DNS rebinding)."""
     state = RunState(folder, tokenizer)
     threading.Thread(target=state.texts, name="load-tokenizer", daemon=True).start()
     app = FastAPI(title="BeyondAgent run viewer", docs_url=None, redoc_url=None)
     app.state.run = state
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    @app.middleware("http")
+    async def known_hosts_only(request: Request, call_next):
+        host = request.headers.get("host", "")
+        if not host_allowed(host, hosts):
+            return _error(400, f"Host {host[:100]!r} is not a name this viewer answers to (allowed: "
+                               f"{', '.join(hosts)}); start it with --allowed-host NAME to add one")
+        return await call_next(request)
 
     @app.exception_handler(ValueError)
     async def bad_parameter(request: Request, error: ValueError):

@@ -325,3 +325,30 @@ def test_the_405_names_the_allowed_methods(make_client) -> None:
     """#33 finding 8: the `Allow` header was looked up in the wrong case, so the message said `allowed: ?`."""
     message = _error(make_client().get("/step"), 405, "method_not_allowed").message
     assert message.endswith("allowed: POST"), message
+
+
+def test_a_loopback_service_answers_only_to_loopback_host_names(guarded_service: str, tmp_path) -> None:
+    """#33 finding 6: `Host: attacker.example` got 200 (DNS rebinding: a page on that site reaches a loopback
+    service from the user's browser). Now 400 in our format, before the token is even looked at."""
+    port = guarded_service.rsplit(":", 1)[1]
+    for host in ("attacker.example", f"attacker.example:{port}", "127.0.0.1.attacker.example"):
+        response = requests.get(f"{guarded_service}/healthz", headers={"Host": host}, timeout=5)
+        assert f"Host {host!r} is not a name this service answers to" in _error(response, 400, "bad_request").message
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", "localhost", f"[::1]:{port}"):
+        assert requests.get(f"{guarded_service}/healthz", headers={"Host": host}, timeout=5).status_code == 200, host
+    log = tmp_path / "named.log"
+    with EnvServiceProcess(["frozenlake"], extra_args=["--allowed-host", "trainer.internal"], log_path=log,
+                           startup_timeout_s=60) as service:  # a name its user adds is answered too
+        response = requests.get(f"{service.url}/healthz", headers={"Host": "trainer.internal:8000"}, timeout=5)
+        assert response.status_code == 200
+
+
+@pytest.mark.parametrize("bind, extra, host, answered", [
+    ("127.0.0.1", (), "localhost:1", True), ("127.0.0.1", (), "LOCALHOST", True), ("::1", (), "[::1]", True),
+    ("127.0.0.1", (), "evil.example", False), ("127.0.0.1", (), "", False), ("127.0.0.1", ("box",), "box:9", True),
+    ("0.0.0.0", (), "anything.example", True), ("0.0.0.0", ("box",), "other", False),
+])
+def test_allowed_hosts_by_hand(bind: str, extra: tuple, host: str, answered: bool) -> None:
+    from envservice.childproc import allowed_hosts, host_allowed
+
+    assert host_allowed(host, allowed_hosts(bind, extra)) is answered

@@ -126,6 +126,14 @@ def test_links_out_of_the_run_folder_are_not_followed_and_big_files_are_read_in_
     assert requests.get(f"{viewer_url}/api/episodes", params={"step": 60}, timeout=10).status_code == 404
 
 
+def test_the_viewer_answers_only_to_loopback_host_names(viewer_url: str):
+    """#33 finding 6 (DNS rebinding): a foreign Host gets 400, the loopback names the page."""
+    port = viewer_url.rsplit(":", 1)[1]
+    refused = requests.get(f"{viewer_url}/api/run", headers={"Host": "attacker.example"}, timeout=10)
+    assert refused.status_code == 400 and "is not a name this viewer answers to" in refused.json()["error"]
+    assert requests.get(f"{viewer_url}/api/run", headers={"Host": f"localhost:{port}"}, timeout=10).status_code == 200
+
+
 def test_a_dump_line_that_is_not_a_record_is_named(viewer_url: str, run_folder: Path):
     (run_folder / TRAJECTORIES / "step_50.jsonl").write_text('{"schema": 1, "kind": "train"}\n')
     answer = requests.get(f"{viewer_url}/api/episodes", params={"step": 50}, timeout=10)
