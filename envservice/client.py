@@ -152,7 +152,7 @@ class EnvClient:
                 if last_attempt or not (idempotent or _not_sent(exc)):
                     raise
             else:
-                if response.status_code != 503 or last_attempt:
+                if not _retryable(response) or last_attempt:
                     return _parse(response, model)
             time.sleep(self.backoff_s * (2**attempt))
         raise AssertionError("unreachable: the last attempt returns or raises")
@@ -184,3 +184,15 @@ def _parse(response: requests.Response, model: type[M]) -> M:
             f"{response.text[:200]!r}", status=response.status_code,
         ) from None
     raise EnvServiceError.from_response(error, response.status_code)
+
+
+def _retryable(response: requests.Response) -> bool:
+    """503 (`capacity`), or 409 `busy`: refused before anything ran, so asking again is safe."""
+    if response.status_code == 503:
+        return True
+    if response.status_code != 409:
+        return False
+    try:
+        return response.json().get("code") == ErrorCode.busy.value
+    except ValueError:
+        return False

@@ -60,7 +60,8 @@ class ErrorCode(str, Enum):
     `env_error`: the env raised or its worker died; `env_timeout`: an env call ran past the service's
     `--step-timeout`. Both close that session only (a timed-out step may have been applied: not retried).
     `not_found` / `method_not_allowed`: no such route or method; `too_large`: the body is over the service's
-    `--max-request-bytes`; `internal_error`: a bug in the service itself (logged with the response's request id).
+    `--max-request-bytes`; `internal_error`: a bug in the service itself (logged with the response's request id);
+    `busy`: the session is answering another call of its own (nothing was done; retry once that call is back).
     """
 
     bad_request = "bad_request"
@@ -77,6 +78,7 @@ class ErrorCode(str, Enum):
     method_not_allowed = "method_not_allowed"
     too_large = "too_large"
     internal_error = "internal_error"
+    busy = "busy"
 
 
 ERROR_STATUS: dict[ErrorCode, int] = {
@@ -94,6 +96,7 @@ ERROR_STATUS: dict[ErrorCode, int] = {
     ErrorCode.method_not_allowed: 405,
     ErrorCode.too_large: 413,
     ErrorCode.internal_error: 500,
+    ErrorCode.busy: 409,
 }
 """HTTP status of each error code."""
 

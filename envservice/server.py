@@ -370,8 +370,10 @@ def _add_routes(app: FastAPI, manager: SessionManager, env_ids: list[str]) -> No
         return EnvList(envs=[spec for spec in map(_loadable_spec, env_ids) if spec is not None])
 
     @app.get("/healthz", response_model=Health)
-    def healthz() -> Health:
-        """Liveness and load (no token needed)."""
+    async def healthz() -> Health:
+        """Liveness and load (no token needed). On the event loop, not in the env calls' thread pool, so that a
+        pool full of slow env calls never makes the service look dead (the ledger's lock is never held while an
+        env runs)."""
         ledger = manager.ledger()
         return Health(status="ok", sessions=ledger["open"], max_sessions=manager.max_sessions, envs=env_ids,
                       created=ledger["created"], closed=ledger["closed"])

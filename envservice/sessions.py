@@ -2,7 +2,9 @@
 
 Thread model: FastAPI runs the sync endpoints in a thread pool. A manager-wide lock guards only the
 session table (never held while an environment runs); each session has its own lock, so one slow
-environment does not block the others. Any exception raised inside an environment closes and drops that
+environment does not block the others. A call on a session that is busy with another call is refused at
+once (`busy`, retryable) instead of waiting for the lock: a waiter would hold one of the pool's threads, and
+100 calls queued on one slow session once took every thread from every other client. Any exception raised inside an environment closes and drops that
 one session and becomes an `env_error`; the service keeps serving the rest.
 
 Placement and time limits: environments are built by an `EnvBackend` (`envservice.backends`):
@@ -26,6 +28,7 @@ import threading
 import time
 import uuid
 from collections import Counter, OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -123,7 +126,7 @@ class SessionManager:
     def step(self, session_id: str, action: str) -> StepResponse:
         """Apply one action; refused once the episode is over; an env exception ends this session only."""
         session = self._get(session_id)
-        with session.lock:
+        with self._session_lock(session, "step"):
             self._check_open(session)
             if session.over:
                 raise EnvServiceError(
@@ -138,11 +141,23 @@ class SessionManager:
     def evaluate(self, session_id: str) -> EvaluateResponse:
         """Score the episode (allowed during and after it)."""
         session = self._get(session_id)
-        with session.lock:
+        with self._session_lock(session, "evaluate"):
             self._check_open(session)
             response = self._guarded(session, "evaluate", lambda: _evaluate_response(session.env.evaluate()))
             session.last_used = self._clock()
             return response
+
+    @staticmethod
+    @contextmanager
+    def _session_lock(session: Session, call: str):
+        """The session's lock, or `busy` at once when another call holds it (module docstring)."""
+        if not session.lock.acquire(blocking=False):
+            raise EnvServiceError(ErrorCode.busy, f"session {session.session_id} is answering another call; /{call} "
+                                  "was not run: retry once that call is back")
+        try:
+            yield
+        finally:
+            session.lock.release()
 
     def release(self, session_id: str) -> ReleaseResponse:
         """Close the session's environment and forget the session.

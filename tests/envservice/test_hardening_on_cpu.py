@@ -206,7 +206,7 @@ def _content_length(answer: bytes) -> int:
 
 def test_unauthenticated_upload_is_refused_before_its_body_is_read(guarded_service: str) -> None:
     # The head announces 300 MiB and none of it is sent: an answer proves the server never waited for the body.
-    head = "POST /step HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 314572800\r\n"
+    head = "POST /step HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 314572800\r\n"
     seconds, answer = _raw_exchange(guarded_service, head)
     assert answer.startswith("HTTP/1.1 401") and seconds < 2, answer
     assert 'www-authenticate: bearer realm="envservice"' in answer.lower()
@@ -214,7 +214,7 @@ def test_unauthenticated_upload_is_refused_before_its_body_is_read(guarded_servi
 
 
 def test_oversized_body_is_413_before_it_is_read(guarded_service: str) -> None:
-    head = (f"POST /step HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n"
+    head = (f"POST /step HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {LIMIT_BYTES + 1}\r\n")
     seconds, answer = _raw_exchange(guarded_service, head, b'{"session_id": "')
     assert answer.startswith("HTTP/1.1 413") and seconds < 2, answer
@@ -352,3 +352,36 @@ def test_allowed_hosts_by_hand(bind: str, extra: tuple, host: str, answered: boo
     from envservice.childproc import allowed_hosts, host_allowed
 
     assert host_allowed(host, allowed_hosts(bind, extra)) is answered
+
+
+def test_calls_queued_on_one_slow_session_never_starve_other_clients(tmp_path) -> None:
+    """#33 finding 3: 100 concurrent /step calls on one session with a 0.5 s step parked one pool thread each,
+    and another client's /healthz took 28 s. Now the calls the session cannot take are refused at once (409
+    `busy`, nothing run), /healthz runs on the event loop, and our client retries `busy` until it gets in."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with EnvServiceProcess(["frozenlake"], extra_args=["--step-delay", "fixed:0.5"], log_path=tmp_path / "slow.log",
+                           startup_timeout_s=60) as service:
+        session = EnvClient(service.url).create("frozenlake", task_id=0).session_id
+
+        def raw_step(_: int) -> tuple[int, str]:
+            answer = requests.post(f"{service.url}/step", json={"session_id": session, "action": "right"}, timeout=30)
+            return answer.status_code, answer.json().get("code", "")
+
+        with ThreadPoolExecutor(100) as pool:
+            calls = [pool.submit(raw_step, i) for i in range(100)]
+            time.sleep(0.2)
+            started = time.monotonic()
+            health = requests.get(f"{service.url}/healthz", timeout=30)
+            health_s = time.monotonic() - started
+            answers = [call.result() for call in calls]
+        assert health.status_code == 200 and health_s < 1.0, f"/healthz took {health_s:.1f} s"
+        refused = [answer for answer in answers if answer[0] == 409]
+        assert all(code == "busy" for _, code in refused) and len(refused) >= 90, answers
+        assert all(status in (200, 409) for status, _ in answers), answers  # no 5xx, no timeout
+
+        client = EnvClient(service.url, retries=6, backoff_s=0.2)
+        fresh = client.create("frozenlake", task_id=0).session_id
+        with ThreadPoolExecutor(2) as pool:  # two calls at once: one meets `busy`, waits and retries
+            answers = list(pool.map(lambda call: call(fresh), [lambda s: client.step(s, "down"), client.evaluate]))
+        assert len(answers) == 2
