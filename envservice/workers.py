@@ -37,6 +37,9 @@ START_TIMEOUT_S = 120.0
 """How long a new worker may take to import and say it is ready (not counted in any call's limit)."""
 _READY = -1
 """The call id of the message a worker sends once it serves."""
+_STARTED = "started"
+"""The reply a worker sends first for each call, when one of its threads starts it: the call's time limit
+counts from there, so that a call queued behind others of the same worker is not taken for a hung one."""
 
 
 class ProcessBackend(PooledBackend):
@@ -66,7 +69,7 @@ class ProcessWorker:
         child_conn.close()  # the child holds the only other end: its death closes the pipe
         self.index, self.load, self.pid = index, 0, self.process.pid
         self._on_death = on_death
-        self._pending: dict[int, Future] = {}
+        self._pending: dict[int, tuple[threading.Event, Future]] = {}  # call id -> (started, reply)
         self._ids = itertools.count()
         self._lock, self._send_lock = threading.Lock(), threading.Lock()
         self._death: str | None = None
@@ -83,17 +86,21 @@ class ProcessWorker:
         return f"worker {self.index} (pid {self.pid})"
 
     def request(self, method: str, key: str, args: tuple, timeout_s: float | None) -> Reply:
-        """Send one request and wait for its reply (see `WorkerHandle.request`)."""
+        """Send one request and wait for its reply (see `WorkerHandle.request`); `timeout_s` counts from when a
+        worker thread starts the call (`_STARTED`), not while it waits for one of the worker's threads. A call
+        that waits is not left waiting for ever: the calls ahead of it run under the limit, and a worker killed
+        for one of them fails every call it holds."""
         if not self._ready.wait(START_TIMEOUT_S):
             self.kill(f"{self.describe()} did not start within {START_TIMEOUT_S:g} s")
-        future: Future = Future()
+        started, future = threading.Event(), Future()
         with self._lock:
             if self._death is not None or self._kill_reason is not None:
                 raise WorkerLost(self._death or self._kill_reason)
             call_id = next(self._ids)
-            self._pending[call_id] = future
+            self._pending[call_id] = (started, future)
         try:
             self._send((call_id, method, key, args))
+            started.wait()  # set when a thread starts it, or when the worker dies (the future then fails)
             return future.result(timeout_s)  # TimeoutError when no reply came in time
         finally:
             with self._lock:
@@ -136,8 +143,12 @@ class ProcessWorker:
                 self._ready.set()
                 continue
             with self._lock:
-                future = self._pending.pop(call_id, None)
-            if future is not None and not future.done():
+                waiting = self._pending.get(call_id) if reply == _STARTED else self._pending.pop(call_id, None)
+            if waiting is None:
+                continue
+            started, future = waiting
+            started.set()
+            if reply != _STARTED and not future.done():
                 future.set_result(reply)
         self._died()
 
@@ -148,9 +159,10 @@ class ProcessWorker:
         with self._lock:
             self._death = reason
             pending, self._pending = list(self._pending.values()), {}
-        for future in pending:
+        for started, future in pending:
             if not future.done():
                 future.set_exception(WorkerLost(reason))
+            started.set()
         self._ready.set()  # wake callers waiting for a start that will not come
         self._conn.close()
         if not self._stopped:
@@ -196,6 +208,11 @@ def worker_main(conn: Connection, threads: int) -> None:
 
 def _serve(host: EnvHost, conn: Connection, send_lock: threading.Lock, message: tuple) -> None:
     call_id, method, key, args = message
+    try:
+        with send_lock:
+            conn.send((call_id, _STARTED))  # the service's time limit for this call starts now
+    except (OSError, EOFError):
+        return  # the service is gone
     reply: Any = host.handle(method, key, args)
     try:
         with send_lock:

@@ -385,3 +385,22 @@ def test_calls_queued_on_one_slow_session_never_starve_other_clients(tmp_path) -
         with ThreadPoolExecutor(2) as pool:  # two calls at once: one meets `busy`, waits and retries
             answers = list(pool.map(lambda call: call(fresh), [lambda s: client.step(s, "down"), client.evaluate]))
         assert len(answers) == 2
+
+
+def test_calls_queued_for_a_worker_thread_are_not_taken_for_hung_ones(tmp_path) -> None:
+    """#33 finding 4: one process worker (4 threads), 1 s steps, a 3 s limit and 16 sessions stepping at once:
+    the limit counted from when the call was sent, so queued calls got 504, the worker was killed and all 16
+    sessions closed (`worker_lost`), though each step takes 1 s. The limit now counts from the call's start."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with EnvServiceProcess(["frozenlake"], extra_args=["--backend", "process", "--workers", "1", "--step-delay",
+                                                       "fixed:1", "--step-timeout", "3"],
+                           log_path=tmp_path / "queued.log", startup_timeout_s=120) as service:
+        client = EnvClient(service.url, retries=0, timeout=60)
+        sessions = [client.create("frozenlake", task_id=0).session_id for _ in range(16)]
+        started = time.monotonic()
+        with ThreadPoolExecutor(16) as pool:
+            steps = list(pool.map(lambda session: client.step(session, "right"), sessions))
+        took = time.monotonic() - started
+        assert len(steps) == 16 and took >= 3.5, took  # 16 one-second steps on 4 threads: ~4 s, none refused
+        assert client.health().closed == {}, client.health()  # no session was lost to a killed worker
