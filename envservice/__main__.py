@@ -40,7 +40,8 @@ from envservice.env_config import EnvConfigError, load_env_config
 from envservice.latency import InjectedLatency, LatencySpecError, parse_latency_spec
 from envservice.backend_factory import BACKENDS, make_backend
 from envservice.backends import DEFAULT_STEP_TIMEOUT_S, EnvBackend
-from envservice.server import DEFAULT_MAX_REQUEST_BYTES, Settings, create_app
+from envservice.server import BODY_TIMEOUT_S, DEFAULT_MAX_REQUEST_BYTES, Settings, create_app
+from envservice.transport import HEAD_TIMEOUT_S, SPARE_FILE_DESCRIPTORS, server_options
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -64,6 +65,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                         help="a Host name to answer besides localhost/127.0.0.1/::1 when bound to loopback (e.g. a "
                         "container's host name; repeatable); other names get 400 (DNS rebinding)")
+    parser.add_argument("--max-connections", type=int, default=None,
+                        help="connections served at once, more get 503 (default: the open-file limit less "
+                        f"{SPARE_FILE_DESCRIPTORS})")
+    parser.add_argument("--head-timeout", type=float, default=HEAD_TIMEOUT_S,
+                        help="seconds a request head may take to arrive whole; slower ones get 408 and are closed")
+    parser.add_argument("--body-timeout", type=float, default=BODY_TIMEOUT_S,
+                        help="seconds a request body may take once its head arrived; slower ones get 408")
     parser.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
     parser.add_argument("--no-preload", dest="preload", action="store_false",
                         help="do not import the served envs' packages before the ready line (in the service and "
@@ -215,7 +223,7 @@ def build_settings(args: argparse.Namespace, env_ids: list[str], token: str | No
     """The service `Settings` the parsed flags ask for."""
     return Settings(env_ids=env_ids, max_sessions=args.max_sessions, idle_timeout_s=args.idle_timeout,
                     token=token, backend=backend, preload=args.preload, max_request_bytes=args.max_request_bytes,
-                    allowed_hosts=allowed_hosts(args.host, args.allowed_host))
+                    allowed_hosts=allowed_hosts(args.host, args.allowed_host), body_timeout_s=args.body_timeout)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -237,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("envservice").warning(
             "injecting step latency: %s (seed %d; slept where env calls run, inside --step-timeout)",
             args.latency.describe(), args.step_delay_seed)
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), log_level=args.log_level))
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), log_level=args.log_level,
+                                           **server_options(args.max_connections, args.head_timeout)))
     announce = (server, f"http://{host}:{port}", env_ids, placement_text(backend, args.step_timeout))
     threading.Thread(target=announce_when_ready, args=announce, daemon=True).start()
     try:

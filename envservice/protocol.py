@@ -61,7 +61,8 @@ class ErrorCode(str, Enum):
     `--step-timeout`. Both close that session only (a timed-out step may have been applied: not retried).
     `not_found` / `method_not_allowed`: no such route or method; `too_large`: the body is over the service's
     `--max-request-bytes`; `internal_error`: a bug in the service itself (logged with the response's request id);
-    `busy`: the session is answering another call of its own (nothing was done; retry once that call is back).
+    `busy`: the session is answering another call of its own (nothing was done; retry once that call is back);
+    `request_timeout`: the request head or body did not arrive whole in time (envservice/transport.py).
     """
 
     bad_request = "bad_request"
@@ -79,6 +80,7 @@ class ErrorCode(str, Enum):
     too_large = "too_large"
     internal_error = "internal_error"
     busy = "busy"
+    request_timeout = "request_timeout"
 
 
 ERROR_STATUS: dict[ErrorCode, int] = {
@@ -97,6 +99,7 @@ ERROR_STATUS: dict[ErrorCode, int] = {
     ErrorCode.too_large: 413,
     ErrorCode.internal_error: 500,
     ErrorCode.busy: 409,
+    ErrorCode.request_timeout: 408,
 }
 """HTTP status of each error code."""
 

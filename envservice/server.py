@@ -19,6 +19,7 @@ backend's workers (`preload_envs`), so that the first /create of an env does not
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -62,6 +63,8 @@ logger = logging.getLogger("envservice")
 DEFAULT_MAX_REQUEST_BYTES = 1 << 20
 """Largest request body accepted by default (1 MiB: ten of the longest actions the protocol allows)."""
 UNAUTHENTICATED_PATHS = frozenset({"/healthz"})
+BODY_TIMEOUT_S = 30.0
+"""Seconds a request body may take to arrive whole once its head has (a 1 MiB body needs well under one)."""
 MAX_DETAIL_ITEMS = 20
 """Validation problems listed in one error answer at most (the message gives the count of the rest)."""
 """Routes that answer without the token (liveness probes have none)."""
@@ -89,6 +92,8 @@ class Settings:
     ready (`preload_envs`); False starts faster and leaves each import to the env's first /create."""
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     """Largest request body; a larger one is refused (413 `too_large`) before it is read."""
+    body_timeout_s: float = BODY_TIMEOUT_S
+    """Seconds a request body may take to arrive whole once its head has; past it, 408 `request_timeout`."""
     allowed_hosts: tuple[str, ...] | None = None
     """Host header names answered (`childproc.allowed_hosts`: the loopback names for a loopback bind); None: any.
     Another Host gets 400 `bad_request` before anything else is read (DNS rebinding)."""
@@ -135,7 +140,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     _add_routes(app, manager, env_ids)
     _describe_in_openapi(app, env_ids, settings.token is not None)
     app.add_middleware(RequestGuard, token=settings.token, max_request_bytes=settings.max_request_bytes,
-                       allowed_hosts=settings.allowed_hosts)
+                       allowed_hosts=settings.allowed_hosts, body_timeout_s=settings.body_timeout_s)
     return app
 
 
@@ -200,9 +205,9 @@ class RequestGuard:
     """
 
     def __init__(self, app: ASGIApp, token: str | None, max_request_bytes: int,
-                 allowed_hosts: tuple[str, ...] | None = None) -> None:
+                 allowed_hosts: tuple[str, ...] | None = None, body_timeout_s: float = BODY_TIMEOUT_S) -> None:
         self.app, self.token, self.max_request_bytes = app, token, max_request_bytes
-        self.allowed_hosts = allowed_hosts
+        self.allowed_hosts, self.body_timeout_s = allowed_hosts, body_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -222,11 +227,14 @@ class RequestGuard:
         refusal = self._refusal(scope, request_id)
         try:
             if refusal is None:
-                body = await self._read_body(receive)
+                body = await asyncio.wait_for(self._read_body(receive), self.body_timeout_s)
                 await self.app(scope, _replay(body, receive), send_with_id)
                 return
         except _BodyTooLarge:
             refusal = self._too_large(request_id)
+        except asyncio.TimeoutError:  # a body sent slowly or half: its connection is not held for ever
+            refusal = error_response(EnvServiceError(ErrorCode.request_timeout, f"the request body did not arrive "
+                                                     f"whole within {self.body_timeout_s:g} s"), request_id)
         except Exception:
             logger.exception("internal error answering %s %s (request %s)", scope["method"], scope["path"], request_id)
             if started:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import socket
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 import requests
@@ -404,3 +404,71 @@ def test_calls_queued_for_a_worker_thread_are_not_taken_for_hung_ones(tmp_path) 
         took = time.monotonic() - started
         assert len(steps) == 16 and took >= 3.5, took  # 16 one-second steps on 4 threads: ~4 s, none refused
         assert client.health().closed == {}, client.health()  # no session was lost to a killed worker
+
+
+@pytest.fixture(scope="module")
+def strict_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A live service with 1 s head and body deadlines and at most 24 connections (#33 finding 2)."""
+    log = tmp_path_factory.mktemp("slow") / "service.log"
+    with EnvServiceProcess(["frozenlake"], extra_args=["--head-timeout", "1", "--body-timeout", "1",
+                                                       "--max-connections", "24"],
+                           log_path=log, startup_timeout_s=60) as service:
+        yield service.url
+
+
+def _answer_within(url: str, send: Callable[[socket.socket], None], timeout_s: float = 5.0) -> tuple[float, str]:
+    """Open a connection, `send` on it (maybe slowly), then read until the server closes; (seconds, answer)."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
+        started = time.monotonic()
+        send(sock)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+        return time.monotonic() - started, answer.decode(errors="replace")
+
+
+def _drip(sock: socket.socket, data: bytes, every_s: float) -> None:
+    """Send `data` a byte at a time (a slow client); stop when the server has closed the connection."""
+    for index in range(len(data)):
+        try:
+            sock.sendall(data[index:index + 1])
+        except (BrokenPipeError, ConnectionResetError):
+            return
+        time.sleep(every_s)
+
+
+@pytest.mark.parametrize("send, status", [
+    (lambda sock: None, 408),  # connects and says nothing
+    (lambda sock: sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n"), 408),  # half a head
+    (lambda sock: _drip(sock, b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n", every_s=0.1), 408),
+    (lambda sock: sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"a" * 200_000 + b"\r\n\r\n"),
+     431),
+], ids=["silent", "half_head", "dripped_head", "huge_header"])
+def test_slow_or_greedy_heads_are_answered_and_closed(strict_service: str, send, status: int) -> None:
+    """#33 finding 2: these stayed open past 65 s (a 200 MB header was accepted, RSS 82 -> 361 MB)."""
+    seconds, answer = _answer_within(strict_service, send)
+    assert answer.startswith(f"HTTP/1.1 {status}") and seconds < 4, (seconds, answer[:200])
+    code = "too_large" if status == 431 else "request_timeout"
+    assert f'"code": "{code}"' in answer
+    assert requests.get(f"{strict_service}/healthz", timeout=5).status_code == 200
+
+
+def test_a_half_sent_body_is_answered_and_closed(strict_service: str) -> None:
+    head = b"POST /step HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+    seconds, answer = _answer_within(strict_service, lambda sock: sock.sendall(head + b'{"session_id": '))
+    assert answer.startswith("HTTP/1.1 408") and '"code":"request_timeout"' in answer and seconds < 4, answer[:300]
+
+
+def test_connections_past_the_cap_are_refused_and_the_service_recovers(strict_service: str) -> None:
+    host, port = strict_service.removeprefix("http://").rsplit(":", 1)
+    silent = [socket.create_connection((host, int(port)), timeout=5) for _ in range(40)]
+    try:
+        time.sleep(0.3)
+        refused = requests.get(f"{strict_service}/healthz", timeout=5)
+        assert refused.status_code == 503  # uvicorn's answer past --max-connections: at once, not a hang
+        time.sleep(1.5)  # the silent ones hit the head deadline and are closed
+        assert requests.get(f"{strict_service}/healthz", timeout=5).status_code == 200
+    finally:
+        for sock in silent:
+            sock.close()

@@ -1,0 +1,148 @@
+"""The HTTP connection layer under envservice: slow and greedy clients are cut off before they cost the others.
+
+uvicorn (0.54) times out only an idle keep-alive connection, and un-arms even that on the first byte of a
+request: a connection that sends nothing, half a request head, or one header byte every 10 s stays open for
+ever, and its head may grow without bound (httptools has no size limit). Each such connection holds a file
+descriptor; 300 of them made every honest `/healthz` fail under `ulimit -n 256`. So:
+
+- `GuardedHttpToolsProtocol` (uvicorn's httptools protocol with two more rules) gives each request head
+  `HEAD_TIMEOUT_S` from the moment its connection opened, or its previous response went out, to arrive
+  whole (408 otherwise), and at most `MAX_HEAD_BYTES` of request line and headers (431 otherwise), both
+  answered in envservice's JSON error format and followed by closing the connection;
+- the body is read under a deadline by `server.RequestGuard` (408 `request_timeout`);
+- `server_options` caps the connections uvicorn serves at once below the process's file-descriptor limit (503
+  beyond it, from uvicorn) and bounds the graceful shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import resource
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+HEAD_TIMEOUT_S = 10.0
+"""Seconds a request head may take to arrive whole (request line and headers)."""
+MAX_HEAD_BYTES = 64 * 1024
+"""Largest request head (request line and headers); real clients send well under 8 KiB."""
+GRACEFUL_SHUTDOWN_S = 10.0
+"""How long a stopping service waits for requests in flight before it closes their connections."""
+SPARE_FILE_DESCRIPTORS = 128
+"""Descriptors kept back from the connection cap for logs, pipes to workers and env files."""
+
+
+def server_options(max_connections: int | None = None, head_timeout_s: float = HEAD_TIMEOUT_S) -> dict[str, Any]:
+    """uvicorn.Config options: the guarded protocol with this head deadline, the connection cap (default: the
+    file-descriptor limit less SPARE_FILE_DESCRIPTORS) and the shutdown bound."""
+    if not head_timeout_s > 0:
+        raise ValueError(f"head_timeout_s must be > 0, got {head_timeout_s}")
+    protocol = type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), {"head_timeout_s": head_timeout_s})
+    return {"http": protocol, "limit_concurrency": max_connections or default_max_connections(),
+            "timeout_graceful_shutdown": GRACEFUL_SHUTDOWN_S}
+
+
+def default_max_connections() -> int:
+    """What this process can hold open: its soft RLIMIT_NOFILE less the spare, at least 64."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 65536
+    return max(64, soft - SPARE_FILE_DESCRIPTORS)
+
+
+def error_bytes(status: int, reason: str, code: str, message: str) -> bytes:
+    """A whole HTTP response in envservice's error format (`protocol.ErrorResponse`), closing the connection."""
+    body = json.dumps({"code": code, "message": message}).encode()
+    head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+            "connection: close\r\n\r\n").encode()
+    return head + body
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a deadline and a size limit on every request head (module docstring)."""
+
+    head_timeout_s: float = HEAD_TIMEOUT_S
+    """Seconds a request head may take (`server_options` makes a subclass with another value)."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._head_bytes = 0
+        self._refused = False
+        self._head_deadline: asyncio.TimerHandle | None = None
+        self._arm_head_deadline()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_head_deadline()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:  # answered and closing: nothing more is parsed
+            return
+        super().data_received(data)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head_bytes = 0
+        if self._head_deadline is None:
+            self._arm_head_deadline()
+
+    # After a refusal the parser may still call back for the rest of the bytes it holds: those calls do
+    # nothing (no request is started on a connection that was answered and is closing).
+
+    def on_url(self, url: bytes) -> None:
+        self._count_head(len(url))
+        if not self._refused:
+            super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_head(len(name) + len(value) + 4)
+        if not self._refused:
+            super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._cancel_head_deadline()
+        if not self._refused:
+            super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        if not self._refused:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if not self._refused:
+            super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._arm_head_deadline()  # the next request's head, from the end of this response
+
+    # ---- the rules ---------------------------------------------------------------------------------
+
+    def _count_head(self, size: int) -> None:
+        self._head_bytes += size
+        if self._head_bytes > MAX_HEAD_BYTES and not self._refused:
+            self._refuse(431, "Request Header Fields Too Large", "too_large",
+                         f"the request head is over {MAX_HEAD_BYTES} bytes")
+
+    def _head_too_slow(self) -> None:
+        self._head_deadline = None
+        if not self.transport.is_closing() and not self._refused:
+            self._refuse(408, "Request Timeout", "request_timeout",
+                         f"the request head did not arrive whole within {self.head_timeout_s:g} s")
+
+    def _refuse(self, status: int, reason: str, code: str, message: str) -> None:
+        self._refused = True
+        self._cancel_head_deadline()
+        self.transport.write(error_bytes(status, reason, code, message))
+        self.transport.close()
+
+    def _arm_head_deadline(self) -> None:
+        self._cancel_head_deadline()
+        self._head_deadline = self.loop.call_later(self.head_timeout_s, self._head_too_slow)
+
+    def _cancel_head_deadline(self) -> None:
+        if getattr(self, "_head_deadline", None) is not None:
+            self._head_deadline.cancel()
+            self._head_deadline = None
