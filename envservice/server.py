@@ -228,6 +228,8 @@ class RequestGuard:
         try:
             if refusal is None:
                 body = await asyncio.wait_for(self._read_body(receive), self.body_timeout_s)
+                refusal = _ambiguous_json(body, request_id)
+            if refusal is None:
                 await self.app(scope, _replay(body, receive), send_with_id)
                 return
         except _BodyTooLarge:
@@ -286,6 +288,36 @@ class RequestGuard:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
+
+
+class _AmbiguousJSON(ValueError):
+    """A body that Python's JSON parser reads, but not as the client meant it."""
+
+
+def _refuse_constant(name: str) -> None:
+    raise _AmbiguousJSON(f"the body holds {name}, which is not JSON (RFC 8259 has no NaN or Infinity)")
+
+
+def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [key for key, _ in pairs]
+    if len(set(keys)) != len(keys):
+        twice = sorted({key for key in keys if keys.count(key) > 1})
+        raise _AmbiguousJSON(f"the body gives the key(s) {clip(repr(twice), 200)} more than once in one object")
+    return dict(pairs)
+
+
+def _ambiguous_json(body: bytes, request_id: str) -> ProtocolJSONResponse | None:
+    """400 for a body Python would read with NaN/Infinity or a key given twice (the last silently winning);
+    None otherwise (a body that is not JSON at all is left to FastAPI, which names the fault)."""
+    if not body:
+        return None
+    try:
+        json.loads(body, parse_constant=_refuse_constant, object_pairs_hook=_refuse_duplicates)
+    except _AmbiguousJSON as error:
+        return error_response(EnvServiceError(ErrorCode.bad_request, str(error)), request_id)
+    except (ValueError, RecursionError):
+        return None
+    return None
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

@@ -10,6 +10,7 @@ descriptor; 300 of them made every honest `/healthz` fail under `ulimit -n 256`.
   whole (408 otherwise), and at most `MAX_HEAD_BYTES` of request line and headers (431 otherwise), both
   answered in envservice's JSON error format and followed by closing the connection;
 - the body is read under a deadline by `server.RequestGuard` (408 `request_timeout`);
+- bytes that are not HTTP/1.1 get a 400 in the same format (uvicorn's own is plain text);
 - `server_options` caps the connections uvicorn serves at once below the process's file-descriptor limit (503
   beyond it, from uvicorn) and bounds the graceful shutdown.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import resource
+import uuid
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -52,10 +54,12 @@ def default_max_connections() -> int:
 
 
 def error_bytes(status: int, reason: str, code: str, message: str) -> bytes:
-    """A whole HTTP response in envservice's error format (`protocol.ErrorResponse`), closing the connection."""
-    body = json.dumps({"code": code, "message": message}).encode()
+    """A whole HTTP response in envservice's error format (`protocol.ErrorResponse`, with a request id like every
+    other answer), closing the connection."""
+    request_id = uuid.uuid4().hex[:16]
+    body = json.dumps({"code": code, "message": message, "request_id": request_id}).encode()
     head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
-            "connection: close\r\n\r\n").encode()
+            f"x-request-id: {request_id}\r\nconnection: close\r\n\r\n").encode()
     return head + body
 
 
@@ -112,6 +116,15 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         if not self._refused:
             super().on_message_complete()
+
+    def send_400_response(self, msg: str) -> None:
+        """What uvicorn answers to bytes that are not HTTP/1.1 (a negative or doubled Content-Length, a non-ASCII
+        request line), in our JSON error format instead of its plain text."""
+        self._refused = True
+        self._cancel_head_deadline()
+        self.transport.write(error_bytes(400, "Bad Request", "bad_request",
+                                         f"{msg.rstrip('.')}: the request line or headers are not valid HTTP/1.1"))
+        self.transport.close()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()

@@ -80,7 +80,13 @@ class RunState:
             return self._texts
 
 
+ERROR_CHARS = 500
+"""An error message's length at most: a message quotes the caller's input, never all of it."""
+
+
 def _error(status: int, message: str) -> JSONResponse:
+    if len(message) > ERROR_CHARS:
+        message = f"{message[:ERROR_CHARS]}…[+{len(message) - ERROR_CHARS} chars]"
     return JSONResponse({"error": message}, status_code=status)
 
 

@@ -472,3 +472,27 @@ def test_connections_past_the_cap_are_refused_and_the_service_recovers(strict_se
     finally:
         for sock in silent:
             sock.close()
+
+
+@pytest.mark.parametrize("head", [
+    "POST /step HTTP/1.1\r\nHost: localhost\r\nContent-Length: -1\r\n",
+    "POST /step HTTP/1.1\r\nHost: localhost\r\nContent-Length: 5\r\nContent-Length: 7\r\n",
+    "GET /h\u00e9althz HTTP/1.1\r\nHost: localhost\r\n",
+], ids=["negative_length", "two_lengths", "non_ascii_line"])
+def test_bytes_that_are_not_http_get_our_json_400(strict_service: str, head: str) -> None:
+    """#33 finding 8: these got uvicorn's plain-text 400 "Invalid HTTP request received." with no request id."""
+    seconds, answer = _answer_within(strict_service, lambda sock: sock.sendall(head.encode() + b"\r\n"))
+    assert answer.startswith("HTTP/1.1 400") and "x-request-id: " in answer, answer[:300]
+    body = json.loads(answer.partition("\r\n\r\n")[2])
+    assert body["code"] == "bad_request" and "not valid HTTP/1.1" in body["message"] and body["request_id"]
+
+
+@pytest.mark.parametrize("body, says", [
+    (b'{"session_id": "s", "action": "go", "x": NaN}', "holds NaN"),
+    (b'{"session_id": "s", "action": Infinity}', "holds Infinity"),
+    (b'{"session_id": "a", "session_id": "b", "action": "go"}', "gives the key(s) ['session_id'] more than once"),
+], ids=["nan", "infinity", "duplicate_key"])
+def test_json_that_python_reads_but_the_client_did_not_mean_is_refused(make_client, body: bytes, says: str) -> None:
+    """#33 finding 8: NaN/Infinity were accepted and a duplicate key silently took its last value."""
+    response = make_client().post("/step", content=body, headers={"Content-Type": "application/json"})
+    assert says in _error(response, 400, "bad_request").message

@@ -134,6 +134,12 @@ def test_the_viewer_answers_only_to_loopback_host_names(viewer_url: str):
     assert requests.get(f"{viewer_url}/api/run", headers={"Host": f"localhost:{port}"}, timeout=10).status_code == 200
 
 
+def test_an_error_quotes_a_huge_parameter_clipped(viewer_url: str):
+    """#33 finding 8: the viewer's 400s echoed the caller's input whole."""
+    answer = requests.get(f"{viewer_url}/api/episodes", params={"step": "9" * 20_000 + "x"}, timeout=10)
+    assert answer.status_code == 400 and len(answer.content) < 1_000 and "…[+" in answer.json()["error"]
+
+
 def test_a_dump_line_that_is_not_a_record_is_named(viewer_url: str, run_folder: Path):
     (run_folder / TRAJECTORIES / "step_50.jsonl").write_text('{"schema": 1, "kind": "train"}\n')
     answer = requests.get(f"{viewer_url}/api/episodes", params={"step": 50}, timeout=10)

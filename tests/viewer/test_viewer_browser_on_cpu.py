@@ -126,3 +126,20 @@ def test_the_list_filters_by_termination_and_two_of_a_group_show_side_by_side(pa
     assert panes == lines[:2]
     boxes = [page.locator(".episode-pane").nth(i).bounding_box() for i in range(2)]
     assert boxes[0]["x"] + boxes[0]["width"] <= boxes[1]["x"]  # side by side, not stacked
+
+
+def test_markup_in_a_metric_key_is_shown_as_text(page, viewer_url: str, run_folder: Path):
+    """#33 finding 8: plotly renders HTML in titles and legends, so a metric key or task name holding markup
+    became a link on the page. The run's names are data: shown as text."""
+    link_key = 'x<a href="http:evil.example">click</a>'.replace("/", "")  # a key without slashes: one segment
+    step = json.loads((run_folder / "metrics.jsonl").read_text().splitlines()[-1])["step"]
+    with (run_folder / "metrics.jsonl").open("a") as out:
+        out.write(json.dumps({"step": step, "data": {"beyond_agent/task/<b>bold/success_rate": 0.5,
+                                                     "beyond_agent/task/plain/success_rate": 0.25,
+                                                     link_key: 1.0}}) + "\n")
+    open_route(page, viewer_url, "#/dashboard")
+    assert sorted(legend(page, "tasks")) == ["<b>bold", "plain"]
+    page.select_option("#any-metric", link_key)
+    page.wait_for_function("() => document.getElementById('panel-any').data !== undefined", timeout=LOAD_MS)
+    assert page.locator("#panel-any .gtitle a").count() == 0 and page.locator("#panel-tasks .legendtext b").count() == 0
+    assert page.locator("#panel-any .gtitle").text_content() == link_key

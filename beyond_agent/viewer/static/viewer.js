@@ -43,10 +43,16 @@ function go(name, params) {
 }
 
 // ---------------------------------------------------------------- dashboard
+// Plotly renders a subset of HTML in titles and legend names (<a href>, <b>, ...): a metric key or task name
+// is the run's data, shown as text, never as markup.
+function plotText(text) {
+  return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+}
+
 function traces(panel, series) {
   return panel.lines.filter(line => series[line.key]).map(line => {
     const points = series[line.key];
-    const trace = {name: line.label, x: points.map(p => p[0]), y: points.map(p => p[1]), meta: line.key};
+    const trace = {name: plotText(line.label), x: points.map(p => p[0]), y: points.map(p => p[1]), meta: line.key};
     if (line.points) return {...trace, type: "scatter", mode: "markers", marker: {symbol: "diamond", size: 9}};
     return {...trace, type: panel.stacked ? "bar" : "scatter", mode: "lines+markers"};
   });
@@ -55,9 +61,9 @@ function traces(panel, series) {
 function layout(title, unit, stacked, lastStep, yRange = null) {
   // Whole steps only, and at most ~8 labels on the axis, so they never overlap (plotly alone adds 1.5, 2.5, ...).
   const dtick = lastStep !== null && lastStep > 0 ? Math.max(1, Math.ceil(lastStep / 8)) : undefined;
-  return {title: {text: title, font: {size: 14}}, margin: {l: 60, r: 10, t: 36, b: 40},
+  return {title: {text: plotText(title), font: {size: 14}}, margin: {l: 60, r: 10, t: 36, b: 40},
           xaxis: {title: {text: "step"}, dtick, tickformat: "d"},
-          yaxis: {title: {text: unit, font: {size: 11}}, range: yRange || undefined},
+          yaxis: {title: {text: plotText(unit), font: {size: 11}}, range: yRange || undefined},
           barmode: stacked ? "stack" : undefined,
           // Below the plot, in rows: a long legend never squeezes the plot into a strip.
           legend: {font: {size: 10}, orientation: "h", yanchor: "top", y: -0.3, x: 0}};
@@ -98,7 +104,7 @@ async function drawAnyMetric() {
   if (!key) { Plotly.purge(div); return; }
   const {series} = await api("/api/metrics?keys=" + encodeURIComponent(key));
   const points = series[key] || [];
-  await Plotly.react(div, [{name: key, x: points.map(p => p[0]), y: points.map(p => p[1]), mode: "lines+markers"}],
+  await Plotly.react(div, [{name: plotText(key), x: points.map(p => p[0]), y: points.map(p => p[1]), mode: "lines+markers"}],
                      layout(key, "", false, points.length ? points[points.length - 1][0] : null), {responsive: true});
 }
 
