@@ -13,6 +13,12 @@ deliberately faulty test env (`envservice.envs.testing:FaultyEnv`), with a short
 and every `--restart-every` minutes the service is stopped (SIGTERM) while clients are mid-episode and a new
 one started on the same port (clients see connection errors, then carry on).
 
+With `--phase-s S` it first runs three phases of S seconds each (bench/abusive_clients.py): an honest client
+alone (quiet), then beside `--abusers` slow clients (silent, dripping and half-body connections), then beside
+as many greedy ones (concurrent steps on one session, 30 000-entry bad bodies, 60 KiB heads), and checks that
+the honest client's p99 latency stays within 2x of the quiet one's with every honest episode clean.
+`--minutes 0` runs only the phases.
+
 What it prints: a line per `--sample-s` (RSS of the service and its workers, sessions open, episodes, errors),
 then per service run its stop line's ledger (sessions created, closed by cause, open), the client-side ledger
 (episode outcomes, errors by code) and the checks: leaked sessions (created - closed - open at each stop) = 0,
@@ -168,6 +174,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--idle-timeout", type=float, default=20.0, help="the service's --idle-timeout")
     parser.add_argument("--log-dir", default="soak-logs", help="where the service logs go")
     parser.add_argument("--json", default=None, help="write every figure printed to this file")
+    parser.add_argument("--phase-s", type=float, default=0.0,
+                        help="seconds of each slow/greedy-client phase, run first (0: none)")
+    parser.add_argument("--abusers", type=int, default=32, help="slow or greedy client threads per phase")
     return parser.parse_args(argv)
 
 
@@ -177,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     service, ledger, stop = Service(log_dir, args.step_timeout, args.idle_timeout), ClientLedger(), threading.Event()
     service.start()
+    phases = run_phases(service.url, args) if args.phase_s > 0 else []
     threads = [threading.Thread(target=client_loop, args=(service.url, i, ledger, stop), daemon=True)
                for i in range(args.clients)]
     for thread in threads:
@@ -209,10 +219,25 @@ def main(argv: list[str] | None = None) -> int:
         thread.join(timeout=60)
     alive = sum(thread.is_alive() for thread in threads)
     runs.append(service.stop())
-    return report(runs, ledger, samples, alive, args)
+    return report(runs, ledger, samples, alive, args, phases)
 
 
-def report(runs: list[dict], ledger: ClientLedger, samples: list[dict], alive: int, args: argparse.Namespace) -> int:
+def run_phases(url: str, args: argparse.Namespace) -> list[dict]:
+    """Quiet, slow-client and greedy-client phases (module docstring); each printed as it ends."""
+    from abusive_clients import run_phase
+
+    phases = []
+    for abuse in ("quiet", "slow", "greedy"):
+        phase = run_phase(url, args.phase_s, abuse, args.abusers)
+        phases.append(phase)
+        print(f"phase {abuse}: honest p50 {phase['p50_ms']} ms, p99 {phase['p99_ms']} ms over "
+              f"{phase['honest_requests']} requests, episodes {phase['honest_episodes']}; abuse {phase['abuse_counts']}",
+              flush=True)
+    return phases
+
+
+def report(runs: list[dict], ledger: ClientLedger, samples: list[dict], alive: int, args: argparse.Namespace,
+           phases: list[dict] = ()) -> int:
     """Print the ledgers and the checks; exit status 1 when a check fails."""
     created = sum(run["created"] for run in runs)
     closed = collections.Counter()
@@ -230,14 +255,28 @@ def report(runs: list[dict], ledger: ClientLedger, samples: list[dict], alive: i
     print(f"  creates acknowledged {ledger.creates_acknowledged}, cut by a restart {ledger.creates_cut}; "
           f"server created {created}")
     print(f"RSS of the service process after warm-up, per run: {growth}")
+    # The phases' sessions: each honest episode created and released one; each greedy phase made one shared
+    # session that it never releases (the shutdown closes it).
+    phase_creates = sum(phase["honest_episodes"].get("clean", 0) for phase in phases)
+    phase_creates += sum(1 for phase in phases if phase["abuse"] == "greedy")
+    phase_releases = sum(phase["honest_episodes"].get("clean", 0) for phase in phases)
+    acknowledged, released = ledger.creates_acknowledged + phase_creates, ledger.releases["closed now"] + phase_releases
     checks = {
         "no session leaked (created = closed + open, every run)": leaked == 0,
         "every episode has one outcome": outcomes == ledger.started and alive == 0,
         "server creates = acknowledged (+ cut by restarts)":
-            ledger.creates_acknowledged <= created <= ledger.creates_acknowledged + ledger.creates_cut,
+            acknowledged <= created <= acknowledged + ledger.creates_cut,
         "server releases = client releases that closed a session (+ releases cut by restarts)":
-            ledger.releases["closed now"] <= closed["release"] <= ledger.releases["closed now"] + cut_releases,
+            released <= closed["release"] <= released + cut_releases,
     }
+    quiet = next((phase for phase in phases if phase["abuse"] == "quiet"), None)
+    for phase in phases:
+        if phase is quiet or quiet is None:
+            continue
+        checks[f"honest p99 beside {phase['abuse']} clients within 2x of quiet "
+               f"({phase['p99_ms']} vs {quiet['p99_ms']} ms)"] = phase["p99_ms"] <= 2 * quiet["p99_ms"]
+        checks[f"every honest episode clean beside {phase['abuse']} clients"] = (
+            set(phase["honest_episodes"]) <= {"started", "clean"} and phase["threads_left"] == 0)
     print("checks:")
     for name, ok in checks.items():
         print(f"  [{'ok' if ok else 'FAIL'}] {name}")
@@ -247,7 +286,8 @@ def report(runs: list[dict], ledger: ClientLedger, samples: list[dict], alive: i
                                      "errors": dict(ledger.errors), "releases": dict(ledger.releases),
                                      "creates_acknowledged": ledger.creates_acknowledged,
                                      "creates_cut": ledger.creates_cut},
-            "leaked": leaked, "rss_growth": growth, "samples": samples, "checks": checks}, indent=1))
+            "leaked": leaked, "rss_growth": growth, "samples": samples, "phases": list(phases), "checks": checks},
+            indent=1))
     return 0 if all(checks.values()) else 1
 
 

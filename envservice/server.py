@@ -65,6 +65,8 @@ DEFAULT_MAX_REQUEST_BYTES = 1 << 20
 UNAUTHENTICATED_PATHS = frozenset({"/healthz"})
 BODY_TIMEOUT_S = 30.0
 """Seconds a request body may take to arrive whole once its head has (a 1 MiB body needs well under one)."""
+MAX_OBJECT_KEYS = 256
+"""Keys of one JSON object of a request at most (`params` holds a few); a wider body is refused unvalidated."""
 MAX_DETAIL_ITEMS = 20
 """Validation problems listed in one error answer at most (the message gives the count of the rest)."""
 """Routes that answer without the token (liveness probes have none)."""
@@ -291,7 +293,7 @@ class RequestGuard:
 
 
 class _AmbiguousJSON(ValueError):
-    """A body that Python's JSON parser reads, but not as the client meant it."""
+    """A body that Python's JSON parser reads, but not as the client meant it (or one too wide to validate)."""
 
 
 def _refuse_constant(name: str) -> None:
@@ -299,6 +301,9 @@ def _refuse_constant(name: str) -> None:
 
 
 def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    if len(pairs) > MAX_OBJECT_KEYS:  # checked before validation: 30 000 bad entries cost seconds of the loop
+        raise _AmbiguousJSON(f"an object of the body has {len(pairs)} keys; the protocol's objects have at most "
+                             f"{MAX_OBJECT_KEYS}")
     keys = [key for key, _ in pairs]
     if len(set(keys)) != len(keys):
         twice = sorted({key for key in keys if keys.count(key) > 1})
@@ -307,8 +312,9 @@ def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def _ambiguous_json(body: bytes, request_id: str) -> ProtocolJSONResponse | None:
-    """400 for a body Python would read with NaN/Infinity or a key given twice (the last silently winning);
-    None otherwise (a body that is not JSON at all is left to FastAPI, which names the fault)."""
+    """400 for a body Python would read with NaN/Infinity or a key given twice (the last silently winning), or
+    with an object of more than MAX_OBJECT_KEYS keys; None otherwise (a body that is not JSON at all is left
+    to FastAPI, which names the fault)."""
     if not body:
         return None
     try:

@@ -1,0 +1,164 @@
+"""Slow and greedy clients for bench/soak.py's phases, and the honest client whose latency they must not spoil.
+
+- honest: one client plays short frozenlake episodes (create, step, evaluate, release) and asks /healthz
+  between them; every request's latency is kept;
+- slow: connections that say nothing, drip a request head a byte at a time, or send half a body, reopened
+  as soon as the service closes them (envservice/transport.py's head deadline, the body deadline);
+- greedy: concurrent /step calls on one shared session (`busy`), /create bodies with 30 000 bad `params`
+  entries (a bounded 422), and 60 KiB request heads.
+
+`run_phase` runs the honest client for a while beside one kind of abuse and returns its latency figures.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+import statistics
+import threading
+import time
+from typing import Callable
+
+import requests
+
+from envservice.client import EnvClient
+from envservice.errors import EnvServiceError
+
+
+def honest_client(url: str, stop: threading.Event, latencies: list[float], ledger: dict[str, int]) -> None:
+    """Short episodes and health checks until `stop`; each request's seconds appended to `latencies`."""
+    client = EnvClient(url, timeout=30, retries=0)
+    rng = random.Random(0)
+
+    def timed(call: Callable):
+        started = time.monotonic()
+        try:
+            return call()
+        finally:
+            latencies.append(time.monotonic() - started)
+
+    while not stop.is_set():
+        timed(lambda: requests.get(f"{url}/healthz", timeout=30))
+        ledger["started"] += 1
+        try:
+            session = timed(lambda: client.create("frozenlake", seed=rng.randrange(2**31))).session_id
+            for _ in range(3):
+                if timed(lambda: client.step(session, rng.choice(["left", "right", "up", "down"]))).terminated:
+                    break
+            timed(lambda: client.evaluate(session))
+            timed(lambda: client.release(session))
+            ledger["clean"] += 1
+        except (EnvServiceError, requests.RequestException) as error:
+            ledger[f"failed: {type(error).__name__}"] += 1
+
+
+def _connect(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=60)
+
+
+def _until_closed(sock: socket.socket, stop: threading.Event, send: Callable[[], None] | None = None) -> None:
+    """Call `send` every 0.5 s (or nothing) until the server closes the connection or `stop`."""
+    sock.settimeout(0.5)
+    while not stop.is_set():
+        try:
+            if send is not None:
+                send()
+            sock.recv(65536)  # an answer (the server's 408 or 431) or b"" (closed): either way it is over
+            return
+        except socket.timeout:
+            continue
+        except OSError:
+            return
+
+
+def slow_client(url: str, stop: threading.Event, index: int, counts: dict[str, int]) -> None:
+    """Silent, dripping or half-body connections, one after another, until `stop`."""
+    head = b"POST /step HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+    while not stop.is_set():
+        kind = ("silent", "drip", "half_body")[index % 3]
+        try:
+            with _connect(url) as sock:
+                counts[kind] += 1
+                if kind == "silent":
+                    _until_closed(sock, stop)
+                elif kind == "drip":
+                    data, sent = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Slow: " + b"a" * 10_000, [0]
+
+                    def drip() -> None:
+                        sock.sendall(data[sent[0]:sent[0] + 1])
+                        sent[0] += 1
+                    _until_closed(sock, stop, drip)
+                else:
+                    sock.sendall(head + b'{"session_id": ')
+                    _until_closed(sock, stop)
+        except OSError:
+            time.sleep(0.1)
+
+
+def greedy_client(url: str, stop: threading.Event, index: int, counts: dict[str, int], session: str) -> None:
+    """Concurrent steps on one session, huge bad bodies and large heads, until `stop`."""
+    bad_params = {"env_id": "frozenlake", "params": {f"p{i}": [[i]] for i in range(30_000)}}
+    while not stop.is_set():
+        kind = ("busy_step", "bad_body", "big_head")[index % 3]
+        try:
+            if kind == "busy_step":
+                answer = requests.post(f"{url}/step", json={"session_id": session, "action": "left"}, timeout=30)
+            elif kind == "bad_body":
+                answer = requests.post(f"{url}/create", json=bad_params, timeout=30)
+            else:
+                answer = requests.get(f"{url}/healthz", headers={"X-Big": "b" * 60_000}, timeout=30)
+            counts[f"{kind} {answer.status_code}"] += 1
+        except requests.RequestException as error:
+            counts[f"{kind} {type(error).__name__}"] += 1
+
+
+def abuse(url: str, kind: str, abusers: int, seconds: float, counts_out) -> None:
+    """Entry of the abusers' own process: `abusers` threads of `kind` for `seconds`; their counts put on
+    `counts_out` (a multiprocessing queue)."""
+    import collections
+
+    stop, counts = threading.Event(), collections.Counter()
+    if kind == "slow":
+        threads = [threading.Thread(target=slow_client, args=(url, stop, i, counts), daemon=True) for i in range(abusers)]
+    else:
+        shared = EnvClient(url).create("frozenlake", task_id=0).session_id
+        threads = [threading.Thread(target=greedy_client, args=(url, stop, i, counts, shared), daemon=True)
+                   for i in range(abusers)]
+    for thread in threads:
+        thread.start()
+    time.sleep(seconds)
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=60)
+    counts_out.put(dict(counts))
+
+
+def run_phase(url: str, seconds: float, kind: str, abusers: int) -> dict:
+    """The honest client for `seconds` beside `abusers` threads of `kind` (quiet | slow | greedy). The abusers run
+    in a process of their own, so that the honest client's latencies are the service's, not this process's GIL."""
+    import collections
+    import multiprocessing
+
+    stop, latencies, ledger = threading.Event(), [], collections.Counter()
+    counts, child = {}, None
+    if kind != "quiet":
+        context = multiprocessing.get_context("spawn")
+        queue = context.Queue()
+        child = context.Process(target=abuse, args=(url, kind, abusers, seconds, queue))
+        child.start()
+        time.sleep(1.0)  # the abusers are at it before the honest client starts counting
+    honest = threading.Thread(target=honest_client, args=(url, stop, latencies, ledger), daemon=True)
+    honest.start()
+    time.sleep(seconds)
+    stop.set()
+    honest.join(timeout=90)
+    if child is not None:
+        counts = queue.get(timeout=120)
+        child.join(timeout=30)
+    ordered = sorted(latencies)
+    return {"abuse": kind, "seconds": seconds, "abusers": abusers if kind != "quiet" else 0,
+            "honest_requests": len(ordered), "honest_episodes": dict(ledger),
+            "p50_ms": round(1000 * statistics.median(ordered), 1) if ordered else None,
+            "p99_ms": round(1000 * ordered[int(0.99 * (len(ordered) - 1))], 1) if ordered else None,
+            "abuse_counts": counts, "threads_left": int(honest.is_alive())}
