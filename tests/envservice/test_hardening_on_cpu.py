@@ -312,12 +312,10 @@ def test_a_body_with_thousands_of_bad_entries_gets_a_bounded_answer_quickly(make
     """#33 finding 1: 100 000 bad `params` entries got 400 000 detail items (49 MB) after 25 s, and another
     client's /healthz waited meanwhile. The answer now lists the first problems and counts the rest."""
     client = make_client()
-    started = time.monotonic()
     response = client.post("/create", json={"env_id": "counting", "params": {f"p{i}": [[i]] for i in range(30_000)}})
-    elapsed = time.monotonic() - started
     # Refused before validation: no object of the protocol has more than MAX_OBJECT_KEYS keys.
     assert "has 30000 keys; the protocol's objects have at most 256" in _error(response, 400, "bad_request").message
-    assert len(response.content) < 1_000 and elapsed < 1, (len(response.content), elapsed)
+    assert len(response.content) < 1_000, len(response.content)
     # Within the key limit, a body with many bad entries gets the first 20 problems and a count of the rest.
     response = client.post("/create", json={"env_id": "counting", "params": {f"p{i}": [[i]] for i in range(250)}})
     error = _error(response, 422, "invalid_request")
@@ -378,7 +376,8 @@ def test_calls_queued_on_one_slow_session_never_starve_other_clients(tmp_path) -
             health = requests.get(f"{service.url}/healthz", timeout=30)
             health_s = time.monotonic() - started
             answers = [call.result() for call in calls]
-        assert health.status_code == 200 and health_s < 1.0, f"/healthz took {health_s:.1f} s"
+        # It took 28 s before; the bound only tells "answered beside the queue" from "waited behind it".
+        assert health.status_code == 200 and health_s < 10, f"/healthz took {health_s:.1f} s"
         refused = [answer for answer in answers if answer[0] == 409]
         assert all(code == "busy" for _, code in refused) and len(refused) >= 90, answers
         assert all(status in (200, 409) for status, _ in answers), answers  # no 5xx, no timeout
@@ -419,7 +418,7 @@ def strict_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield service.url
 
 
-def _answer_within(url: str, send: Callable[[socket.socket], None], timeout_s: float = 5.0) -> tuple[float, str]:
+def _answer_within(url: str, send: Callable[[socket.socket], None], timeout_s: float = 30.0) -> tuple[float, str]:
     """Open a connection, `send` on it (maybe slowly), then read until the server closes; (seconds, answer)."""
     host, port = url.removeprefix("http://").rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
@@ -451,7 +450,8 @@ def _drip(sock: socket.socket, data: bytes, every_s: float) -> None:
 def test_slow_or_greedy_heads_are_answered_and_closed(strict_service: str, send, status: int) -> None:
     """#33 finding 2: these stayed open past 65 s (a 200 MB header was accepted, RSS 82 -> 361 MB)."""
     seconds, answer = _answer_within(strict_service, send)
-    assert answer.startswith(f"HTTP/1.1 {status}") and seconds < 4, (seconds, answer[:200])
+    # Before, no answer came at all (65 s and more); the bound tells the 1 s deadline from none, not a speed.
+    assert answer.startswith(f"HTTP/1.1 {status}") and seconds < 20, (seconds, answer[:200])
     code = "too_large" if status == 431 else "request_timeout"
     assert f'"code": "{code}"' in answer
     assert requests.get(f"{strict_service}/healthz", timeout=5).status_code == 200
@@ -460,7 +460,7 @@ def test_slow_or_greedy_heads_are_answered_and_closed(strict_service: str, send,
 def test_a_half_sent_body_is_answered_and_closed(strict_service: str) -> None:
     head = b"POST /step HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
     seconds, answer = _answer_within(strict_service, lambda sock: sock.sendall(head + b'{"session_id": '))
-    assert answer.startswith("HTTP/1.1 408") and '"code":"request_timeout"' in answer and seconds < 4, answer[:300]
+    assert answer.startswith("HTTP/1.1 408") and '"code":"request_timeout"' in answer and seconds < 20, answer[:300]
 
 
 def test_connections_past_the_cap_are_refused_and_the_service_recovers(strict_service: str) -> None:
@@ -470,8 +470,10 @@ def test_connections_past_the_cap_are_refused_and_the_service_recovers(strict_se
         time.sleep(0.3)
         refused = requests.get(f"{strict_service}/healthz", timeout=5)
         assert refused.status_code == 503  # uvicorn's answer past --max-connections: at once, not a hang
-        time.sleep(1.5)  # the silent ones hit the head deadline and are closed
-        assert requests.get(f"{strict_service}/healthz", timeout=5).status_code == 200
+        deadline = time.monotonic() + 20  # the silent ones hit the 1 s head deadline and are closed
+        while requests.get(f"{strict_service}/healthz", timeout=5).status_code != 200:
+            assert time.monotonic() < deadline, "the service never came back after the silent connections"
+            time.sleep(0.2)
     finally:
         for sock in silent:
             sock.close()
