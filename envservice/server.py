@@ -230,7 +230,7 @@ class RequestGuard:
         try:
             if refusal is None:
                 body = await asyncio.wait_for(self._read_body(receive), self.body_timeout_s)
-                refusal = _ambiguous_json(body, request_id)
+                refusal = _body_refusal(body, request_id)
             if refusal is None:
                 await self.app(scope, _replay(body, receive), send_with_id)
                 return
@@ -292,34 +292,34 @@ class RequestGuard:
                 return b"".join(chunks)
 
 
-class _AmbiguousJSON(ValueError):
-    """A body that Python's JSON parser reads, but not as the client meant it (or one too wide to validate)."""
+class _RefusedBody(ValueError):
+    """A JSON body refused before validation: read by Python but not as the client meant it, or too wide."""
 
 
 def _refuse_constant(name: str) -> None:
-    raise _AmbiguousJSON(f"the body holds {name}, which is not JSON (RFC 8259 has no NaN or Infinity)")
+    raise _RefusedBody(f"the body holds {name}, which is not JSON (RFC 8259 has no NaN or Infinity)")
 
 
-def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def _checked_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     if len(pairs) > MAX_OBJECT_KEYS:  # checked before validation: 30 000 bad entries cost seconds of the loop
-        raise _AmbiguousJSON(f"an object of the body has {len(pairs)} keys; the protocol's objects have at most "
+        raise _RefusedBody(f"an object of the body has {len(pairs)} keys; the protocol's objects have at most "
                              f"{MAX_OBJECT_KEYS}")
     keys = [key for key, _ in pairs]
     if len(set(keys)) != len(keys):
         twice = sorted({key for key in keys if keys.count(key) > 1})
-        raise _AmbiguousJSON(f"the body gives the key(s) {clip(repr(twice), 200)} more than once in one object")
+        raise _RefusedBody(f"the body gives the key(s) {clip(repr(twice), 200)} more than once in one object")
     return dict(pairs)
 
 
-def _ambiguous_json(body: bytes, request_id: str) -> ProtocolJSONResponse | None:
+def _body_refusal(body: bytes, request_id: str) -> ProtocolJSONResponse | None:
     """400 for a body Python would read with NaN/Infinity or a key given twice (the last silently winning), or
     with an object of more than MAX_OBJECT_KEYS keys; None otherwise (a body that is not JSON at all is left
     to FastAPI, which names the fault)."""
     if not body:
         return None
     try:
-        json.loads(body, parse_constant=_refuse_constant, object_pairs_hook=_refuse_duplicates)
-    except _AmbiguousJSON as error:
+        json.loads(body, parse_constant=_refuse_constant, object_pairs_hook=_checked_object)
+    except _RefusedBody as error:
         return error_response(EnvServiceError(ErrorCode.bad_request, str(error)), request_id)
     except (ValueError, RecursionError):
         return None

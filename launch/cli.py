@@ -206,7 +206,7 @@ def write_backup(folder: Path, config: LaunchConfig, planned: list[PlannedServic
                  argv: list[str]) -> None:
     """The experiment folder's record of this run (see experiment.py)."""
     urls = {service.config.name: service.url for service in planned}
-    resolved = {**config.redacted(REDACTOR), "service_urls": urls, "train_command": command}
+    resolved = {**config.redacted(), "service_urls": urls, "train_command": command}
     experiment.write_config(folder, resolved, config.conf_path, REDACTOR)
     experiment.write_commands(folder, [sys.executable, "launcher.py", *argv], command, REDACTOR)
     experiment.write_git(folder, REPO_ROOT)

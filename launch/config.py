@@ -134,16 +134,16 @@ class LaunchConfig:
         return collect_secrets([self.dotenv, self.train.env, *(service.env for service in services)], commands,
                                env_files=[service.env_file for service in services])
 
-    def redacted(self, redactor: Redactor | None = None) -> dict[str, Any]:
-        """A plain dict for the experiment folder: secret-named values hidden, and every secret value known to
-        `redactor` wherever else it appears (arguments, URLs)."""
+    def redacted(self) -> dict[str, Any]:
+        """A plain dict for the experiment folder, secret-named values hidden; `experiment.write_config` then
+        hides every secret value of `redactor()` wherever else it appears (arguments, URLs)."""
         data = asdict(self)
         data["conf_path"] = str(self.conf_path)
         data["dotenv"] = redact_by_name(self.dotenv)
         data["train"]["env"] = redact_by_name(self.train.env)
         for service in data["services"].values():
             service["env"] = redact_by_name(service["env"])
-        return (redactor or self.redactor()).data(data)
+        return data
 
 
 def parse_dotenv(text: str, source: str = ".env") -> dict[str, str]:

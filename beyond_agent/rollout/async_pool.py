@@ -77,7 +77,7 @@ class PendingRow:
     futures: list[Future] = field(default_factory=list)
     finished_at: float | None = None
     sieved: bool = False
-    """Passed a step's dynamic-sampling sieve (it trains, whichever step takes it)."""
+    """Finished and passed a step's dynamic-sampling sieve (it trains, whichever step takes it)."""
 
     @property
     def done(self) -> bool:
@@ -194,8 +194,7 @@ class AsyncEpisodePool:
                 self._sieve_finished_rows(sieve)
                 # First finished, first trained. Rows stay in the queue until the batch is complete, so the
                 # feeder's admission bound never sees a half-taken batch.
-                ready = sorted((row for row in self._waiting if row.done and row.sieved),
-                               key=lambda r: r.finished_at or 0.0)
+                ready = sorted((row for row in self._waiting if row.sieved), key=lambda r: r.finished_at or 0.0)
                 if len(ready) >= self.batch_size:
                     taken = ready[: self.batch_size]
                     break
@@ -214,7 +213,7 @@ class AsyncEpisodePool:
         """Offer finished rows not sieved yet, first finished first, until a batch has passed; drop those the
         sieve refuses (called with the lock held). A dropped row leaves the queue, so the feeder draws another
         in its place. Rows beyond the batch wait unsieved: the next step's sieve and budget judge them."""
-        passed = sum(1 for row in self._waiting if row.done and row.sieved)
+        passed = sum(1 for row in self._waiting if row.sieved)
         finished = sorted((row for row in self._waiting if row.done and not row.sieved),
                           key=lambda r: r.finished_at or 0.0)
         for row in finished:

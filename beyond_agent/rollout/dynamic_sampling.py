@@ -92,7 +92,9 @@ class GroupSieve:
     def __init__(self, config: DynamicSamplingConfig, batch_size: int):
         self.config = config
         self.budget = config.drop_budget(batch_size)
-        self.dropped: list[Sequence[EpisodeResult]] = []
+        self.dropped_groups = 0
+        self.dropped_episodes = 0
+        """Episodes played and not trained (the extra generation this step cost)."""
         self.dropped_tasks: Counter = Counter()
         self.kept_without_signal = 0
         self._played: list[EpisodeResult] = []
@@ -103,17 +105,13 @@ class GroupSieve:
         self._played.extend(results)
         if group_has_signal(results, self.config.drop):
             return True
-        if len(self.dropped) < self.budget:
-            self.dropped.append(results)
+        if self.dropped_groups < self.budget:
+            self.dropped_groups += 1
+            self.dropped_episodes += len(results)
             self.dropped_tasks[task] += 1
             return False
         self.kept_without_signal += 1
         return True
-
-    @property
-    def dropped_episodes(self) -> int:
-        """Episodes played and not trained (the extra generation this step cost)."""
-        return sum(len(group) for group in self.dropped)
 
     def figures(self) -> dict[str, float]:
         """This step's figures (`dynamic_sampling/...`; the rollout manager puts them under `beyond_agent/`)."""
@@ -121,7 +119,7 @@ class GroupSieve:
             return {}
         scored = [result for result in self._played if not result.infra_failure]
         figures = {
-            "dropped_groups": float(len(self.dropped)),
+            "dropped_groups": float(self.dropped_groups),
             "extra_episodes": float(self.dropped_episodes),
             "kept_without_signal_groups": float(self.kept_without_signal),
             # Success over every episode played, dropped ones included: the trained batch's own success rate
