@@ -7,7 +7,9 @@
 - greedy: concurrent /step calls on one shared session (`busy`), /create bodies with 30 000 bad `params`
   entries (a bounded 422), and 60 KiB request heads.
 
-`run_phase` runs the honest client for a while beside one kind of abuse and returns its latency figures.
+`run_phase` runs the honest client for a while beside one kind of abuse and returns its latency figures. The
+abusers connect from ABUSER_ADDRESS, another loopback address, as they would from another host: the service
+shares its loop fairly between client hosts (envservice/fairness.py), and on one host all clients are one.
 """
 
 from __future__ import annotations
@@ -23,6 +25,23 @@ import requests
 
 from envservice.client import EnvClient
 from envservice.errors import EnvServiceError
+
+ABUSER_ADDRESS = "127.0.0.2"
+"""The abusers' source address (Linux routes all of 127.0.0.0/8 to loopback)."""
+
+
+class _FromAddress(requests.adapters.HTTPAdapter):
+    """An adapter whose connections leave from ABUSER_ADDRESS."""
+
+    def init_poolmanager(self, *args, **kwargs):
+        kwargs["source_address"] = (ABUSER_ADDRESS, 0)
+        super().init_poolmanager(*args, **kwargs)
+
+
+def abuser_session() -> requests.Session:
+    session = requests.Session()
+    session.mount("http://", _FromAddress(pool_maxsize=4))
+    return session
 
 
 def honest_client(url: str, stop: threading.Event, latencies: list[float], ledger: dict[str, int]) -> None:
@@ -54,7 +73,7 @@ def honest_client(url: str, stop: threading.Event, latencies: list[float], ledge
 
 def _connect(url: str) -> socket.socket:
     host, port = url.removeprefix("http://").rsplit(":", 1)
-    return socket.create_connection((host, int(port)), timeout=60)
+    return socket.create_connection((host, int(port)), timeout=60, source_address=(ABUSER_ADDRESS, 0))
 
 
 def _until_closed(sock: socket.socket, stop: threading.Event, send: Callable[[], None] | None = None) -> None:
@@ -99,15 +118,16 @@ def slow_client(url: str, stop: threading.Event, index: int, counts: dict[str, i
 def greedy_client(url: str, stop: threading.Event, index: int, counts: dict[str, int], session: str) -> None:
     """Concurrent steps on one session, huge bad bodies and large heads, until `stop`."""
     bad_params = {"env_id": "frozenlake", "params": {f"p{i}": [[i]] for i in range(30_000)}}
+    http = abuser_session()
     while not stop.is_set():
         kind = ("busy_step", "bad_body", "big_head")[index % 3]
         try:
             if kind == "busy_step":
-                answer = requests.post(f"{url}/step", json={"session_id": session, "action": "left"}, timeout=30)
+                answer = http.post(f"{url}/step", json={"session_id": session, "action": "left"}, timeout=30)
             elif kind == "bad_body":
-                answer = requests.post(f"{url}/create", json=bad_params, timeout=30)
+                answer = http.post(f"{url}/create", json=bad_params, timeout=30)
             else:
-                answer = requests.get(f"{url}/healthz", headers={"X-Big": "b" * 60_000}, timeout=30)
+                answer = http.get(f"{url}/healthz", headers={"X-Big": "b" * 60_000}, timeout=30)
             counts[f"{kind} {answer.status_code}"] += 1
         except requests.RequestException as error:
             counts[f"{kind} {type(error).__name__}"] += 1
@@ -115,9 +135,13 @@ def greedy_client(url: str, stop: threading.Event, index: int, counts: dict[str,
 
 def abuse(url: str, kind: str, abusers: int, seconds: float, counts_out) -> None:
     """Entry of the abusers' own process: `abusers` threads of `kind` for `seconds`; their counts put on
-    `counts_out` (a multiprocessing queue)."""
+    `counts_out` (a multiprocessing queue). The process runs at the lowest CPU priority: the abusers stand for
+    clients on other machines, so their own Python should not take the cores the service and the honest client
+    need (what their requests cost the service is what is measured)."""
     import collections
+    import os
 
+    os.nice(19)
     stop, counts = threading.Event(), collections.Counter()
     if kind == "slow":
         threads = [threading.Thread(target=slow_client, args=(url, stop, i, counts), daemon=True) for i in range(abusers)]
@@ -134,9 +158,11 @@ def abuse(url: str, kind: str, abusers: int, seconds: float, counts_out) -> None
     counts_out.put(dict(counts))
 
 
-def run_phase(url: str, seconds: float, kind: str, abusers: int) -> dict:
+def run_phase(url: str, seconds: float, kind: str, abusers: int, abused_url: str | None = None) -> dict:
     """The honest client for `seconds` beside `abusers` threads of `kind` (quiet | slow | greedy). The abusers run
-    in a process of their own, so that the honest client's latencies are the service's, not this process's GIL."""
+    in a process of their own, so that the honest client's latencies are the service's, not this process's GIL.
+    With `abused_url` the abusers aim at that other service instead: the control that shows what sharing the
+    machine's cores alone costs the honest client."""
     import collections
     import multiprocessing
 
@@ -145,7 +171,7 @@ def run_phase(url: str, seconds: float, kind: str, abusers: int) -> dict:
     if kind != "quiet":
         context = multiprocessing.get_context("spawn")
         queue = context.Queue()
-        child = context.Process(target=abuse, args=(url, kind, abusers, seconds, queue))
+        child = context.Process(target=abuse, args=(abused_url or url, kind, abusers, seconds, queue))
         child.start()
         time.sleep(1.0)  # the abusers are at it before the honest client starts counting
     honest = threading.Thread(target=honest_client, args=(url, stop, latencies, ledger), daemon=True)
@@ -157,7 +183,7 @@ def run_phase(url: str, seconds: float, kind: str, abusers: int) -> dict:
         counts = queue.get(timeout=120)
         child.join(timeout=30)
     ordered = sorted(latencies)
-    return {"abuse": kind, "seconds": seconds, "abusers": abusers if kind != "quiet" else 0,
+    return {"abuse": kind if abused_url is None else f"{kind} elsewhere", "seconds": seconds, "abusers": abusers if kind != "quiet" else 0,
             "honest_requests": len(ordered), "honest_episodes": dict(ledger),
             "p50_ms": round(1000 * statistics.median(ordered), 1) if ordered else None,
             "p99_ms": round(1000 * ordered[int(0.99 * (len(ordered) - 1))], 1) if ordered else None,

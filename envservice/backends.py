@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -184,11 +185,15 @@ class _CallThreads:
         self._live, self._idle = 0, 0  # threads alive (stuck ones included), threads free for a job
 
     def run(self, call: Callable[[], Any], timeout_s: float) -> Any:
-        """`call()` on a pool thread; `EnvCallTimeout` when it has not returned after `timeout_s`."""
+        """`call()` on a pool thread; `EnvCallTimeout` when it has not returned `timeout_s` after it started.
+
+        The limit counts from the call's start, not from its submission: a call queued behind `size` busy
+        threads is waiting, not hanging (each busy one is bounded by its own limit, so the queue drains)."""
         job = _Job(call)
         self._submit(job)
+        job.started.wait()
         try:
-            return job.future.result(timeout_s)
+            return job.future.result(max(0.0, job.started_at + timeout_s - time.monotonic()))
         except FutureTimeout:
             pass
         with self._lock:
@@ -218,6 +223,8 @@ class _CallThreads:
 
     def _loop(self) -> None:
         while (job := self._queue.get()) is not None:
+            job.started_at = time.monotonic()
+            job.started.set()
             if job.future.set_running_or_notify_cancel():
                 try:
                     job.future.set_result(job.call())
@@ -236,6 +243,7 @@ class _Job:
 
     def __init__(self, call: Callable[[], Any]) -> None:
         self.call, self.future, self.abandoned = call, Future(), False
+        self.started, self.started_at = threading.Event(), 0.0  # set by the thread that takes it
 
 
 # ---- worker pools (process and Ray) ----------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from typing import Any
 
 import ray
@@ -99,6 +100,10 @@ class RayWorker:
 
     def __init__(self, index: int, options: dict[str, Any]) -> None:
         self.index, self.load = index, 0
+        # The actor runs `max_concurrency` calls at once and queues the rest, and Ray's timeout counts from the
+        # call's submission: a queued call would be taken for a hung one (#33 finding 4). So the service sends
+        # an actor only what it can run now; a call waits for a slot here, outside its time limit.
+        self._slots = threading.BoundedSemaphore(options.get("max_concurrency", THREADS_PER_WORKER))
         self.actor = ray.remote(EnvHostActor).options(**options).remote()
         self._started = self.actor.where.remote()
         self._where: str | None = None
@@ -117,13 +122,24 @@ class RayWorker:
             raise WorkerLost(self._death)
         try:
             self._wait_started()
-            return ray.get(self.actor.handle.remote(method, key, args), timeout=timeout_s)
+            self._take_slot()
+            try:
+                return ray.get(self.actor.handle.remote(method, key, args), timeout=timeout_s)
+            finally:
+                self._slots.release()
         except GetTimeoutError:
             raise TimeoutError(f"{self.describe()} gave no answer within {timeout_s} s") from None
         except (RayActorError, WorkerCrashedError) as exc:
             first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
             self._death = self._death or f"{self.describe()} died ({type(exc).__name__}: {first_line})"
             raise WorkerLost(self._death) from None
+
+    def _take_slot(self) -> None:
+        """Wait until the actor has a free slot (each call in it is bounded by its limit, so one comes), or
+        `WorkerLost` once the actor is dead."""
+        while not self._slots.acquire(timeout=1.0):
+            if self._death is not None:
+                raise WorkerLost(self._death)
 
     def _wait_started(self) -> None:
         """Wait for the actor to be placed and started (not counted in the call's limit)."""

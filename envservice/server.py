@@ -33,10 +33,12 @@ from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from envservice import registry
+from envservice.body_check import BodyChecker
 from envservice.childproc import host_allowed
 from envservice.errors import CLIP_CHARS, EnvServiceError, clip
 from envservice.host import entry_point_of
@@ -63,13 +65,11 @@ logger = logging.getLogger("envservice")
 DEFAULT_MAX_REQUEST_BYTES = 1 << 20
 """Largest request body accepted by default (1 MiB: ten of the longest actions the protocol allows)."""
 UNAUTHENTICATED_PATHS = frozenset({"/healthz"})
+"""Routes that answer without the token (liveness probes have none)."""
 BODY_TIMEOUT_S = 30.0
 """Seconds a request body may take to arrive whole once its head has (a 1 MiB body needs well under one)."""
-MAX_OBJECT_KEYS = 256
-"""Keys of one JSON object of a request at most (`params` holds a few); a wider body is refused unvalidated."""
 MAX_DETAIL_ITEMS = 20
 """Validation problems listed in one error answer at most (the message gives the count of the rest)."""
-"""Routes that answer without the token (liveness probes have none)."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +122,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         env_ids, max_sessions=settings.max_sessions, idle_timeout_s=settings.idle_timeout_s, backend=settings.backend
     )
 
+    body_checker = BodyChecker()
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         if settings.preload:
@@ -132,6 +134,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         manager.start_reaper(settings.reap_interval_s)
         yield
         manager.shutdown()
+        body_checker.close()
         logger.info("envservice stopped: %s", json.dumps(manager.ledger()))
 
     app = FastAPI(title="BeyondAgent envservice", lifespan=lifespan, responses=_ERROR_RESPONSES,
@@ -142,7 +145,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     _add_routes(app, manager, env_ids)
     _describe_in_openapi(app, env_ids, settings.token is not None)
     app.add_middleware(RequestGuard, token=settings.token, max_request_bytes=settings.max_request_bytes,
-                       allowed_hosts=settings.allowed_hosts, body_timeout_s=settings.body_timeout_s)
+                       allowed_hosts=settings.allowed_hosts, body_timeout_s=settings.body_timeout_s,
+                       body_checker=body_checker)
     return app
 
 
@@ -207,9 +211,11 @@ class RequestGuard:
     """
 
     def __init__(self, app: ASGIApp, token: str | None, max_request_bytes: int,
-                 allowed_hosts: tuple[str, ...] | None = None, body_timeout_s: float = BODY_TIMEOUT_S) -> None:
+                 allowed_hosts: tuple[str, ...] | None = None, body_timeout_s: float = BODY_TIMEOUT_S,
+                 body_checker: BodyChecker | None = None) -> None:
         self.app, self.token, self.max_request_bytes = app, token, max_request_bytes
         self.allowed_hosts, self.body_timeout_s = allowed_hosts, body_timeout_s
+        self.body_checker = body_checker or BodyChecker()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -229,8 +235,12 @@ class RequestGuard:
         refusal = self._refusal(scope, request_id)
         try:
             if refusal is None:
-                body = await asyncio.wait_for(self._read_body(receive), self.body_timeout_s)
-                refusal = _body_refusal(body, request_id)
+                host = (scope.get("client") or ("?", 0))[0]
+                async with self.body_checker.turn(host, int(dict(scope["headers"]).get(b"content-length", b"0"))):
+                    body = await asyncio.wait_for(self._read_body(receive), self.body_timeout_s)
+                    reason = await self.body_checker.reason(body)
+                if reason is not None:
+                    refusal = error_response(EnvServiceError(ErrorCode.bad_request, reason), request_id)
             if refusal is None:
                 await self.app(scope, _replay(body, receive), send_with_id)
                 return
@@ -290,40 +300,6 @@ class RequestGuard:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
-
-
-class _RefusedBody(ValueError):
-    """A JSON body refused before validation: read by Python but not as the client meant it, or too wide."""
-
-
-def _refuse_constant(name: str) -> None:
-    raise _RefusedBody(f"the body holds {name}, which is not JSON (RFC 8259 has no NaN or Infinity)")
-
-
-def _checked_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    if len(pairs) > MAX_OBJECT_KEYS:  # checked before validation: 30 000 bad entries cost seconds of the loop
-        raise _RefusedBody(f"an object of the body has {len(pairs)} keys; the protocol's objects have at most "
-                             f"{MAX_OBJECT_KEYS}")
-    keys = [key for key, _ in pairs]
-    if len(set(keys)) != len(keys):
-        twice = sorted({key for key in keys if keys.count(key) > 1})
-        raise _RefusedBody(f"the body gives the key(s) {clip(repr(twice), 200)} more than once in one object")
-    return dict(pairs)
-
-
-def _body_refusal(body: bytes, request_id: str) -> ProtocolJSONResponse | None:
-    """400 for a body Python would read with NaN/Infinity or a key given twice (the last silently winning), or
-    with an object of more than MAX_OBJECT_KEYS keys; None otherwise (a body that is not JSON at all is left
-    to FastAPI, which names the fault)."""
-    if not body:
-        return None
-    try:
-        json.loads(body, parse_constant=_refuse_constant, object_pairs_hook=_checked_object)
-    except _RefusedBody as error:
-        return error_response(EnvServiceError(ErrorCode.bad_request, str(error)), request_id)
-    except (ValueError, RecursionError):
-        return None
-    return None
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
@@ -394,15 +370,20 @@ def _add_routes(app: FastAPI, manager: SessionManager, env_ids: list[str]) -> No
         """Open a session and return its first observation."""
         return manager.create(request)
 
+    # /step and /evaluate refuse a busy or unknown session on the event loop, before taking a pool thread
+    # (`SessionManager.refuse_if_busy`); the env call itself runs in the pool like every sync route.
+
     @app.post("/step", response_model=StepResponse)
-    def step(request: StepRequest) -> StepResponse:
+    async def step(request: StepRequest) -> StepResponse:
         """Apply one action."""
-        return manager.step(request.session_id, request.action)
+        manager.refuse_if_busy(request.session_id, "step")
+        return await run_in_threadpool(manager.step, request.session_id, request.action)
 
     @app.post("/evaluate", response_model=EvaluateResponse)
-    def evaluate(request: EvaluateRequest) -> EvaluateResponse:
+    async def evaluate(request: EvaluateRequest) -> EvaluateResponse:
         """Score the episode."""
-        return manager.evaluate(request.session_id)
+        manager.refuse_if_busy(request.session_id, "evaluate")
+        return await run_in_threadpool(manager.evaluate, request.session_id)
 
     @app.post("/release", response_model=ReleaseResponse)
     def release(request: ReleaseRequest) -> ReleaseResponse:

@@ -147,13 +147,21 @@ class SessionManager:
             session.last_used = self._clock()
             return response
 
+    def refuse_if_busy(self, session_id: str, call: str) -> None:
+        """Raise what `call` would answer at once, without running it: `busy` for a session answering another
+        call, the unknown-session error for an id that is not open. For the event loop: a greedy client's
+        refusals then never take a pool thread (they used to, and the honest clients' calls waited for the
+        interpreter behind 32 threads answering 409s). A call that passes still takes the lock in its thread,
+        so a session that became busy meanwhile is refused there."""
+        if self._get(session_id).lock.locked():
+            raise _busy(session_id, call)
+
     @staticmethod
     @contextmanager
     def _session_lock(session: Session, call: str):
         """The session's lock, or `busy` at once when another call holds it (module docstring)."""
         if not session.lock.acquire(blocking=False):
-            raise EnvServiceError(ErrorCode.busy, f"session {session.session_id} is answering another call; /{call} "
-                                  "was not run: retry once that call is back")
+            raise _busy(session.session_id, call)
         try:
             yield
         finally:
@@ -423,3 +431,8 @@ def _evaluate_response(result: Any) -> EvaluateResponse:
     if not isinstance(success, bool) or not isinstance(score, (int, float)) or not 0.0 <= score <= 1.0:
         raise TypeError(f"evaluate returned ({score!r}, {success!r}), expected (score in [0, 1], bool)")
     return EvaluateResponse(score=float(score), success=success)
+
+
+def _busy(session_id: str, call: str) -> EnvServiceError:
+    return EnvServiceError(ErrorCode.busy, f"session {session_id} is answering another call; /{call} was not run: "
+                           "retry once that call is back")

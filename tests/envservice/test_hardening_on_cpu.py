@@ -501,3 +501,32 @@ def test_json_that_python_reads_but_the_client_did_not_mean_is_refused(make_clie
     """#33 finding 8: NaN/Infinity were accepted and a duplicate key silently took its last value."""
     response = make_client().post("/step", content=body, headers={"Content-Type": "application/json"})
     assert says in _error(response, 400, "bad_request").message
+
+
+def test_a_busy_or_unknown_session_is_refused_without_taking_a_pool_thread(make_client, test_envs,
+                                                                            monkeypatch) -> None:
+    """#33, greedy clients: what the service can refuse without the env (a session busy with another call, an id
+    that is not open) is answered on the event loop. It used to be answered in a pool thread, so 32 greedy
+    threads answering 409s competed with every honest call for the interpreter."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    gated = test_envs["gated"]
+    gated.gate.clear()
+    gated.entered.clear()
+    client = make_client()
+    manager = client.app.state.sessions
+    session = _create(client, "gated")
+    with ThreadPoolExecutor(1) as pool:
+        slow = pool.submit(client.post, "/step", json={"session_id": session, "action": "wait"})
+        assert gated.entered.wait(10), "the slow step never reached the env"
+        ran = []  # the env calls the refusals would have run in a pool thread
+        monkeypatch.setattr(manager, "step", lambda *args: ran.append(("step", args)))
+        monkeypatch.setattr(manager, "evaluate", lambda *args: ran.append(("evaluate", args)))
+        _error(client.post("/step", json={"session_id": session, "action": "inc"}), 409, "busy")
+        _error(client.post("/evaluate", json={"session_id": session}), 409, "busy")
+        _error(client.post("/step", json={"session_id": "f" * 32, "action": "inc"}), 404, "unknown_session")
+        monkeypatch.undo()
+        gated.gate.set()
+        assert slow.result(timeout=30).status_code == 200
+    assert ran == []
+    assert client.post("/step", json={"session_id": session, "action": "inc"}).status_code == 200  # free again

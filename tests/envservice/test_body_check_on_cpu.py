@@ -1,0 +1,75 @@
+"""The pre-validation JSON check of request bodies and where it runs (envservice/body_check.py, issue #33).
+
+A large body is checked in a helper process and one at a time per client host, so that 32 huge bodies from
+one greedy client no longer hold the event loop ~30 ms each in front of everyone else's requests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+
+import pytest
+
+from envservice.body_check import LARGE_BODY_BYTES, MAX_OBJECT_KEYS, BodyChecker, refusal_reason
+
+WIDE = json.dumps({"env_id": "frozenlake", "params": {f"p{i}": [[i]] for i in range(30_000)}}).encode()
+PADDED = json.dumps({"env_id": "frozenlake", "params": {"text": "x" * (2 * LARGE_BODY_BYTES)}}).encode()
+
+
+@pytest.mark.parametrize("body, reason", [
+    (b'{"seed": NaN}', "the body holds NaN, which is not JSON"),
+    (b'{"a": 1, "a": 2}', "the body gives the key(s) ['a'] more than once in one object"),
+    (json.dumps({f"k{i}": i for i in range(MAX_OBJECT_KEYS + 1)}).encode(),
+     f"an object of the body has {MAX_OBJECT_KEYS + 1} keys; the protocol's objects have at most {MAX_OBJECT_KEYS}"),
+    (json.dumps({f"k{i}": i for i in range(MAX_OBJECT_KEYS)}).encode(), None),
+    (b"not json at all", None),  # left to validation, which names the fault
+    (b"", None),
+])
+def test_refusal_reasons_by_hand(body: bytes, reason: str | None) -> None:
+    found = refusal_reason(body)
+    assert (found is None and reason is None) or (reason is not None and found.startswith(reason)), found
+
+
+def test_large_bodies_are_checked_in_the_helper_which_is_restarted_when_it_dies() -> None:
+    async def scenario() -> None:
+        checker = BodyChecker()
+        try:
+            assert await checker.reason(b'{"a": 1, "a": 2}') is not None and checker._pool is None  # small: inline
+            assert (await checker.reason(WIDE)).startswith("an object of the body has 30000 keys")
+            assert await checker.reason(PADDED) is None
+            helper = next(iter(checker._pool._processes))  # the one helper process that answered
+            assert helper != os.getpid()
+            os.kill(helper, signal.SIGKILL)
+            await asyncio.sleep(0.5)
+            # The body at hand is still answered (on the loop), and the next one starts a new helper.
+            assert (await checker.reason(WIDE)).startswith("an object of the body has 30000 keys")
+            assert (await checker.reason(WIDE)).startswith("an object of the body has 30000 keys")
+            assert helper not in checker._pool._processes
+        finally:
+            checker.close()
+
+    asyncio.run(scenario())
+
+
+def test_one_large_body_at_a_time_per_host_and_small_ones_pass() -> None:
+    async def scenario() -> list[str]:
+        checker, order = BodyChecker(), []
+
+        async def request(name: str, host: str, length: int) -> None:
+            async with checker.turn(host, length):
+                order.append(f"{name} in")
+                await asyncio.sleep(0.05)
+                order.append(f"{name} out")
+
+        large = LARGE_BODY_BYTES + 1
+        await asyncio.gather(request("a1", "10.0.0.1", large), request("a2", "10.0.0.1", large),
+                             request("b1", "10.0.0.2", large), request("a-small", "10.0.0.1", 100))
+        assert checker._host_turns == {}, "a host's turn is forgotten once nobody holds or waits for it"
+        return order
+
+    order = asyncio.run(scenario())
+    # a2 waits for a1 (same host); b1 (another host) and the small body of host 1 do not wait.
+    assert order.index("a2 in") > order.index("a1 out"), order
+    assert order.index("b1 in") < order.index("a1 out") and order.index("a-small in") < order.index("a1 out"), order
