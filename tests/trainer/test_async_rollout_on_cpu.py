@@ -51,6 +51,11 @@ def test_async_m2po_trains_three_steps_with_bounded_staleness(run_training, step
         assert math.isfinite(metrics[step]["actor/pg_loss"])
         assert metrics[step]["beyond_agent/episodes"] == 4.0  # 2 rows x n=2, all from the pool
         assert metrics[step]["beyond_agent/async/policy_version"] == step - 1
+        # π_old is the behaviour policy (`old_log_probs: behaviour`, the default): verl's own check compares the
+        # batch's old_log_probs with rollout_log_probs after our swap, so it reads exactly 0 (without the swap it
+        # is the trainer/vLLM gap); the true gap is ours, measured before the swap.
+        assert metrics[step]["training/rollout_probs_diff_max"] == 0.0
+        assert metrics[step]["beyond_agent/async/logprob_gap_abs_max"] > 0.0
         assert math.isfinite(metrics[step]["beyond_agent/async/logprob_gap_abs_mean"])
         assert "actor/m2po_m2_before" in metrics[step] or "actor/actor/m2po_m2_before" in metrics[step]
         # GiGPO's step part ran: every turn is in one anchor group (2 groups x 2 episodes x up to 2 rounds).
