@@ -132,6 +132,15 @@ class TaggedActionParser:
         return ParsedAction(action, None)
 
 
+TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+"""One `<tool_call>...</tool_call>` block of a reply (Hermes / Qwen2.5 format); group 1 is its JSON."""
+
+
+def tool_call_blocks(text: str) -> list[str]:
+    """The stripped insides of every `<tool_call>` block of `text`, in order."""
+    return [block.strip() for block in TOOL_CALL_BLOCK.findall(text)]
+
+
 @register_action_parser("tool_call")
 class ToolCallActionParser:
     """One `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` block, the format our ChatML
@@ -140,18 +149,16 @@ class ToolCallActionParser:
     `json.loads` it. No block, several blocks, invalid JSON, a missing or non-string name, arguments that
     are not an object, or (when `tools` is given) an unknown tool name are errors for the model."""
 
-    _pattern = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-
     def __init__(self, tools: list[str] | None = None):
         self.tools = list(tools) if tools is not None else None
 
     def parse(self, text: str) -> ParsedAction:
-        blocks = self._pattern.findall(text)
+        blocks = tool_call_blocks(text)
         if len(blocks) != 1:
             found = "no" if not blocks else str(len(blocks))
             return ParsedAction(None, f"Call exactly one tool per turn; found {found} <tool_call> blocks. "
                                       'Write <tool_call>{"name": "...", "arguments": {...}}</tool_call>.')
-        return self._parse_call(blocks[0].strip())
+        return self._parse_call(blocks[0])
 
     def _parse_call(self, body: str) -> ParsedAction:
         try:

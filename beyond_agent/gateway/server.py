@@ -1,0 +1,187 @@
+"""The gateway: an OpenAI-compatible chat-completions server in front of the rollout's LLM servers.
+
+An agent written against the OpenAI API is pointed at one episode's base URL,
+`http://HOST:PORT/episodes/<episode_id>/v1`, and runs unchanged. For every call the gateway renders the
+messages with the model's chat template on our side (`RolloutHandler`), asks the LLM for token ids (never
+text), and records the exact prompt ids, the sampled ids, their log-probs, the reply's parsed tool calls and
+the policy version (`episodes.CallRecord`). The reply the agent gets is the sampled ids decoded, with
+`<tool_call>` blocks (Hermes / Qwen2.5 format) turned into OpenAI `tool_calls`.
+
+    gateway = Gateway(GatewayConfig(model_name="policy"), tokenizer, llm.generate)
+    app = create_gateway_app(gateway)          # serve with uvicorn
+    episode_id = gateway.open_episode()
+    ... the agent calls f"{url}/episodes/{episode_id}/v1/chat/completions" ...
+    episode = gateway.close_episode(episode_id)  # its calls and segments
+
+Errors are OpenAI's format with the matching status: 400 for a request the gateway cannot serve (naming the
+parameter), 404 for an unknown episode or model, 409 for a second call on an episode that is still answering
+one, 502 when the LLM failed (an infrastructure failure: the episode is not to be scored).
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from beyond_agent.gateway.episodes import MERGE_POLICIES, CallRecord, GatewayEpisode
+from beyond_agent.gateway.wire import ChatRequest, chat_response, error_body, reply_message, unsupported
+from beyond_agent.rollout.llm import GenerationResult, LLMError, SamplingParams
+
+Generate = Callable[[str, list[int], int, SamplingParams], GenerationResult]
+"""generate(request_id, prompt_ids, max_tokens, sampling): `AsyncLLMServerManager.generate`."""
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """What the gateway serves and the limits of its episodes."""
+
+    model_name: str = "policy"
+    """The model name agents send (`/v1/models` lists it); requests naming another are refused."""
+    max_prompt_length: int = 4096
+    """Cap on a segment's first prompt, in tokens (the head is dropped beyond it, as in our rollout)."""
+    max_response_length: int = 8192
+    """Cap on a segment's response (replies and the observations between them), in tokens."""
+    max_tokens_per_turn: int = 1024
+    """Cap on one reply, whatever the request's `max_tokens`."""
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    """How replies are sampled: the rollout's policy, not the agent's `temperature`/`top_p` (the log-probs
+    trained on must be the behaviour policy's). A request's `seed` is used when given."""
+    merge: str = "auto"
+    """`auto`: calls that extend the previous one form one multi-turn sample; `never`: one sample per call."""
+
+    def __post_init__(self) -> None:
+        if self.merge not in MERGE_POLICIES:
+            raise ValueError(f"gateway.merge={self.merge!r} is not valid; choose one of {', '.join(MERGE_POLICIES)}")
+        for name in ("max_prompt_length", "max_response_length", "max_tokens_per_turn"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"gateway.{name} must be an integer >= 1, got {getattr(self, name)!r}")
+
+
+class GatewayError(Exception):
+    """A call the gateway answers with an OpenAI error (status, message, type, param)."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param = status, message, kind, param
+
+
+class Gateway:
+    """Episodes and their calls (module docstring). Thread-safe: episodes are opened, answered and closed from
+    any thread."""
+
+    def __init__(self, config: GatewayConfig, tokenizer: Any, generate: Generate,
+                 policy_version: Callable[[], int | None] = lambda: None) -> None:
+        self.config, self.tokenizer, self._generate, self._policy_version = config, tokenizer, generate, policy_version
+        self._episodes: dict[str, GatewayEpisode] = {}
+        self._lock = threading.Lock()
+
+    def open_episode(self, episode_id: str | None = None) -> str:
+        """Start an episode; its calls go to `/episodes/<id>/v1/chat/completions`."""
+        episode_id = episode_id or uuid.uuid4().hex
+        with self._lock:
+            if episode_id in self._episodes:
+                raise ValueError(f"episode {episode_id!r} is already open")
+            self._episodes[episode_id] = GatewayEpisode(episode_id, self.tokenizer, self.config.max_prompt_length,
+                                                        self.config.max_response_length, self.config.merge)
+        return episode_id
+
+    def close_episode(self, episode_id: str) -> GatewayEpisode:
+        """End an episode (later calls on it get 404) and return what it recorded."""
+        with self._lock:
+            episode = self._episodes.pop(episode_id, None)
+        if episode is None:
+            raise KeyError(f"episode {episode_id!r} is not open")
+        with episode.lock:  # a call still being answered finishes first
+            return episode
+
+    def complete(self, episode_id: str, request: ChatRequest) -> dict[str, Any]:
+        """Answer one chat-completions call of `episode_id` (blocking: the LLM call waits)."""
+        if request.model != self.config.model_name:
+            raise GatewayError(404, f"model {request.model!r} is not served here; use {self.config.model_name!r}",
+                               "invalid_request_error", "model")
+        refused = unsupported(request)
+        if refused is not None:
+            raise GatewayError(400, refused[1], param=refused[0])
+        with self._lock:
+            episode = self._episodes.get(episode_id)
+        if episode is None:
+            raise GatewayError(404, f"episode {episode_id!r} is not open (never opened, or closed)", param="episode_id")
+        if not episode.lock.acquire(blocking=False):
+            raise GatewayError(409, f"episode {episode_id!r} is answering another call; an episode's calls are "
+                               "answered one at a time", "conflict_error")
+        try:
+            return self._answer(episode, request)
+        finally:
+            episode.lock.release()
+
+    def _answer(self, episode: GatewayEpisode, request: ChatRequest) -> dict[str, Any]:
+        tools = request.shown_tools()
+        try:
+            handler, continued = episode.segment_for(request.messages, tools)
+        except ValueError as error:  # the template cannot render these messages
+            raise GatewayError(400, f"the messages cannot be rendered by the model's chat template: {error}",
+                               param="messages") from None
+        limit = min(self.config.max_tokens_per_turn, request.turn_limit() or self.config.max_tokens_per_turn,
+                    handler.remaining_response_length)
+        if limit < 1:
+            raise GatewayError(400, "this episode's segment has no room left for a reply "
+                               f"(max_response_length {self.config.max_response_length} tokens)", param="messages")
+        prompt_ids = handler.prompt_ids_for_next_turn()
+        sampling = self.config.sampling
+        if request.seed is not None:
+            sampling = SamplingParams(sampling.temperature, sampling.top_p, request.seed, sampling.stop_token_ids)
+        version = self._policy_version()
+        try:
+            result = self._generate(episode.episode_id, prompt_ids, limit, sampling)
+        except LLMError as error:
+            episode.llm_failed(handler, str(error))
+            raise GatewayError(502, f"the LLM failed on this call ({error}); it is an infrastructure failure, "
+                               "not the agent's", "server_error") from None
+        handler.add_assistant(result.token_ids, result.logprobs, policy_version=version)
+        message, notes = reply_message(self._reply_text(result.token_ids, handler.end_of_turn_id))
+        call = CallRecord(index=len(episode.calls), segment=len(episode.segments) - 1, continued=continued,
+                          prompt_ids=prompt_ids, sampled_ids=list(result.token_ids), logprobs=list(result.logprobs),
+                          stop_reason=result.stop_reason, policy_version=version, reply=message, notes=notes)
+        episode.record(handler, request.messages, tools, call)
+        return chat_response(self.config.model_name, message, result.stop_reason, len(prompt_ids),
+                             len(result.token_ids))
+
+    def _reply_text(self, token_ids: list[int], end_of_turn_id: int) -> str:
+        """The reply as the agent reads it: the sampled ids decoded, without the end-of-turn token."""
+        ids = token_ids[:-1] if token_ids and token_ids[-1] == end_of_turn_id else token_ids
+        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def create_gateway_app(gateway: Gateway) -> FastAPI:
+    """The HTTP face of `gateway`: `/episodes/{episode_id}/v1/chat/completions` and `/v1/models` (also under
+    each episode's base URL), every error in OpenAI's format."""
+    app = FastAPI(title="BeyondAgent gateway")
+
+    @app.exception_handler(GatewayError)
+    async def gateway_error(request: Request, error: GatewayError) -> JSONResponse:
+        return JSONResponse(error_body(error.message, error.kind, error.param), status_code=error.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first.get("loc", ())[1:]) or None
+        return JSONResponse(error_body(f"{where or 'body'}: {first.get('msg')}", param=where), status_code=400)
+
+    @app.post("/episodes/{episode_id}/v1/chat/completions")
+    async def chat_completions(episode_id: str, request: ChatRequest) -> JSONResponse:
+        return JSONResponse(await run_in_threadpool(gateway.complete, episode_id, request))
+
+    def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": gateway.config.model_name, "object": "model", "created": 0,
+                                            "owned_by": "beyond_agent"}]}
+
+    app.get("/v1/models")(models)
+    app.get("/episodes/{episode_id}/v1/models")(models)
+    return app
