@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-SECRET_NAME = re.compile(r"TOKEN|SECRET|PASS|PWD|CREDENTIAL|APIKEY|(?<![a-z])KEY(?![a-z])", re.IGNORECASE)
+SECRET_NAME = re.compile(r"TOKEN(?![a-z])|SECRET|PASS|PWD|CREDENTIAL|APIKEY|(?<![a-z])KEY(?![a-z])", re.IGNORECASE)
 """Names whose values are secret (HF_TOKEN, WANDB_API_KEY, DB_PASS, --api-key, beyond_agent.env.token); KEY
-only as a word of its own (not `keyword`)."""
+only as a word of its own (not `keyword`), TOKEN not followed by more letters (not `max_tokens_per_turn` or
+`TOKENIZERS_PARALLELISM`, whose values were hidden)."""
 HIDDEN = "***"
 MIN_SECRET_LENGTH = 4
 URL_PASSWORD = re.compile(r"(?P<head>\b[a-zA-Z][\w+.-]*://[^\s/:@]+):(?P<password>[^\s@/]+)@")

@@ -7,7 +7,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from launch.secrets import HIDDEN, MIN_SECRET_LENGTH, collect_secrets, secrets_in_arguments
+import pytest
+
+from launch.secrets import HIDDEN, MIN_SECRET_LENGTH, collect_secrets, is_secret_name, secrets_in_arguments
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_launcher_on_cpu import started_pids  # noqa: E402
@@ -74,3 +76,13 @@ def test_the_dry_run_hides_them_too(launch, conf, fake_train, tmp_path):
     text = run.text()
     assert "svc-tok-dry" not in text and "dry-key-123" not in text and "DB_PASS=abc" not in text
     assert f"DB_PASS={HIDDEN}" in text and "PLAIN=plain-value" in text
+
+
+@pytest.mark.parametrize("name, secret", [
+    ("HF_TOKEN", True), ("ENVSERVICE_TOKEN", True), ("beyond_agent.env.token", True), ("--token", True),
+    ("access_token_v2", True), ("WANDB_API_KEY", True), ("DB_PASS", True),
+    ("TOKENIZERS_PARALLELISM", False), ("beyond_agent.max_tokens_per_turn", False),
+    ("actor_rollout_ref.rollout.max_num_batched_tokens", False), ("keyword", False),
+])
+def test_secret_names_by_hand(name: str, secret: bool) -> None:
+    assert is_secret_name(name) is secret
