@@ -41,6 +41,9 @@ from beyond_agent.rollout.async_pool import AsyncEpisodePool, PendingRow
 from beyond_agent.rollout.batch import training_batch
 from beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec
 from beyond_agent.rollout.dynamic_sampling import GroupSieve
+from beyond_agent.gateway import Gateway, GatewayConfig
+from beyond_agent.gateway.agents import AgentEnvManager, load_agent
+from beyond_agent.gateway.server import GatewayServer
 from beyond_agent.rollout.env_manager import ParallelEnvManager, RolloutOutput, summarize
 from beyond_agent.rollout.llm import AsyncLLMServerManager, VerlLLMServerBackend
 from beyond_agent.rollout.rounds import Horizon
@@ -54,6 +57,8 @@ logger = logging.getLogger(__name__)
 
 ROW_KEY = "beyond_agent_row_key"
 """Non-tensor field the async loader writes on every row it hands verl: the key of its finished episodes."""
+GATEWAY_MODEL_NAME = "policy"
+"""The model name a user's agent sends to the gateway (its `AgentContext.model`)."""
 
 
 def rows_to_episodes(non_tensor_batch: dict, default_env_id: str | None, tasks: TaskTable) -> list[EpisodeSpec]:
@@ -110,6 +115,12 @@ def rollout_figures(output: RolloutOutput, llm_busy_s: float, tasks: list[str]) 
     figures[f"{METRICS_PREFIX}llm_busy_s"] = llm_busy_s
     figures.update({f"{METRICS_PREFIX}{key}": value for key, value in output.extra.items()})
     figures.update(task_rollout_figures(tasks, output.results))  # beyond_agent/task/<name>/...
+    played_by_agent = [result for result in output.results if result.agent_mode is not None]
+    if played_by_agent:  # agent mode: how many rewrote their history, and the samples not trained (for now)
+        figures[f"{METRICS_PREFIX}agent/per_call_episodes"] = float(
+            sum(result.agent_mode == "per_call" for result in played_by_agent))
+        figures[f"{METRICS_PREFIX}agent/untrained_segments"] = float(
+            sum(result.untrained_segments for result in played_by_agent))
     return figures
 
 
@@ -140,6 +151,8 @@ class BeyondAgentLoopManager:
         self._taken_metrics: dict[str, float] = {}
         self._step_figures: dict[str, float] = {}  # the last training rollout's, until the trainer takes them
         self._validation: list[tuple[str, EpisodeResult]] = []  # (task, outcome) of this validation's episodes
+        self._gateway: GatewayServer | None = None  # agent mode's gateway, started on first use
+        self._agent = load_agent(self.settings.agent.function) if self.settings.agent.active else None
 
     @classmethod
     def create(cls, config: Any, llm_client: Any, teacher_client: Any = None,
@@ -198,8 +211,25 @@ class BeyondAgentLoopManager:
         generate = self.llm.with_sampling(sampling)
         if gated:
             generate = self.gate.generate_fn(generate)
+        if self.settings.agent.active:  # a user's agent plays them, through the gateway
+            gateway = self._gateway_server()
+            return AgentEnvManager(self.env_client, generate, self.tokenizer, self.settings.episode, gateway.gateway,
+                                   gateway.url, self._agent, max_workers=self.settings.concurrency)
         return ParallelEnvManager(self.env_client, generate, self.tokenizer, self.settings.episode,
                                   max_workers=self.settings.concurrency)
+
+    def _gateway_server(self) -> GatewayServer:
+        """The OpenAI-compatible gateway the agents call, started on first use (a loopback port of this process)."""
+        if self._gateway is None:
+            episode = self.settings.episode
+            gateway = Gateway(GatewayConfig(model_name=GATEWAY_MODEL_NAME, max_prompt_length=episode.max_prompt_length,
+                                            max_response_length=episode.max_response_length,
+                                            max_tokens_per_turn=episode.max_tokens_per_turn,
+                                            merge=self.settings.agent.merge), self.tokenizer)
+            self._gateway = GatewayServer(gateway).start()
+            print(f"[beyond_agent] gateway for the agent {self.settings.agent.function} on {self._gateway.url}",
+                  flush=True)
+        return self._gateway
 
     # ---- rows played before verl sees them: async rollout, dynamic sampling ---------------------
 

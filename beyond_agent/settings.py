@@ -21,6 +21,7 @@ from beyond_agent.algorithms.gigpo import GiGPOConfig
 from beyond_agent.multitask import MultitaskConfig
 from beyond_agent.rollout.async_pool import AsyncRolloutSettings
 from beyond_agent.rollout.dataflow import DataflowConfig
+from beyond_agent.gateway.agents import AgentConfig
 from beyond_agent.rollout.dynamic_sampling import DynamicSamplingConfig
 from beyond_agent.rollout.llm import LLMManagerConfig, SamplingParams
 from beyond_agent.rollout.rounds import RoundScheduler
@@ -119,13 +120,15 @@ class BeyondAgentSection:
     """`GiGPOConfig`: the step-level part of `algorithm.adv_estimator=gigpo`."""
     dynamic_sampling: Mapping[str, Any] | None = None
     """`DynamicSamplingConfig`: groups without learning signal dropped and replaced."""
+    agent: Mapping[str, Any] | None = None
+    """`AgentConfig`: episodes played by a user's agent behind the OpenAI-compatible gateway."""
     trajectories: Mapping[str, Any] | None = None
     """`TrajectoryDump`: which sampled episodes are written to disk."""
 
 
 SECTION_CLASSES = {"env": EnvSettings, "trajectories": TrajectoryDump, "async_rollout": AsyncRolloutSettings,
                    "weight_sync": WeightSyncConfig, "multitask": MultitaskConfig, "gigpo": GiGPOConfig,
-                   "dynamic_sampling": DynamicSamplingConfig}
+                   "dynamic_sampling": DynamicSamplingConfig, "agent": AgentConfig}
 """The sub-sections read by a dataclass of their own (`from_section`), by key of `beyond_agent:`."""
 
 
@@ -163,6 +166,8 @@ class BeyondAgentSettings:
     """GiGPO's gamma and omega (`beyond_agent.gigpo`; read with `algorithm.adv_estimator=gigpo`)."""
     dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
     """Which groups a training step drops for lack of signal, and how many it replaces."""
+    agent: AgentConfig = AgentConfig()
+    """A user's agent that plays the episodes behind the gateway (`beyond_agent.agent`; off by default)."""
 
     @classmethod
     def from_config(cls, config: Any) -> "BeyondAgentSettings":
@@ -185,7 +190,7 @@ class BeyondAgentSettings:
             group_based=group_based,
             rollout_mode=_rollout_mode(config, section.rollout_mode), async_rollout=subsection["async_rollout"],
             weight_sync=subsection["weight_sync"], multitask=subsection["multitask"], gigpo=subsection["gigpo"],
-            dynamic_sampling=subsection["dynamic_sampling"],
+            dynamic_sampling=subsection["dynamic_sampling"], agent=subsection["agent"],
         )
 
     @property

@@ -131,6 +131,9 @@ def episode_record(result: Any, step: int, kind: str, policy_version: int | None
     known = [version for version in turn_versions if version is not None]
     if policy_version is None and known:
         policy_version = min(known)
+    extra: dict[str, Any] = {"turn_policy_versions": turn_versions} if known else {}
+    if getattr(result, "agent_mode", None) is not None:  # played by a user's agent behind the gateway
+        extra.update(agent_mode=result.agent_mode, untrained_segments=result.untrained_segments)
     return TrajectoryRecord(
         schema=SCHEMA_VERSION, step=step, kind=kind, index=spec.index, env=spec.env_id, task=spec.task_id,
         split=spec.split, seed=spec.seed, agent_task=spec.agent_task.label, group=spec.group_id,
@@ -144,7 +147,7 @@ def episode_record(result: Any, step: int, kind: str, policy_version: int | None
         rounds=result.rounds, termination=result.termination, error=result.error,
         env_time_s=round(result.env_time_s, 4), llm_time_s=round(result.llm_time_s, 4),
         wall_time_s=round(result.wall_time_s, 4), policy_version=policy_version,
-        extra={"turn_policy_versions": turn_versions} if known else {})
+        extra=extra)
 
 
 def dump_file_name(step: int, kind: str) -> str:

@@ -19,7 +19,7 @@ from typing import Any, Iterable, Mapping
 from beyond_agent.sections import from_section
 from beyond_agent.trajectories import TrajectoryRecord, read_dump
 
-INFRA_TERMINATIONS = ("env_error", "llm_error", "timeout")
+INFRA_TERMINATIONS = ("env_error", "llm_error", "timeout", "agent_error")
 """Terminations caused by infrastructure, not by the policy: such an episode never becomes training data."""
 TRUNCATIONS = ("error", "left", "right")
 

@@ -49,6 +49,8 @@ class CallRecord:
     """Version of the weights that sampled it, when the gateway's owner knows it."""
     reply: dict[str, Any]
     """The assistant message returned to the agent (content and parsed tool calls)."""
+    latency_s: float = 0.0
+    """Seconds the LLM took for it."""
     notes: list[str] = field(default_factory=list)
     """What the gateway noticed, e.g. a `<tool_call>` block that was not valid JSON."""
 
@@ -71,6 +73,8 @@ class GatewayEpisode:
         """Every answered call, in order."""
         self.lock = threading.Lock()
         """Held while a call is answered."""
+        self.generate: Any = None
+        """The episode's `generate(request_id, prompt_ids, max_tokens)` (set by `Gateway.open_episode`)."""
         self.infra_failures: list[str] = []
         """Why LLM calls failed (each ended its segment as `llm_error`)."""
         self._last_messages: list[dict[str, Any]] | None = None

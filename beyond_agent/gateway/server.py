@@ -21,21 +21,21 @@ one, 502 when the LLM failed (an infrastructure failure: the episode is not to b
 from __future__ import annotations
 
 import threading
+import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from envservice.childproc import free_port
 from beyond_agent.gateway.episodes import MERGE_POLICIES, CallRecord, GatewayEpisode
 from beyond_agent.gateway.wire import ChatRequest, chat_response, error_body, reply_message, unsupported
-from beyond_agent.rollout.llm import GenerationResult, LLMError, SamplingParams
-
-Generate = Callable[[str, list[int], int, SamplingParams], GenerationResult]
-"""generate(request_id, prompt_ids, max_tokens, sampling): `AsyncLLMServerManager.generate`."""
+from beyond_agent.rollout.dataflow import GenerateFn
 
 
 @dataclass(frozen=True)
@@ -50,9 +50,6 @@ class GatewayConfig:
     """Cap on a segment's response (replies and the observations between them), in tokens."""
     max_tokens_per_turn: int = 1024
     """Cap on one reply, whatever the request's `max_tokens`."""
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    """How replies are sampled: the rollout's policy, not the agent's `temperature`/`top_p` (the log-probs
-    trained on must be the behaviour policy's). A request's `seed` is used when given."""
     merge: str = "auto"
     """`auto`: calls that extend the previous one form one multi-turn sample; `never`: one sample per call."""
 
@@ -76,21 +73,36 @@ class Gateway:
     """Episodes and their calls (module docstring). Thread-safe: episodes are opened, answered and closed from
     any thread."""
 
-    def __init__(self, config: GatewayConfig, tokenizer: Any, generate: Generate,
+    def __init__(self, config: GatewayConfig, tokenizer: Any, generate: GenerateFn | None = None,
                  policy_version: Callable[[], int | None] = lambda: None) -> None:
+        """`generate(request_id, prompt_ids, max_tokens)` samples with the rollout's sampling (e.g.
+        `AsyncLLMServerManager.with_sampling(...)`): a request's `temperature`, `top_p` and `seed` are not the
+        agent's to choose, since the log-probs trained on must be the behaviour policy's. An episode may bring
+        its own (`open_episode`); with none here, each must."""
         self.config, self.tokenizer, self._generate, self._policy_version = config, tokenizer, generate, policy_version
         self._episodes: dict[str, GatewayEpisode] = {}
         self._lock = threading.Lock()
 
-    def open_episode(self, episode_id: str | None = None) -> str:
-        """Start an episode; its calls go to `/episodes/<id>/v1/chat/completions`."""
+    def open_episode(self, episode_id: str | None = None, generate: GenerateFn | None = None) -> str:
+        """Start an episode; its calls go to `/episodes/<id>/v1/chat/completions` and are sampled by `generate`
+        (default: the gateway's)."""
         episode_id = episode_id or uuid.uuid4().hex
+        episode = GatewayEpisode(episode_id, self.tokenizer, self.config.max_prompt_length,
+                                 self.config.max_response_length, self.config.merge)
+        episode.generate = generate or self._generate
+        if episode.generate is None:
+            raise ValueError("open_episode needs a generate function: the gateway was built without one")
         with self._lock:
             if episode_id in self._episodes:
                 raise ValueError(f"episode {episode_id!r} is already open")
-            self._episodes[episode_id] = GatewayEpisode(episode_id, self.tokenizer, self.config.max_prompt_length,
-                                                        self.config.max_response_length, self.config.merge)
+            self._episodes[episode_id] = episode
         return episode_id
+
+    def calls_answered(self, episode_id: str) -> int:
+        """How many calls of an open episode have been answered (0 for an episode that is not open)."""
+        with self._lock:
+            episode = self._episodes.get(episode_id)
+        return len(episode.calls) if episode is not None else 0
 
     def close_episode(self, episode_id: str) -> GatewayEpisode:
         """End an episode (later calls on it get 404) and return what it recorded."""
@@ -134,23 +146,22 @@ class Gateway:
             raise GatewayError(400, "this episode's segment has no room left for a reply "
                                f"(max_response_length {self.config.max_response_length} tokens)", param="messages")
         prompt_ids = handler.prompt_ids_for_next_turn()
-        sampling = self.config.sampling
-        if request.seed is not None:
-            sampling = SamplingParams(sampling.temperature, sampling.top_p, request.seed, sampling.stop_token_ids)
-        version = self._policy_version()
         try:
-            result = self._generate(episode.episode_id, prompt_ids, limit, sampling)
-        except LLMError as error:
+            result = episode.generate(episode.episode_id, prompt_ids, limit)
+        except Exception as error:  # any failure of the LLM front: infrastructure, never the agent's doing
             episode.llm_failed(handler, str(error))
             raise GatewayError(502, f"the LLM failed on this call ({error}); it is an infrastructure failure, "
                                "not the agent's", "server_error") from None
+        version = getattr(result, "policy_version", None)
+        version = self._policy_version() if version is None else version
         handler.add_assistant(result.token_ids, result.logprobs, policy_version=version)
         message, notes = reply_message(self._reply_text(result.token_ids, handler.end_of_turn_id))
         call = CallRecord(index=len(episode.calls), segment=len(episode.segments) - 1, continued=continued,
                           prompt_ids=prompt_ids, sampled_ids=list(result.token_ids), logprobs=list(result.logprobs),
-                          stop_reason=result.stop_reason, policy_version=version, reply=message, notes=notes)
+                          stop_reason=getattr(result, "stop_reason", "stop"), policy_version=version, reply=message,
+                          notes=notes, latency_s=getattr(result, "latency_s", 0.0))
         episode.record(handler, request.messages, tools, call)
-        return chat_response(self.config.model_name, message, result.stop_reason, len(prompt_ids),
+        return chat_response(self.config.model_name, message, call.stop_reason, len(prompt_ids),
                              len(result.token_ids))
 
     def _reply_text(self, token_ids: list[int], end_of_turn_id: int) -> str:
@@ -185,3 +196,30 @@ def create_gateway_app(gateway: Gateway) -> FastAPI:
     app.get("/v1/models")(models)
     app.get("/episodes/{episode_id}/v1/models")(models)
     return app
+
+
+class GatewayServer:
+    """The gateway app served by uvicorn on a loopback port, in a thread of this process (the trainer's)."""
+
+    def __init__(self, gateway: Gateway, host: str = "127.0.0.1", port: int | None = None) -> None:
+        self.gateway = gateway
+        self.port = port or free_port()
+        self.url = f"http://{host}:{self.port}"
+        """Base of every episode's URL (`{url}/episodes/<id>/v1`)."""
+        self._server = uvicorn.Server(uvicorn.Config(create_gateway_app(gateway), host=host, port=self.port,
+                                                     log_level="warning"))
+        self._thread = threading.Thread(target=self._server.run, name="beyond-agent-gateway", daemon=True)
+
+    def start(self, timeout_s: float = 30.0) -> "GatewayServer":
+        """Serve, and return once the port answers (RuntimeError past `timeout_s`)."""
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError(f"the gateway did not start on {self.url} within {timeout_s:g} s")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)

@@ -36,7 +36,9 @@ from beyond_agent.tasks import AgentTask, EnvTask, EpisodeOutcome
 
 logger = logging.getLogger(__name__)
 
-INFRA_FAILURES = ("env_error", "llm_error", "timeout")
+INFRA_FAILURES = ("env_error", "llm_error", "timeout", "agent_error")
+"""Terminations that are infrastructure failures, never reward (`agent_error`: a user's agent raised,
+beyond_agent/gateway/agents.py)."""
 
 
 class GeneratedTurn(Protocol):
@@ -122,6 +124,11 @@ class EpisodeResult:
     env_time_s: float = 0.0
     llm_time_s: float = 0.0
     wall_time_s: float = 0.0
+    agent_mode: str | None = None
+    """For an episode played by a user's agent behind the gateway: "merged" (its calls formed one sample) or
+    "per_call" (it rewrote its history); None for our own loop."""
+    untrained_segments: int = 0
+    """Samples of a per_call agent episode left out of training (only its last one trains, for now)."""
 
     @property
     def infra_failure(self) -> bool:

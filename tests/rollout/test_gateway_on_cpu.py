@@ -35,8 +35,7 @@ class Script:
     def __init__(self, tokenizer, texts: list[str]) -> None:
         self.tokenizer, self.texts, self.asked = tokenizer, list(texts), []
 
-    def __call__(self, request_id: str, prompt_ids: list[int], max_tokens: int,
-                 sampling: SamplingParams) -> GenerationResult:
+    def __call__(self, request_id: str, prompt_ids: list[int], max_tokens: int) -> GenerationResult:
         self.asked.append((request_id, list(prompt_ids), max_tokens))
         ids = self.tokenizer.encode(self.texts.pop(0), add_special_tokens=False) + [self.tokenizer.eos_token_id]
         return GenerationResult(ids, [-0.5] * len(ids), "stop", 0.0)
@@ -189,17 +188,17 @@ def test_recorded_ids_are_what_the_template_renders_and_vllm_samples(tiny_vllm_s
 
     from beyond_agent.rollout.llm import HttpVLLMBackend, parse_completion
 
-    sampling = SamplingParams(temperature=1.0)
+    sampling = SamplingParams(temperature=1.0, seed=11)  # the rollout's sampling, seeded to compare
     with tiny_vllm_server.llm_front() as llm:
-        gateway = Gateway(GatewayConfig(model_name="policy", max_tokens_per_turn=12, sampling=sampling), tokenizer,
-                          llm.generate, policy_version=lambda: 7)
+        gateway = Gateway(GatewayConfig(model_name="policy", max_tokens_per_turn=12), tokenizer,
+                          llm.with_sampling(sampling), policy_version=lambda: 7)
         episode_id = gateway.open_episode()
         client = _client(serve(gateway), episode_id)
         messages = [{"role": "system", "content": "You add numbers."}, {"role": "user", "content": "1 + 2?"}]
-        first = client.chat.completions.create(model="policy", messages=messages, tools=[ADD_TOOL], seed=11)
+        first = client.chat.completions.create(model="policy", messages=messages, tools=[ADD_TOOL])
         messages += [first.choices[0].message.model_dump(exclude_none=True),
                      {"role": "user", "content": "Use the add tool."}]
-        client.chat.completions.create(model="policy", messages=messages, tools=[ADD_TOOL], seed=12)
+        client.chat.completions.create(model="policy", messages=messages, tools=[ADD_TOOL], temperature=0.0)
         episode = gateway.close_episode(episode_id)
 
     assert episode.mode == "merged" and [record.continued for record in episode.calls] == [False, True]
@@ -210,8 +209,8 @@ def test_recorded_ids_are_what_the_template_renders_and_vllm_samples(tiny_vllm_s
     assert second_call.prompt_ids[:len(first_call.prompt_ids) + len(first_call.sampled_ids)] == (
         first_call.prompt_ids + first_call.sampled_ids)
     backend = HttpVLLMBackend([tiny_vllm_server.base_url], tiny_vllm_server.config.model)
-    for record, seed in ((first_call, 11), (second_call, 12)):
-        body = backend.request_body(record.prompt_ids, 12, SamplingParams(temperature=1.0, seed=seed))
+    for record in (first_call, second_call):  # the agent's temperature=0.0 did not change the sampling
+        body = backend.request_body(record.prompt_ids, 12, sampling)
         direct = parse_completion(requests.post(f"{tiny_vllm_server.base_url}/v1/completions", json=body,
                                                 timeout=120).json(), latency_s=0.0)
         assert record.sampled_ids == direct.token_ids

@@ -143,3 +143,17 @@ def test_markup_in_a_metric_key_is_shown_as_text(page, viewer_url: str, run_fold
     page.wait_for_function("() => document.getElementById('panel-any').data !== undefined", timeout=LOAD_MS)
     assert page.locator("#panel-any .gtitle a").count() == 0 and page.locator("#panel-tasks .legendtext b").count() == 0
     assert page.locator("#panel-any .gtitle").text_content() == link_key
+
+
+def test_an_agent_episode_says_whether_its_calls_merged(page, viewer_url: str, run_folder: Path):
+    """Episodes played by a user's agent behind the gateway (issue #31) carry their mode; the page says it."""
+    dump = run_folder / TRAJECTORIES / "step_1.jsonl"
+    lines = dump.read_text().splitlines()
+    first = json.loads(lines[0])
+    first["extra"] = {**first.get("extra", {}), "agent_mode": "per_call", "untrained_segments": 2}
+    dump.write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+    open_route(page, viewer_url, "#/episode?step=1&kind=train&line=1")
+    facts = page.locator(".episode-pane .facts").inner_text()
+    assert "agent's samples" in facts and "per call: it rewrote its history" in facts and "(2 earlier not trained)" in facts
+    open_route(page, viewer_url, "#/episode?step=1&kind=train&line=2")  # our own loop's episode: no such line
+    assert "agent's samples" not in page.locator(".episode-pane .facts").inner_text()

@@ -1,0 +1,286 @@
+"""Agents as rollout workers: per episode the trainer runs a user's agent against the gateway and an env.
+
+The agent is any Python callable (`beyond_agent.agent.function: "package.module:function"`), sync or async,
+taking one `AgentContext`: an OpenAI base URL that is this episode's, the model name, and the episode's env
+session (`AgentContext.env`: the current observation, `step(action)`). It talks to the policy only through
+the OpenAI API (any SDK or framework) and acts only through `env.step`. When it returns, the env scores the
+episode (`/evaluate`) and the episode's `AgentTask` turns that into the reward, as in our own loop.
+
+What trains: the gateway's record of the episode (`GatewayEpisode`). When the agent only appended to its
+history, that is one multi-turn sample with our exact ids and masks. When it rewrote its history, each call
+made a sample of its own; this first version trains the last one (the context of the agent's final decision)
+and counts the others (`EpisodeResult.untrained_segments`): a batch row per segment needs verl rows that the
+input batch does not have (the rest of issue #31).
+
+Failures: an agent that raises ends its episode with `agent_error`, an infrastructure failure like an env or
+LLM error: never reward, kept out of training. An LLM failure inside a call is `llm_error`.
+
+Per assistant turn (= gateway call of the trained segment) the step reward is the sum of the rewards of the env
+steps the agent took after that call and before the next one, and the anchor is the env state the call
+started from (GiGPO's grouping).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+import inspect
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import requests
+
+from envservice.errors import EnvServiceError, EnvTimeoutError
+from beyond_agent.gateway.episodes import MERGE_POLICIES, GatewayEpisode
+from beyond_agent.gateway.server import Gateway
+from beyond_agent.rollout.dataflow import (INFRA_FAILURES, DataflowConfig, EpisodeResult, EpisodeSpec, GenerateFn,
+                                           state_anchor)
+from beyond_agent.rollout.env_manager import ParallelEnvManager
+from beyond_agent.tasks import EpisodeOutcome
+
+AGENT_ERROR = "agent_error"
+"""Termination of an episode whose agent raised (an infrastructure failure, never reward)."""
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """`beyond_agent.agent`: play episodes with a user's agent behind the gateway instead of our own loop."""
+
+    function: str | None = None
+    """"package.module:function" or "path/to/file.py:function" (relative to the working directory) of the agent
+    (sync or async, taking an `AgentContext`); None: our own loop."""
+    merge: str = "auto"
+    """`auto`: an agent that appends to its history gives one multi-turn sample; `never`: one per call."""
+
+    def __post_init__(self) -> None:
+        if self.function is not None and (not isinstance(self.function, str) or self.function.count(":") != 1):
+            raise ValueError(f"beyond_agent.agent.function must be 'package.module:function' or "
+                             f"'path/to/file.py:function', got {self.function!r}")
+        if self.merge not in MERGE_POLICIES:
+            raise ValueError(f"beyond_agent.agent.merge={self.merge!r} is not valid; choose one of "
+                             f"{', '.join(MERGE_POLICIES)}")
+
+    @property
+    def active(self) -> bool:
+        """Whether episodes are played by the user's agent."""
+        return self.function is not None
+
+
+def load_agent(path: str) -> Callable[["AgentContext"], Any]:
+    """The callable named by "package.module:function" or "file.py:function", or a ValueError saying what
+    could not be found."""
+    module_name, _, name = path.partition(":")
+    try:
+        if module_name.endswith(".py"):
+            module = _module_from_file(Path(module_name))
+        else:
+            module = importlib.import_module(module_name)
+    except (ImportError, FileNotFoundError) as error:
+        raise ValueError(f"beyond_agent.agent.function={path!r}: cannot import {module_name!r} ({error})") from error
+    agent = getattr(module, name, None)
+    if not callable(agent):
+        raise ValueError(f"beyond_agent.agent.function={path!r}: {module_name} has no callable {name!r}")
+    return agent
+
+
+def _module_from_file(path: Path) -> Any:
+    if not path.is_file():
+        raise FileNotFoundError(f"no file {path.resolve()}")
+    spec = importlib.util.spec_from_file_location(f"beyond_agent_user_agent_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass
+class EnvStep:
+    """What the env answered to one action."""
+
+    observation: str
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        return self.terminated or self.truncated
+
+
+class EnvSession:
+    """The episode's environment as the agent sees it: `observation` (the latest) and `step(action)`."""
+
+    def __init__(self, client: Any, session_id: str, observation: str, info: dict[str, Any] | None,
+                 max_steps: int, calls_so_far: Callable[[], int]) -> None:
+        self.observation = observation
+        """The env's latest observation (the first one before any step)."""
+        self.max_steps = max_steps
+        """Env steps this episode may take (the step's round limit); `step` refuses more."""
+        self.done = False
+        """True once the env ended the episode or the step limit was reached."""
+        self.ended_by_env = False
+        """True when the env itself ended it (terminated), not a limit."""
+        self.session_id = session_id
+        self.env_time_s = 0.0
+        """Seconds spent in env calls."""
+        self._client, self._calls_so_far = client, calls_so_far
+        self._first_state = state_anchor(observation, info)
+        self._steps: list[tuple[int, float, str]] = []  # (gateway calls answered before it, reward, state after)
+
+    def step(self, action: str) -> EnvStep:
+        """Apply one action. Raises RuntimeError once the episode is over (the agent should stop)."""
+        if self.done:
+            raise RuntimeError("the episode is over: stop acting and return")
+        started = time.monotonic()
+        try:
+            answer = self._client.step(self.session_id, action)
+        finally:
+            self.env_time_s += time.monotonic() - started
+        step = EnvStep(answer.observation, float(answer.reward), bool(answer.terminated), bool(answer.truncated),
+                       dict(getattr(answer, "info", None) or {}))
+        self._steps.append((self._calls_so_far(), step.reward, state_anchor(step.observation, step.info)))
+        self.observation = step.observation
+        self.ended_by_env = step.terminated
+        self.done = step.done or len(self._steps) >= self.max_steps
+        return step
+
+    def turn_figures(self, first_call: int, calls: int) -> tuple[list[float], list[str]]:
+        """Step rewards and anchors of calls `first_call`..`calls - 1`: a call's step reward is the sum of the
+        rewards of the env steps after it and before the next call; its anchor is the env state it started from."""
+        rewards, anchors = [0.0] * (calls - first_call), []
+        for call in range(first_call, calls):
+            before = [state for calls_before, _, state in self._steps if calls_before <= call]
+            anchors.append(before[-1] if before else self._first_state)
+        for calls_before, reward, _ in self._steps:
+            if first_call < calls_before <= calls:
+                rewards[calls_before - first_call - 1] += reward
+        return rewards, anchors
+
+    @property
+    def termination(self) -> str:
+        """How the episode ended if nothing failed: `done` (the env ended it, or the agent stopped) or
+        `max_rounds` (the env truncated it, or the step limit)."""
+        if self.ended_by_env or not self.done:
+            return "done"
+        return "max_rounds"
+
+
+@dataclass
+class AgentContext:
+    """What a user's agent gets for one episode."""
+
+    base_url: str
+    """The OpenAI base URL of this episode, e.g. `openai.OpenAI(base_url=ctx.base_url, api_key=ctx.api_key)`."""
+    api_key: str
+    """Any non-empty string (the gateway needs none; SDKs insist on one)."""
+    model: str
+    """The model name to send."""
+    env: EnvSession
+    """The episode's env: `env.observation`, `env.step(action)`, `env.done`."""
+    spec: EpisodeSpec
+    """Which env, task and seed this episode plays."""
+
+
+class AgentDataflow:
+    """One episode played by a user's agent (module docstring); `run()` never raises, like `Dataflow.run`."""
+
+    def __init__(self, spec: EpisodeSpec, env_client: Any, gateway: Gateway, gateway_url: str,
+                 agent: Callable[[AgentContext], Any], config: DataflowConfig, generate: GenerateFn | None = None
+                 ) -> None:
+        self.spec, self.env, self.gateway, self.gateway_url = spec, env_client, gateway, gateway_url
+        self.agent, self.config, self.generate = agent, config, generate
+        self.episode_id = f"{spec.group_id or 'episode'}-{spec.index}-{uuid.uuid4().hex[:8]}"
+
+    def run(self) -> EpisodeResult:
+        """Create the env session, run the agent, score, release; always returns a result."""
+        started = time.monotonic()
+        self.gateway.open_episode(self.episode_id, self.generate)
+        session, termination, error, score, success = None, None, None, 0.0, False
+        try:
+            s = self.spec
+            created = self.env.create(s.env_id, s.task_id, s.seed, s.split, s.params)
+            session = EnvSession(self.env, created.session_id, created.observation, getattr(created, "info", None),
+                                 self.config.max_rounds, lambda: self.gateway.calls_answered(self.episode_id))
+            context = AgentContext(f"{self.gateway_url}/episodes/{self.episode_id}/v1", "unused",
+                                   self.gateway.config.model_name, session, s)
+            try:
+                self._call_agent(context)
+            except Exception as exc:  # the agent's own failure: not reward
+                termination, error = AGENT_ERROR, f"the agent raised {type(exc).__name__}: {exc}"
+            if termination is None:
+                evaluation = self.env.evaluate(created.session_id)
+                score, success = float(evaluation.score), bool(evaluation.success)
+        except (EnvTimeoutError, requests.Timeout) as exc:
+            termination, error = "timeout", f"{type(exc).__name__}: {exc}"
+        except (EnvServiceError, requests.RequestException, ValueError) as exc:
+            termination, error = "env_error", f"{type(exc).__name__}: {exc}"
+        finally:
+            if session is not None:
+                self._release(session)
+            recorded = self.gateway.close_episode(self.episode_id)
+        result = self._result(recorded, session, termination, error, score, success)
+        result.env_time_s = session.env_time_s if session is not None else 0.0
+        result.wall_time_s = time.monotonic() - started
+        return result
+
+    def _call_agent(self, context: AgentContext) -> None:
+        outcome = self.agent(context)
+        if inspect.isawaitable(outcome):
+            asyncio.run(_awaited(outcome))
+
+    def _release(self, session: EnvSession) -> None:
+        try:
+            self.env.release(session.session_id)
+        except (EnvServiceError, requests.RequestException):
+            pass  # the service's reaper frees it; the episode's outcome stands
+
+    def _result(self, recorded: GatewayEpisode, session: EnvSession | None, termination: str | None,
+                error: str | None, score: float, success: bool) -> EpisodeResult:
+        """The episode's result: the trained (last) segment's tokens, its turns' step rewards and anchors, the
+        reward from the episode's task."""
+        if termination is None and recorded.infra_failures:
+            termination, error = "llm_error", recorded.infra_failures[0]
+        handler = recorded.segments[-1] if recorded.segments else None
+        last = len(recorded.segments) - 1
+        first_call = next((call.index for call in recorded.calls if call.segment == last), len(recorded.calls))
+        step_rewards, anchors = session.turn_figures(first_call, len(recorded.calls)) if session else ([], [])
+        if termination is None:
+            termination = handler.termination if handler is not None and handler.termination else session.termination
+        reward = 0.0
+        if termination not in INFRA_FAILURES:
+            outcome = EpisodeOutcome(score=score, success=success, step_rewards=tuple(step_rewards),
+                                     termination=termination, rounds=len(step_rewards))
+            reward = float(self.spec.agent_task.reward(outcome))
+        episode = None
+        if handler is not None:
+            handler.finish(termination)
+            handler.reward, handler.step_rewards = reward, list(step_rewards)
+            episode = handler.to_episode()
+            episode.termination = termination  # an infra failure after a length stop is still a failure
+        return EpisodeResult(spec=self.spec, episode=episode, termination=termination, reward=reward,
+                             success=success, score=score, step_rewards=step_rewards, anchors=anchors,
+                             rounds=len(step_rewards), messages=list(handler.messages) if handler else [],
+                             error=error, llm_time_s=sum(call.latency_s for call in recorded.calls),
+                             agent_mode=recorded.mode, untrained_segments=max(0, len(recorded.segments) - 1))
+
+
+class AgentEnvManager(ParallelEnvManager):
+    """A `ParallelEnvManager` whose episodes are played by a user's agent behind the gateway (`AgentDataflow`)."""
+
+    def __init__(self, env_client: Any, generate: GenerateFn, tokenizer: Any, config: DataflowConfig,
+                 gateway: Gateway, gateway_url: str, agent: Callable[[AgentContext], Any], max_workers: int = 64):
+        super().__init__(env_client, generate, tokenizer, config, max_workers)
+        self.gateway, self.gateway_url, self.agent = gateway, gateway_url, agent
+
+    def dataflow(self, spec: EpisodeSpec, config: DataflowConfig | None = None) -> AgentDataflow:  # type: ignore[override]
+        """The AgentDataflow for one episode (sampled by this manager's `generate`)."""
+        return AgentDataflow(spec, self.env_client, self.gateway, self.gateway_url, self.agent,
+                             config or self.config, self.generate)
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
