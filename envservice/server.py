@@ -42,6 +42,7 @@ from envservice.body_check import BodyChecker
 from envservice.childproc import host_allowed
 from envservice.errors import CLIP_CHARS, EnvServiceError, clip
 from envservice.host import entry_point_of
+from envservice.mcp_tools import MCP_PATH, mcp_app, mcp_server
 from envservice.protocol import (
     CreateRequest,
     CreateResponse,
@@ -123,6 +124,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
 
     body_checker = BodyChecker()
+    mcp = mcp_server(manager, env_ids)
+    mounted_mcp = mcp_app(mcp)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -132,7 +135,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             # main thread, where packages that install signal handlers at import expect to be imported.
             app.state.preload = preload_envs(env_ids, manager.backend)
         manager.start_reaper(settings.reap_interval_s)
-        yield
+        async with mcp.session_manager.run():  # the MCP endpoint's (envservice/mcp_tools.py)
+            yield
         manager.shutdown()
         body_checker.close()
         logger.info("envservice stopped: %s", json.dumps(manager.ledger()))
@@ -143,6 +147,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.preload = None
     _add_error_handlers(app)
     _add_routes(app, manager, env_ids)
+    app.mount(MCP_PATH, mounted_mcp)
     _describe_in_openapi(app, env_ids, settings.token is not None)
     app.add_middleware(RequestGuard, token=settings.token, max_request_bytes=settings.max_request_bytes,
                        allowed_hosts=settings.allowed_hosts, body_timeout_s=settings.body_timeout_s,
