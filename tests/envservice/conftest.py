@@ -165,3 +165,19 @@ def play_frozenlake_oracle() -> Callable[[Any], tuple[Any, Any]]:
         return step, evaluation
 
     return play
+
+
+@pytest.fixture
+def step_all_at_once() -> Callable[..., tuple[list, list[str]]]:
+    """step_all_at_once(backend, env_id, sessions=4): build that many envs on `backend`, reset them, then step
+    each with "inc" at the same time; the envs and their observations (the step-limit tests of #33 finding 4)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def run(backend, env_id: str, sessions: int = 4) -> tuple[list, list[str]]:
+        envs = [backend.build(registry.get(env_id)) for _ in range(sessions)]
+        for env in envs:
+            env.reset(Task(split="train", index=0, name="count", seed=0))
+        with ThreadPoolExecutor(sessions) as pool:
+            return envs, list(pool.map(lambda env: env.step("inc")[0], envs))
+
+    return run

@@ -106,13 +106,11 @@ def test_hung_step_is_env_timeout_and_the_actor_is_replaced(client) -> None:
         client.post("/release", json={"session_id": session_id})
 
 
-def test_calls_waiting_for_a_busy_actor_are_not_taken_for_hung_ones(client) -> None:
+def test_calls_waiting_for_a_busy_actor_are_not_taken_for_hung_ones(client, step_all_at_once) -> None:
     """#33 finding 4, Ray backend: an actor runs `max_concurrency` calls and queues the rest, and Ray's timeout
     counted from submission. One actor running one call at a time, four 1 s steps at once, a 2.5 s limit: the
     third and fourth used to pass the limit in the actor's queue, and the actor was killed with every session on
     it. Now the service sends the actor only what it can run, and each call has 2.5 s from its start."""
-    from concurrent.futures import ThreadPoolExecutor
-
     from envservice.envs.base import Task
     from envservice.latency import InjectedLatency, LatencySpec
     from envservice.ray_hosts import RayBackend
@@ -120,11 +118,7 @@ def test_calls_waiting_for_a_busy_actor_are_not_taken_for_hung_ones(client) -> N
     latency = InjectedLatency.from_specs(LatencySpec("fixed", {"seconds": 1.0}), None)
     backend = RayBackend(1, 2.5, actor_options={"num_cpus": 0.25, "max_concurrency": 1}, latency=latency)
     try:
-        envs = [backend.build(registry.get("faulty")) for _ in range(4)]
-        for env in envs:
-            env.reset(Task(split="train", index=0, name="count", seed=0))
-        with ThreadPoolExecutor(4) as pool:
-            answers = list(pool.map(lambda env: env.step("inc")[0], envs))
+        envs, answers = step_all_at_once(backend, "faulty")
         assert answers == ["value 1"] * 4
         assert len({env.reset(Task(split="train", index=0, name="count", seed=0))[1]["pid"] for env in envs}) == 1
     finally:

@@ -247,14 +247,9 @@ def test_real_worker_process_counts_the_delay_toward_the_step_timeout(tmp_path) 
     assert failure.value.code == ErrorCode.env_timeout and "within 0.5 s (--step-timeout)" in failure.value.message
 
 
-def test_inprocess_limit_counts_from_the_call_start_not_from_its_wait_for_a_thread(test_envs) -> None:
+def test_inprocess_limit_counts_from_the_call_start_not_from_its_wait_for_a_thread(test_envs, step_all_at_once) -> None:
     """#33 finding 4, in-process backend: with every call thread busy, a call queued for one is waiting, not
     hanging. One thread, four 1 s steps at once and a 2.5 s limit: the last starts 3 s after it was sent, and
     the limit used to count from then (`env_timeout` for the third and fourth); now each has 2.5 s from its start."""
     backend = InProcessBackend(step_timeout_s=2.5, threads=1, latency=_fixed(step=1.0))
-    envs = [backend.build(registry.get("counting")) for _ in range(4)]
-    for env in envs:
-        env.reset(Task(split="train", index=0, name="count", seed=0))
-    with ThreadPoolExecutor(4) as pool:
-        answers = list(pool.map(lambda env: env.step("inc")[0], envs))
-    assert answers == ["value 1"] * 4
+    assert step_all_at_once(backend, "counting")[1] == ["value 1"] * 4
