@@ -36,6 +36,7 @@ KINDS: Mapping[str, str] = {
     "agentgym": "envservice.remote.agentgym:AgentGymEnv",
     "openenv": "envservice.remote.openenv_env:OpenEnvEnv",
     "gymnasium": "envservice.envs.gymnasium_text:GymnasiumTextEnv",
+    "mcp": "envservice.remote.mcp_env:MCPEnv",
 }
 """The configurable classes an entry can name by `kind:` (else it names `class: module:Class`)."""
 

@@ -135,7 +135,7 @@ def test_config_errors_name_the_file_the_env_and_the_field(tmp_path):
         "kind: agentgym\n  config: {url: 'http://x:1', env_type: webshop, splits: {train: '5:0'}}": "splits.train",
         "kind: agentgym\n  config: {url: 'http://x:1', env_type: webshop, splits: {}, port: 3}": "unknown setting(s) "
         "['port']",
-        "kind: agentgymm": "valid kinds: agentgym, openenv, gymnasium",
+        "kind: agentgymm": "valid kinds: agentgym, openenv, gymnasium, mcp",
         "kind: agentgym\n  colour: red": "unknown key(s) ['colour']",
     }
     for body, expected in cases.items():
