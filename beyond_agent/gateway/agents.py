@@ -13,7 +13,8 @@ and counts the others (`EpisodeResult.untrained_segments`): a batch row per segm
 input batch does not have (the rest of issue #31).
 
 Failures: an agent that raises ends its episode with `agent_error`, an infrastructure failure like an env or
-LLM error: never reward, kept out of training. An LLM failure inside a call is `llm_error`.
+LLM error: never reward, kept out of training. An LLM failure inside a call is `llm_error`; an env call that
+fails (or one past the episode's wall-clock budget) is `env_error` / `timeout` even when the agent catches it.
 
 Per assistant turn (= gateway call of the trained segment) the step reward is the sum of the rewards of the env
 steps the agent took after that call and before the next one, and the anchor is the env state the call
@@ -115,7 +116,7 @@ class EnvSession:
     """The episode's environment as the agent sees it: `observation` (the latest) and `step(action)`."""
 
     def __init__(self, client: Any, session_id: str, observation: str, info: dict[str, Any] | None,
-                 max_steps: int, calls_so_far: Callable[[], int]) -> None:
+                 max_steps: int, calls_so_far: Callable[[], int], deadline: float = float("inf")) -> None:
         self.observation = observation
         """The env's latest observation (the first one before any step)."""
         self.max_steps = max_steps
@@ -127,7 +128,10 @@ class EnvSession:
         self.session_id = session_id
         self.env_time_s = 0.0
         """Seconds spent in env calls."""
-        self._client, self._calls_so_far = client, calls_so_far
+        self.failure: tuple[str, str] | None = None
+        """(termination, message) when an env call failed for an infrastructure reason (env_error, timeout): the
+        episode ends with it even if the agent caught the exception."""
+        self._client, self._calls_so_far, self._deadline = client, calls_so_far, deadline
         self._first_state = state_anchor(observation, info)
         self._steps: list[tuple[int, float, str]] = []  # (gateway calls answered before it, reward, state after)
 
@@ -136,8 +140,14 @@ class EnvSession:
         if self.done:
             raise RuntimeError("the episode is over: stop acting and return")
         started = time.monotonic()
+        if started > self._deadline:
+            self._failed("timeout", "the episode ran past its wall-clock budget (episode_timeout_s)")
         try:
             answer = self._client.step(self.session_id, action)
+        except (EnvTimeoutError, requests.Timeout) as exc:
+            self._failed("timeout", f"{type(exc).__name__}: {exc}")
+        except (EnvServiceError, requests.RequestException) as exc:
+            self._failed("env_error", f"{type(exc).__name__}: {exc}")
         finally:
             self.env_time_s += time.monotonic() - started
         step = EnvStep(answer.observation, float(answer.reward), bool(answer.terminated), bool(answer.truncated),
@@ -147,6 +157,11 @@ class EnvSession:
         self.ended_by_env = step.terminated
         self.done = step.done or len(self._steps) >= self.max_steps
         return step
+
+    def _failed(self, termination: str, message: str) -> None:
+        """Record an infrastructure failure and end the episode: the agent sees it raised and should return."""
+        self.failure, self.done = (termination, message), True
+        raise RuntimeError(f"the environment failed ({termination}): {message}")
 
     def turn_figures(self, first_call: int, calls: int) -> tuple[list[float], list[str]]:
         """Step rewards and anchors of calls `first_call`..`calls - 1`: a call's step reward is the sum of the
@@ -204,13 +219,16 @@ class AgentDataflow:
             s = self.spec
             created = self.env.create(s.env_id, s.task_id, s.seed, s.split, s.params)
             session = EnvSession(self.env, created.session_id, created.observation, getattr(created, "info", None),
-                                 self.config.max_rounds, lambda: self.gateway.calls_answered(self.episode_id))
+                                 self.config.max_rounds, lambda: self.gateway.calls_answered(self.episode_id),
+                                 deadline=started + self.config.episode_timeout_s)
             context = AgentContext(f"{self.gateway_url}/episodes/{self.episode_id}/v1", "unused",
                                    self.gateway.config.model_name, session, s)
             try:
                 self._call_agent(context)
             except Exception as exc:  # the agent's own failure: not reward
                 termination, error = AGENT_ERROR, f"the agent raised {type(exc).__name__}: {exc}"
+            if session.failure is not None:  # the env failed under the agent: that, not the agent, ended it
+                termination, error = session.failure
             if termination is None:
                 evaluation = self.env.evaluate(created.session_id)
                 score, success = float(evaluation.score), bool(evaluation.success)

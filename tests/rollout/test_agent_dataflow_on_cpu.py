@@ -67,3 +67,21 @@ def test_agents_are_named_by_module_or_file(tmp_path) -> None:
     with pytest.raises(ValueError, match="merge='sometimes' is not valid; choose one of auto, never"):
         AgentConfig(function="m:f", merge="sometimes")
     assert not AgentConfig().active and AgentConfig(function="m:f").active
+
+
+def test_an_env_failure_under_the_agent_is_recorded_even_when_the_agent_catches_it() -> None:
+    from envservice.errors import EnvServiceError
+    from envservice.protocol import ErrorCode
+
+    class Broken:
+        def step(self, session_id, action):
+            raise EnvServiceError(ErrorCode.env_error, "the env crashed")
+
+    session = EnvSession(Broken(), "s", "start", None, max_steps=5, calls_so_far=lambda: 1)
+    with pytest.raises(RuntimeError, match="the environment failed \\(env_error\\)"):
+        session.step("a")
+    assert session.failure[0] == "env_error" and "the env crashed" in session.failure[1] and session.done
+    late = EnvSession(Steps([(0.0, False)]), "s", "start", None, max_steps=5, calls_so_far=lambda: 0, deadline=0.0)
+    with pytest.raises(RuntimeError, match="timeout"):
+        late.step("a")
+    assert late.failure[0] == "timeout"
