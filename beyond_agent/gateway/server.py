@@ -29,12 +29,12 @@ from typing import Any, Callable
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from envservice.childproc import free_port
 from beyond_agent.gateway.episodes import MERGE_POLICIES, CallRecord, GatewayEpisode
-from beyond_agent.gateway.wire import ChatRequest, chat_response, error_body, reply_message, unsupported
+from beyond_agent.gateway.wire import ChatRequest, chat_response, error_body, reply_message, stream_events, unsupported
 from beyond_agent.rollout.dataflow import GenerateFn
 
 
@@ -186,8 +186,12 @@ def create_gateway_app(gateway: Gateway) -> FastAPI:
         return JSONResponse(error_body(f"{where or 'body'}: {first.get('msg')}", param=where), status_code=400)
 
     @app.post("/episodes/{episode_id}/v1/chat/completions")
-    async def chat_completions(episode_id: str, request: ChatRequest) -> JSONResponse:
-        return JSONResponse(await run_in_threadpool(gateway.complete, episode_id, request))
+    async def chat_completions(episode_id: str, request: ChatRequest) -> Response:
+        answer = await run_in_threadpool(gateway.complete, episode_id, request)
+        if request.stream:
+            include_usage = bool((request.stream_options or {}).get("include_usage"))
+            return StreamingResponse(iter(stream_events(answer, include_usage)), media_type="text/event-stream")
+        return JSONResponse(answer)
 
     def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": gateway.config.model_name, "object": "model", "created": 0,

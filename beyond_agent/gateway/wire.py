@@ -46,6 +46,9 @@ class ChatRequest(BaseModel):
     n: int = Field(default=1, ge=1, le=1)
     """Only one choice per request: each sampled turn belongs to one episode."""
     stream: bool = False
+    """Answer as server-sent `chat.completion.chunk` events (the whole reply in one chunk, once sampled)."""
+    stream_options: dict[str, Any] | None = None
+    """`{"include_usage": true}` adds a last chunk with the token counts."""
 
     @field_validator("messages")
     @classmethod
@@ -69,8 +72,6 @@ class ChatRequest(BaseModel):
 
 def unsupported(request: ChatRequest) -> tuple[str, str] | None:
     """(parameter, why) for a request the gateway cannot serve faithfully, or None."""
-    if request.stream:
-        return "stream", "streaming is not supported by this gateway yet; send stream=false"
     if request.tool_choice not in (None, "auto", "none"):
         return "tool_choice", "only 'auto' and 'none' are supported (forcing a tool would change what the policy sampled)"
     return None
@@ -151,6 +152,29 @@ def reply_message(text: str) -> tuple[dict[str, Any], list[str]]:
     if calls:
         message["tool_calls"] = calls
     return message, notes
+
+
+def stream_events(response: dict[str, Any], include_usage: bool = False) -> list[str]:
+    """A `chat.completion` as server-sent events of `chat.completion.chunk`s, as OpenAI streams it: the role and
+    the content (and tool calls, with their index) in one delta, then the finish reason, with `include_usage` a
+    chunk with the token counts, then `[DONE]`. The gateway samples the whole reply before answering, so the
+    reply comes in one piece."""
+    choice = response["choices"][0]
+    message = choice["message"]
+    delta: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+    if message.get("tool_calls"):
+        delta["tool_calls"] = [{"index": index, **call} for index, call in enumerate(message["tool_calls"])]
+
+    def event(choices: list[dict[str, Any]], **extra: Any) -> str:
+        body = {"id": response["id"], "object": "chat.completion.chunk", "created": response["created"],
+                "model": response["model"], "choices": choices, **extra}
+        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+    events = [event([{"index": 0, "delta": delta, "finish_reason": None, "logprobs": None}]),
+              event([{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"], "logprobs": None}])]
+    if include_usage:
+        events.append(event([], usage=response["usage"]))
+    return [*events, "data: [DONE]\n\n"]
 
 
 def chat_response(model: str, message: dict[str, Any], stop_reason: str, prompt_tokens: int,
