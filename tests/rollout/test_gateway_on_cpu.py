@@ -196,24 +196,35 @@ def test_recorded_ids_are_what_the_template_renders_and_vllm_samples(tiny_vllm_s
         messages += [first.choices[0].message.model_dump(exclude_none=True),
                      {"role": "user", "content": "Use the add tool."}]
         client.chat.completions.create(model="policy", messages=messages, tools=[ADD_TOOL], temperature=0.0)
+        # A history with a tool call in it (the agent rewrote it: a new sample, its prompt rendered whole).
+        with_call = messages[:2] + [
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                "name": "add", "arguments": '{"a": 1, "b": 2}'}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "3"}]
+        client.chat.completions.create(model="policy", messages=with_call, tools=[ADD_TOOL])
         episode = gateway.close_episode(episode_id)
 
-    assert episode.mode == "merged" and [record.continued for record in episode.calls] == [False, True]
-    first_call, second_call = episode.calls
+    assert episode.mode == "per_call" and [record.continued for record in episode.calls] == [False, True, False]
+    first_call, second_call, third_call = episode.calls
+    rendered_call = tokenizer.apply_chat_template(template_messages(with_call), tools=[ADD_TOOL],
+                                                  add_generation_prompt=True, tokenize=False)
+    assert '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>' in rendered_call
+    assert "<tool_response>\n3\n</tool_response>" in rendered_call
+    assert third_call.prompt_ids == tokenizer.encode(rendered_call, add_special_tokens=False)
     rendered = tokenizer.apply_chat_template(template_messages(messages[:2]), tools=[ADD_TOOL],
                                              add_generation_prompt=True, tokenize=False)
     assert first_call.prompt_ids == tokenizer.encode(rendered, add_special_tokens=False)
     assert second_call.prompt_ids[:len(first_call.prompt_ids) + len(first_call.sampled_ids)] == (
         first_call.prompt_ids + first_call.sampled_ids)
     backend = HttpVLLMBackend([tiny_vllm_server.base_url], tiny_vllm_server.config.model)
-    for record in (first_call, second_call):  # the agent's temperature=0.0 did not change the sampling
+    for record in (first_call, second_call, third_call):  # the agent's temperature=0.0 changed nothing
         body = backend.request_body(record.prompt_ids, 12, sampling)
         direct = parse_completion(requests.post(f"{tiny_vllm_server.base_url}/v1/completions", json=body,
                                                 timeout=120).json(), latency_s=0.0)
         assert record.sampled_ids == direct.token_ids
         assert record.logprobs == pytest.approx(direct.logprobs, abs=1e-3)
         assert record.policy_version == 7 and 1 <= len(record.sampled_ids) <= 12
-    segment = episode.segments[0].to_episode()
+    segment = episode.segments[0].to_episode()  # the first two calls, merged
     trained = [token for token, mask in zip(segment.response_ids, segment.response_mask) if mask]
     assert trained == first_call.sampled_ids + second_call.sampled_ids
     kept = [logprob for logprob, mask in zip(segment.response_logprobs, segment.response_mask) if mask]
