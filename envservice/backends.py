@@ -191,11 +191,17 @@ class _CallThreads:
         threads is waiting, not hanging (each busy one is bounded by its own limit, so the queue drains)."""
         job = _Job(call)
         self._submit(job)
-        job.started.wait()
-        try:
-            return job.future.result(max(0.0, job.started_at + timeout_s - time.monotonic()))
-        except FutureTimeout:
-            pass
+        wait_s = timeout_s
+        while True:
+            try:
+                return job.future.result(wait_s)
+            except FutureTimeout:
+                pass
+            if job.started_at is None:  # still queued for a thread: waiting, not hanging
+                continue
+            wait_s = job.started_at + timeout_s - time.monotonic()
+            if wait_s <= 0:
+                break
         with self._lock:
             if job.future.done():  # it returned just now
                 return job.future.result()
@@ -224,7 +230,6 @@ class _CallThreads:
     def _loop(self) -> None:
         while (job := self._queue.get()) is not None:
             job.started_at = time.monotonic()
-            job.started.set()
             if job.future.set_running_or_notify_cancel():
                 try:
                     job.future.set_result(job.call())
@@ -243,7 +248,7 @@ class _Job:
 
     def __init__(self, call: Callable[[], Any]) -> None:
         self.call, self.future, self.abandoned = call, Future(), False
-        self.started, self.started_at = threading.Event(), 0.0  # set by the thread that takes it
+        self.started_at: float | None = None  # set by the thread that takes it
 
 
 # ---- worker pools (process and Ray) ----------------------------------------------------------------

@@ -32,13 +32,13 @@ from typing import Any, Sequence
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from envservice import registry
-from envservice.body_check import BodyChecker
+from envservice.body_check import LARGE_BODY_BYTES, BodyChecker
 from envservice.childproc import host_allowed
 from envservice.errors import CLIP_CHARS, EnvServiceError, clip
 from envservice.host import entry_point_of
@@ -240,10 +240,7 @@ class RequestGuard:
         refusal = self._refusal(scope, request_id)
         try:
             if refusal is None:
-                host = (scope.get("client") or ("?", 0))[0]
-                async with self.body_checker.turn(host, int(dict(scope["headers"]).get(b"content-length", b"0"))):
-                    body = await asyncio.wait_for(self._read_body(receive), self.body_timeout_s)
-                    reason = await self.body_checker.reason(body)
+                body, reason = await self._checked_body(scope, receive)
                 if reason is not None:
                     refusal = error_response(EnvServiceError(ErrorCode.bad_request, reason), request_id)
             if refusal is None:
@@ -262,6 +259,17 @@ class RequestGuard:
                                                      f"its log has the traceback under request id {request_id}"),
                                      request_id)
         await refusal(scope, receive, send_with_id)
+
+    async def _checked_body(self, scope: Scope, receive: Receive) -> tuple[bytes, str | None]:
+        """The body, read within the body deadline, and why it is refused before validation (or None); a large
+        one waits for its client host's turn (`BodyChecker`)."""
+        length = int(dict(scope["headers"]).get(b"content-length", b"0"))
+        if length <= LARGE_BODY_BYTES:  # the common case, without the turn's bookkeeping
+            body = await asyncio.wait_for(self._read_body(receive), self.body_timeout_s)
+            return body, await self.body_checker.reason(body)
+        async with self.body_checker.turn((scope.get("client") or ("?", 0))[0], length):
+            body = await asyncio.wait_for(self._read_body(receive), self.body_timeout_s)
+            return body, await self.body_checker.reason(body)
 
     def _refusal(self, scope: Scope, request_id: str) -> ProtocolJSONResponse | None:
         """The answer to a request refused on its headers alone (foreign Host, no token, too large), or None."""
@@ -369,6 +377,11 @@ def _loadable_spec(env_id: str) -> EnvSpec | None:
         return None
 
 
+def _answered(call: Any, *args: Any) -> ProtocolJSONResponse:
+    """`call(*args)`'s response model as the finished HTTP answer (built in the calling pool thread)."""
+    return ProtocolJSONResponse(call(*args).model_dump(mode="json"))
+
+
 def _add_routes(app: FastAPI, manager: SessionManager, env_ids: list[str]) -> None:
     @app.post("/create", response_model=CreateResponse)
     def create(request: CreateRequest) -> CreateResponse:
@@ -376,19 +389,20 @@ def _add_routes(app: FastAPI, manager: SessionManager, env_ids: list[str]) -> No
         return manager.create(request)
 
     # /step and /evaluate refuse a busy or unknown session on the event loop, before taking a pool thread
-    # (`SessionManager.refuse_if_busy`); the env call itself runs in the pool like every sync route.
+    # (`SessionManager.refuse_if_busy`); the env call and the answer's serialisation run in the pool, as for
+    # every sync route (serialising on the loop cost 6 % of bench/envservice_load.py's steps/s).
 
     @app.post("/step", response_model=StepResponse)
-    async def step(request: StepRequest) -> StepResponse:
+    async def step(request: StepRequest) -> Response:
         """Apply one action."""
         manager.refuse_if_busy(request.session_id, "step")
-        return await run_in_threadpool(manager.step, request.session_id, request.action)
+        return await run_in_threadpool(_answered, manager.step, request.session_id, request.action)
 
     @app.post("/evaluate", response_model=EvaluateResponse)
-    async def evaluate(request: EvaluateRequest) -> EvaluateResponse:
+    async def evaluate(request: EvaluateRequest) -> Response:
         """Score the episode."""
         manager.refuse_if_busy(request.session_id, "evaluate")
-        return await run_in_threadpool(manager.evaluate, request.session_id)
+        return await run_in_threadpool(_answered, manager.evaluate, request.session_id)
 
     @app.post("/release", response_model=ReleaseResponse)
     def release(request: ReleaseRequest) -> ReleaseResponse:
