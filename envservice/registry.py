@@ -67,11 +67,18 @@ def canonical_json(config: Mapping[str, Any]) -> str:
     return json.dumps(config, sort_keys=True, separators=(",", ":"))
 
 
+def import_object(entry_point: str) -> Any:
+    """The object a `"module:attribute"` entry point names (the attribute may be dotted, `module:Class.method`);
+    ImportError or AttributeError when it is not there."""
+    module_name, attribute = split_entry_point(entry_point)
+    found = importlib.import_module(module_name)
+    for part in attribute.split("."):
+        found = getattr(found, part)
+    return found
+
+
 def _import_env_class(entry_point: str) -> type[TextEnv]:
-    module_name, class_name = split_entry_point(entry_point)
-    cls = importlib.import_module(module_name)
-    for part in class_name.split("."):
-        cls = getattr(cls, part)
+    cls = import_object(entry_point)
     if not (isinstance(cls, type) and issubclass(cls, TextEnv)):
         raise TypeError(f"entry point {entry_point!r} is not a TextEnv subclass (from envservice import TextEnv)")
     return cls

@@ -24,7 +24,6 @@ started from (GiGPO's grouping).
 from __future__ import annotations
 
 import asyncio
-import importlib
 import importlib.util
 import inspect
 import time
@@ -36,6 +35,7 @@ from typing import Any, Callable
 import requests
 
 from envservice.errors import EnvServiceError, EnvTimeoutError
+from envservice.registry import import_object
 from beyond_agent.gateway.episodes import MERGE_POLICIES, GatewayEpisode
 from beyond_agent.gateway.server import Gateway
 from beyond_agent.rollout.dataflow import (INFRA_FAILURES, DataflowConfig, EpisodeResult, EpisodeSpec, GenerateFn,
@@ -76,13 +76,12 @@ def load_agent(path: str) -> Callable[["AgentContext"], Any]:
     could not be found."""
     module_name, _, name = path.partition(":")
     try:
-        if module_name.endswith(".py"):
-            module = _module_from_file(Path(module_name))
-        else:
-            module = importlib.import_module(module_name)
+        agent = (getattr(_module_from_file(Path(module_name)), name, None) if module_name.endswith(".py")
+                 else import_object(path))
     except (ImportError, FileNotFoundError) as error:
         raise ValueError(f"beyond_agent.agent.function={path!r}: cannot import {module_name!r} ({error})") from error
-    agent = getattr(module, name, None)
+    except AttributeError:
+        agent = None
     if not callable(agent):
         raise ValueError(f"beyond_agent.agent.function={path!r}: {module_name} has no callable {name!r}")
     return agent

@@ -61,8 +61,7 @@ class GatewayEpisode:
 
     def __init__(self, episode_id: str, tokenizer: Any, max_prompt_length: int, max_response_length: int,
                  merge: str = "auto") -> None:
-        if merge not in MERGE_POLICIES:
-            raise ValueError(f"gateway merge={merge!r} is not valid; choose one of {', '.join(MERGE_POLICIES)}")
+        """`merge` is one of MERGE_POLICIES (checked by `GatewayConfig`, which the gateway builds episodes from)."""
         self.episode_id = episode_id
         """The id the agent's base URL carries."""
         self.tokenizer, self.merge = tokenizer, merge
@@ -100,9 +99,8 @@ class GatewayEpisode:
         self.segments.append(handler)
         return handler, False
 
-    def record(self, handler: RolloutHandler, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-               call: CallRecord) -> None:
-        """Keep the call (its reply is already on `handler`) and remember what the next call must extend."""
+    def record(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, call: CallRecord) -> None:
+        """Keep the call (its reply is already on its segment) and remember what the next call must extend."""
         self.calls.append(call)
         self._last_messages, self._last_reply, self._last_tools = list(messages), call.reply, tools
 

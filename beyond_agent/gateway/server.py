@@ -160,7 +160,7 @@ class Gateway:
                           prompt_ids=prompt_ids, sampled_ids=list(result.token_ids), logprobs=list(result.logprobs),
                           stop_reason=getattr(result, "stop_reason", "stop"), policy_version=version, reply=message,
                           notes=notes, latency_s=getattr(result, "latency_s", 0.0))
-        episode.record(handler, request.messages, tools, call)
+        episode.record(request.messages, tools, call)
         return chat_response(self.config.model_name, message, call.stop_reason, len(prompt_ids),
                              len(result.token_ids))
 

@@ -33,12 +33,13 @@ import requests
 from envservice.errors import EnvServiceError, EnvTimeoutError
 from beyond_agent.rollout.handler import Episode, RolloutHandler
 from beyond_agent.tasks import AgentTask, EnvTask, EpisodeOutcome
+from beyond_agent.trajectory_data import INFRA_TERMINATIONS
 
 logger = logging.getLogger(__name__)
 
-INFRA_FAILURES = ("env_error", "llm_error", "timeout", "agent_error")
+INFRA_FAILURES = INFRA_TERMINATIONS
 """Terminations that are infrastructure failures, never reward (`agent_error`: a user's agent raised,
-beyond_agent/gateway/agents.py)."""
+beyond_agent/gateway/agents.py); one list with the trajectory readers' (`trajectory_data`)."""
 
 
 class GeneratedTurn(Protocol):

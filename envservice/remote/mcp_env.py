@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import importlib
 import json
 import threading
 from typing import Any, Callable, Mapping
@@ -37,6 +36,7 @@ from typing import Any, Callable, Mapping
 from mcp import Client
 
 from envservice.envs.base import Param, StepResult, Task, TextEnv
+from envservice.registry import import_object
 from envservice.errors import clip
 
 CallRecord = dict[str, Any]
@@ -150,11 +150,10 @@ def _parsed_call(action: str) -> tuple[str, dict[str, Any]] | str:
 
 
 def _load_scorer(path: str) -> Callable[[str, list[CallRecord]], tuple[float, bool]]:
-    module_name, _, name = path.partition(":")
     try:
-        scorer = getattr(importlib.import_module(module_name), name, None)
-    except ImportError as error:
-        raise ValueError(f"MCPEnv: config.scorer={path!r}: cannot import {module_name!r} ({error})") from error
+        scorer = import_object(path)
+    except (ImportError, AttributeError) as error:
+        raise ValueError(f"MCPEnv: config.scorer={path!r}: cannot import it ({error})") from error
     if not callable(scorer):
         raise ValueError(f"MCPEnv: config.scorer={path!r} names no callable ('module:function')")
     return scorer

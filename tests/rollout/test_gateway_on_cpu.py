@@ -9,17 +9,14 @@ sample with our masks) and one that trims it to the last exchange (each call bec
 from __future__ import annotations
 
 import json
-import threading
-import time
 from typing import Iterator
 
 import openai
 import pytest
-import uvicorn
 from transformers import AutoTokenizer
 
-from envservice.childproc import free_port
-from beyond_agent.gateway import Gateway, GatewayConfig, create_gateway_app
+from beyond_agent.gateway import Gateway, GatewayConfig
+from beyond_agent.gateway.server import GatewayServer
 from beyond_agent.gateway.wire import template_messages
 from beyond_agent.rollout.llm import GenerationResult, SamplingParams
 
@@ -52,21 +49,12 @@ def serve() -> Iterator:
     servers = []
 
     def start(gateway: Gateway) -> str:
-        port = free_port()
-        server = uvicorn.Server(uvicorn.Config(create_gateway_app(gateway), host="127.0.0.1", port=port,
-                                               log_level="warning"))
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 30
-        while not server.started and time.monotonic() < deadline:
-            time.sleep(0.05)
-        servers.append((server, thread))
-        return f"http://127.0.0.1:{port}"
+        servers.append(GatewayServer(gateway).start())
+        return servers[-1].url
 
     yield start
-    for server, thread in servers:
-        server.should_exit = True
-        thread.join(timeout=10)
+    for server in servers:
+        server.stop()
 
 
 def _client(url: str, episode_id: str) -> openai.OpenAI:

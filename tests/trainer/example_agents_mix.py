@@ -3,22 +3,14 @@ groups of even task ids are played by the tool-calling OpenAI-SDK agent, those o
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
+from beyond_agent.gateway.agents import load_agent
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "agents"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"example_agent_{name}", EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-TOOL_AGENT, TRIMMING_AGENT = _load("openai_tool_agent"), _load("trimming_agent")
+TOOL_AGENT, TRIMMING_AGENT = (load_agent(f"{EXAMPLES / name}.py:run") for name in ("openai_tool_agent", "trimming_agent"))
 
 
 def run(ctx) -> None:
     """One episode, by the agent of its task's parity."""
-    (TOOL_AGENT if int(ctx.spec.task_id) % 2 == 0 else TRIMMING_AGENT).run(ctx)
+    (TOOL_AGENT if int(ctx.spec.task_id) % 2 == 0 else TRIMMING_AGENT)(ctx)
