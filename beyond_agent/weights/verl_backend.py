@@ -57,6 +57,7 @@ BACKEND = "beyond_delta"
 BACKEND_MODULE = __name__
 MANAGER_CLASS = f"{__name__}.DeltaCheckpointEngineManager"
 WORKER_EXTENSION_CLASS = "beyond_agent.weights.vllm_extension.DeltaSyncWorkerExtension"
+"""Our vLLM worker extension: the receiver of delta syncs, and the loader of LoRA adapters (`weights.lora`)."""
 FAILED = METRIC_PREFIX + "verify_failed"
 """1.0 when the receiver refused this step's sync (it was then redone in full)."""
 FAULT_SEQ_VARIABLE = "BEYOND_WEIGHT_SYNC_FAULT_SEQ"
@@ -71,9 +72,7 @@ def configure_weight_sync(config: Any, settings: WeightSyncConfig) -> None:
     if settings.mode != "delta":
         return
     rollout = config.actor_rollout_ref.rollout
-    model = config.actor_rollout_ref.model
     engine = rollout.checkpoint_engine
-    lora_rank = max(int((model.get("lora") or {}).get("rank", 0) or 0), int(model.get("lora_rank", 0) or 0))
     vllm_kwargs = (rollout.get("engine_kwargs") or {}).get("vllm") or {}
     actor_fsdp = (config.actor_rollout_ref.get("actor") or {}).get("fsdp_config") or {}
     refusals = [
@@ -89,7 +88,6 @@ def configure_weight_sync(config: Any, settings: WeightSyncConfig) -> None:
          f"actor_rollout_ref.rollout.engine_kwargs.vllm.worker_extension_cls={vllm_kwargs.get('worker_extension_cls')}"),
         (bool(rollout.get("free_cache_engine")), "actor_rollout_ref.rollout.free_cache_engine=true (the delta "
          "path does not resume slept weights; only free_cache_engine=false is implemented)"),
-        (lora_rank > 0, "LoRA (actor_rollout_ref.model.lora.rank > 0): adapters are synced by verl's own path"),
         (bool(rollout.get("quantization")), f"actor_rollout_ref.rollout.quantization={rollout.get('quantization')}"),
         (bool(actor_fsdp.get("param_offload")), "actor_rollout_ref.actor.fsdp_config.param_offload=true (verl moves "
          "offloaded parameters back to the CPU after a naive sync only; the delta engine gets tensors, not the "

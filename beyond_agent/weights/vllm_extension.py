@@ -1,4 +1,4 @@
-"""The vLLM worker extension of `weight_sync.mode: delta`: verify a delta sync before loading anything.
+"""Our vLLM worker extension: verify a delta sync before loading anything, and load LoRA adapters as vLLM does.
 
 Selected with `actor_rollout_ref.rollout.engine_kwargs.vllm.worker_extension_cls` (verl passes the key to
 vLLM after its own default, verl's `vLLMColocateWorkerExtension`, which this class extends). A weight update
@@ -7,6 +7,14 @@ received over verl's own bucketed IPC transport, decoded and verified by this wo
 and only the verified full tensors are loaded, the way verl's extension loads a standard update. Any other
 update goes to verl's extension unchanged.
 
+A LoRA adapter update (verl sends the adapter's tensors with its PEFT config) is loaded by vLLM's own adapter
+loading with the name mapping vLLM itself uses for adapters (`load_adapter_from_tensors`): verl 0.9's loader
+maps names with the model's full weight mapper, which on vLLM 0.32 rewrites `q_proj` to the stacked `qkv_proj`
+and fails in `set_lora`. Every adapter sync prints `[beyond_agent] lora adapter served: sync=N tensors=T
+bytes=B load_s=S`; with `BEYOND_LORA_SERVED_DUMP=<folder>` it also writes what vLLM serves after the sync as
+`served_<N>.safetensors`: per target module, scaling x lora_B @ lora_A (packed modules split into their
+parts), so a test can compare it with the trainer's adapter.
+
 `BEYOND_WEIGHT_SYNC_CHECK_LOADED=1` also compares, after each load, the model's parameters with the verified
 tensors (1:1 names and vLLM's packed modules such as qkv_proj) and prints the counts.
 """
@@ -14,6 +22,9 @@ tensors (1:1 names and vLLM's packed modules such as qkv_proj) and prints the co
 from __future__ import annotations
 
 import os
+import time
+import types
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,10 +35,38 @@ from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension
 from beyond_agent.weights.wire import WIRE_VERSION, DeltaSyncEndpoint
 
 CHECK_LOADED_VARIABLE = "BEYOND_WEIGHT_SYNC_CHECK_LOADED"
+SERVED_ADAPTER_DUMP_VARIABLE = "BEYOND_LORA_SERVED_DUMP"
+"""Test hook: a folder where each adapter sync writes the served adapter's per-module weight change."""
+ADAPTER_LOG_PREFIX = "[beyond_agent] lora adapter served:"
 
 
 class DeltaSyncWorkerExtension(vLLMColocateWorkerExtension):
-    """verl's colocated worker extension plus the receiving end of delta weight syncs."""
+    """verl's colocated worker extension plus the receiving end of delta weight syncs and LoRA adapter loading."""
+
+    def _update_weights(self, weights: list[tuple[str, torch.Tensor]], peft_config: dict, base_sync_done: bool):
+        """verl's load, with vLLM's own adapter name mapping for a LoRA adapter, which is then reported."""
+        if not (peft_config and base_sync_done):
+            return super()._update_weights(weights, peft_config=peft_config, base_sync_done=base_sync_done)
+        manager = self.model_runner.lora_manager
+        manager._load_adapter = types.MethodType(load_adapter_from_tensors, manager)
+        started = time.perf_counter()
+        super()._update_weights(weights, peft_config=peft_config, base_sync_done=base_sync_done)
+        seconds = time.perf_counter() - started
+        sync = getattr(self, "_beyond_adapter_syncs", 0)
+        self._beyond_adapter_syncs = sync + 1
+        received = sum(tensor.numel() * tensor.element_size() for _, tensor in weights)
+        print(f"{ADAPTER_LOG_PREFIX} sync={sync} tensors={len(weights)} bytes={received} load_s={seconds:.4f}",
+              flush=True)
+        dump = os.environ.get(SERVED_ADAPTER_DUMP_VARIABLE)
+        if dump:
+            from safetensors.torch import save_file
+
+            from verl.workers.rollout.vllm_rollout.utils import VLLM_LORA_INT_ID
+
+            served = manager._adapter_manager.get_adapter(VLLM_LORA_INT_ID)
+            packed = getattr(self.model_runner.model, "packed_modules_mapping", {}) or {}
+            Path(dump).mkdir(parents=True, exist_ok=True)
+            save_file(served_weight_changes(served, packed), str(Path(dump) / f"served_{sync}.safetensors"))
 
     def update_weights_from_ipc(self, peft_config: dict = None, base_sync_done=False, use_shm: bool = False,
                                 beyond_weight_sync: int | None = None):
@@ -79,6 +118,48 @@ class DeltaSyncWorkerExtension(vLLMColocateWorkerExtension):
         if os.environ.get(CHECK_LOADED_VARIABLE, "0") == "1":
             return loaded_weights_check(self.model_runner.model, dict(weights))
         return {}
+
+
+def load_adapter_from_tensors(manager: Any, lora_request: Any) -> Any:
+    """A worker LoRA manager's `_load_adapter` for verl's `TensorLoRARequest` (the adapter as tensors), doing what
+    vLLM 0.32's own `WorkerLoRAManager._load_adapter` does for an adapter folder; other requests go to vLLM's."""
+    from vllm.lora.peft_helper import PEFTHelper
+    from vllm.lora.worker_manager import WorkerLoRAManager
+
+    tensors = getattr(lora_request, "lora_tensors", None)
+    if tensors is None:
+        return WorkerLoRAManager._load_adapter(manager, lora_request)
+    peft_helper = PEFTHelper.from_dict(lora_request.peft_config)
+    peft_helper.validate_legal(manager.lora_config)
+    model = manager._adapter_manager.model
+    mapper = getattr(model, "hf_to_vllm_mapper", None)
+    # Names only: the stacked maps (q_proj -> qkv_proj) are for loading weights, not for naming adapter modules.
+    mapper = mapper.get_rename_mapper() if mapper is not None else None
+    lora = manager._lora_model_cls.from_lora_tensors(
+        lora_model_id=lora_request.lora_int_id, tensors=tensors, peft_helper=peft_helper, device="cpu",
+        dtype=manager.lora_config.lora_dtype, model_vocab_size=manager.vocab_size, weights_mapper=mapper,
+        skip_prefixes=getattr(model, "lora_skip_prefixes", None))
+    lora.is_3d_lora_weight = lora_request.is_3d_lora_weight
+    manager._adapter_manager._validate_moe_lora_format(lora)
+    manager._adapter_manager._validate_modules_to_save(lora)
+    manager._adapter_manager._validate_token_classification_lora(lora)
+    return lora
+
+
+def served_weight_changes(lora_model: Any, packed: dict[str, list[str]]) -> dict[str, torch.Tensor]:
+    """{target module: scaling x lora_B @ lora_A} of a vLLM LoRA model, a packed module's parts under their own
+    names (`...qkv_proj` -> `...q_proj`, `...k_proj`, `...v_proj`), in float32."""
+    changes = {}
+    for name, weights in lora_model.loras.items():
+        if weights.is_packed:
+            fused = name.rsplit(".", 1)[-1]
+            parts = [name[: -len(fused)] + part for part in packed.get(fused, [])]
+            for part, lora_a, lora_b, scaling in zip(parts, weights.lora_a, weights.lora_b, weights.scaling):
+                if lora_a is not None:
+                    changes[part] = scaling * (lora_b.float() @ lora_a.float())
+        else:
+            changes[name] = weights.scaling * (weights.lora_b.float() @ weights.lora_a.float())
+    return {name: change.contiguous() for name, change in changes.items()}
 
 
 def loaded_weights_check(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> dict[str, int]:

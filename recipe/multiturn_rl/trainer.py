@@ -40,6 +40,7 @@ engine; our delta backend would then receive on the rollout side's `CheckpointEn
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -55,27 +56,34 @@ from beyond_agent.settings import BeyondAgentSettings
 from beyond_agent.verl_pin import ensure_pinned_verl
 from beyond_agent.run_folder import CURVES_FILE, METRICS_PATH_VARIABLE, MetricsLog
 from beyond_agent.weights.host_lock import weight_sync_lock
+from beyond_agent.weights.delta import METRIC_PREFIX
+from beyond_agent.weights.lora import LoraPlan, configure_lora
 from beyond_agent.weights.verl_backend import configure_weight_sync
 
 MANAGER_CLASS = "beyond_agent.rollout_manager.BeyondAgentLoopManager"
 
 
 
-def prepare_verl_config(config: Any, settings: BeyondAgentSettings) -> None:
+def prepare_verl_config(config: Any, settings: BeyondAgentSettings) -> LoraPlan | None:
     """Every change BeyondAgent makes to verl's config before verl reads it, in one place:
 
     - verl's rollout-manager seam (`actor_rollout_ref.rollout.agent.agent_loop_manager_class`) names our
       manager, unless the user named another one;
+    - with LoRA (`actor_rollout_ref.model.lora_rank > 0`), vLLM's worker extension seam names ours
+      (`configure_lora`, which refuses with the key to change a LoRA run this path does not serve);
     - with `weight_sync.mode: delta`, verl's checkpoint-engine seams name our delta backend
       (`configure_weight_sync`, which refuses with the key to change a run the delta path cannot serve).
 
-    The one change made later is `align_total_epochs`, which needs verl's dataloader. Raises ValueError.
+    The one change made later is `align_total_epochs`, which needs verl's dataloader. Returns the LoRA adapter
+    the run trains (None: full fine-tuning). Raises ValueError.
     """
     with open_dict(config):
         agent = config.actor_rollout_ref.rollout.agent
         if not agent.get("agent_loop_manager_class"):
             agent.agent_loop_manager_class = MANAGER_CLASS
+    lora = configure_lora(config, settings.weight_sync.mode)
     configure_weight_sync(config, settings.weight_sync)
+    return lora
 
 
 class BeyondAgentTrainer(RayPPOTrainer):
@@ -85,7 +93,12 @@ class BeyondAgentTrainer(RayPPOTrainer):
         ensure_pinned_verl()
         self.beyond_settings = BeyondAgentSettings.from_config(config)
         """Our validated `beyond_agent:` section."""
-        prepare_verl_config(config, self.beyond_settings)
+        self.lora_plan = prepare_verl_config(config, self.beyond_settings)
+        """The LoRA adapter this run trains (None: full fine-tuning)."""
+        if self.lora_plan is not None:
+            print(f"[beyond_agent] LoRA: rank {self.lora_plan.rank}, alpha {self.lora_plan.alpha}, "
+                  f"{self.lora_plan.adapter_parameters} adapter parameters, {self.lora_plan.adapter_bytes} bytes "
+                  "per weight sync", flush=True)
         super().__init__(config, *args, **kwargs)
         notice = align_total_epochs(self.config, len(self.train_dataloader), self.total_training_steps)
         if notice:
@@ -227,10 +240,11 @@ def wrap_weight_sync(trainer: "BeyondAgentTrainer") -> None:
       weight-sync sockets of every run that starts its own Ray cluster alike, and two such syncs at once hang;
     - async rollout: the sync waits in the rollout's version gate (for generation requests in flight, or whole
       episodes without partial rollout) and then publishes the new policy version;
-    - a sync that returns figures (delta mode's `weight_sync/*`): they join the actor metrics of the step whose
-      update it carries. verl's `fit()` discards update_weights' return value but reduces the actor output's
-      metrics after the call; the syncs with no actor update before them (the first one, critic warm-up)
-      are printed by the delta backend only.
+    - the sync's figures (delta mode's `weight_sync/*`; in full mode the sync's seconds, `transfer_s`, and with
+      LoRA the adapter's `bytes_sent`) join the actor metrics of the step whose update it carries. verl's
+      `fit()` discards update_weights' return value but reduces the actor output's metrics after the call; the
+      syncs with no actor update before them (the first one, critic warm-up) are printed by the delta backend
+      only.
     """
     manager = trainer.checkpoint_manager
     sync = manager.update_weights
@@ -239,7 +253,13 @@ def wrap_weight_sync(trainer: "BeyondAgentTrainer") -> None:
 
     def locked_sync(global_steps: int | None):
         with weight_sync_lock(job_id):
-            return sync(global_steps)
+            started = time.perf_counter()
+            result = sync(global_steps)
+        if not result:  # verl's own (full) sync returns nothing: its seconds, and with LoRA the adapter's bytes
+            result = {METRIC_PREFIX + "transfer_s": time.perf_counter() - started}
+            if trainer.lora_plan is not None:
+                result[METRIC_PREFIX + "bytes_sent"] = float(trainer.lora_plan.adapter_bytes)
+        return result
 
     def update_weights(global_steps: int | None = None):
         if rollout is None:
