@@ -12,7 +12,8 @@ nothing to diff against); the figures are the mean over the `--syncs` deltas aft
 under `--out`, skipped when present, so an interrupted run resumes.
 
 What it prints: per variant, the elements that changed per sync, the bytes sent as a share of a full sync
-(goal for bf16 at lr 1e-6: <= 20 %), the sender's encode and the receiver's apply seconds.
+(goal for bf16 at lr 1e-6: <= 20 %), the sender's encode and the receiver's apply seconds; then what a LoRA
+sync sends (rank 16 and 64 on every linear layer) against a full one, on Qwen2.5-0.5B/1.5B/7B's shapes.
 """
 
 from __future__ import annotations
@@ -29,6 +30,15 @@ from beyond_agent.weights.delta import WeightDeltaReceiver, WeightDeltaSender, W
 
 VARIANTS = [("bfloat16", 1e-6), ("bfloat16", 1e-5), ("float32", 1e-6), ("float32", 1e-5)]
 """(send dtype, learning rate) pairs measured."""
+QWEN25_SHAPES = {  # the published configs' widths (nothing is downloaded)
+    "Qwen2.5-0.5B": dict(vocab_size=151_936, hidden_size=896, intermediate_size=4_864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True),
+    "Qwen2.5-1.5B": dict(vocab_size=151_936, hidden_size=1_536, intermediate_size=8_960, num_hidden_layers=28,
+                         num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True),
+    "Qwen2.5-7B": dict(vocab_size=152_064, hidden_size=3_584, intermediate_size=18_944, num_hidden_layers=28,
+                       num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False),
+}
+LORA_RANKS = (16, 64)
 
 
 def build_model(layers: int, seed: int) -> torch.nn.Module:
@@ -113,7 +123,31 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {result['send_dtype']} | {result['lr']:g} | {100 * mean['changed_fraction']:.2f} % | "
               f"{100 * mean['sent_fraction']:.1f} % | {mean['bytes_sent'] / 2**20:.1f} | {mean['bytes_full'] / 2**20:.1f} | "
               f"{mean['encode_s']:.2f} | {mean['apply_s']:.2f} |")
+    print_lora_table()
     return 0
+
+
+def print_lora_table() -> None:
+    """What a LoRA sync sends (the adapter on every linear layer, `all-linear`) against a full sync, counted by PEFT
+    on meta-device models of Qwen2.5's shapes (`beyond_agent.weights.lora.adapter_parameter_count`)."""
+    from transformers import Qwen2Config
+
+    from beyond_agent.weights.lora import adapter_parameter_count
+
+    print("\nLoRA (all-linear) vs full sync, elements per sync (x 2 bytes in bf16, x 4 in fp32):")
+    print("| model | full | " + " | ".join(f"LoRA rank {rank}" for rank in LORA_RANKS) + " |")
+    print("|---|---|" + "---|" * len(LORA_RANKS))
+    for name, shape in QWEN25_SHAPES.items():
+        config = Qwen2Config(**shape)
+        with torch.device("meta"):
+            from transformers import Qwen2ForCausalLM
+
+            full = sum(param.numel() for param in Qwen2ForCausalLM(config).parameters())
+        cells = []
+        for rank in LORA_RANKS:
+            adapter = adapter_parameter_count(config, rank, alpha=2 * rank, target_modules="all-linear")
+            cells.append(f"{adapter / 1e6:.1f} M ({100 * adapter / full:.2f} %)")
+        print(f"| {name} | {full / 1e6:.0f} M | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -82,23 +82,25 @@ def configure_lora(config: Any, weight_sync_mode: str) -> LoraPlan | None:
     dtype = str(actor_fsdp.get("model_dtype") or "fp32")
     if dtype not in ELEMENT_BYTES:
         raise ValueError(f"actor_rollout_ref.actor.fsdp_config.model_dtype={dtype}: one of {sorted(ELEMENT_BYTES)}")
-    parameters = adapter_parameter_count(str(model.path), rank, int(model.get("lora_alpha", 16)),
+    from transformers import AutoConfig
+
+    alpha = int(model.get("lora_alpha", 16))
+    parameters = adapter_parameter_count(AutoConfig.from_pretrained(str(model.path)), rank, alpha,
                                          _plain(model.get("target_modules", "all-linear")),
                                          _plain(model.get("exclude_modules")))
-    return LoraPlan(rank=rank, alpha=int(model.get("lora_alpha", 16)), adapter_parameters=parameters,
-                    element_bytes=ELEMENT_BYTES[dtype])
+    return LoraPlan(rank=rank, alpha=alpha, adapter_parameters=parameters, element_bytes=ELEMENT_BYTES[dtype])
 
 
-def adapter_parameter_count(model_path: str, rank: int, alpha: int, target_modules: Any,
+def adapter_parameter_count(hf_config: Any, rank: int, alpha: int, target_modules: Any,
                             exclude_modules: Any = None) -> int:
-    """The adapter's trainable elements, as PEFT builds them on the model (on the meta device: no weights read).
+    """The adapter's trainable elements, as PEFT builds them on a model of `hf_config` (a transformers config) on
+    the meta device: no weights are read or allocated.
 
     Raises ValueError naming `target_modules` when PEFT finds none of them in the model."""
     import torch
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    hf_config = AutoConfig.from_pretrained(model_path)
     with torch.device("meta"):
         base = AutoModelForCausalLM.from_config(hf_config)
     lora = LoraConfig(task_type="CAUSAL_LM", r=rank, lora_alpha=alpha, target_modules=target_modules,

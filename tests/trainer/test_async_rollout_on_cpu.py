@@ -8,7 +8,9 @@ logged staleness must be > 0 and never above the bound, and every admitted episo
 The advantages are GiGPO's (`algorithm.adv_estimator=gigpo`: verl's estimator seam for the episode part, the
 trainer's for the step part from the rollout's anchor states), so this is also GiGPO's end-to-end run, and
 dynamic sampling's in async mode: the random model's groups all have zero reward variance, so the pool drops
-up to the budget (ceil(0.5 x 2) = 1 group a step) and draws a row in each one's place.
+up to the budget (ceil(0.5 x 2) = 1 group a step) and draws a row in each one's place. And it trains a LoRA adapter
+(issue #34: rank 8 on every linear layer): each sync, which the version gate holds until no request is in flight,
+sends the adapter alone (16 384 elements x 4 bytes, `weight_sync/bytes_sent`, as the vLLM worker counted them).
 ~5 min on 2 cores.
 """
 
@@ -26,6 +28,8 @@ from beyond_agent.data import write_task_files
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 ACCOUNTING = re.compile(r"\[beyond_agent\] async rollout accounting: (\{.*\})")
+SERVED = re.compile(r"\[beyond_agent\] lora adapter served: sync=(\d+) tensors=(\d+) bytes=(\d+)")
+ADAPTER_BYTES = 16_384 * 4  # tests/trainer/test_lora_config_on_cpu.py works the 16 384 out by hand
 
 
 def test_async_m2po_trains_three_steps_with_bounded_staleness(run_training, step_metrics, tmp_path):
@@ -41,14 +45,18 @@ def test_async_m2po_trains_three_steps_with_bounded_staleness(run_training, step
             "beyond_agent.rollout_mode=async", "beyond_agent.async_rollout.max_staleness=2",
             "algorithm.adv_estimator=gigpo", "beyond_agent.gigpo.gamma=0.9",
             "beyond_agent.dynamic_sampling.drop=zero_variance", "beyond_agent.dynamic_sampling.max_extra_batches=0.5",
+            "actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
         ])
     metrics = step_metrics(output)
     assert sorted(metrics) == [1, 2, 3]
+    # The adapter's syncs: before step 1 and after each step, the adapter's 28 tensors alone.
+    assert [tuple(map(int, found)) for found in SERVED.findall(output)] == [(n, 28, ADAPTER_BYTES) for n in range(4)]
     staleness = [metrics[step]["beyond_agent/async/staleness_max"] for step in (1, 2, 3)]
     assert max(staleness) > 0, f"no step trained on stale rows: {staleness}"
     assert all(0 <= value <= 2 for value in staleness), staleness
     for step in (1, 2, 3):
         assert math.isfinite(metrics[step]["actor/pg_loss"])
+        assert metrics[step]["weight_sync/bytes_sent"] == ADAPTER_BYTES and metrics[step]["weight_sync/transfer_s"] > 0
         assert metrics[step]["beyond_agent/episodes"] == 4.0  # 2 rows x n=2, all from the pool
         assert metrics[step]["beyond_agent/async/policy_version"] == step - 1
         # π_old is the behaviour policy (`old_log_probs: behaviour`, the default): verl's own check compares the
