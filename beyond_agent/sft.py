@@ -30,6 +30,7 @@ import torch
 from torch.utils.data import Dataset
 
 from beyond_agent.cli_args import DRY_RUN_MARKER, is_dry_run
+from beyond_agent.export import MERGED_FOLDER, export_checkpoint
 from beyond_agent.trajectory_data import (
     TrajectoryDataError,
     TrajectoryFilter,
@@ -50,6 +51,8 @@ SFT_CPU_OVERRIDES: tuple[tuple[str, str], ...] = (
 FP32_TRAINING = "+engine.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
 """Override for full fp32 training: verl's SFT engine computes in bf16 unless told otherwise, and in bf16 the
 tiny model did not learn to read its FrozenLake maps (the learning bench's warm-up, measured)."""
+LORA_EXPORT_FOLDER = "lora_export"
+"""Where `hf_model_dir` exports a LoRA checkpoint (inside its `global_step_<N>` folder)."""
 SFT_CPU_ENV = {"VERL_PLATFORM": "cpu", "VERL_ENGINE_DEVICE": "cuda", "TOKENIZERS_PARALLELISM": "false"}
 """VERL_PLATFORM selects verl_cpu's platform; verl registers its FSDP engines for cuda/npu only, and they run
 on CPU tensors all the same."""
@@ -126,15 +129,30 @@ def dataset_files(parquet_files) -> list:
 
 
 def hf_model_dir(folder: str | Path) -> Path:
-    """The Hugging Face model of the latest `global_step_<N>` checkpoint in an SFT output folder."""
+    """The Hugging Face model of the latest `global_step_<N>` checkpoint in an SFT output folder.
+
+    With LoRA (`model.lora_rank > 0`) verl's `huggingface/` folder holds PEFT's state (names no model loader
+    reads): the model is then the adapter merged into the base, written once by `beyond_agent.export` into
+    `global_step_<N>/lora_export/merged` (beside it, the adapter alone in `lora_export/lora_adapter`)."""
     steps = sorted((int(m.group(1)), p) for p in Path(folder).glob("global_step_*")
                    if (m := re.fullmatch(r"global_step_(\d+)", p.name)))
     for _step, path in reversed(steps):
         model = path / "huggingface"
+        if (model / "config.json").exists() and (path / "lora_train_meta.json").exists():
+            return merged_lora_model(path)
         if (model / "config.json").exists():
             return model
     raise FileNotFoundError(f"no global_step_*/huggingface model in {folder}; was checkpoint.save_contents "
                             "missing hf_model, or did training stop before its first save?")
+
+
+def merged_lora_model(checkpoint: Path) -> Path:
+    """A LoRA checkpoint's adapter merged into its base (exported on the first call, read back after)."""
+    out = checkpoint / LORA_EXPORT_FOLDER
+    merged = out / MERGED_FOLDER
+    if not (merged / "config.json").exists():
+        merged = export_checkpoint(checkpoint, out, merge_lora=True).merged
+    return merged
 
 
 def sft_command(overrides: list[str], cpu: bool | None = None, nproc: int | None = None,

@@ -91,14 +91,17 @@ def test_dpo_loss_is_log2_at_the_reference_and_only_trained_tokens_get_gradient(
     assert sums.shape == (4,) and (sums < 0).all()
 
 
-def test_verls_trainer_runs_dpo_two_steps_on_cpu(pair_dump, tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("lora", [[], ["model.lora_rank=8", "model.lora_alpha=16"]], ids=["full", "lora"])
+def test_verls_trainer_runs_dpo_two_steps_on_cpu(pair_dump, tiny_model_dir, tmp_path, lora):
+    """Full-model DPO, and DPO of a LoRA adapter (whose reference, scored before the first step, is the base: the
+    adapter starts at B = 0)."""
     folder, _ = pair_dump
     out = tmp_path / "dpo"
     command, env = sft_command([
         f"data.train_files={folder}", f"model.path={tiny_model_dir}", "data.train_batch_size=4",
         "data.micro_batch_size_per_gpu=4", "trainer.total_training_steps=2", "optim.lr=1e-2", "dpo.beta=0.5",
         f"trainer.default_local_dir={out}", f"hydra.run.dir={tmp_path / 'hydra'}",
-        FP32_TRAINING,
+        FP32_TRAINING, *lora,
     ], cpu=True, module="beyond_agent.dpo")
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
@@ -111,6 +114,7 @@ def test_verls_trainer_runs_dpo_two_steps_on_cpu(pair_dump, tiny_model_dir, tmp_
     # Step 2 runs after one update on other maps' pairs: the policy has moved away from the reference.
     assert logged[1]["train/dpo/margin"] != 0.0 and math.isfinite(logged[1]["train/loss"])
     assert (hf_model_dir(out) / "model.safetensors").exists()
+    assert (hf_model_dir(out).parent.name == "lora_export") == bool(lora)  # LoRA: the adapter merged into the base
 
 
 def test_odd_micro_batches_are_refused_naming_the_key(pair_dump, tiny_model_dir):

@@ -155,12 +155,15 @@ def test_observation_tokens_carry_no_gradient_in_verls_sft_loss(tiny_model_dir):
     assert 0 < trained_tokens < int((~mask.bool()).sum())
 
 
-def test_verls_sft_trainer_trains_two_steps_on_trajectories_on_cpu(tiny_model_dir, tmp_path):
+def test_verls_sft_trainer_trains_a_lora_adapter_two_steps_on_trajectories_on_cpu(tiny_model_dir, tmp_path):
+    """verl's SFT trainer with LoRA (`model.lora_rank`); the full-model SFT runs in the trainer tests' fixture
+    `move_writing_model` and in the AgentEvol / Agent-R loops."""
     out = tmp_path / "sft"
     command, env = sft_command([
         f"data.train_files={RECORDED}", "data.trajectory_filter.kinds=[train]", f"model.path={tiny_model_dir}",
         "data.train_batch_size=4", "data.micro_batch_size_per_gpu=2", "trainer.total_training_steps=2",
         "optim.lr=1e-3", f"trainer.default_local_dir={out}", f"hydra.run.dir={tmp_path / 'hydra'}",
+        "model.lora_rank=8", "model.lora_alpha=16",
     ], cpu=True)
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
@@ -170,9 +173,21 @@ def test_verls_sft_trainer_trains_two_steps_on_trajectories_on_cpu(tiny_model_di
     for entry in logged:
         assert math.isfinite(entry["data"]["train/loss"]) and entry["data"]["train/loss"] > 0
         assert entry["data"]["train/grad_norm"] > 0
-    # verl wrote a Hugging Face model we can load, and its weights moved.
+    # verl's huggingface/ folder holds PEFT's state; the model we hand on is the adapter merged into the base
+    # (bf16, as verl's model merger writes): only the targeted modules moved, each by the adapter's change.
     model_dir = hf_model_dir(out)
-    assert model_dir == out / "global_step_2" / "huggingface"
-    trained, initial = load_file(str(model_dir / "model.safetensors")), load_file(str(tiny_model_dir / "model.safetensors"))
-    assert set(trained) == set(initial)
-    assert any(not torch.equal(trained[name].float(), initial[name].float()) for name in initial)
+    assert model_dir == out / "global_step_2" / "lora_export" / "merged"
+    assert hf_model_dir(out) == model_dir  # exported once, read back
+    adapter = load_file(str(out / "global_step_2" / "lora_export" / "lora_adapter" / "adapter_model.safetensors"))
+    merged, initial = load_file(str(model_dir / "model.safetensors")), load_file(str(tiny_model_dir / "model.safetensors"))
+    assert set(merged) == set(initial)
+    changed = set()
+    for name in adapter:
+        if name.endswith(".lora_A.weight"):
+            module = name.removeprefix("base_model.model.").removesuffix(".lora_A.weight")
+            change = 2.0 * adapter[name.replace("lora_A", "lora_B")].float() @ adapter[name].float()
+            moved = merged[module + ".weight"].float() - initial[module + ".weight"].bfloat16().float()
+            assert change.norm() > 0 and (moved - change).norm() < 0.25 * change.norm(), module
+            changed.add(module + ".weight")
+    assert len(changed) == 14  # q, k, v, o, gate, up, down in 2 layers
+    assert all(torch.equal(merged[name], initial[name].to(merged[name].dtype)) for name in set(initial) - changed)
