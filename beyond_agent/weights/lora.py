@@ -18,6 +18,7 @@ adapter id 123), so several adapters on one base would need a trainer that holds
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from omegaconf import open_dict
@@ -35,15 +36,16 @@ class LoraPlan:
     """`actor_rollout_ref.model.lora_rank`."""
     alpha: int
     """`actor_rollout_ref.model.lora_alpha` (the adapter's output is scaled by alpha / rank)."""
-    adapter_parameters: int
-    """Trainable adapter elements (lora_A and lora_B of every targeted module), counted by PEFT."""
+    adapter_parameters: int | None
+    """Trainable adapter elements (lora_A and lora_B of every targeted module), counted by PEFT; None when the
+    model's config.json is not a local file (a hub name: nothing is downloaded to count)."""
     element_bytes: int
     """Bytes per element as sent: verl casts the adapter to the actor's `fsdp_config.model_dtype`."""
 
     @property
-    def adapter_bytes(self) -> int:
-        """What one adapter sync sends."""
-        return self.adapter_parameters * self.element_bytes
+    def adapter_bytes(self) -> int | None:
+        """What one adapter sync sends (None: unknown)."""
+        return None if self.adapter_parameters is None else self.adapter_parameters * self.element_bytes
 
 
 def lora_rank(config: Any) -> int:
@@ -85,9 +87,11 @@ def configure_lora(config: Any, weight_sync_mode: str) -> LoraPlan | None:
     from transformers import AutoConfig
 
     alpha = int(model.get("lora_alpha", 16))
-    parameters = adapter_parameter_count(AutoConfig.from_pretrained(str(model.path)), rank, alpha,
-                                         _plain(model.get("target_modules", "all-linear")),
-                                         _plain(model.get("exclude_modules")))
+    parameters = None
+    if (Path(str(model.path)) / "config.json").is_file():
+        parameters = adapter_parameter_count(AutoConfig.from_pretrained(str(model.path)), rank, alpha,
+                                             _plain(model.get("target_modules", "all-linear")),
+                                             _plain(model.get("exclude_modules")))
     return LoraPlan(rank=rank, alpha=alpha, adapter_parameters=parameters, element_bytes=ELEMENT_BYTES[dtype])
 
 

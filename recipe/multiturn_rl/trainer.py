@@ -96,9 +96,10 @@ class BeyondAgentTrainer(RayPPOTrainer):
         self.lora_plan = prepare_verl_config(config, self.beyond_settings)
         """The LoRA adapter this run trains (None: full fine-tuning)."""
         if self.lora_plan is not None:
-            print(f"[beyond_agent] LoRA: rank {self.lora_plan.rank}, alpha {self.lora_plan.alpha}, "
-                  f"{self.lora_plan.adapter_parameters} adapter parameters, {self.lora_plan.adapter_bytes} bytes "
-                  "per weight sync", flush=True)
+            plan = self.lora_plan
+            size = (f"{plan.adapter_parameters} adapter parameters, {plan.adapter_bytes} bytes per weight sync"
+                    if plan.adapter_parameters is not None else "adapter size unknown (no local config.json)")
+            print(f"[beyond_agent] LoRA: rank {plan.rank}, alpha {plan.alpha}, {size}", flush=True)
         super().__init__(config, *args, **kwargs)
         notice = align_total_epochs(self.config, len(self.train_dataloader), self.total_training_steps)
         if notice:
@@ -257,7 +258,7 @@ def wrap_weight_sync(trainer: "BeyondAgentTrainer") -> None:
             result = sync(global_steps)
         if not result:  # verl's own (full) sync returns nothing: its seconds, and with LoRA the adapter's bytes
             result = {METRIC_PREFIX + "transfer_s": time.perf_counter() - started}
-            if trainer.lora_plan is not None:
+            if trainer.lora_plan is not None and trainer.lora_plan.adapter_bytes is not None:
                 result[METRIC_PREFIX + "bytes_sent"] = float(trainer.lora_plan.adapter_bytes)
         return result
 

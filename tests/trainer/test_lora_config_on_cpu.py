@@ -44,6 +44,10 @@ def test_a_lora_run_gets_our_extension_and_its_adapter_counted(tiny_model_dir):
     config.actor_rollout_ref.actor.fsdp_config.model_dtype = "bf16"
     plan = configure_lora(config, "full")
     assert (plan.adapter_parameters, plan.adapter_bytes) == (3_584, 7_168)
+    # A hub name: nothing is downloaded to count the adapter; the run still gets our extension.
+    config = lora_config("Qwen/Qwen2.5-7B-Instruct")
+    assert configure_lora(config, "full") == LoraPlan(rank=8, alpha=16, adapter_parameters=None, element_bytes=4)
+    assert config.actor_rollout_ref.rollout.engine_kwargs.vllm.worker_extension_cls == WORKER_EXTENSION_CLASS
 
 
 @pytest.mark.parametrize(("mode", "change", "message"), [
