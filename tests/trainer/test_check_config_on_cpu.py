@@ -21,6 +21,8 @@ def test_the_recipe_default_passes():
     check_config(composed())
     check_config(composed("beyond_agent.rollout_mode=async", "actor_rollout_ref.rollout.free_cache_engine=false",
                           "beyond_agent.weight_sync.mode=delta"))
+    check_config(composed("actor_rollout_ref.model.lora_rank=8", "beyond_agent.agent.function=examples/agents/"
+                          "trimming_agent.py:run"))
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
@@ -30,6 +32,12 @@ def test_the_recipe_default_passes():
     (["beyond_agent.weight_sync.mode=delta", "actor_rollout_ref.rollout.free_cache_engine=true"],
      "weight_sync.mode=delta cannot run with actor_rollout_ref.rollout.free_cache_engine=true"),
     (["beyond_agent.weight_sync.mode=sparse"], "weight_sync.mode must be one of"),
+    (["actor_rollout_ref.model.lora_rank=8", "beyond_agent.weight_sync.mode=delta"],
+     "LoRA \\(actor_rollout_ref.model.lora_rank=8\\) cannot run with beyond_agent.weight_sync.mode=delta"),
+    (["beyond_agent.agent.function=no_such_agent_module:play"],
+     "beyond_agent.agent.function='no_such_agent_module:play': cannot import 'no_such_agent_module'"),
+    (["beyond_agent.agent.function=examples/agents/trimming_agent.py:no_such_function"],
+     "has no callable 'no_such_function'"),
 ])
 def test_a_run_that_cannot_work_is_refused_naming_the_key(overrides, message):
     with pytest.raises(SystemExit, match=message):
