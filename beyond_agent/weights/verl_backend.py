@@ -14,7 +14,7 @@ Delta mode keeps that transport and changes what flows through it (`configure_we
   (`WeightDeltaSender`), packs the sync into wire tensors (`wire.pack_sync`) and streams them through a
   `ServerAdapter` built from the rollout replicas' config, exactly as verl's own `CheckpointEngineWorker`
   builds one (`update_weights(..., beyond_weight_sync=WIRE_VERSION)`);
-- rollout side, in each vLLM worker process: `vllm_extension.DeltaSyncWorkerExtension`
+- rollout side, in each vLLM worker process: `vllm_extension.WeightSyncWorkerExtension`
   (`rollout.engine_kwargs.vllm.worker_extension_cls`) decodes, verifies and only then loads;
 - driver: `DeltaCheckpointEngineManager` (`rollout.checkpoint_manager_class`) hands the replicas' rollout
   config to the engines once, runs the sync like the naive path does (no abort, no process group, which the
@@ -56,7 +56,7 @@ BACKEND = "beyond_delta"
 """Our `checkpoint_engine.backend` name."""
 BACKEND_MODULE = __name__
 MANAGER_CLASS = f"{__name__}.DeltaCheckpointEngineManager"
-WORKER_EXTENSION_CLASS = "beyond_agent.weights.vllm_extension.DeltaSyncWorkerExtension"
+WORKER_EXTENSION_CLASS = "beyond_agent.weights.vllm_extension.WeightSyncWorkerExtension"
 """Our vLLM worker extension: the receiver of delta syncs, and the loader of LoRA adapters (`weights.lora`)."""
 FAILED = METRIC_PREFIX + "verify_failed"
 """1.0 when the receiver refused this step's sync (it was then redone in full)."""

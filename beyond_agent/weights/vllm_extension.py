@@ -40,7 +40,7 @@ SERVED_ADAPTER_DUMP_VARIABLE = "BEYOND_LORA_SERVED_DUMP"
 ADAPTER_LOG_PREFIX = "[beyond_agent] lora adapter served:"
 
 
-class DeltaSyncWorkerExtension(vLLMColocateWorkerExtension):
+class WeightSyncWorkerExtension(vLLMColocateWorkerExtension):
     """verl's colocated worker extension plus the receiving end of delta weight syncs and LoRA adapter loading."""
 
     def _update_weights(self, weights: list[tuple[str, torch.Tensor]], peft_config: dict, base_sync_done: bool):
@@ -48,6 +48,7 @@ class DeltaSyncWorkerExtension(vLLMColocateWorkerExtension):
         if not (peft_config and base_sync_done):
             return super()._update_weights(weights, peft_config=peft_config, base_sync_done=base_sync_done)
         manager = self.model_runner.lora_manager
+        # On this manager only (verl's loader stays on the class for any other user): vLLM's own loading.
         manager._load_adapter = types.MethodType(load_adapter_from_tensors, manager)
         started = time.perf_counter()
         super()._update_weights(weights, peft_config=peft_config, base_sync_done=base_sync_done)
