@@ -351,9 +351,10 @@ def print_table(rows: list[RunFigures], args: argparse.Namespace) -> None:
 
 
 def configurations(args: argparse.Namespace) -> list[RunConfig]:
-    """sync and async, each without then with the injected delay (or only `--only`)."""
+    """sync and async, each without then with the injected delay (or only `--only`, only `--only-delayed`)."""
     modes = [args.only] if args.only else ["sync", "async"]
-    return [RunConfig(mode, latency) for latency in (None, args.latency) for mode in modes]
+    latencies = (args.latency,) if args.only_delayed else (None, args.latency)
+    return [RunConfig(mode, latency) for latency in latencies for mode in modes]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -368,6 +369,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help=f"the envservice --step-delay of the latency runs (default {DEFAULT_LATENCY})")
     parser.add_argument("--max-staleness", type=int, default=2, help="K of the async runs (default 2)")
     parser.add_argument("--only", choices=("sync", "async"), default=None, help="run one mode only")
+    parser.add_argument("--only-delayed", action="store_true", help="only the runs with the injected env delay")
     parser.add_argument("--json", type=Path, default=None, help="also write every figure to this JSON file")
     parser.add_argument("--keep-dir", type=Path, default=None, metavar="DIR",
                         help="work in DIR and keep it (model, data, run folders, logs); default: a temporary "

@@ -11,6 +11,7 @@ p50/p99 step latency, errors and the resident memory of the server (and of its w
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import threading
@@ -35,6 +36,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--env", default="frozenlake", help="env id (default frozenlake: cheap)")
     parser.add_argument("--backend", default="inprocess", help="envservice --backend: inprocess, process or ray")
     parser.add_argument("--workers", type=int, default=None, help="envservice --workers (process or ray backend)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
     return parser.parse_args()
 
 
@@ -145,6 +147,13 @@ def run_load(args: argparse.Namespace, client: EnvClient, pid: int) -> None:
           f"threads={args.threads} steps={len(latencies)} in {elapsed:.1f}s steps_per_s={len(latencies) / elapsed:.0f} "
           f"p50_ms={percentile(latencies, 0.5) * 1e3:.1f} p99_ms={percentile(latencies, 0.99) * 1e3:.1f} "
           f"errors={errors or 0} {memory_text(pid)}")
+    if args.json:
+        args.json.write_text(json.dumps({
+            "env": args.env, "backend": args.backend, "sessions": args.sessions, "sessions_held": held,
+            "threads": args.threads, "steps": len(latencies), "seconds": elapsed,
+            "steps_per_s": len(latencies) / elapsed, "p50_ms": percentile(latencies, 0.5) * 1e3,
+            "p99_ms": percentile(latencies, 0.99) * 1e3, "errors": errors, "server_rss_mb": rss_mb(pid),
+            "worker_rss_mb": [rss_mb(child) for child in worker_pids(pid)]}, indent=1))
 
 
 def main() -> int:

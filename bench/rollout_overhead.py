@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import json
 import random
 import sys
 import time
@@ -106,16 +107,17 @@ def call_figures(results, started: float, ended: float, llm_metrics) -> dict:
     }
 
 
-def measure_handler(tokenizer, episodes: int, turns: int, seed: int = 0, unique: bool = False):
+def measure_handler(tokenizer, episodes: int, turns: int, seed: int = 0, unique: bool = False,
+                    observation_words: int = 40, max_prompt: int = 1024, max_response: int = 8192):
     """Tokens/s of RolloutHandler assembly (prompt, assistant turns, observation deltas) and of collate.
 
-    The observations are drawn from 64 texts, as an environment repeats itself; `unique` makes every
-    prompt and observation distinct instead.
+    The observations (`observation_words` words each) are drawn from 64 texts, as an environment repeats
+    itself; `unique` makes every prompt and observation distinct instead.
     """
     rng = random.Random(seed)
     vocab = [t for t in range(len(tokenizer)) if t not in tokenizer.all_special_ids]
     words = "go to the red ball open the door pick up the key you see a wall".split()
-    texts = [" ".join(rng.choice(words) for _ in range(40)) for _ in range(64)]
+    texts = [" ".join(rng.choice(words) for _ in range(observation_words)) for _ in range(64)]
     observations = [texts[(e * 7 + t) % 64] + (f" (step {e}.{t})" if unique else "")
                     for e in range(episodes) for t in range(turns + 1)]
     replies = [[rng.choice(vocab) for _ in range(48)] + [tokenizer.eos_token_id] for _ in range(64)]
@@ -124,7 +126,8 @@ def measure_handler(tokenizer, episodes: int, turns: int, seed: int = 0, unique:
     handlers = []
     for e in range(episodes):
         handler = RolloutHandler(tokenizer, [{"role": "system", "content": "You are an agent."},
-                                             {"role": "user", "content": observations[e * (turns + 1)]}], 1024, 8192)
+                                             {"role": "user", "content": observations[e * (turns + 1)]}],
+                                  max_prompt, max_response)
         for t in range(turns):
             reply = replies[(e + t) % 64]
             handler.add_assistant(reply, [-1.0] * len(reply))
@@ -136,13 +139,13 @@ def measure_handler(tokenizer, episodes: int, turns: int, seed: int = 0, unique:
     tokens = sum(len(h.prompt_ids) + len(h.response_ids) for h in handlers)
     gc.collect()
     started = time.perf_counter()
-    collate(handlers, tokenizer.pad_token_id, 1024, 8192)
+    collate(handlers, tokenizer.pad_token_id, max_prompt, max_response)
     collate_s = time.perf_counter() - started
     return tokens, assembly, assembly_cpu, collate_s
 
 
-def report_manager(args) -> None:
-    """Parts (a) and (b): the manager against a real vLLM server and envservice."""
+def report_manager(args) -> dict:
+    """Parts (a) and (b): the manager against a real vLLM server and envservice; returns the figures."""
     from transformers import AutoTokenizer
 
     with services(args) as (vllm_url, model_dir, env_url):
@@ -156,22 +159,26 @@ def report_manager(args) -> None:
               f"{f['steps_per_s']:5.1f} env steps/s | infra failures {f['failures']}")
     warm = [f for mode, f in figures.items() if mode.startswith("warm")] or [figures["first call"]]
     warm_wall, warm_busy = sum(f["wall"] for f in warm), sum(f["busy"] for f in warm)
+    speed_up = figures["sequential"]["wall"] / (warm_wall / len(warm))
     print(f"warm calls together: wall/busy {warm_wall / warm_busy:.3f}; speed-up of the manager over the "
-          f"sequential loop: {figures['sequential']['wall'] / (warm_wall / len(warm)):.1f}x")
+          f"sequential loop: {speed_up:.1f}x")
+    return {"calls": figures, "warm_wall_over_busy": warm_wall / warm_busy, "speed_up_over_sequential": speed_up}
 
 
-def report_assembly(args) -> None:
-    """Part (c): RolloutHandler assembly and collate speed."""
+def report_assembly(args) -> dict:
+    """Part (c): RolloutHandler assembly and collate speed; returns the figures."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(ensure_model(args.model)))
     import verl  # noqa: F401  (collate imports verl on first use; seconds that are not collation)
 
     # Warm-up on other texts (seed 1): the template gets compiled and probed once, as in a long run.
-    measure_handler(tokenizer, 8, args.handler_turns, seed=1, unique=args.unique_observations)
+    shape = dict(unique=args.unique_observations, observation_words=args.observation_words,
+                 max_prompt=args.max_prompt, max_response=args.max_response)
+    measure_handler(tokenizer, 8, args.handler_turns, seed=1, **shape)
     # Each repeat draws new texts (its own seed); the median over repeats is what a noisy shared machine can tell.
-    runs = [measure_handler(tokenizer, args.handler_episodes, args.handler_turns, seed=100 + repeat,
-                            unique=args.unique_observations) for repeat in range(args.repeats)]
+    runs = [measure_handler(tokenizer, args.handler_episodes, args.handler_turns, seed=100 + repeat, **shape)
+            for repeat in range(args.repeats)]
     for tokens, assembly, assembly_cpu, collate_s in runs:
         print(f"RolloutHandler: {tokens} tokens in {assembly:.3f} s = {tokens / assembly / 1e6:.2f} M tokens/s "
               f"(CPU time {assembly_cpu:.3f} s = {tokens / assembly_cpu / 1e6:.2f} M tokens/s; "
@@ -181,6 +188,12 @@ def report_assembly(args) -> None:
     collates = sorted(collate_s * 1e3 for *_, collate_s in runs)
     print(f"RolloutHandler assembly over {len(runs)} batches of new texts: median {speeds[len(speeds) // 2]:.2f} "
           f"M tokens/s (best {speeds[-1]:.2f}, worst {speeds[0]:.2f}); collate median {collates[len(collates) // 2]:.1f} ms")
+    tokens = runs[0][0]
+    both = sorted(tokens / (assembly + collate_s) / 1e6 for tokens, assembly, _, collate_s in runs)
+    return {"episodes": args.handler_episodes, "turns": args.handler_turns, "observation_words": args.observation_words,
+            "tokens_per_batch": tokens, "assembly_m_tokens_per_s": speeds[len(speeds) // 2],
+            "collate_ms": collates[len(collates) // 2],
+            "assembly_and_collate_m_tokens_per_s": both[len(both) // 2]}
 
 
 def main() -> None:
@@ -198,12 +211,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="assembly batches measured, each on new texts")
     parser.add_argument("--only-assembly", action="store_true",
                         help="run part (c) only; starts neither vLLM nor envservice")
+    parser.add_argument("--observation-words", type=int, default=40,
+                        help="words per observation in part (c) (WebShop-sized pages: ~1000, with --handler-turns 30)")
+    parser.add_argument("--max-prompt", type=int, default=1024, help="part (c)'s prompt token limit")
+    parser.add_argument("--max-response", type=int, default=8192, help="part (c)'s response token limit")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
     parser.add_argument("--unique-observations", action="store_true",
                         help="part (c) with every prompt and observation distinct (no text repeats)")
     args = parser.parse_args()
-    if not args.only_assembly:
-        report_manager(args)
-    report_assembly(args)
+    figures = {} if args.only_assembly else {"manager": report_manager(args)}
+    figures["assembly"] = report_assembly(args)
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=1))
 
 
 if __name__ == "__main__":

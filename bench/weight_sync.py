@@ -100,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=4, help="decoder layers (Qwen2.5-0.5B has 24)")
     parser.add_argument("--syncs", type=int, default=4, help="training steps, each followed by a sync")
     parser.add_argument("--out", default="outputs/bench/weight_sync", help="one JSON per variant (resumable)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the summary to this JSON file")
     args = parser.parse_args(argv)
     if args.layers < 1 or args.syncs < 2:
         parser.error("--layers must be >= 1 and --syncs >= 2 (the first sync is full; deltas follow)")
@@ -123,11 +124,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {result['send_dtype']} | {result['lr']:g} | {100 * mean['changed_fraction']:.2f} % | "
               f"{100 * mean['sent_fraction']:.1f} % | {mean['bytes_sent'] / 2**20:.1f} | {mean['bytes_full'] / 2**20:.1f} | "
               f"{mean['encode_s']:.2f} | {mean['apply_s']:.2f} |")
-    print_lora_table()
+    lora = print_lora_table()
+    if args.json:
+        summary = [{key: result[key] for key in ("send_dtype", "lr", "parameters", "mean")} for result in results]
+        args.json.write_text(json.dumps({"layers": args.layers, "syncs": args.syncs, "variants": summary,
+                                         "lora": lora}, indent=1))
     return 0
 
 
-def print_lora_table() -> None:
+def print_lora_table() -> list[dict]:
     """What a LoRA sync sends (the adapter on every linear layer, `all-linear`) against a full sync, counted by PEFT
     on meta-device models of Qwen2.5's shapes (`beyond_agent.weights.lora.adapter_parameter_count`)."""
     from transformers import Qwen2Config
@@ -137,6 +142,7 @@ def print_lora_table() -> None:
     print("\nLoRA (all-linear) vs full sync, elements per sync (x 2 bytes in bf16, x 4 in fp32):")
     print("| model | full | " + " | ".join(f"LoRA rank {rank}" for rank in LORA_RANKS) + " |")
     print("|---|---|" + "---|" * len(LORA_RANKS))
+    rows = []
     for name, shape in QWEN25_SHAPES.items():
         config = Qwen2Config(**shape)
         with torch.device("meta"):
@@ -147,7 +153,9 @@ def print_lora_table() -> None:
         for rank in LORA_RANKS:
             adapter = adapter_parameter_count(config, rank, alpha=2 * rank, target_modules="all-linear")
             cells.append(f"{adapter / 1e6:.1f} M ({100 * adapter / full:.2f} %)")
+            rows.append({"model": name, "rank": rank, "full_parameters": full, "adapter_parameters": adapter})
         print(f"| {name} | {full / 1e6:.0f} M | " + " | ".join(cells) + " |")
+    return rows
 
 
 if __name__ == "__main__":

