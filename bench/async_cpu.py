@@ -394,7 +394,9 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     try:
         model_dir = build_model(work)
-        tasks = list(range(max(8, args.batch_size * args.steps)))
+        # 8 tasks (BabyAI's train split has 10): a longer run plays them again in later epochs, which the trainer
+        # adds itself (trainer.total_epochs is raised to cover trainer.total_training_steps).
+        tasks = list(range(8))
         data = write_task_files(args.env, work / "data", tasks, [0, 1])
         configs = configurations(args)
         rows = [run_one(index, len(configs), config, args, model_dir, data, work)

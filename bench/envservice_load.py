@@ -48,6 +48,14 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of the server process and its worker processes so far."""
+    import psutil
+
+    processes = [psutil.Process(pid), *(psutil.Process(child) for child in worker_pids(pid))]
+    return sum(sum(process.cpu_times()[:2]) for process in processes)
+
+
 def worker_pids(pid: int) -> list[int]:
     """The envservice worker processes of server `pid` (its multiprocessing-spawned children)."""
     children = {int(c) for task in Path(f"/proc/{pid}/task").iterdir()
@@ -130,6 +138,7 @@ def run_load(args: argparse.Namespace, client: EnvClient, pid: int) -> None:
     steppers = [Stepper(client, args.env, session_ids[i :: args.threads]) for i in range(args.threads)]
     stop, budget = threading.Event(), Budget(args.max_steps)
     workers = [threading.Thread(target=s.run, args=(stop, budget)) for s in steppers]
+    server_cpu, client_cpu = cpu_seconds(pid), time.process_time()
     started = time.perf_counter()
     for worker in workers:
         worker.start()
@@ -138,6 +147,7 @@ def run_load(args: argparse.Namespace, client: EnvClient, pid: int) -> None:
     for worker in workers:
         worker.join()
     elapsed = time.perf_counter() - started
+    server_cpu, client_cpu = cpu_seconds(pid) - server_cpu, time.process_time() - client_cpu
     latencies = [x for s in steppers for x in s.latencies]
     errors: dict[str, int] = {}
     for stepper in steppers:
@@ -147,13 +157,21 @@ def run_load(args: argparse.Namespace, client: EnvClient, pid: int) -> None:
           f"threads={args.threads} steps={len(latencies)} in {elapsed:.1f}s steps_per_s={len(latencies) / elapsed:.0f} "
           f"p50_ms={percentile(latencies, 0.5) * 1e3:.1f} p99_ms={percentile(latencies, 0.99) * 1e3:.1f} "
           f"errors={errors or 0} {memory_text(pid)}")
+    steps = max(len(latencies), 1)
+    # Where the time goes: CPU seconds of the server (with its workers) and of this load generator per step; on a
+    # machine with fewer free cores than the two need, their sum per step bounds steps/s.
+    print(f"cpu: server {server_cpu / elapsed:.2f} cores, {server_cpu / steps * 1e6:.0f} us/step; load generator "
+          f"{client_cpu / elapsed:.2f} cores, {client_cpu / steps * 1e6:.0f} us/step; machine {os.cpu_count()} cores")
     if args.json:
         args.json.write_text(json.dumps({
             "env": args.env, "backend": args.backend, "sessions": args.sessions, "sessions_held": held,
             "threads": args.threads, "steps": len(latencies), "seconds": elapsed,
             "steps_per_s": len(latencies) / elapsed, "p50_ms": percentile(latencies, 0.5) * 1e3,
             "p99_ms": percentile(latencies, 0.99) * 1e3, "errors": errors, "server_rss_mb": rss_mb(pid),
-            "worker_rss_mb": [rss_mb(child) for child in worker_pids(pid)]}, indent=1))
+            "worker_rss_mb": [rss_mb(child) for child in worker_pids(pid)],
+            "server_cores": server_cpu / elapsed, "server_cpu_us_per_step": server_cpu / steps * 1e6,
+            "client_cores": client_cpu / elapsed, "client_cpu_us_per_step": client_cpu / steps * 1e6,
+            "machine_cores": os.cpu_count()}, indent=1))
 
 
 def main() -> int:

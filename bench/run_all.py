@@ -45,6 +45,8 @@ class Bench:
     name: str
     full: list[str]
     quick: list[str]
+    keep_flag: str | None = None
+    """The bench's option for a folder of its own (given `<out>/<name>`): its intermediate files stay with the run."""
 
 
 def _script(name: str, *args: str) -> list[str]:
@@ -73,7 +75,7 @@ BENCHES = [
           _script(OVERHEAD, "--repeats", "1", "--episodes", "8", "--rounds", "2", "--warm-calls", "1",
                   "--handler-episodes", "8")),
     Bench("weight_sync", _script("weight_sync.py", "--layers", "4", "--syncs", "4"),
-          _script("weight_sync.py", "--layers", "1", "--syncs", "2")),
+          _script("weight_sync.py", "--layers", "1", "--syncs", "2"), keep_flag="--out"),
     Bench("async", _script("async_cpu.py", "--only-delayed", "--steps", "8"),
           _script("async_cpu.py", "--only-delayed", "--steps", "2", "--latency", "fixed:0.2")),
 ]
@@ -114,8 +116,15 @@ def _async_run(figures: dict, mode: str) -> dict | None:
 
 
 def _async_hidden(figures: dict) -> float | None:
+    """The share of rollout time hidden under training in the steady state (steps 2..N; step 1 has nothing to
+    train while the first rows are played): rollout in flight while the trainer computed (`overlap_s`), over
+    that plus the trainer's own waits for rollout (`wait_for_rows_s` + `gen_s`), which bound the rollout time
+    it could not hide (the gaps between steps, tens of ms, are not counted)."""
     run = _async_run(figures, "async")
-    return 100 * run["overlap_fraction"] / run["rollout_fraction"] if run and run["rollout_fraction"] else None
+    steps = [step for number, step in (run or {}).get("per_step", {}).items() if int(number) >= 2]
+    hidden = sum(step["overlap_s"] for step in steps)
+    exposed = sum(step["wait_for_rows_s"] + step["gen_s"] for step in steps)
+    return 100 * hidden / (hidden + exposed) if hidden + exposed > 0 else None
 
 
 def _async_speed_up(figures: dict) -> float | None:
@@ -145,7 +154,8 @@ ROWS = [
         "<= 1.03", lambda v: v <= 1.03),
     Row("delta sync bytes / full, bf16, lr 1e-6", lambda f: _weight_sync_sent(f, "bfloat16", 1e-6), "<= 20",
         lambda v: v <= 20, " %"),
-    Row("async: rollout time hidden under training, slow env", _async_hidden, ">= 90", lambda v: v >= 90, " %"),
+    Row("async: rollout time hidden under training, slow env (steps 2..N)", _async_hidden, ">= 90",
+        lambda v: v >= 90, " %"),
     Row("async: speed-up over sync, same slow env (steps 2..N)", _async_speed_up, ">= 2.5", lambda v: v >= 2.5, "x"),
 ]
 
@@ -157,6 +167,8 @@ def run_bench(bench: Bench, quick: bool, out: Path) -> dict:
         print(f"[run_all] {bench.name}: read back {figures_file}", flush=True)
         return json.loads(figures_file.read_text())
     command = (bench.quick if quick else bench.full) + ["--json", str(figures_file)]
+    if bench.keep_flag:
+        command += [bench.keep_flag, str(out / bench.name)]
     print(f"[run_all] {bench.name}: {' '.join(command[1:])} (log: {log_file})", flush=True)
     started = time.monotonic()
     with open(log_file, "w") as log:
