@@ -5,7 +5,9 @@
 Starts `python -m envservice --port 0` on 127.0.0.1 (loopback only), opens the sessions, steps them for
 `--duration` seconds (or `--max-steps` steps, whichever comes first), then prints sessions held, steps/s,
 p50/p99 step latency, errors and the resident memory of the server (and of its worker processes with
-`--backend process`), and stops the server it started.
+`--backend process`), and the CPU the server and this load generator used per step (on a machine with fewer
+free cores than both need, their sum bounds steps/s), and stops the server it started. `--json` keeps the
+figures (bench/run_all.py reads them).
 """
 
 from __future__ import annotations

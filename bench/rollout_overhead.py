@@ -12,7 +12,9 @@ then prints:
       before the first request, after the last response, and in between,
   (b) episodes/s and env steps/s, for the manager and for a naive sequential loop over the same episodes,
   (c) RolloutHandler assembly speed in tokens/s on a large synthetic batch (wall and CPU time, since a
-      shared machine stretches wall time) and collate speed.
+      shared machine stretches wall time) and collate speed; WebShop-sized episodes with
+      `--handler-turns 30 --observation-words 1000 --max-prompt 16384 --max-response 262144`.
+`--json` keeps the figures (bench/run_all.py reads them).
 Figures depend on the machine and its load; compare ratios from one run.
 """
 
