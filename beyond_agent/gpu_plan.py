@@ -48,6 +48,9 @@ LOG_PROB_LOGIT_BYTES = 2 + 4
 """Per token and vocabulary entry in the log-prob forward: bf16 logits and their fp32 log-softmax."""
 FSDP_BYTES_PER_PARAM = 4 + 4 + 8
 """fp32 weights, fp32 gradients, Adam's two fp32 moments."""
+FROZEN_BYTES_PER_PARAM = 4
+"""LoRA (`actor_rollout_ref.model.lora_rank > 0`): the base's fp32 weights only, it has no gradient or optimizer
+state (the adapter's own state, 0.5-7 % of the parameters x 16 bytes at ranks 16-64, is left out)."""
 
 
 @dataclass(frozen=True)
@@ -179,13 +182,15 @@ def plan(config: Any, model: ModelShape, gpu_gib: float = 80.0) -> GpuPlan:
                                rollout.get("log_prob_micro_batch_size_per_gpu"), sequence)
     fsdp = actor.get("fsdp_config") or {}
     offloaded = bool(fsdp.get("param_offload")) and bool(fsdp.get("optimizer_offload"))
+    model_keys = config["actor_rollout_ref"].get("model") or {}
+    state_bytes = FROZEN_BYTES_PER_PARAM if int(model_keys.get("lora_rank") or 0) > 0 else FSDP_BYTES_PER_PARAM
     keeps_cache = not bool(rollout.get("free_cache_engine", True))
     activations = update * model.hidden_size * model.num_hidden_layers * 2
     return GpuPlan(
         gpus=gpus, rollout_tp=int(rollout.get("tensor_model_parallel_size") or 1), update_tokens=update,
         log_prob_tokens=log_prob, update_gib=(update * model.vocab_size * UPDATE_LOGIT_BYTES + activations) / GIB,
         log_prob_gib=log_prob * model.vocab_size * LOG_PROB_LOGIT_BYTES / GIB,
-        fsdp_state_gib=0.0 if offloaded else model.parameters * FSDP_BYTES_PER_PARAM / max(gpus, 1) / GIB,
+        fsdp_state_gib=0.0 if offloaded else model.parameters * state_bytes / max(gpus, 1) / GIB,
         vllm_kept_gib=float(rollout.get("gpu_memory_utilization") or 0.0) * gpu_gib if keeps_cache else 0.0,
         gpu_gib=gpu_gib, concurrency=int((config.get("beyond_agent") or {}).get("concurrency") or 0),
         episodes_per_step=int(data.get("train_batch_size") or 0) * int(rollout.get("n") or 1),
