@@ -14,6 +14,8 @@ settings (`SFT_CPU_OVERRIDES` below) so the tiny model trains on CPU with the sa
 Per-step figures (`train/loss`, ...) go to `<default_local_dir>/metrics.jsonl` (verl's `file` tracker).
 The trained model is written in Hugging Face format under `<default_local_dir>/global_step_<N>/huggingface`
 (config `checkpoint.save_contents` includes `hf_model`); `hf_model_dir(folder)` finds the latest.
+LoRA: `model.lora_rank=8 model.lora_alpha=16` trains an adapter (verl's own LoRA path); `hf_model_dir` then hands
+on the adapter merged into the base (exported once by `beyond_agent.export`).
 """
 
 from __future__ import annotations
