@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -94,12 +95,10 @@ class Row:
     unit: str = ""
 
 
-def _get(figures: dict, bench: str, *path: str | int) -> float | None:
+def _get(figures: dict, bench: str, *path: str) -> float | None:
     value = figures.get(bench)
     for key in path:
-        if value is None:
-            return None
-        value = value[key] if isinstance(value, list) else value.get(key)
+        value = None if value is None else value.get(key)
     return value
 
 
@@ -256,8 +255,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _machine() -> str:
-    import os
-
     import psutil
 
     return f"{os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB"

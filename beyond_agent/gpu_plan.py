@@ -182,8 +182,8 @@ def plan(config: Any, model: ModelShape, gpu_gib: float = 80.0) -> GpuPlan:
                                rollout.get("log_prob_micro_batch_size_per_gpu"), sequence)
     fsdp = actor.get("fsdp_config") or {}
     offloaded = bool(fsdp.get("param_offload")) and bool(fsdp.get("optimizer_offload"))
-    model_keys = config["actor_rollout_ref"].get("model") or {}
-    state_bytes = FROZEN_BYTES_PER_PARAM if int(model_keys.get("lora_rank") or 0) > 0 else FSDP_BYTES_PER_PARAM
+    lora = lora_rank(config["actor_rollout_ref"].get("model") or {}) > 0
+    state_bytes = FROZEN_BYTES_PER_PARAM if lora else FSDP_BYTES_PER_PARAM
     keeps_cache = not bool(rollout.get("free_cache_engine", True))
     activations = update * model.hidden_size * model.num_hidden_layers * 2
     return GpuPlan(
@@ -195,6 +195,12 @@ def plan(config: Any, model: ModelShape, gpu_gib: float = 80.0) -> GpuPlan:
         gpu_gib=gpu_gib, concurrency=int((config.get("beyond_agent") or {}).get("concurrency") or 0),
         episodes_per_step=int(data.get("train_batch_size") or 0) * int(rollout.get("n") or 1),
         max_num_seqs=int(rollout.get("max_num_seqs") or 256))
+
+
+def lora_rank(model: Any) -> int:
+    """A run's LoRA rank from its `actor_rollout_ref.model` section (0: full fine-tuning): verl reads
+    `lora_rank`, or `lora.rank` (Megatron)."""
+    return max(int(model.get("lora_rank", 0) or 0), int((model.get("lora") or {}).get("rank", 0) or 0))
 
 
 def _forward_tokens(dynamic: Any, max_tokens: Any, micro_batch: Any, sequence: int) -> int:

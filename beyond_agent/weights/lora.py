@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import open_dict
+from verl.utils.torch_dtypes import PrecisionType
 
+from beyond_agent.gpu_plan import lora_rank
 from beyond_agent.weights.verl_backend import WORKER_EXTENSION_CLASS
-
-ELEMENT_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
 
 
 @dataclass(frozen=True)
@@ -48,18 +48,12 @@ class LoraPlan:
         return None if self.adapter_parameters is None else self.adapter_parameters * self.element_bytes
 
 
-def lora_rank(config: Any) -> int:
-    """The run's LoRA rank (0: full fine-tuning); verl reads `model.lora_rank`, or `model.lora.rank` (Megatron)."""
-    model = config.actor_rollout_ref.model
-    return max(int(model.get("lora_rank", 0) or 0), int((model.get("lora") or {}).get("rank", 0) or 0))
-
-
 def configure_lora(config: Any, weight_sync_mode: str) -> LoraPlan | None:
     """Point vLLM at our worker extension for a LoRA run and refuse what the path does not serve, naming the key.
 
     Returns None for full fine-tuning (nothing is changed). Raises ValueError.
     """
-    rank = lora_rank(config)
+    rank = lora_rank(config.actor_rollout_ref.model)
     if rank <= 0:
         return None
     model = config.actor_rollout_ref.model
@@ -82,8 +76,10 @@ def configure_lora(config: Any, weight_sync_mode: str) -> LoraPlan | None:
         rollout.engine_kwargs.vllm.worker_extension_cls = WORKER_EXTENSION_CLASS
     actor_fsdp = (config.actor_rollout_ref.get("actor") or {}).get("fsdp_config") or {}
     dtype = str(actor_fsdp.get("model_dtype") or "fp32")
-    if dtype not in ELEMENT_BYTES:
-        raise ValueError(f"actor_rollout_ref.actor.fsdp_config.model_dtype={dtype}: one of {sorted(ELEMENT_BYTES)}")
+    try:  # verl's own reading of the key
+        element_bytes = PrecisionType.to_dtype(dtype).itemsize
+    except RuntimeError:
+        raise ValueError(f"actor_rollout_ref.actor.fsdp_config.model_dtype={dtype}: one of fp32, bf16, fp16") from None
     from transformers import AutoConfig
 
     alpha = int(model.get("lora_alpha", 16))
@@ -92,7 +88,7 @@ def configure_lora(config: Any, weight_sync_mode: str) -> LoraPlan | None:
         parameters = adapter_parameter_count(AutoConfig.from_pretrained(str(model.path)), rank, alpha,
                                              _plain(model.get("target_modules", "all-linear")),
                                              _plain(model.get("exclude_modules")))
-    return LoraPlan(rank=rank, alpha=alpha, adapter_parameters=parameters, element_bytes=ELEMENT_BYTES[dtype])
+    return LoraPlan(rank=rank, alpha=alpha, adapter_parameters=parameters, element_bytes=element_bytes)
 
 
 def adapter_parameter_count(hf_config: Any, rank: int, alpha: int, target_modules: Any,
