@@ -9,8 +9,10 @@ key to this class, so verl's `fit()` runs unchanged and every episode is played 
 Each row becomes one episode with its own AgentTask (`TaskTable.for_row`: the row's `task`, else its env's
 entry, else `default`) and its own prompt (verl's `raw_prompt`, from the parquet `prompt` column), so one
 batch can mix environments, parsers and rewards. What goes back to verl per row is `rollout/batch.py`'s
-`training_batch`. Our figures of a training step (`beyond_agent/...`, each task's own under
-`beyond_agent/task/<name>/`, beyond_agent/multitask.py) wait here until the trainer takes them
+`training_batch`; a per_call agent episode's earlier samples wait here (`take_segment_rows`) for the
+trainer, which adds them to the batch once verl has joined it with the input rows. Our figures of a training
+step (`beyond_agent/...`, each task's own under `beyond_agent/task/<name>/`, beyond_agent/multitask.py) wait
+here until the trainer takes them
 (`take_step_figures`) into the metrics of that step's update; validation's reach the trainer through
 `take_validation_figures`. (verl's `meta_info["timing"]` channel would log them as `timing_s/...`, as if
 success were a duration; runs before 2026-11-26 did, see `run_folder.EARLIER_METRICS_PREFIX`.)
@@ -38,11 +40,11 @@ from typing import Any, Iterator
 from envservice.client import EnvClient
 from beyond_agent.multitask import VAL_PREFIX, task_name, task_names, task_rollout_figures
 from beyond_agent.rollout.async_pool import AsyncEpisodePool, PendingRow
-from beyond_agent.rollout.batch import training_batch
+from beyond_agent.rollout.batch import SegmentRows, segment_batch, training_batch
 from beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec
 from beyond_agent.rollout.dynamic_sampling import GroupSieve
 from beyond_agent.gateway import Gateway, GatewayConfig
-from beyond_agent.gateway.agents import AgentEnvManager, load_agent
+from beyond_agent.gateway.agents import AgentEnvManager
 from beyond_agent.gateway.server import GatewayServer
 from beyond_agent.rollout.env_manager import ParallelEnvManager, RolloutOutput, summarize
 from beyond_agent.rollout.llm import AsyncLLMServerManager, VerlLLMServerBackend
@@ -116,11 +118,11 @@ def rollout_figures(output: RolloutOutput, llm_busy_s: float, tasks: list[str]) 
     figures.update({f"{METRICS_PREFIX}{key}": value for key, value in output.extra.items()})
     figures.update(task_rollout_figures(tasks, output.results))  # beyond_agent/task/<name>/...
     played_by_agent = [result for result in output.results if result.agent_mode is not None]
-    if played_by_agent:  # agent mode: how many rewrote their history, and the samples not trained (for now)
+    if played_by_agent:  # agent mode: how many rewrote their history, and the samples that added to the batch
         figures[f"{METRICS_PREFIX}agent/per_call_episodes"] = float(
             sum(result.agent_mode == "per_call" for result in played_by_agent))
-        figures[f"{METRICS_PREFIX}agent/untrained_segments"] = float(
-            sum(result.untrained_segments for result in played_by_agent))
+        figures[f"{METRICS_PREFIX}agent/earlier_segments"] = float(
+            sum(len(result.earlier_segments) for result in played_by_agent))
     return figures
 
 
@@ -150,9 +152,11 @@ class BeyondAgentLoopManager:
         self._taken: dict[str, list[EpisodeResult]] = {}  # row key -> its n finished episodes, until verl asks
         self._taken_metrics: dict[str, float] = {}
         self._step_figures: dict[str, float] = {}  # the last training rollout's, until the trainer takes them
+        self._segments: SegmentRows | None = None  # the last training rollout's earlier segments, likewise
         self._validation: list[tuple[str, EpisodeResult]] = []  # (task, outcome) of this validation's episodes
         self._gateway: GatewayServer | None = None  # agent mode's gateway, started on first use
-        self._agent = load_agent(self.settings.agent.function) if self.settings.agent.active else None
+        self._agent = (self.settings.agent.load(self.settings.episode.episode_timeout_s)
+                       if self.settings.agent.active else None)
 
     @classmethod
     def create(cls, config: Any, llm_client: Any, teacher_client: Any = None,
@@ -171,9 +175,11 @@ class BeyondAgentLoopManager:
             specs = rows_to_episodes(prompts.non_tensor_batch, settings.env.env_id, settings.tasks)
             manager = self._episode_manager(settings.sampling(meta), gated=self._pool is not None)
             output = manager.run(specs, max_rounds=self._max_rounds(meta))
-        batch = training_batch(output.results, prompts, self.tokenizer.pad_token_id,
-                               settings.episode.max_prompt_length, settings.episode.max_response_length,
-                               group_based=settings.group_based)
+        limits = (self.tokenizer.pad_token_id, settings.episode.max_prompt_length,
+                  settings.episode.max_response_length)
+        batch = training_batch(output.results, prompts, *limits, group_based=settings.group_based)
+        if not meta.get("validate"):
+            self._segments = segment_batch(output.results, *limits, group_based=settings.group_based)
         tasks = task_names(prompts.non_tensor_batch, len(output.results))
         if meta.get("validate"):
             self._validation.extend(zip(tasks, map(outcome_only, output.results)))
@@ -184,6 +190,12 @@ class BeyondAgentLoopManager:
         batch.meta_info = {"timing": {}, "reward_extra_keys": ["success"]}  # fit() reads "timing"; ours wait
         self._log_step(meta, output)
         return batch
+
+    def take_segment_rows(self) -> SegmentRows | None:
+        """The earlier segments of the last training rollout's per_call agent episodes, once (the trainer adds
+        them to the batch verl joined with that rollout; `rollout.batch.add_segment_rows`); None when none."""
+        segments, self._segments = self._segments, None
+        return segments
 
     def take_step_figures(self) -> dict[str, float]:
         """Our figures of the last training rollout (`beyond_agent/...`), once: the trainer adds them to the
@@ -227,7 +239,8 @@ class BeyondAgentLoopManager:
                                             max_tokens_per_turn=episode.max_tokens_per_turn,
                                             merge=self.settings.agent.merge), self.tokenizer)
             self._gateway = GatewayServer(gateway).start()
-            print(f"[beyond_agent] gateway for the agent {self.settings.agent.function} on {self._gateway.url}",
+            agent = self.settings.agent.function or self.settings.agent.command
+            print(f"[beyond_agent] gateway for the agent {agent} on {self._gateway.url}",
                   flush=True)
         return self._gateway
 

@@ -133,7 +133,7 @@ def episode_record(result: Any, step: int, kind: str, policy_version: int | None
         policy_version = min(known)
     extra: dict[str, Any] = {"turn_policy_versions": turn_versions} if known else {}
     if getattr(result, "agent_mode", None) is not None:  # played by a user's agent behind the gateway
-        extra.update(agent_mode=result.agent_mode, untrained_segments=result.untrained_segments)
+        extra.update(agent_mode=result.agent_mode, earlier_segments=len(result.earlier_segments))
     return TrajectoryRecord(
         schema=SCHEMA_VERSION, step=step, kind=kind, index=spec.index, env=spec.env_id, task=spec.task_id,
         split=spec.split, seed=spec.seed, agent_task=spec.agent_task.label, group=spec.group_id,

@@ -2,21 +2,24 @@
 
 The agent is any Python callable (`beyond_agent.agent.function: "package.module:function"`), sync or async,
 taking one `AgentContext`: an OpenAI base URL that is this episode's, the model name, and the episode's env
-session (`AgentContext.env`: the current observation, `step(action)`). It talks to the policy only through
+session (`AgentContext.env`: the current observation, `step(action)`). Or it is a command
+(`beyond_agent.agent.command`), run once per episode (`CommandAgent`) with the episode's OpenAI base URL,
+model and env URL in its environment (`COMMAND_ENVIRONMENT`); its env steps go through the gateway's `/env`
+routes to the same session (a Python command rebuilds its `AgentContext` with `gateway.remote.episode_context()`). It talks to the policy only through
 the OpenAI API (any SDK or framework) and acts only through `env.step`. When it returns, the env scores the
 episode (`/evaluate`) and the episode's `AgentTask` turns that into the reward, as in our own loop.
 
 What trains: the gateway's record of the episode (`GatewayEpisode`). When the agent only appended to its
-history, that is one multi-turn sample with our exact ids and masks. When it rewrote its history, each call
-made a sample of its own; this first version trains the last one (the context of the agent's final decision)
-and counts the others (`EpisodeResult.untrained_segments`): a batch row per segment needs verl rows that the
-input batch does not have (the rest of issue #31).
+history, that is one multi-turn sample with our exact ids and masks. When it rewrote its history, its calls
+formed several samples (segments): the last one is the episode's own row, the earlier ones
+(`EpisodeResult.earlier_segments`) train as rows of their own beside it, each with the episode's reward and the
+step rewards of its own calls (`rollout.batch.segment_batch`; the trainer adds them to verl's batch).
 
 Failures: an agent that raises ends its episode with `agent_error`, an infrastructure failure like an env or
 LLM error: never reward, kept out of training. An LLM failure inside a call is `llm_error`; an env call that
 fails (or one past the episode's wall-clock budget) is `env_error` / `timeout` even when the agent catches it.
 
-Per assistant turn (= gateway call of the trained segment) the step reward is the sum of the rewards of the env
+Per assistant turn (= gateway call of a segment) the step reward is the sum of the rewards of the env
 steps the agent took after that call and before the next one, and the anchor is the env state the call
 started from (GiGPO's grouping).
 """
@@ -24,8 +27,15 @@ started from (GiGPO's grouping).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.util
 import inspect
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -54,10 +64,18 @@ class AgentConfig:
     function: str | None = None
     """"package.module:function" or "path/to/file.py:function" (relative to the working directory) of the agent
     (sync or async, taking an `AgentContext`); None: our own loop."""
+    command: str | None = None
+    """Instead of `function`: a command line (split like a shell's, no shell) run once per episode; it talks
+    to the policy and the env over HTTP (`CommandAgent`). Exit status 0: the episode is scored; otherwise, or
+    past `beyond_agent.episode_timeout_s`, it is an infrastructure failure."""
     merge: str = "auto"
     """`auto`: an agent that appends to its history gives one multi-turn sample; `never`: one per call."""
 
     def __post_init__(self) -> None:
+        if self.function is not None and self.command is not None:
+            raise ValueError("beyond_agent.agent: set function or command, not both")
+        if self.command is not None and (not isinstance(self.command, str) or not shlex.split(self.command)):
+            raise ValueError(f"beyond_agent.agent.command must be a non-empty command line, got {self.command!r}")
         if self.function is not None and (not isinstance(self.function, str) or self.function.count(":") != 1):
             raise ValueError(f"beyond_agent.agent.function must be 'package.module:function' or "
                              f"'path/to/file.py:function', got {self.function!r}")
@@ -68,7 +86,18 @@ class AgentConfig:
     @property
     def active(self) -> bool:
         """Whether episodes are played by the user's agent."""
-        return self.function is not None
+        return self.function is not None or self.command is not None
+
+    def load(self, timeout_s: float) -> Callable[["AgentContext"], Any]:
+        """The agent to run per episode: the imported function, or a `CommandAgent` (its program checked to
+        exist) stopped past `timeout_s`. ValueError naming the key when either cannot be found."""
+        if self.function is not None:
+            return load_agent(self.function)
+        program = shlex.split(self.command)[0]
+        if shutil.which(program, path=command_path()) is None:
+            raise ValueError(f"beyond_agent.agent.command={self.command!r}: no program {program!r} on PATH "
+                             "or at that path")
+        return CommandAgent(self.command, timeout_s)
 
 
 def load_agent(path: str) -> Callable[["AgentContext"], Any]:
@@ -183,6 +212,53 @@ class EnvSession:
         return "max_rounds"
 
 
+COMMAND_ENVIRONMENT = {
+    "OPENAI_BASE_URL": "the episode's OpenAI base URL (the `openai` SDK reads it by itself)",
+    "OPENAI_API_KEY": "any non-empty string (the SDK insists on one)",
+    "BEYOND_AGENT_MODEL": "the model name to send",
+    "BEYOND_AGENT_ENV_URL": "the episode's env: GET it for {observation, done, max_steps}; POST {action} to "
+                            "its /step for {observation, reward, terminated, truncated, done, info}",
+    "BEYOND_AGENT_EPISODE": "JSON: env_id, task_id, seed, split, group_id, index",
+}
+"""What a command agent finds in its environment, besides the trainer's own variables."""
+
+
+def command_path() -> str:
+    """The PATH a command agent runs with: the trainer's Python's folder first, so that `python` in a command is
+    the interpreter that has the trainer's packages (a virtual environment need not be activated)."""
+    return os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+
+
+class CommandAgent:
+    """A command run once per episode as the agent (`beyond_agent.agent.command`), with `COMMAND_ENVIRONMENT`
+    and `command_path()`.
+
+    It returns normally when the command exits with 0; otherwise it raises (the episode ends as `agent_error`,
+    with the end of the command's stderr), and past `timeout_s` the command is killed (`AgentTimeout`)."""
+
+    def __init__(self, command: str, timeout_s: float) -> None:
+        self.command, self.timeout_s = command, timeout_s
+
+    def __call__(self, ctx: "AgentContext") -> None:
+        environment = {**os.environ, "PATH": command_path(), "OPENAI_BASE_URL": ctx.base_url, "OPENAI_API_KEY": ctx.api_key,
+                       "BEYOND_AGENT_MODEL": ctx.model, "BEYOND_AGENT_ENV_URL": ctx.env_url,
+                       "BEYOND_AGENT_EPISODE": json.dumps(
+                           {"env_id": ctx.spec.env_id, "task_id": ctx.spec.task_id, "seed": ctx.spec.seed,
+                            "split": ctx.spec.split, "group_id": ctx.spec.group_id, "index": ctx.spec.index})}
+        try:
+            done = subprocess.run(shlex.split(self.command), env=environment, capture_output=True, text=True,
+                                  timeout=self.timeout_s)
+        except subprocess.TimeoutExpired:
+            raise AgentTimeout(f"the command {self.command!r} ran past {self.timeout_s:g} s and was killed") from None
+        if done.returncode != 0:
+            raise RuntimeError(f"the command {self.command!r} exited with {done.returncode}: "
+                               f"{done.stderr.strip()[-600:] or '(no stderr)'}")
+
+
+class AgentTimeout(Exception):
+    """The agent ran past the episode's wall-clock budget (the episode ends as `timeout`)."""
+
+
 @dataclass
 class AgentContext:
     """What a user's agent gets for one episode."""
@@ -197,6 +273,8 @@ class AgentContext:
     """The episode's env: `env.observation`, `env.step(action)`, `env.done`."""
     spec: EpisodeSpec
     """Which env, task and seed this episode plays."""
+    env_url: str = ""
+    """The same env over HTTP (the gateway's `/env` routes), for an agent in another process."""
 
 
 class AgentDataflow:
@@ -220,10 +298,14 @@ class AgentDataflow:
             session = EnvSession(self.env, created.session_id, created.observation, getattr(created, "info", None),
                                  self.config.max_rounds, lambda: self.gateway.calls_answered(self.episode_id),
                                  deadline=started + self.config.episode_timeout_s)
-            context = AgentContext(f"{self.gateway_url}/episodes/{self.episode_id}/v1", "unused",
-                                   self.gateway.config.model_name, session, s)
+            self.gateway.attach_env(self.episode_id, session)
+            episode_url = f"{self.gateway_url}/episodes/{self.episode_id}"
+            context = AgentContext(f"{episode_url}/v1", "unused", self.gateway.config.model_name, session, s,
+                                   env_url=f"{episode_url}/env")
             try:
                 self._call_agent(context)
+            except AgentTimeout as exc:  # the agent ran past the episode's budget: not reward
+                termination, error = "timeout", str(exc)
             except Exception as exc:  # the agent's own failure: not reward
                 termination, error = AGENT_ERROR, f"the agent raised {type(exc).__name__}: {exc}"
             if session.failure is not None:  # the env failed under the agent: that, not the agent, ended it
@@ -257,32 +339,45 @@ class AgentDataflow:
 
     def _result(self, recorded: GatewayEpisode, session: EnvSession | None, termination: str | None,
                 error: str | None, score: float, success: bool) -> EpisodeResult:
-        """The episode's result: the trained (last) segment's tokens, its turns' step rewards and anchors, the
-        reward from the episode's task."""
+        """The episode's result: the last segment's tokens, its turns' step rewards and anchors, the reward from
+        the episode's task; a per_call episode's earlier segments as `earlier_segments`, scored alike."""
         if termination is None and recorded.infra_failures:
             termination, error = "llm_error", recorded.infra_failures[0]
-        handler = recorded.segments[-1] if recorded.segments else None
-        last = len(recorded.segments) - 1
-        first_call = next((call.index for call in recorded.calls if call.segment == last), len(recorded.calls))
-        step_rewards, anchors = session.turn_figures(first_call, len(recorded.calls)) if session else ([], [])
+        last = recorded.segments[-1] if recorded.segments else None
         if termination is None:
-            termination = handler.termination if handler is not None and handler.termination else session.termination
+            termination = last.termination if last is not None and last.termination else session.termination
+        all_calls = range(len(recorded.calls))
+        step_rewards, anchors = session.turn_figures(all_calls.start, all_calls.stop) if session else ([], [])
         reward = 0.0
         if termination not in INFRA_FAILURES:
             outcome = EpisodeOutcome(score=score, success=success, step_rewards=tuple(step_rewards),
                                      termination=termination, rounds=len(step_rewards))
             reward = float(self.spec.agent_task.reward(outcome))
-        episode = None
-        if handler is not None:
-            handler.finish(termination)
-            handler.reward, handler.step_rewards = reward, list(step_rewards)
-            episode = handler.to_episode()
-            episode.termination = termination  # an infra failure after a length stop is still a failure
-        return EpisodeResult(spec=self.spec, episode=episode, termination=termination, reward=reward,
-                             success=success, score=score, step_rewards=step_rewards, anchors=anchors,
-                             rounds=len(step_rewards), messages=list(handler.messages) if handler else [],
-                             error=error, llm_time_s=sum(call.latency_s for call in recorded.calls),
-                             agent_mode=recorded.mode, untrained_segments=max(0, len(recorded.segments) - 1))
+        samples = [self._segment_result(recorded, index, session, termination, reward, success, score)
+                   for index in range(len(recorded.segments))]
+        head = samples[-1] if samples else EpisodeResult(spec=self.spec, episode=None, termination=termination)
+        return dataclasses.replace(
+            head, termination=termination, reward=reward, success=success, score=score, rounds=len(step_rewards),
+            error=error, llm_time_s=sum(call.latency_s for call in recorded.calls), agent_mode=recorded.mode,
+            earlier_segments=samples[:-1])
+
+    def _segment_result(self, recorded: GatewayEpisode, index: int, session: EnvSession | None, termination: str,
+                        reward: float, success: bool, score: float) -> EpisodeResult:
+        """One segment (training sample) of the episode: its tokens, and the step rewards and anchors of its own
+        calls. It ends as the episode did, unless it ended itself first (e.g. `length`, when the agent went on in
+        a new history); an infrastructure failure of the episode is every segment's."""
+        handler = recorded.segments[index]
+        calls = [call.index for call in recorded.calls if call.segment == index]
+        step_rewards, anchors = (session.turn_figures(calls[0], calls[-1] + 1) if session is not None and calls
+                                 else ([], []))
+        ended = termination if termination in INFRA_FAILURES or not handler.termination else handler.termination
+        handler.finish(ended)
+        handler.reward, handler.step_rewards = reward, list(step_rewards)
+        episode = handler.to_episode()
+        episode.termination = ended  # an infra failure after a length stop is still a failure
+        return EpisodeResult(spec=self.spec, episode=episode, termination=ended, reward=reward, success=success,
+                             score=score, step_rewards=step_rewards, anchors=anchors, rounds=len(step_rewards),
+                             messages=list(handler.messages), agent_mode=recorded.mode)
 
 
 class AgentEnvManager(ParallelEnvManager):

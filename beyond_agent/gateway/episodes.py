@@ -74,6 +74,8 @@ class GatewayEpisode:
         """Held while a call is answered."""
         self.generate: Any = None
         """The episode's `generate(request_id, prompt_ids, max_tokens)` (set by `Gateway.open_episode`)."""
+        self.env: Any = None
+        """The episode's env session, when one is served under its `/env` routes (`Gateway.attach_env`)."""
         self.infra_failures: list[str] = []
         """Why LLM calls failed (each ended its segment as `llm_error`)."""
         self._last_messages: list[dict[str, Any]] | None = None

@@ -13,9 +13,15 @@ the policy version (`episodes.CallRecord`). The reply the agent gets is the samp
     ... the agent calls f"{url}/episodes/{episode_id}/v1/chat/completions" ...
     episode = gateway.close_episode(episode_id)  # its calls and segments
 
+An episode may also carry its env session (`attach_env`, done by agent mode for every episode), for agents that
+run in another process (`beyond_agent.agent.command`): `GET /episodes/<id>/env` answers the current observation,
+`POST /episodes/<id>/env/step` with `{"action": "..."}` applies one action through that session, so its step
+limit, wall-clock budget and bookkeeping (which call a step's reward belongs to) hold as for an in-process agent.
+
 Errors are OpenAI's format with the matching status: 400 for a request the gateway cannot serve (naming the
 parameter), 404 for an unknown episode or model, 409 for a second call on an episode that is still answering
-one, 502 when the LLM failed (an infrastructure failure: the episode is not to be scored).
+one (or a step on an episode that is over), 502 when the LLM or the env failed (an infrastructure failure: the
+episode is not to be scored).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict
 from starlette.concurrency import run_in_threadpool
 
 from envservice.childproc import free_port
@@ -98,6 +105,41 @@ class Gateway:
             self._episodes[episode_id] = episode
         return episode_id
 
+    def attach_env(self, episode_id: str, env: Any) -> None:
+        """Serve `env` (an `agents.EnvSession`: `observation`, `done`, `max_steps`, `step(action)`) under the open
+        episode's `/env` routes."""
+        self._open(episode_id).env = env
+
+    def env_state(self, episode_id: str) -> dict[str, Any]:
+        """What `GET /episodes/<id>/env` answers: the latest observation, whether the episode is over, the limit."""
+        env = self._env(episode_id)
+        return {"observation": env.observation, "done": env.done, "max_steps": env.max_steps}
+
+    def env_step(self, episode_id: str, action: str) -> dict[str, Any]:
+        """Apply one action through the episode's env session (what `POST /episodes/<id>/env/step` answers)."""
+        env = self._env(episode_id)
+        try:
+            step = env.step(action)
+        except RuntimeError as error:
+            if env.failure is not None:  # the env failed: infrastructure, recorded on the session already
+                raise GatewayError(502, str(error), "server_error") from None
+            raise GatewayError(409, str(error), "conflict_error") from None
+        return {"observation": step.observation, "reward": step.reward, "terminated": step.terminated,
+                "truncated": step.truncated, "done": env.done, "info": step.info}
+
+    def _open(self, episode_id: str) -> GatewayEpisode:
+        with self._lock:
+            episode = self._episodes.get(episode_id)
+        if episode is None:
+            raise GatewayError(404, f"episode {episode_id!r} is not open (never opened, or closed)", param="episode_id")
+        return episode
+
+    def _env(self, episode_id: str) -> Any:
+        env = self._open(episode_id).env
+        if env is None:
+            raise GatewayError(404, f"episode {episode_id!r} has no env session attached", param="episode_id")
+        return env
+
     def calls_answered(self, episode_id: str) -> int:
         """How many calls of an open episode have been answered (0 for an episode that is not open)."""
         with self._lock:
@@ -121,10 +163,7 @@ class Gateway:
         refused = unsupported(request)
         if refused is not None:
             raise GatewayError(400, refused[1], param=refused[0])
-        with self._lock:
-            episode = self._episodes.get(episode_id)
-        if episode is None:
-            raise GatewayError(404, f"episode {episode_id!r} is not open (never opened, or closed)", param="episode_id")
+        episode = self._open(episode_id)
         if not episode.lock.acquire(blocking=False):
             raise GatewayError(409, f"episode {episode_id!r} is answering another call; an episode's calls are "
                                "answered one at a time", "conflict_error")
@@ -199,7 +238,24 @@ def create_gateway_app(gateway: Gateway) -> FastAPI:
 
     app.get("/v1/models")(models)
     app.get("/episodes/{episode_id}/v1/models")(models)
+
+    @app.get("/episodes/{episode_id}/env")
+    async def env_state(episode_id: str) -> dict[str, Any]:
+        return gateway.env_state(episode_id)
+
+    @app.post("/episodes/{episode_id}/env/step")
+    async def env_step(episode_id: str, request: EnvAction) -> dict[str, Any]:
+        return await run_in_threadpool(gateway.env_step, episode_id, request.action)
+
     return app
+
+
+class EnvAction(BaseModel):
+    """The body of `POST /episodes/<id>/env/step`."""
+
+    model_config = ConfigDict(extra="forbid")
+    action: str
+    """The action, as the env's text protocol takes it."""
 
 
 class GatewayServer:
@@ -209,7 +265,7 @@ class GatewayServer:
         self.gateway = gateway
         self.port = port or free_port()
         self.url = f"http://{host}:{self.port}"
-        """Base of every episode's URL (`{url}/episodes/<id>/v1`)."""
+        """Base of every episode's URL (`{url}/episodes/<id>/v1`, and its env's `{url}/episodes/<id>/env`)."""
         self._server = uvicorn.Server(uvicorn.Config(create_gateway_app(gateway), host=host, port=self.port,
                                                      log_level="warning"))
         self._thread = threading.Thread(target=self._server.run, name="beyond-agent-gateway", daemon=True)

@@ -4,7 +4,9 @@
 - `collate` pads episodes into verl's tensors (prompts left-padded, responses right-padded) with the
   episode reward as `rm_scores` and the per-turn env rewards as `step_rewards`.
 - `training_batch` is what the rollout manager returns: infrastructure failures kept out of training
-  (`mask_failures`), collated, with the input rows' non-tensor fields and our own (`success`, `agent_task`).
+  (`excluded_rows`), collated, with the input rows' non-tensor fields and our own (`success`, `agent_task`).
+- `segment_batch` and `add_segment_rows`: a per_call agent episode's earlier samples, as rows verl's
+  training batch gets after `fit()` joined it with the rollout's (the trainer adds them).
 
 Infrastructure failures (`env_error`, `llm_error`, `timeout`) are not reward. Their rows stay (verl's
 `fit()` needs every row back, in order) but get response mask 0 and no reward; with a group-based
@@ -14,13 +16,14 @@ be computed from the survivors only.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from itertools import chain
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import torch
 
-from beyond_agent.rollout.dataflow import EpisodeResult
+from beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec
 from beyond_agent.rollout.handler import TERMINATION_REASONS, Episode, RolloutHandler
 
 if TYPE_CHECKING:
@@ -34,11 +37,97 @@ def training_batch(results: Sequence[EpisodeResult], inputs: Any, pad_token_id: 
     `inputs` is the DataProto `generate_sequences` was called with (None outside training): its non-tensor
     fields come back unchanged, since verl unions this batch with its own copy.
     """
-    episodes = mask_failures(results, pad_token_id, group_based)
-    batch = collate(episodes, pad_token_id, max_prompt_length, max_response_length)
+    batch = _result_rows(results, excluded_rows(results, group_based), pad_token_id, max_prompt_length,
+                         max_response_length)
     for key, values in (inputs.non_tensor_batch.items() if inputs is not None else ()):
         batch.non_tensor_batch[key] = values
-    excluded = excluded_rows(results, group_based)
+    return batch
+
+
+@dataclass
+class SegmentRows:
+    """The earlier segments of a rollout's per_call agent episodes, as rows to add to verl's training batch."""
+
+    origins: list[int]
+    """Per row: the row of the episode it belongs to in the rollout batch (whose input fields, GRPO group
+    included, it shares)."""
+    rows: DataProto
+    """Their tensors and our non-tensor fields, collated like the rollout batch."""
+
+
+def segment_batch(results: Sequence[EpisodeResult], pad_token_id: int, max_prompt_length: int,
+                  max_response_length: int, group_based: bool) -> SegmentRows | None:
+    """The rows of every `EpisodeResult.earlier_segments` of `results` (a rollout batch's episodes, in row order),
+    or None when no episode has any (the agent never rewrote its history, or our own loop played them).
+
+    Verl's `fit()` joins the rollout's rows one to one with its input rows, so these cannot come back from
+    `generate_sequences`; the trainer adds them to the batch afterwards (`add_segment_rows`).
+    """
+    origins = [row for row, result in enumerate(results) for _ in result.earlier_segments]
+    if not origins:
+        return None
+    segments = [segment for result in results for segment in result.earlier_segments]
+    excluded_episodes = excluded_rows(results, group_based)
+    # Rule: a segment of an excluded episode (an infrastructure failure, or in a group with one) is excluded
+    # with it: it is the same episode, and its group's baseline would lack the failed episodes.
+    excluded = {i for i, origin in enumerate(origins) if origin in excluded_episodes}
+    return SegmentRows(origins, _result_rows(segments, excluded, pad_token_id, max_prompt_length,
+                                             max_response_length))
+
+
+def add_segment_rows(batch: DataProto, segments: SegmentRows | None, rows_multiple: int,
+                     pad_token_id: int) -> dict[str, int]:
+    """Grow verl's training batch in place (fit() holds the object): the segment rows after the episodes' rows,
+    then pad rows until the row count is a multiple of `rows_multiple` (verl's mini-batch in rows, which also
+    divides by the data-parallel size); returns how many of each were added.
+
+    A segment row copies every field of its episode's row (`uid`, so it joins the episode's GRPO group;
+    `data_source`, `extra_info`, ...) and takes its own tokens and rollout fields. A pad row is one pad token
+    of prompt and of response and has a `uid` of its own.
+    """
+    parts = [batch]
+    if segments is not None:
+        parts.append(_rows_of(batch, segments.origins, segments.rows))
+    episodes, size = len(batch), sum(len(part) for part in parts)
+    pads = -size % rows_multiple
+    if pads:
+        placeholders = [EpisodeResult(spec=EpisodeSpec(env_id="pad"), episode=None, termination="done")] * pads
+        pad = _rows_of(batch, [0] * pads, _result_rows(placeholders, set(range(pads)), pad_token_id,
+                                                          batch.batch["prompts"].shape[1],
+                                                          batch.batch["responses"].shape[1]))
+        # Rule: a pad row is in no group (its own uid) and has mask 0: no estimator or loss reads it.
+        pad.non_tensor_batch["uid"] = np.array([f"pad-{i}" for i in range(pads)], dtype=object)
+        parts.append(pad)
+    if len(parts) > 1:
+        from verl import DataProto
+
+        grown = DataProto.concat(parts)
+        batch.batch, batch.non_tensor_batch = grown.batch, grown.non_tensor_batch
+    return {"segment_rows": size - episodes, "pad_rows": pads}
+
+
+def _rows_of(batch: DataProto, origins: list[int], rows: DataProto) -> DataProto:
+    """Copies of batch's rows `origins` whose rollout fields (every field `rows` has) are `rows`'."""
+    missing = sorted(set(batch.batch.keys()) & ROLLOUT_TENSORS - set(rows.batch.keys()))
+    if missing:
+        raise ValueError(f"the added rows lack the rollout fields {missing} that the batch has (e.g. log-probs "
+                         "of some episodes and not others)")
+    copies = batch.select_idxs(origins)
+    for key in rows.batch.keys():
+        if key in copies.batch.keys():
+            copies.batch[key] = rows.batch[key]
+    for key, values in rows.non_tensor_batch.items():
+        if key in copies.non_tensor_batch:
+            copies.non_tensor_batch[key] = values
+    return copies
+
+
+def _result_rows(results: Sequence[EpisodeResult], excluded: set[int], pad_token_id: int, max_prompt_length: int,
+                 max_response_length: int) -> DataProto:
+    """The results collated, rows `excluded` masked, with our non-tensor fields (anchors, success, task)."""
+    episodes = [_masked(_episode_or_placeholder(r, pad_token_id)) if i in excluded
+                else _episode_or_placeholder(r, pad_token_id) for i, r in enumerate(results)]
+    batch = collate(episodes, pad_token_id, max_prompt_length, max_response_length)
     # Rule: an excluded row has no turns to credit (its tokens are all mask 0, its step rewards dropped).
     batch.non_tensor_batch["anchors"] = object_array([() if i in excluded else tuple(r.anchors)
                                                       for i, r in enumerate(results)])
@@ -54,13 +143,6 @@ def object_array(values: Sequence[Any]) -> np.ndarray:
     for index, value in enumerate(values):
         array[index] = value
     return array
-
-
-def mask_failures(results: Sequence[EpisodeResult], pad_token_id: int, group_based: bool) -> list[Episode]:
-    """One episode per result, in order: excluded rows (see `excluded_rows`) get mask 0 and no reward."""
-    excluded = excluded_rows(results, group_based)
-    return [_masked(_episode_or_placeholder(r, pad_token_id)) if i in excluded
-            else _episode_or_placeholder(r, pad_token_id) for i, r in enumerate(results)]
 
 
 def excluded_rows(results: Sequence[EpisodeResult], group_based: bool) -> set[int]:
@@ -89,6 +171,11 @@ def _episode_or_placeholder(result: EpisodeResult, pad_token_id: int) -> Episode
     # Rule: a row must exist to keep the batch's shape; it holds one pad token and nothing to train on.
     return Episode(prompt_ids=[pad_token_id], response_ids=[pad_token_id], response_mask=[0],
                    response_logprobs=[0.0], reward=0.0, termination=result.termination)
+
+
+ROLLOUT_TENSORS = frozenset({"prompts", "responses", "response_mask", "input_ids", "attention_mask", "position_ids",
+                             "rm_scores", "step_rewards", "rollout_log_probs"})
+"""The tensors `collate` makes (every row of a batch needs its own values of these)."""
 
 
 def collate(

@@ -128,8 +128,10 @@ class EpisodeResult:
     agent_mode: str | None = None
     """For an episode played by a user's agent behind the gateway: "merged" (its calls formed one sample) or
     "per_call" (it rewrote its history); None for our own loop."""
-    untrained_segments: int = 0
-    """Samples of a per_call agent episode left out of training (only its last one trains, for now)."""
+    earlier_segments: list["EpisodeResult"] = field(default_factory=list)
+    """For a per_call agent episode: the samples its calls formed before the last one (this result's `episode`),
+    each with its own tokens, step rewards and anchors and this episode's reward, termination and success. They
+    train as rows of their own, beside this episode's row (`rollout.batch.segment_batch`)."""
 
     @property
     def infra_failure(self) -> bool:

@@ -7,6 +7,9 @@ dropping turns, each call becomes a sample of its own, with exactly the context 
 (`episode.mode == "per_call"`, recorded per episode and shown in the viewer).
 
     python launcher.py --conf examples/agents/cpu_trimming_agent.yaml --with-envservice
+
+Run as a program (`beyond_agent.agent.command: python examples/agents/trimming_agent.py`), it plays the one
+episode its environment names (`beyond_agent.gateway.remote.episode_context`), through the gateway's env routes.
 """
 
 from __future__ import annotations
@@ -31,3 +34,9 @@ def run(ctx) -> None:
             messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": observation}]
         reply = client.chat.completions.create(model=ctx.model, messages=messages).choices[0].message.content or ""
         exchanges.append((reply, ctx.env.step(reply).observation))
+
+
+if __name__ == "__main__":  # as a command agent (beyond_agent.agent.command): the episode from the environment
+    from beyond_agent.gateway.remote import episode_context
+
+    run(episode_context())

@@ -20,7 +20,6 @@ from omegaconf import OmegaConf
 
 from beyond_agent.cli_args import DRY_RUN_MARKER, is_dry_run
 from beyond_agent.gpu_plan import GPU_PLAN_NOTE, GPU_PLAN_WARNING, model_shape, plan
-from beyond_agent.gateway.agents import load_agent
 from beyond_agent.settings import BeyondAgentSettings
 from beyond_agent.run_folder import METRICS_PATH_VARIABLE, metrics_path
 from beyond_agent.verl_pin import ensure_pinned_verl
@@ -40,8 +39,8 @@ def check_config(config) -> None:
     OmegaConf.resolve(resolved)
     try:
         settings = BeyondAgentSettings.from_config(config)
-        if settings.agent.active:  # the user's agent imports here, not minutes later in the rollout worker
-            load_agent(settings.agent.function)
+        if settings.agent.active:  # the user's agent imports (or its program is found) here, not in the rollout
+            settings.agent.load(settings.episode.episode_timeout_s)
         prepare_verl_config(resolved, settings)
         check_task_weights_against_files(settings.multitask.task_weights, config.data.train_files)
     except ValueError as error:  # a bad key: one sentence naming it, before Ray starts

@@ -39,6 +39,7 @@ engine; our delta backend would then receive on the rollout side's `CheckpointEn
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from pathlib import Path
@@ -51,6 +52,7 @@ from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
 from beyond_agent.algorithms.gigpo import add_step_advantages, norm_of
 from beyond_agent.multitask import apply_task_advantage_norm
+from beyond_agent.rollout.batch import add_segment_rows
 from beyond_agent.rollout_manager import ROW_KEY
 from beyond_agent.settings import BeyondAgentSettings
 from beyond_agent.verl_pin import ensure_pinned_verl
@@ -72,7 +74,10 @@ def prepare_verl_config(config: Any, settings: BeyondAgentSettings) -> LoraPlan 
     - with LoRA (`actor_rollout_ref.model.lora_rank > 0`), vLLM's worker extension seam names ours
       (`configure_lora`, which refuses with the key to change a LoRA run this path does not serve);
     - with `weight_sync.mode: delta`, verl's checkpoint-engine seams name our delta backend
-      (`configure_weight_sync`, which refuses with the key to change a run the delta path cannot serve).
+      (`configure_weight_sync`, which refuses with the key to change a run the delta path cannot serve);
+    - with a user's agent (`beyond_agent.agent.function` or `command`), `trainer.balance_batch` is turned on, because
+      `fit()` calls `_balance_batch` only then and that is where the per_call episodes' earlier samples join the
+      batch (`BeyondAgentTrainer._balance_batch`, which reorders rows only if the user had asked for it).
 
     The one change made later is `align_total_epochs`, which needs verl's dataloader. Returns the LoRA adapter
     the run trains (None: full fine-tuning). Raises ValueError.
@@ -81,6 +86,8 @@ def prepare_verl_config(config: Any, settings: BeyondAgentSettings) -> LoraPlan 
         agent = config.actor_rollout_ref.rollout.agent
         if not agent.get("agent_loop_manager_class"):
             agent.agent_loop_manager_class = MANAGER_CLASS
+        if settings.agent.active:  # fit() calls _balance_batch only when it is on: our segment rows join there
+            config.trainer.balance_batch = True
     lora = configure_lora(config, settings.weight_sync.mode)
     configure_weight_sync(config, settings.weight_sync)
     return lora
@@ -93,6 +100,8 @@ class BeyondAgentTrainer(RayPPOTrainer):
         ensure_pinned_verl()
         self.beyond_settings = BeyondAgentSettings.from_config(config)
         """Our validated `beyond_agent:` section."""
+        self.reorders_rows = bool(config.trainer.get("balance_batch", True))
+        """The user's `trainer.balance_batch` (verl reorders rows for the DP ranks), before agent mode turns it on."""
         self.lora_plan = prepare_verl_config(config, self.beyond_settings)
         """The LoRA adapter this run trains (None: full fine-tuning)."""
         if self.lora_plan is not None:
@@ -133,6 +142,28 @@ class BeyondAgentTrainer(RayPPOTrainer):
         if not merged and metrics is not None:  # merged: verl's raw lists, for its own merging
             metrics.update(figures)
         return metrics
+
+    def _balance_batch(self, batch: Any, metrics: dict, logging_prefix: str = "global_seqlen",
+                       keep_minibatch: bool = False) -> None:
+        """Where `fit()` hands over the batch right after joining the rollout's rows with the input rows (and
+        before it reads rewards): the per_call agent episodes' earlier samples are added here, with pad rows up
+        to a whole number of mini-batches (`rollout.batch.add_segment_rows`; their counts are logged as
+        `beyond_agent/agent/segment_rows` and `pad_rows`); then verl's reordering if the user asked for it."""
+        take = getattr(self.async_rollout_manager, "take_segment_rows", None)  # another manager: none
+        if self.beyond_settings.agent.active and take is not None:
+            added = add_segment_rows(batch, take(), self._mini_batch_rows(), self.tokenizer.pad_token_id)
+            metrics.update({f"beyond_agent/agent/{key}": float(value) for key, value in added.items()})
+        if self.reorders_rows:
+            super()._balance_batch(batch, metrics, logging_prefix=logging_prefix, keep_minibatch=keep_minibatch)
+
+    def _mini_batch_rows(self) -> int:
+        """Rows of one actor mini-batch (and the critic's, when there is one): a training batch must hold a whole
+        number of them (verl's `_update_actor` and `_update_critic` split it so)."""
+        n = self.config.actor_rollout_ref.rollout.n
+        rows = self.config.actor_rollout_ref.actor.ppo_mini_batch_size * n
+        if self.use_critic:
+            rows = math.lcm(rows, self.config.critic.ppo_mini_batch_size * n)
+        return rows
 
     def _compute_old_log_prob(self, batch: Any):
         """verl's recomputation; in async mode also the rollout/trainer gap, and π_old = the behaviour policy

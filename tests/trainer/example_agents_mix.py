@@ -1,16 +1,33 @@
-"""Both example agents of examples/agents in one training run (one run instead of two keeps CI's time): the
-groups of even task ids are played by the tool-calling OpenAI-SDK agent, those of odd ones by the trimming agent."""
+"""Both example agents of examples/agents in one training run (one run instead of several keeps CI's time): the
+groups of even task ids are played by the tool-calling OpenAI-SDK agent, those of odd ones by the trimming agent;
+task 3's by the trimming agent run as a command (`CommandAgent`: this file as the program, its env over the
+gateway's `/env` routes), which notes each episode in $BEYOND_TEST_COMMAND_LOG."""
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 from pathlib import Path
 
-from beyond_agent.gateway.agents import load_agent
+from beyond_agent.gateway.agents import CommandAgent, load_agent
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "agents"
 TOOL_AGENT, TRIMMING_AGENT = (load_agent(f"{EXAMPLES / name}.py:run") for name in ("openai_tool_agent", "trimming_agent"))
+AS_COMMAND = CommandAgent(f"{sys.executable} {Path(__file__).resolve()}", timeout_s=300)
 
 
 def run(ctx) -> None:
-    """One episode, by the agent of its task's parity."""
-    (TOOL_AGENT if int(ctx.spec.task_id) % 2 == 0 else TRIMMING_AGENT)(ctx)
+    """One episode, by the agent of its task's number."""
+    task = int(ctx.spec.task_id)
+    (TOOL_AGENT if task % 2 == 0 else AS_COMMAND if task == 3 else TRIMMING_AGENT)(ctx)
+
+
+if __name__ == "__main__":  # started by AS_COMMAND for one episode
+    from beyond_agent.gateway.remote import episode_context
+
+    context = episode_context()
+    TRIMMING_AGENT(context)
+    with open(os.environ["BEYOND_TEST_COMMAND_LOG"], "a") as log:
+        log.write(json.dumps({"task": context.spec.task_id, "env_url": context.env_url,
+                              "done": context.env.done, "pid": os.getpid()}) + "\n")

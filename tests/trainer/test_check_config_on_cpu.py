@@ -38,6 +38,10 @@ def test_the_recipe_default_passes():
      "beyond_agent.agent.function='no_such_agent_module:play': cannot import 'no_such_agent_module'"),
     (["beyond_agent.agent.function=examples/agents/trimming_agent.py:no_such_function"],
      "has no callable 'no_such_function'"),
+    (["beyond_agent.agent.command='no_such_agent_program --episode'"],
+     "beyond_agent.agent.command='no_such_agent_program --episode': no program 'no_such_agent_program' on PATH"),
+    (["beyond_agent.agent.command='python agent.py'", "beyond_agent.agent.function=m:f"],
+     "beyond_agent.agent: set function or command, not both"),
 ])
 def test_a_run_that_cannot_work_is_refused_naming_the_key(overrides, message):
     with pytest.raises(SystemExit, match=message):

@@ -150,10 +150,10 @@ def test_an_agent_episode_says_whether_its_calls_merged(page, viewer_url: str, r
     dump = run_folder / TRAJECTORIES / "step_1.jsonl"
     lines = dump.read_text().splitlines()
     first = json.loads(lines[0])
-    first["extra"] = {**first.get("extra", {}), "agent_mode": "per_call", "untrained_segments": 2}
+    first["extra"] = {**first.get("extra", {}), "agent_mode": "per_call", "earlier_segments": 2}
     dump.write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
     open_route(page, viewer_url, "#/episode?step=1&kind=train&line=1")
     facts = page.locator(".episode-pane .facts").inner_text()
-    assert "agent's samples" in facts and "per call: it rewrote its history" in facts and "(2 earlier not trained)" in facts
+    assert "agent's samples" in facts and "per call: it rewrote its history" in facts and "(2 earlier, each trained as a sample of its own)" in facts
     open_route(page, viewer_url, "#/episode?step=1&kind=train&line=2")  # our own loop's episode: no such line
     assert "agent's samples" not in page.locator(".episode-pane .facts").inner_text()

@@ -216,7 +216,7 @@ function episodePane(episode, step, kind, shownLines) {
   const extra = episode.extra || {};
   if (extra.agent_mode) {  // played by a user's agent behind the gateway (docs/gateway.md)
     fact("agent's samples", extra.agent_mode === "merged" ? "merged: all its calls in this one sample"
-      : `per call: it rewrote its history; this is its last call's sample (${extra.untrained_segments} earlier not trained)`);
+      : `per call: it rewrote its history; this is its last call's sample (${extra.earlier_segments} earlier, each trained as a sample of its own)`);
   }
   pane.append(facts);
   pane.append(groupLinks(episode, step, kind, shownLines));

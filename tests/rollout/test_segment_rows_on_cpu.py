@@ -1,0 +1,110 @@
+"""A per_call agent episode's earlier samples as rows of verl's training batch (issue #31), by hand.
+
+Two GRPO groups of two episodes, as verl's `fit()` holds them after joining the rollout with its input rows:
+  g0: row 0 (reward 0, one sample), row 1 (reward 1, per_call: two earlier segments);
+  g1: row 2 (an llm_error), row 3 (reward 1, per_call: one earlier segment).
+`add_segment_rows` must append rows 1's two segments and row 3's one (masked: its group has a failure) and one
+pad row to a multiple of 4, each segment row with its episode's input fields and its own tokens; verl's own
+GRPO on the grown batch must then give group g0's four samples their hand-worked advantages.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from verl import DataProto
+from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+
+from beyond_agent.rollout.batch import add_segment_rows, segment_batch, training_batch
+from beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec
+from beyond_agent.rollout.handler import Episode
+
+PAD = 0
+
+
+def sample(group: str, row: int, response: list[int], mask: list[int], reward: float, termination: str = "done",
+           anchors: tuple[str, ...] = ("start",), step_rewards: tuple[float, ...] = (0.0,)) -> EpisodeResult:
+    """One sample (an episode's row or an earlier segment): prompt [row+10], its response and mask."""
+    turn_end = max(i for i, m in enumerate(mask) if m) if any(mask) else -1
+    episode = Episode(prompt_ids=[row + 10], response_ids=response, response_mask=mask,
+                      response_logprobs=[-0.5] * len(response), reward=reward, termination=termination,
+                      num_turns=1, step_rewards=list(step_rewards), turn_ends=[turn_end])
+    return EpisodeResult(spec=EpisodeSpec(env_id="babyai", group_id=group, index=row), episode=episode,
+                         termination=termination, reward=reward, success=reward > 0, anchors=list(anchors),
+                         step_rewards=list(step_rewards))
+
+
+def fit_batch(results: list[EpisodeResult]) -> DataProto:
+    """What verl's fit() holds when it calls _balance_batch: its input rows (a tensor of its own, uid,
+    data_source) joined with our rollout batch."""
+    inputs = DataProto.from_dict(
+        tensors={"dummy_tensor": torch.arange(len(results)).unsqueeze(1)},
+        non_tensors={"uid": np.array([r.spec.group_id for r in results], dtype=object),
+                     "data_source": np.array([f"source-{i}" for i in range(len(results))], dtype=object)})
+    return inputs.union(training_batch(results, inputs, PAD, 4, 6, group_based=True))
+
+
+def episodes() -> list[EpisodeResult]:
+    row1 = sample("g0", 1, [5, 6, 7], [1, 1, 0], 1.0, anchors=("s2",), step_rewards=(0.25,))
+    row1.earlier_segments = [sample("g0", 1, [21, 22], [1, 1], 1.0, anchors=("s0",), step_rewards=(0.5,)),
+                             sample("g0", 1, [31, 32, 33, 34], [1, 0, 1, 1], 1.0, anchors=("s1",))]
+    row3 = sample("g1", 3, [8, 9], [1, 1], 1.0)
+    row3.earlier_segments = [sample("g1", 3, [41], [1], 1.0)]
+    failed = EpisodeResult(spec=EpisodeSpec(env_id="babyai", group_id="g1", index=2), episode=None,
+                           termination="llm_error")
+    return [sample("g0", 0, [1, 2], [1, 1], 0.0), row1, failed, row3]
+
+
+def test_earlier_segments_join_their_episodes_group_with_their_own_tokens_and_pads_fill_the_mini_batch():
+    results = episodes()
+    batch = fit_batch(results)
+    added = add_segment_rows(batch, segment_batch(results, PAD, 4, 6, group_based=True), 4, PAD)
+
+    assert added == {"segment_rows": 3, "pad_rows": 1} and len(batch) == 8
+    assert list(batch.non_tensor_batch["uid"]) == ["g0", "g0", "g1", "g1", "g0", "g0", "g1", "pad-0"]
+    # A segment row keeps every input field of its episode's row (the verl tensor included)...
+    assert list(batch.non_tensor_batch["data_source"][4:7]) == ["source-1", "source-1", "source-3"]
+    assert batch.batch["dummy_tensor"][4:7, 0].tolist() == [1, 1, 3]
+    # ...and has its own tokens: prompt left-padded to 4, response right-padded to 6.
+    assert batch.batch["prompts"][4].tolist() == [PAD, PAD, PAD, 11]
+    assert batch.batch["responses"][4].tolist() == [21, 22, PAD, PAD, PAD, PAD]
+    assert batch.batch["responses"][5].tolist() == [31, 32, 33, 34, PAD, PAD]
+    assert batch.batch["response_mask"][5].tolist() == [1, 0, 1, 1, 0, 0]
+    # The episode's reward on each segment's last policy token; its own calls' step rewards and anchors.
+    assert batch.batch["rm_scores"][4].tolist() == [0, 1, 0, 0, 0, 0]
+    assert batch.batch["rm_scores"][5].tolist() == [0, 0, 0, 1, 0, 0]
+    assert batch.batch["step_rewards"][4].tolist() == [0, 0.5, 0, 0, 0, 0]
+    assert list(batch.non_tensor_batch["anchors"][4:7]) == [("s0",), ("s1",), ()]
+    assert batch.batch["rollout_log_probs"][4].tolist() == [-0.5, -0.5, 0, 0, 0, 0]
+    # Row 3's segment is in a group with an llm_error: masked with its episode, no reward; the pad row likewise.
+    assert batch.batch["response_mask"][[2, 3, 6, 7]].sum() == 0
+    assert batch.batch["rm_scores"][6:].abs().sum() == 0
+    assert batch.batch["attention_mask"][7].sum() == 2  # one pad token of prompt, one of response
+
+    # verl's GRPO on the grown batch: g0's scores 0, 1, 1, 1 (mean 0.75, unbiased std 0.5) -> -1.5, +0.5 x 3.
+    advantages, _ = compute_grpo_outcome_advantage(batch.batch["rm_scores"], batch.batch["response_mask"],
+                                                   batch.non_tensor_batch["uid"])
+    first_token = advantages[:, 0].tolist()
+    assert np.allclose([first_token[i] for i in (0, 1, 4, 5)], [-1.5, 0.5, 0.5, 0.5])
+    assert advantages[[2, 3, 6, 7]].abs().sum() == 0
+
+
+def test_nothing_is_added_when_no_agent_rewrote_its_history_and_no_pad_when_the_rows_fit():
+    plain = [sample("g0", 0, [1], [1], 0.0), sample("g0", 1, [2], [1], 1.0)]
+    assert segment_batch(plain, PAD, 4, 6, group_based=True) is None
+    batch = fit_batch(plain)
+    assert add_segment_rows(batch, None, 2, PAD) == {"segment_rows": 0, "pad_rows": 0} and len(batch) == 2
+    assert add_segment_rows(batch, None, 4, PAD) == {"segment_rows": 0, "pad_rows": 2} and len(batch) == 4
+
+    results = episodes()
+    batch = fit_batch(results)
+    assert add_segment_rows(batch, segment_batch(results, PAD, 4, 6, group_based=True), 7, PAD)["pad_rows"] == 0
+    assert len(batch) == 7
+
+
+def test_without_a_group_estimator_only_the_failed_episodes_segments_are_masked():
+    results = episodes()
+    batch = fit_batch(results)
+    add_segment_rows(batch, segment_batch(results, PAD, 4, 6, group_based=False), 1, PAD)
+    assert len(batch) == 7 and batch.batch["response_mask"][6].tolist() == [1, 0, 0, 0, 0, 0]
+    assert batch.batch["response_mask"][2].sum() == 0  # the llm_error itself
