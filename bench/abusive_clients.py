@@ -133,15 +133,17 @@ def greedy_client(url: str, stop: threading.Event, index: int, counts: dict[str,
             counts[f"{kind} {type(error).__name__}"] += 1
 
 
-def abuse(url: str, kind: str, abusers: int, seconds: float, counts_out) -> None:
+def abuse(url: str, kind: str, abusers: int, seconds: float, counts_out, cpus: set[int] | None = None) -> None:
     """Entry of the abusers' own process: `abusers` threads of `kind` for `seconds`; their counts put on
     `counts_out` (a multiprocessing queue). The process runs at the lowest CPU priority: the abusers stand for
     clients on other machines, so their own Python should not take the cores the service and the honest client
-    need (what their requests cost the service is what is measured)."""
+    need (what their requests cost the service is what is measured). With `cpus` it runs on those CPUs only."""
     import collections
     import os
 
     os.nice(19)
+    if cpus:
+        os.sched_setaffinity(0, cpus)
     stop, counts = threading.Event(), collections.Counter()
     if kind == "slow":
         threads = [threading.Thread(target=slow_client, args=(url, stop, i, counts), daemon=True) for i in range(abusers)]
@@ -158,11 +160,12 @@ def abuse(url: str, kind: str, abusers: int, seconds: float, counts_out) -> None
     counts_out.put(dict(counts))
 
 
-def run_phase(url: str, seconds: float, kind: str, abusers: int, abused_url: str | None = None) -> dict:
+def run_phase(url: str, seconds: float, kind: str, abusers: int, abused_url: str | None = None,
+              abuser_cpus: set[int] | None = None) -> dict:
     """The honest client for `seconds` beside `abusers` threads of `kind` (quiet | slow | greedy). The abusers run
     in a process of their own, so that the honest client's latencies are the service's, not this process's GIL.
     With `abused_url` the abusers aim at that other service instead: the control that shows what sharing the
-    machine's cores alone costs the honest client."""
+    machine's cores alone costs the honest client. `abuser_cpus`: the CPUs the abusers' process may use."""
     import collections
     import multiprocessing
 
@@ -171,7 +174,7 @@ def run_phase(url: str, seconds: float, kind: str, abusers: int, abused_url: str
     if kind != "quiet":
         context = multiprocessing.get_context("spawn")
         queue = context.Queue()
-        child = context.Process(target=abuse, args=(abused_url or url, kind, abusers, seconds, queue))
+        child = context.Process(target=abuse, args=(abused_url or url, kind, abusers, seconds, queue, abuser_cpus))
         child.start()
         time.sleep(1.0)  # the abusers are at it before the honest client starts counting
     honest = threading.Thread(target=honest_client, args=(url, stop, latencies, ledger), daemon=True)

@@ -20,7 +20,10 @@ the honest client's p99 latency stays within 2x of the quiet one's with every ho
 phase is the control: the same greedy clients aimed at a second service on this machine, which shows what
 sharing the cores alone costs the honest client (on 2 cores it is most of the 2x); the greedy phase is also
 checked against it.
-`--minutes 0` runs only the phases.
+`--minutes 0` runs only the phases. `--abuser-cpus 1` runs the abusers (and the control service) on those CPUs
+and the service under test and the honest client on the others, as if the abusers were other machines: on a
+2-core machine that is the only way to measure what their requests cost the service rather than what their
+own Python takes from its cores (every phase, quiet included, runs with the same split).
 
 What it prints: a line per `--sample-s` (RSS of the service and its workers, sessions open, episodes, errors),
 then per service run its stop line's ledger (sessions created, closed by cause, open), the client-side ledger
@@ -34,6 +37,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import random
 import re
 import sys
@@ -90,12 +94,16 @@ class Service:
                                      "--idle-timeout", str(idle_timeout_s)])
         self.process: EnvServiceProcess | None = None
         self.url = f"http://127.0.0.1:{self.port}"
+        self.cpus: set[int] | None = None
+        """The CPUs it is pinned to (kept across restarts)."""
 
     def start(self) -> None:
         self.runs += 1
         self.process = EnvServiceProcess(["frozenlake", "textcraft", "faulty"], port=self.port,
                                          log_path=self.log_dir / f"service-{self.runs}.log", startup_timeout_s=120,
                                          env={"ENVSERVICE_TOKEN": ""}, **self.args).start()
+        if self.cpus:
+            pin(self.process.process.pid, self.cpus)
 
     def stop(self) -> dict:
         """Stop it (SIGTERM: sessions are closed) and return its stop line's ledger."""
@@ -180,7 +188,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--phase-s", type=float, default=0.0,
                         help="seconds of each slow/greedy-client phase, run first (0: none)")
     parser.add_argument("--abusers", type=int, default=32, help="slow or greedy client threads per phase")
-    return parser.parse_args(argv)
+    parser.add_argument("--abuser-cpus", default="",
+                        help="comma-separated CPUs for the abusers and the control service; the service under test "
+                             "and the honest client get the others (default: no pinning)")
+    args = parser.parse_args(argv)
+    args.abuser_cpus = {int(cpu) for cpu in args.abuser_cpus.split(",") if cpu.strip()}
+    every = os.sched_getaffinity(0)
+    if args.abuser_cpus and not (args.abuser_cpus < every):
+        parser.error(f"--abuser-cpus {sorted(args.abuser_cpus)} must be a proper subset of this process's CPUs "
+                     f"{sorted(every)}")
+    return args
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Pin a process and its children (a process backend's workers) to `cpus`; later children inherit it."""
+    root = psutil.Process(pid)
+    for process in [root, *root.children(recursive=True)]:
+        process.cpu_affinity(sorted(cpus))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,6 +213,12 @@ def main(argv: list[str] | None = None) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     service, ledger, stop = Service(log_dir, args.step_timeout, args.idle_timeout), ClientLedger(), threading.Event()
     service.start()
+    if args.abuser_cpus:  # this process's threads (the honest client among them) inherit the main thread's CPUs
+        service.cpus = os.sched_getaffinity(0) - args.abuser_cpus
+        os.sched_setaffinity(0, service.cpus)
+        pin(service.process.process.pid, service.cpus)
+        print(f"soak: service and honest client on CPUs {sorted(service.cpus)}, abusers and the control service on "
+              f"{sorted(args.abuser_cpus)}", flush=True)
     phases = run_phases(service.url, args) if args.phase_s > 0 else []
     threads = [threading.Thread(target=client_loop, args=(service.url, i, ledger, stop), daemon=True)
                for i in range(args.clients)]
@@ -234,9 +264,11 @@ def run_phases(url: str, args: argparse.Namespace) -> list[dict]:
     control = Service(Path(args.log_dir) / "control", args.step_timeout, args.idle_timeout)
     control.log_dir.mkdir(parents=True, exist_ok=True)
     control.start()
+    if args.abuser_cpus:
+        pin(control.process.process.pid, args.abuser_cpus)
     try:
         for abuse, abused_url in (("quiet", None), ("slow", None), ("greedy", None), ("greedy", control.url)):
-            phase = run_phase(url, args.phase_s, abuse, args.abusers, abused_url)
+            phase = run_phase(url, args.phase_s, abuse, args.abusers, abused_url, args.abuser_cpus or None)
             phases.append(phase)
             print(f"phase {phase['abuse']}: honest p50 {phase['p50_ms']} ms, p99 {phase['p99_ms']} ms over "
                   f"{phase['honest_requests']} requests, episodes {phase['honest_episodes']}; "
@@ -301,7 +333,8 @@ def report(runs: list[dict], ledger: ClientLedger, samples: list[dict], alive: i
                                      "errors": dict(ledger.errors), "releases": dict(ledger.releases),
                                      "creates_acknowledged": ledger.creates_acknowledged,
                                      "creates_cut": ledger.creates_cut},
-            "leaked": leaked, "rss_growth": growth, "samples": samples, "phases": list(phases), "checks": checks},
+            "leaked": leaked, "rss_growth": growth, "samples": samples, "phases": list(phases), "checks": checks,
+            "abuser_cpus": sorted(args.abuser_cpus)},
             indent=1))
     return 0 if all(checks.values()) else 1
 

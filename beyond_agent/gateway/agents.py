@@ -4,9 +4,9 @@ The agent is any Python callable (`beyond_agent.agent.function: "package.module:
 taking one `AgentContext`: an OpenAI base URL that is this episode's, the model name, and the episode's env
 session (`AgentContext.env`: the current observation, `step(action)`). Or it is a command
 (`beyond_agent.agent.command`), run once per episode (`CommandAgent`) with the episode's OpenAI base URL,
-model and env URL in its environment (`COMMAND_ENVIRONMENT`); its env steps go through the gateway's `/env`
-routes to the same session (a Python command rebuilds its `AgentContext` with `gateway.remote.episode_context()`). It talks to the policy only through
-the OpenAI API (any SDK or framework) and acts only through `env.step`. When it returns, the env scores the
+model and env URL in its environment; its env steps go through the gateway's `/env` routes to the same session
+(a Python command rebuilds its `AgentContext` with `gateway.remote.episode_context()`). It talks to the policy
+only through the OpenAI API (any SDK or framework) and acts only through `env.step`. When it returns, the env scores the
 episode (`/evaluate`) and the episode's `AgentTask` turns that into the reward, as in our own loop.
 
 What trains: the gateway's record of the episode (`GatewayEpisode`). When the agent only appended to its
@@ -212,17 +212,6 @@ class EnvSession:
         return "max_rounds"
 
 
-COMMAND_ENVIRONMENT = {
-    "OPENAI_BASE_URL": "the episode's OpenAI base URL (the `openai` SDK reads it by itself)",
-    "OPENAI_API_KEY": "any non-empty string (the SDK insists on one)",
-    "BEYOND_AGENT_MODEL": "the model name to send",
-    "BEYOND_AGENT_ENV_URL": "the episode's env: GET it for {observation, done, max_steps}; POST {action} to "
-                            "its /step for {observation, reward, terminated, truncated, done, info}",
-    "BEYOND_AGENT_EPISODE": "JSON: env_id, task_id, seed, split, group_id, index",
-}
-"""What a command agent finds in its environment, besides the trainer's own variables."""
-
-
 def command_path() -> str:
     """The PATH a command agent runs with: the trainer's Python's folder first, so that `python` in a command is
     the interpreter that has the trainer's packages (a virtual environment need not be activated)."""
@@ -230,24 +219,31 @@ def command_path() -> str:
 
 
 class CommandAgent:
-    """A command run once per episode as the agent (`beyond_agent.agent.command`), with `COMMAND_ENVIRONMENT`
-    and `command_path()`.
+    """A command run once per episode as the agent (`beyond_agent.agent.command`), on `command_path()`, with the
+    trainer's environment and:
+
+    - `OPENAI_BASE_URL`: the episode's OpenAI base URL (the `openai` SDK reads it by itself), `OPENAI_API_KEY`:
+      any non-empty string, `BEYOND_AGENT_MODEL`: the model name to send;
+    - `BEYOND_AGENT_ENV_URL`: the episode's env (`GET` it for observation, done, max_steps; `POST {"action"}` to
+      its `/step`), `BEYOND_AGENT_EPISODE`: JSON of env_id, task_id, seed, split, group_id, index.
 
     It returns normally when the command exits with 0; otherwise it raises (the episode ends as `agent_error`,
-    with the end of the command's stderr), and past `timeout_s` the command is killed (`AgentTimeout`)."""
+    with the end of the command's stderr), and past `timeout_s` the command is killed (`AgentTimeout`). Its
+    stdout is not kept (several run at once beside the trainer's log)."""
 
     def __init__(self, command: str, timeout_s: float) -> None:
         self.command, self.timeout_s = command, timeout_s
 
     def __call__(self, ctx: "AgentContext") -> None:
-        environment = {**os.environ, "PATH": command_path(), "OPENAI_BASE_URL": ctx.base_url, "OPENAI_API_KEY": ctx.api_key,
-                       "BEYOND_AGENT_MODEL": ctx.model, "BEYOND_AGENT_ENV_URL": ctx.env_url,
+        environment = {**os.environ, "PATH": command_path(), "OPENAI_BASE_URL": ctx.base_url,
+                       "OPENAI_API_KEY": ctx.api_key, "BEYOND_AGENT_MODEL": ctx.model,
+                       "BEYOND_AGENT_ENV_URL": ctx.env_url,
                        "BEYOND_AGENT_EPISODE": json.dumps(
                            {"env_id": ctx.spec.env_id, "task_id": ctx.spec.task_id, "seed": ctx.spec.seed,
                             "split": ctx.spec.split, "group_id": ctx.spec.group_id, "index": ctx.spec.index})}
         try:
-            done = subprocess.run(shlex.split(self.command), env=environment, capture_output=True, text=True,
-                                  timeout=self.timeout_s)
+            done = subprocess.run(shlex.split(self.command), env=environment, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True, timeout=self.timeout_s)
         except subprocess.TimeoutExpired:
             raise AgentTimeout(f"the command {self.command!r} ran past {self.timeout_s:g} s and was killed") from None
         if done.returncode != 0:

@@ -1,7 +1,8 @@
 """The agent's side of `beyond_agent.agent.command`: an `AgentContext` rebuilt from the command's environment.
 
-A command agent finds its episode in its environment (`agents.COMMAND_ENVIRONMENT`). A Python command can take
-the same `AgentContext` an in-process agent gets, its env stepping over HTTP through the gateway:
+A command agent finds its episode in its environment (`agents.CommandAgent` lists the variables). A Python
+command can take the same `AgentContext` an in-process agent gets, its env stepping over HTTP through the
+gateway:
 
     from beyond_agent.gateway.remote import episode_context
 
