@@ -9,7 +9,7 @@
 
 `run_phase` runs the honest client for a while beside one kind of abuse and returns its latency figures. The
 abusers connect from ABUSER_ADDRESS, another loopback address, as they would from another host: the service
-shares its loop fairly between client hosts (envservice/fairness.py), and on one host all clients are one.
+checks large bodies one at a time per client host (envservice/body_check.py), and on one host all clients are one.
 """
 
 from __future__ import annotations
