@@ -12,10 +12,10 @@ batch can mix environments, parsers and rewards. What goes back to verl per row 
 `training_batch`; a per_call agent episode's earlier samples wait here (`take_segment_rows`) for the
 trainer, which adds them to the batch once verl has joined it with the input rows. Our figures of a training
 step (`beyond_agent/...`, each task's own under `beyond_agent/task/<name>/`, beyond_agent/multitask.py) wait
-here until the trainer takes them
-(`take_step_figures`) into the metrics of that step's update; validation's reach the trainer through
-`take_validation_figures`. (verl's `meta_info["timing"]` channel would log them as `timing_s/...`, as if
-success were a duration; runs before 2026-11-26 did, see `run_folder.EARLIER_METRICS_PREFIX`.)
+here until the trainer takes them (`take_step_figures`) into the metrics of that step's update; validation's
+reach the trainer through `take_validation_figures`. (verl's `meta_info["timing"]` channel would log them as
+`timing_s/...`, as if success were a duration; runs before 2026-11-26 did, see
+`run_folder.EARLIER_METRICS_PREFIX`.)
 
 With `beyond_agent.rollout_mode: async` the training episodes are played ahead, in the background, by an
 `AsyncEpisodePool` (rollout/async_pool.py) that the trainer feeds from its dataloader (`start_rows`,
@@ -240,8 +240,7 @@ class BeyondAgentLoopManager:
                                             merge=self.settings.agent.merge), self.tokenizer)
             self._gateway = GatewayServer(gateway).start()
             agent = self.settings.agent.function or self.settings.agent.command
-            print(f"[beyond_agent] gateway for the agent {agent} on {self._gateway.url}",
-                  flush=True)
+            print(f"[beyond_agent] gateway for the agent {agent} on {self._gateway.url}", flush=True)
         return self._gateway
 
     # ---- rows played before verl sees them: async rollout, dynamic sampling ---------------------

@@ -75,9 +75,9 @@ def prepare_verl_config(config: Any, settings: BeyondAgentSettings) -> LoraPlan 
       (`configure_lora`, which refuses with the key to change a LoRA run this path does not serve);
     - with `weight_sync.mode: delta`, verl's checkpoint-engine seams name our delta backend
       (`configure_weight_sync`, which refuses with the key to change a run the delta path cannot serve);
-    - with a user's agent (`beyond_agent.agent.function` or `command`), `trainer.balance_batch` is turned on, because
-      `fit()` calls `_balance_batch` only then and that is where the per_call episodes' earlier samples join the
-      batch (`BeyondAgentTrainer._balance_batch`, which reorders rows only if the user had asked for it).
+    - with a user's agent (`beyond_agent.agent.function` or `command`), `trainer.balance_batch` is turned on,
+      because `fit()` calls `_balance_batch` only then and that is where the per_call episodes' earlier samples
+      join the batch (`BeyondAgentTrainer._balance_batch`, which reorders rows only if the user had asked for it).
 
     The one change made later is `align_total_epochs`, which needs verl's dataloader. Returns the LoRA adapter
     the run trains (None: full fine-tuning). Raises ValueError.
