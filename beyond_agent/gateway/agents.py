@@ -342,8 +342,7 @@ class AgentDataflow:
         last = recorded.segments[-1] if recorded.segments else None
         if termination is None:
             termination = last.termination if last is not None and last.termination else session.termination
-        all_calls = range(len(recorded.calls))
-        step_rewards, anchors = session.turn_figures(all_calls.start, all_calls.stop) if session else ([], [])
+        step_rewards, _ = session.turn_figures(0, len(recorded.calls)) if session else ([], [])  # the whole episode's
         reward = 0.0
         if termination not in INFRA_FAILURES:
             outcome = EpisodeOutcome(score=score, success=success, step_rewards=tuple(step_rewards),
