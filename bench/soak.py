@@ -95,7 +95,7 @@ class Service:
         self.process: EnvServiceProcess | None = None
         self.url = f"http://127.0.0.1:{self.port}"
         self.cpus: set[int] | None = None
-        """The CPUs it is pinned to (kept across restarts)."""
+        """The CPUs it is pinned to at every start (None: not pinned)."""
 
     def start(self) -> None:
         self.runs += 1
@@ -212,13 +212,12 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = Path(args.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     service, ledger, stop = Service(log_dir, args.step_timeout, args.idle_timeout), ClientLedger(), threading.Event()
-    service.start()
     if args.abuser_cpus:  # this process's threads (the honest client among them) inherit the main thread's CPUs
         service.cpus = os.sched_getaffinity(0) - args.abuser_cpus
         os.sched_setaffinity(0, service.cpus)
-        pin(service.process.process.pid, service.cpus)
         print(f"soak: service and honest client on CPUs {sorted(service.cpus)}, abusers and the control service on "
               f"{sorted(args.abuser_cpus)}", flush=True)
+    service.start()
     phases = run_phases(service.url, args) if args.phase_s > 0 else []
     threads = [threading.Thread(target=client_loop, args=(service.url, i, ledger, stop), daemon=True)
                for i in range(args.clients)]
@@ -263,9 +262,8 @@ def run_phases(url: str, args: argparse.Namespace) -> list[dict]:
     phases = []
     control = Service(Path(args.log_dir) / "control", args.step_timeout, args.idle_timeout)
     control.log_dir.mkdir(parents=True, exist_ok=True)
+    control.cpus = args.abuser_cpus or None
     control.start()
-    if args.abuser_cpus:
-        pin(control.process.process.pid, args.abuser_cpus)
     try:
         for abuse, abused_url in (("quiet", None), ("slow", None), ("greedy", None), ("greedy", control.url)):
             phase = run_phase(url, args.phase_s, abuse, args.abusers, abused_url, args.abuser_cpus or None)
