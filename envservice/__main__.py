@@ -41,6 +41,7 @@ from envservice.latency import InjectedLatency, LatencySpecError, parse_latency_
 from envservice.backend_factory import BACKENDS, make_backend
 from envservice.backends import DEFAULT_STEP_TIMEOUT_S, EnvBackend
 from envservice.server import BODY_TIMEOUT_S, DEFAULT_MAX_REQUEST_BYTES, Settings, create_app
+from envservice.host_slots import LOOP_SLOTS_PER_HOST
 from envservice.transport import HEAD_TIMEOUT_S, SPARE_FILE_DESCRIPTORS, server_options
 
 
@@ -72,6 +73,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="seconds a request head may take to arrive whole; slower ones get 408 and are closed")
     parser.add_argument("--body-timeout", type=float, default=BODY_TIMEOUT_S,
                         help="seconds a request body may take once its head arrived; slower ones get 408")
+    parser.add_argument("--loop-slots-per-host", type=int, default=LOOP_SLOTS_PER_HOST, metavar="N",
+                        help="requests of one client host parsed and routed on the event loop at once; its others "
+                        "wait unread, so many connections from one host cannot delay another host's requests; an env "
+                        f"call waits off the loop and holds none (default {LOOP_SLOTS_PER_HOST}; 0: no limit)")
     parser.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
     parser.add_argument("--no-preload", dest="preload", action="store_false",
                         help="do not import the served envs' packages before the ready line (in the service and "
@@ -140,6 +145,9 @@ def check_backend_args(args: argparse.Namespace) -> None:
     if args.step_timeout < 0:
         raise SystemExit(f"envservice: --step-timeout {args.step_timeout:g} is invalid; "
                          "give seconds > 0, or 0 for no limit")
+    if args.loop_slots_per_host < 0:
+        raise SystemExit(f"envservice: --loop-slots-per-host {args.loop_slots_per_host} is invalid; give a count "
+                         ">= 1, or 0 for no limit")
     if args.ray_resources is not None:
         args.ray_resources = _json_object("--ray-resources", args.ray_resources)
 
@@ -246,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
             "injecting step latency: %s (seed %d; slept where env calls run, inside --step-timeout)",
             args.latency.describe(), args.step_delay_seed)
     server = uvicorn.Server(uvicorn.Config(create_app(settings), log_level=args.log_level,
-                                           **server_options(args.max_connections, args.head_timeout)))
+                                           **server_options(args.max_connections, args.head_timeout,
+                                                          args.loop_slots_per_host)))
     announce = (server, f"http://{host}:{port}", env_ids, placement_text(backend, args.step_timeout))
     threading.Thread(target=announce_when_ready, args=announce, daemon=True).start()
     try:

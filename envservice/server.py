@@ -41,6 +41,7 @@ from envservice import registry
 from envservice.body_check import LARGE_BODY_BYTES, BodyChecker
 from envservice.childproc import host_allowed
 from envservice.errors import CLIP_CHARS, EnvServiceError, clip
+from envservice.host_slots import LOOP_SLOT_STATE, release_loop_slot, set_current_slot
 from envservice.host import entry_point_of
 from envservice.mcp_tools import MCP_PATH, mcp_app, mcp_server
 from envservice.protocol import (
@@ -227,13 +228,18 @@ class RequestGuard:
             await self.app(scope, receive, send)
             return
         request_id = uuid.uuid4().hex[:16]
-        scope.setdefault("state", {})["request_id"] = request_id
+        state = scope.setdefault("state", {})
+        state["request_id"] = request_id
+        slot = state.get(LOOP_SLOT_STATE)
+        set_current_slot(slot)  # this request's task only (envservice/host_slots.py)
         started = False
 
         async def send_with_id(message: Message) -> None:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
+                if slot is not None:  # the answer is under way: a long one (a stream) must not keep the slot
+                    slot.release()
                 message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
             await send(message)
 
@@ -382,32 +388,40 @@ def _answered(call: Any, *args: Any) -> ProtocolJSONResponse:
     return ProtocolJSONResponse(call(*args).model_dump(mode="json"))
 
 
-def _add_routes(app: FastAPI, manager: SessionManager, env_ids: list[str]) -> None:
-    @app.post("/create", response_model=CreateResponse)
-    def create(request: CreateRequest) -> CreateResponse:
-        """Open a session and return its first observation."""
-        return manager.create(request)
+async def _in_pool(call: Any, *args: Any) -> Response:
+    """`_answered(call, *args)` in the thread pool; the request first gives back its loop slot, since from here it
+    waits off the event loop (envservice/host_slots.py)."""
+    release_loop_slot()
+    return await run_in_threadpool(_answered, call, *args)
 
-    # /step and /evaluate refuse a busy or unknown session on the event loop, before taking a pool thread
-    # (`SessionManager.refuse_if_busy`); the env call and the answer's serialisation run in the pool, as for
-    # every sync route (serialising on the loop cost 6 % of bench/envservice_load.py's steps/s).
+
+def _add_routes(app: FastAPI, manager: SessionManager, env_ids: list[str]) -> None:
+    # The env calls and their answers' serialisation run in the thread pool (serialising on the loop cost 6 % of
+    # bench/envservice_load.py's steps/s), after the request gave back its loop slot (`_in_pool`). /step and
+    # /evaluate refuse a busy or unknown session on the event loop first, without taking a pool thread
+    # (`SessionManager.refuse_if_busy`).
+
+    @app.post("/create", response_model=CreateResponse)
+    async def create(request: CreateRequest) -> Response:
+        """Open a session and return its first observation."""
+        return await _in_pool(manager.create, request)
 
     @app.post("/step", response_model=StepResponse)
     async def step(request: StepRequest) -> Response:
         """Apply one action."""
         manager.refuse_if_busy(request.session_id, "step")
-        return await run_in_threadpool(_answered, manager.step, request.session_id, request.action)
+        return await _in_pool(manager.step, request.session_id, request.action)
 
     @app.post("/evaluate", response_model=EvaluateResponse)
     async def evaluate(request: EvaluateRequest) -> Response:
         """Score the episode."""
         manager.refuse_if_busy(request.session_id, "evaluate")
-        return await run_in_threadpool(_answered, manager.evaluate, request.session_id)
+        return await _in_pool(manager.evaluate, request.session_id)
 
     @app.post("/release", response_model=ReleaseResponse)
-    def release(request: ReleaseRequest) -> ReleaseResponse:
+    async def release(request: ReleaseRequest) -> Response:
         """Close a session."""
-        return manager.release(request.session_id)
+        return await _in_pool(manager.release, request.session_id)
 
     @app.get("/envs", response_model=EnvList)
     def envs() -> EnvList:

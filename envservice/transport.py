@@ -11,6 +11,8 @@ descriptor; 300 of them made every honest `/healthz` fail under `ulimit -n 256`.
   answered in envservice's JSON error format and followed by closing the connection;
 - the body is read under a deadline by `server.RequestGuard` (408 `request_timeout`);
 - bytes that are not HTTP/1.1 get a 400 in the same format (uvicorn's own is plain text);
+- a connection whose host has all its loop slots taken (`envservice/host_slots.py`) is not read until one is
+  free: one host's many connections cannot fill the event loop's queue in front of another host's request;
 - `server_options` caps the connections uvicorn serves at once below the process's file-descriptor limit (503
   beyond it, from uvicorn) and bounds the graceful shutdown.
 """
@@ -25,6 +27,8 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from envservice.host_slots import LOOP_SLOT_STATE, LOOP_SLOTS_PER_HOST, HostSlots, LoopSlot
+
 HEAD_TIMEOUT_S = 10.0
 """Seconds a request head may take to arrive whole (request line and headers)."""
 MAX_HEAD_BYTES = 64 * 1024
@@ -35,12 +39,15 @@ SPARE_FILE_DESCRIPTORS = 128
 """Descriptors kept back from the connection cap for logs, pipes to workers and env files."""
 
 
-def server_options(max_connections: int | None = None, head_timeout_s: float = HEAD_TIMEOUT_S) -> dict[str, Any]:
-    """uvicorn.Config options: the guarded protocol with this head deadline, the connection cap (default: the
-    file-descriptor limit less SPARE_FILE_DESCRIPTORS) and the shutdown bound."""
+def server_options(max_connections: int | None = None, head_timeout_s: float = HEAD_TIMEOUT_S,
+                   loop_slots_per_host: int = LOOP_SLOTS_PER_HOST) -> dict[str, Any]:
+    """uvicorn.Config options: the guarded protocol with this head deadline and this many loop slots per client
+    host (0: no limit), the connection cap (default: the file-descriptor limit less SPARE_FILE_DESCRIPTORS) and the
+    shutdown bound."""
     if not head_timeout_s > 0:
         raise ValueError(f"head_timeout_s must be > 0, got {head_timeout_s}")
-    protocol = type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), {"head_timeout_s": head_timeout_s})
+    protocol = type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,),
+                    {"head_timeout_s": head_timeout_s, "host_slots": HostSlots(loop_slots_per_host)})
     return {"http": protocol, "limit_concurrency": max_connections or default_max_connections(),
             "timeout_graceful_shutdown": GRACEFUL_SHUTDOWN_S}
 
@@ -64,30 +71,50 @@ def error_bytes(status: int, reason: str, code: str, message: str) -> bytes:
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with a deadline and a size limit on every request head (module docstring)."""
+    """uvicorn's httptools protocol with a deadline and a size limit on every request head, and a loop slot of
+    its client host for every request (module docstring)."""
 
     head_timeout_s: float = HEAD_TIMEOUT_S
     """Seconds a request head may take (`server_options` makes a subclass with another value)."""
+    host_slots: HostSlots | None = None
+    """The service's loop slots per client host (`server_options` gives each server its own); None: no limit."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._head_bytes = 0
         self._refused = False
         self._head_deadline: asyncio.TimerHandle | None = None
+        self._slot: LoopSlot | None = None
+        self._unread: list[bytes] = []  # what arrived while the connection waited for a slot (reading paused)
         self._arm_head_deadline()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_deadline()
+        if self.host_slots is not None:
+            self.host_slots.cancel(self._host, self._slot_granted)
+        self._release_slot()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         if self._refused:  # answered and closing: nothing more is parsed
             return
+        if self._unread:  # still waiting for a slot (bytes read just before the pause took effect)
+            self._unread.append(data)
+            return
+        if self._slot is None and self.host_slots is not None:
+            self._slot = self.host_slots.take(self._host, self._slot_granted)
+            if self._slot is None:  # the host's slots are all taken: keep these bytes, read no more until one frees
+                self._unread.append(data)
+                self.transport.pause_reading()
+                return
         super().data_received(data)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._head_bytes = 0
+        # The app gives the slot back when the request's env call goes to the pool (host_slots.release_loop_slot).
+        # A request pipelined behind another on one connection runs without a slot of its own (its bytes are read).
+        self.scope.setdefault("state", {})[LOOP_SLOT_STATE] = self._slot
         if self._head_deadline is None:
             self._arm_head_deadline()
 
@@ -128,10 +155,33 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        self._release_slot()  # the connection's next request takes a slot again when its first bytes come
         if not self.transport.is_closing():
             self._arm_head_deadline()  # the next request's head, from the end of this response
 
     # ---- the rules ---------------------------------------------------------------------------------
+
+    @property
+    def _host(self) -> str:
+        return self.client[0] if self.client else "?"
+
+    def _slot_granted(self, slot: LoopSlot) -> None:
+        """The host's turn came (another of its requests gave its slot back): read what waited, on the next
+        loop iteration rather than inside that other connection's callback."""
+        self._slot = slot
+        self.loop.call_soon(self._read_unread)
+
+    def _read_unread(self) -> None:
+        if self.transport.is_closing():  # closed while the turn came: connection_lost gives the slot back
+            return
+        data, self._unread = b"".join(self._unread), []
+        self.transport.resume_reading()
+        self.data_received(data)
+
+    def _release_slot(self) -> None:
+        if self._slot is not None:
+            self._slot.release()
+            self._slot = None
 
     def _count_head(self, size: int) -> None:
         self._head_bytes += size
