@@ -5,7 +5,9 @@
 - slow: connections that say nothing, drip a request head a byte at a time, or send half a body, reopened
   as soon as the service closes them (envservice/transport.py's head deadline, the body deadline);
 - greedy: concurrent /step calls on one shared session (`busy`), /create bodies with 30 000 bad `params`
-  entries (a bounded 422), and 60 KiB request heads.
+  entries (a bounded 422), and 60 KiB request heads, each a pre-built request sent back to back on a kept-alive
+  raw socket: the cheapest way for a client to keep the service busy, so that their process, which runs only
+  when nothing else wants a core, still floods the service (through `requests` they spent their CPU in the client).
 
 `run_phase` runs the honest client for a while beside one kind of abuse and returns its latency figures. The
 abusers connect from ABUSER_ADDRESS, another loopback address, as they would from another host: the service
@@ -14,6 +16,7 @@ checks large bodies one at a time per client host (envservice/body_check.py), an
 
 from __future__ import annotations
 
+import json
 import random
 import socket
 import statistics
@@ -28,20 +31,8 @@ from envservice.errors import EnvServiceError
 
 ABUSER_ADDRESS = "127.0.0.2"
 """The abusers' source address (Linux routes all of 127.0.0.0/8 to loopback)."""
-
-
-class _FromAddress(requests.adapters.HTTPAdapter):
-    """An adapter whose connections leave from ABUSER_ADDRESS."""
-
-    def init_poolmanager(self, *args, **kwargs):
-        kwargs["source_address"] = (ABUSER_ADDRESS, 0)
-        super().init_poolmanager(*args, **kwargs)
-
-
-def abuser_session() -> requests.Session:
-    session = requests.Session()
-    session.mount("http://", _FromAddress(pool_maxsize=4))
-    return session
+GREEDY_KINDS = ("busy_step", "bad_body", "big_head")
+"""What greedy clients send: steps of one shared session (`busy`), 30 000-entry bad bodies, 60 KiB heads."""
 
 
 def honest_client(url: str, stop: threading.Event, latencies: list[float], ledger: dict[str, int]) -> None:
@@ -115,33 +106,73 @@ def slow_client(url: str, stop: threading.Event, index: int, counts: dict[str, i
             time.sleep(0.1)
 
 
+def greedy_request(kind: str, session: str) -> bytes:
+    """The whole request a greedy client of `kind` sends again and again (built once: sending it costs the client
+    next to nothing, so even a low-priority client process keeps the service busy)."""
+    if kind == "busy_step":
+        return _post("/step", json.dumps({"session_id": session, "action": "left"}).encode())
+    if kind == "bad_body":
+        return _post("/create", json.dumps({"env_id": "frozenlake",
+                                            "params": {f"p{i}": [[i]] for i in range(30_000)}}).encode())
+    if kind == "big_head":
+        return b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"b" * 60_000 + b"\r\n\r\n"
+    raise ValueError(f"greedy kind {kind!r} is unknown; valid: {', '.join(GREEDY_KINDS)}")
+
+
+def _post(path: str, body: bytes) -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+def read_answer(sock: socket.socket, buffered: bytes) -> tuple[int, bytes, bool]:
+    """One HTTP answer from `sock` (after the `buffered` bytes read before): its status, the bytes read past
+    it, and whether the server closes the connection."""
+    while b"\r\n\r\n" not in buffered:
+        buffered += _received(sock)
+    head, _, rest = buffered.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    headers = {name.strip().lower(): value.strip() for name, _, value in (line.partition(b":") for line in lines[1:])}
+    length = int(headers.get(b"content-length", b"0"))
+    while len(rest) < length:
+        rest += _received(sock)
+    return int(lines[0].split(b" ", 2)[1]), rest[length:], headers.get(b"connection", b"").lower() == b"close"
+
+
+def _received(sock: socket.socket) -> bytes:
+    chunk = sock.recv(65536)
+    if not chunk:
+        raise ConnectionError("the service closed the connection")
+    return chunk
+
+
 def greedy_client(url: str, stop: threading.Event, index: int, counts: dict[str, int], session: str) -> None:
-    """Concurrent steps on one session, huge bad bodies and large heads, until `stop`."""
-    bad_params = {"env_id": "frozenlake", "params": {f"p{i}": [[i]] for i in range(30_000)}}
-    http = abuser_session()
+    """One kind of greedy request (GREEDY_KINDS, by `index`) on a kept-alive raw socket, back to back, until
+    `stop`; reconnects when the service closes the connection."""
+    kind = GREEDY_KINDS[index % len(GREEDY_KINDS)]
+    request = greedy_request(kind, session)
     while not stop.is_set():
-        kind = ("busy_step", "bad_body", "big_head")[index % 3]
         try:
-            if kind == "busy_step":
-                answer = http.post(f"{url}/step", json={"session_id": session, "action": "left"}, timeout=30)
-            elif kind == "bad_body":
-                answer = http.post(f"{url}/create", json=bad_params, timeout=30)
-            else:
-                answer = http.get(f"{url}/healthz", headers={"X-Big": "b" * 60_000}, timeout=30)
-            counts[f"{kind} {answer.status_code}"] += 1
-        except requests.RequestException as error:
+            with _connect(url) as sock:
+                buffered, closing = b"", False
+                while not (stop.is_set() or closing):
+                    sock.sendall(request)
+                    status, buffered, closing = read_answer(sock, buffered)
+                    counts[f"{kind} {status}"] += 1
+        except OSError as error:
             counts[f"{kind} {type(error).__name__}"] += 1
+            time.sleep(0.01)
 
 
 def abuse(url: str, kind: str, abusers: int, seconds: float, counts_out, cpus: set[int] | None = None) -> None:
     """Entry of the abusers' own process: `abusers` threads of `kind` for `seconds`; their counts put on
-    `counts_out` (a multiprocessing queue). The process runs at the lowest CPU priority: the abusers stand for
-    clients on other machines, so their own Python should not take the cores the service and the honest client
-    need (what their requests cost the service is what is measured). With `cpus` it runs on those CPUs only."""
+    `counts_out` (a multiprocessing queue). The process runs only when nothing else wants a core (SCHED_IDLE):
+    the abusers stand for clients on other machines, so their own Python should not take the cores the service
+    and the honest client need (what their requests cost the service is what is measured). With `cpus` it runs on
+    those CPUs only."""
     import collections
     import os
 
-    os.nice(19)
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     if cpus:
         os.sched_setaffinity(0, cpus)
     stop, counts = threading.Event(), collections.Counter()

@@ -39,6 +39,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--backend", default="inprocess", help="envservice --backend: inprocess, process or ray")
     parser.add_argument("--workers", type=int, default=None, help="envservice --workers (process or ray backend)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
+    parser.add_argument("--service-arg", action="append", default=[], metavar="ARG",
+                        help="one more argument for the service (repeatable), "
+                        "e.g. --service-arg=--loop-slots-per-host=0")
     return parser.parse_args()
 
 
@@ -179,7 +182,7 @@ def run_load(args: argparse.Namespace, client: EnvClient, pid: int) -> None:
 def main() -> int:
     """Entry point."""
     args = parse_args()
-    extra_args = ["--max-sessions", str(args.sessions + args.threads)]
+    extra_args = ["--max-sessions", str(args.sessions + args.threads), *args.service_arg]
     with EnvServiceProcess([args.env], extra_args=extra_args, startup_timeout_s=60, backend=args.backend,
                            workers=args.workers) as service:
         client = EnvClient(service.url, timeout=30, pool_size=args.threads)

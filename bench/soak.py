@@ -18,12 +18,12 @@ alone (quiet), then beside `--abusers` slow clients (silent, dripping and half-b
 as many greedy ones (concurrent steps on one session, 30 000-entry bad bodies, 60 KiB heads), and checks that
 the honest client's p99 latency stays within 2x of the quiet one's with every honest episode clean. The fourth
 phase is the control: the same greedy clients aimed at a second service on this machine, which shows what
-sharing the cores alone costs the honest client (on 2 cores it is most of the 2x); the greedy phase is also
-checked against it.
-`--minutes 0` runs only the phases. `--abuser-cpus 1` runs the abusers (and the control service) on those CPUs
-and the service under test and the honest client on the others, as if the abusers were other machines: on a
-2-core machine that is the only way to measure what their requests cost the service rather than what their
-own Python takes from its cores (every phase, quiet included, runs with the same split).
+sharing the cores alone costs the honest client; the greedy phase is also checked against it. The abusers run
+only when nothing else wants a core (SCHED_IDLE), as if on other machines.
+`--minutes 0` runs only the phases. `--service-cpus 0` runs the service under test (with its workers and helper)
+alone on those CPUs and every client, the honest one and the abusers, on the others, as a service and its
+clients on different machines would (every phase, quiet included, runs with the same split; there is then no
+control phase: no client shares the service's cores, so there is no cost of sharing to tell apart).
 
 What it prints: a line per `--sample-s` (RSS of the service and its workers, sessions open, episodes, errors),
 then per service run its stop line's ledger (sessions created, closed by cause, open), the client-side ledger
@@ -87,11 +87,12 @@ class ClientLedger:
 class Service:
     """The envservice under test, restartable on one port."""
 
-    def __init__(self, log_dir: Path, step_timeout_s: float, idle_timeout_s: float) -> None:
+    def __init__(self, log_dir: Path, step_timeout_s: float, idle_timeout_s: float,
+                 more_args: list[str] = ()) -> None:
         self.port, self.log_dir, self.runs = free_port(), log_dir, 0
         self.args = dict(backend="process", workers=2, step_timeout_s=step_timeout_s,
                          extra_args=["--register", "faulty=envservice.envs.testing:FaultyEnv",
-                                     "--idle-timeout", str(idle_timeout_s)])
+                                     "--idle-timeout", str(idle_timeout_s), *more_args])
         self.process: EnvServiceProcess | None = None
         self.url = f"http://127.0.0.1:{self.port}"
         self.cpus: set[int] | None = None
@@ -188,15 +189,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--phase-s", type=float, default=0.0,
                         help="seconds of each slow/greedy-client phase, run first (0: none)")
     parser.add_argument("--abusers", type=int, default=32, help="slow or greedy client threads per phase")
-    parser.add_argument("--abuser-cpus", default="",
-                        help="comma-separated CPUs for the abusers and the control service; the service under test "
-                             "and the honest client get the others (default: no pinning)")
+    parser.add_argument("--service-arg", action="append", default=[], metavar="ARG",
+                        help="one more argument for the services (repeatable), "
+                             "e.g. --service-arg=--loop-slots-per-host=0")
+    parser.add_argument("--service-cpus", default="",
+                        help="comma-separated CPUs for the service under test alone; every client runs on the "
+                             "others (default: no pinning)")
     args = parser.parse_args(argv)
-    args.abuser_cpus = {int(cpu) for cpu in args.abuser_cpus.split(",") if cpu.strip()}
+    args.service_cpus = {int(cpu) for cpu in args.service_cpus.split(",") if cpu.strip()}
     every = os.sched_getaffinity(0)
-    if args.abuser_cpus and not (args.abuser_cpus < every):
-        parser.error(f"--abuser-cpus {sorted(args.abuser_cpus)} must be a proper subset of this process's CPUs "
+    if args.service_cpus and not (args.service_cpus < every):
+        parser.error(f"--service-cpus {sorted(args.service_cpus)} must be a proper subset of this process's CPUs "
                      f"{sorted(every)}")
+    args.client_cpus = every - args.service_cpus if args.service_cpus else set()
     return args
 
 
@@ -211,12 +216,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     log_dir = Path(args.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
-    service, ledger, stop = Service(log_dir, args.step_timeout, args.idle_timeout), ClientLedger(), threading.Event()
-    if args.abuser_cpus:  # this process's threads (the honest client among them) inherit the main thread's CPUs
-        service.cpus = os.sched_getaffinity(0) - args.abuser_cpus
-        os.sched_setaffinity(0, service.cpus)
-        print(f"soak: service and honest client on CPUs {sorted(service.cpus)}, abusers and the control service on "
-              f"{sorted(args.abuser_cpus)}", flush=True)
+    service = Service(log_dir, args.step_timeout, args.idle_timeout, args.service_arg)
+    ledger, stop = ClientLedger(), threading.Event()
+    if args.service_cpus:  # this process's threads (the honest client among them) inherit the main thread's CPUs
+        service.cpus = args.service_cpus
+        os.sched_setaffinity(0, args.client_cpus)
+        print(f"soak: the service under test on CPUs {sorted(service.cpus)}, every client on "
+              f"{sorted(args.client_cpus)}", flush=True)
     service.start()
     phases = run_phases(service.url, args) if args.phase_s > 0 else []
     threads = [threading.Thread(target=client_loop, args=(service.url, i, ledger, stop), daemon=True)
@@ -255,24 +261,27 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_phases(url: str, args: argparse.Namespace) -> list[dict]:
-    """Quiet, slow-client and greedy-client phases, then the control: the greedy clients aimed at a second
-    service on this machine (module docstring); each printed as it ends."""
+    """Quiet, slow-client and greedy-client phases, then (unless the service has CPUs of its own) the control: the
+    greedy clients aimed at a second service on this machine (module docstring); each printed as it ends."""
     from abusive_clients import run_phase
 
     phases = []
-    control = Service(Path(args.log_dir) / "control", args.step_timeout, args.idle_timeout)
+    control = Service(Path(args.log_dir) / "control", args.step_timeout, args.idle_timeout, args.service_arg)
     control.log_dir.mkdir(parents=True, exist_ok=True)
-    control.cpus = args.abuser_cpus or None
-    control.start()
+    plan = [("quiet", None), ("slow", None), ("greedy", None)]
+    if not args.service_cpus:
+        control.start()
+        plan.append(("greedy", control.url))
     try:
-        for abuse, abused_url in (("quiet", None), ("slow", None), ("greedy", None), ("greedy", control.url)):
-            phase = run_phase(url, args.phase_s, abuse, args.abusers, abused_url, args.abuser_cpus or None)
+        for abuse, abused_url in plan:
+            phase = run_phase(url, args.phase_s, abuse, args.abusers, abused_url, args.client_cpus or None)
             phases.append(phase)
             print(f"phase {phase['abuse']}: honest p50 {phase['p50_ms']} ms, p99 {phase['p99_ms']} ms over "
                   f"{phase['honest_requests']} requests, episodes {phase['honest_episodes']}; "
                   f"abuse {phase['abuse_counts']}", flush=True)
     finally:
-        control.stop()
+        if control.process is not None:
+            control.stop()
     return phases
 
 
@@ -332,7 +341,7 @@ def report(runs: list[dict], ledger: ClientLedger, samples: list[dict], alive: i
                                      "creates_acknowledged": ledger.creates_acknowledged,
                                      "creates_cut": ledger.creates_cut},
             "leaked": leaked, "rss_growth": growth, "samples": samples, "phases": list(phases), "checks": checks,
-            "abuser_cpus": sorted(args.abuser_cpus)},
+            "service_cpus": sorted(args.service_cpus)},
             indent=1))
     return 0 if all(checks.values()) else 1
 

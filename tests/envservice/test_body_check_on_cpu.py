@@ -56,8 +56,8 @@ def test_large_bodies_are_checked_in_the_helper_which_is_restarted_when_it_dies(
 
 def test_the_helper_yields_the_cpu_and_runs_without_the_cycle_collector() -> None:
     """Where the helper shares a core with the event loop it must not take it (a pinned soak's greedy phase:
-    honest p99 168-246 ms before, 11.8 ms at nice 10; SCHED_IDLE yields at once), and its parses must not pay for full collections (732 of them, 15.9 s in
-    a 30 s phase): JSON results hold no cycles."""
+    honest p99 168-246 ms before, 11.8 ms at nice 10; SCHED_IDLE yields at once), and its parses must not pay for
+    full collections (732 of them, 15.9 s in a 30 s phase): JSON results hold no cycles."""
     async def scenario() -> None:
         checker = BodyChecker()
         try:
