@@ -48,7 +48,9 @@ def server_options(max_connections: int | None = None, head_timeout_s: float = H
         raise ValueError(f"head_timeout_s must be > 0, got {head_timeout_s}")
     protocol = type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,),
                     {"head_timeout_s": head_timeout_s, "host_slots": HostSlots(loop_slots_per_host)})
-    return {"http": protocol, "limit_concurrency": max_connections or default_max_connections(),
+    # ws "none": envservice has no WebSocket route, and an upgraded connection would leave this protocol without
+    # ever closing it here, keeping its loop slot.
+    return {"http": protocol, "ws": "none", "limit_concurrency": max_connections or default_max_connections(),
             "timeout_graceful_shutdown": GRACEFUL_SHUTDOWN_S}
 
 
@@ -106,6 +108,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             if self._slot is None:  # the host's slots are all taken: keep these bytes, read no more until one frees
                 self._unread.append(data)
                 self.transport.pause_reading()
+                self._unset_keepalive_if_required()  # a request is here: the idle keep-alive timer must not close it
                 return
         super().data_received(data)
 
