@@ -40,8 +40,8 @@ from envservice.env_config import EnvConfigError, load_env_config
 from envservice.latency import InjectedLatency, LatencySpecError, parse_latency_spec
 from envservice.backend_factory import BACKENDS, make_backend
 from envservice.backends import DEFAULT_STEP_TIMEOUT_S, EnvBackend
-from envservice.server import BODY_TIMEOUT_S, DEFAULT_MAX_REQUEST_BYTES, Settings, create_app
 from envservice.host_slots import LOOP_SLOTS_PER_HOST
+from envservice.server import BODY_TIMEOUT_S, DEFAULT_MAX_REQUEST_BYTES, Settings, create_app
 from envservice.transport import HEAD_TIMEOUT_S, SPARE_FILE_DESCRIPTORS, server_options
 
 

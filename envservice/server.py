@@ -41,8 +41,8 @@ from envservice import registry
 from envservice.body_check import LARGE_BODY_BYTES, BodyChecker
 from envservice.childproc import host_allowed
 from envservice.errors import CLIP_CHARS, EnvServiceError, clip
-from envservice.host_slots import LOOP_SLOT_STATE, release_loop_slot, set_current_slot
 from envservice.host import entry_point_of
+from envservice.host_slots import LOOP_SLOT_STATE, release_loop_slot, set_current_slot
 from envservice.mcp_tools import MCP_PATH, mcp_app, mcp_server
 from envservice.protocol import (
     CreateRequest,

@@ -115,8 +115,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._head_bytes = 0
-        # The app gives the slot back when the request's env call goes to the pool (host_slots.release_loop_slot).
-        # A request pipelined behind another on one connection runs without a slot of its own (its bytes are read).
+        # The app gives the slot back when the request's env call goes to the pool or its answer starts
+        # (envservice/host_slots.py). A request pipelined behind another on one connection runs without a slot of
+        # its own (its bytes are read already).
         self.scope.setdefault("state", {})[LOOP_SLOT_STATE] = self._slot
         if self._head_deadline is None:
             self._arm_head_deadline()
@@ -169,13 +170,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         return self.client[0] if self.client else "?"
 
     def _slot_granted(self, slot: LoopSlot) -> None:
-        """The host's turn came (another of its requests gave its slot back): read what waited, on the next
-        loop iteration rather than inside that other connection's callback."""
+        """Another request of the host gave its slot back, to this connection: read what waited, on the next loop
+        iteration rather than inside that other connection's callback."""
         self._slot = slot
         self.loop.call_soon(self._read_unread)
 
     def _read_unread(self) -> None:
-        if self.transport.is_closing():  # closed while the turn came: connection_lost gives the slot back
+        if self.transport.is_closing():  # closed meanwhile: connection_lost gives the slot back
             return
         data, self._unread = b"".join(self._unread), []
         self.transport.resume_reading()
