@@ -145,10 +145,9 @@ def _received(sock: socket.socket) -> bytes:
     return chunk
 
 
-def greedy_client(url: str, stop: threading.Event, index: int, counts: dict[str, int], session: str) -> None:
-    """One kind of greedy request (GREEDY_KINDS, by `index`) on a kept-alive raw socket, back to back, until
-    `stop`; reconnects when the service closes the connection."""
-    kind = GREEDY_KINDS[index % len(GREEDY_KINDS)]
+def greedy_client(url: str, stop: threading.Event, kind: str, counts: dict[str, int], session: str) -> None:
+    """One kind of greedy request (GREEDY_KINDS) on a kept-alive raw socket, back to back, until `stop`;
+    reconnects when the service closes the connection."""
     request = greedy_request(kind, session)
     while not stop.is_set():
         try:
@@ -163,12 +162,13 @@ def greedy_client(url: str, stop: threading.Event, index: int, counts: dict[str,
             time.sleep(0.01)
 
 
-def abuse(url: str, kind: str, abusers: int, seconds: float, counts_out, cpus: set[int] | None = None) -> None:
+def abuse(url: str, kind: str, abusers: int, seconds: float, counts_out, cpus: set[int] | None = None,
+          greedy_kinds: tuple[str, ...] = GREEDY_KINDS) -> None:
     """Entry of the abusers' own process: `abusers` threads of `kind` for `seconds`; their counts put on
     `counts_out` (a multiprocessing queue). The process runs only when nothing else wants a core (SCHED_IDLE):
     the abusers stand for clients on other machines, so their own Python should not take the cores the service
     and the honest client need (what their requests cost the service is what is measured). With `cpus` it runs on
-    those CPUs only."""
+    those CPUs only. Greedy abusers take `greedy_kinds` in turn."""
     import collections
     import os
 
@@ -180,7 +180,8 @@ def abuse(url: str, kind: str, abusers: int, seconds: float, counts_out, cpus: s
         threads = [threading.Thread(target=slow_client, args=(url, stop, i, counts), daemon=True) for i in range(abusers)]
     else:
         shared = EnvClient(url).create("frozenlake", task_id=0).session_id
-        threads = [threading.Thread(target=greedy_client, args=(url, stop, i, counts, shared), daemon=True)
+        threads = [threading.Thread(target=greedy_client, daemon=True,
+                                    args=(url, stop, greedy_kinds[i % len(greedy_kinds)], counts, shared))
                    for i in range(abusers)]
     for thread in threads:
         thread.start()
@@ -192,7 +193,7 @@ def abuse(url: str, kind: str, abusers: int, seconds: float, counts_out, cpus: s
 
 
 def run_phase(url: str, seconds: float, kind: str, abusers: int, abused_url: str | None = None,
-              abuser_cpus: set[int] | None = None) -> dict:
+              abuser_cpus: set[int] | None = None, greedy_kinds: tuple[str, ...] = GREEDY_KINDS) -> dict:
     """The honest client for `seconds` beside `abusers` threads of `kind` (quiet | slow | greedy). The abusers run
     in a process of their own, so that the honest client's latencies are the service's, not this process's GIL.
     With `abused_url` the abusers aim at that other service instead: the control that shows what sharing the
@@ -205,7 +206,8 @@ def run_phase(url: str, seconds: float, kind: str, abusers: int, abused_url: str
     if kind != "quiet":
         context = multiprocessing.get_context("spawn")
         queue = context.Queue()
-        child = context.Process(target=abuse, args=(abused_url or url, kind, abusers, seconds, queue, abuser_cpus))
+        child = context.Process(target=abuse, args=(abused_url or url, kind, abusers, seconds, queue, abuser_cpus,
+                                                                 greedy_kinds))
         child.start()
         time.sleep(1.0)  # the abusers are at it before the honest client starts counting
     honest = threading.Thread(target=honest_client, args=(url, stop, latencies, ledger), daemon=True)

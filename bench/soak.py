@@ -15,8 +15,9 @@ one started on the same port (clients see connection errors, then carry on).
 
 With `--phase-s S` it first runs four phases of S seconds each (bench/abusive_clients.py): an honest client
 alone (quiet), then beside `--abusers` slow clients (silent, dripping and half-body connections), then beside
-as many greedy ones (concurrent steps on one session, 30 000-entry bad bodies, 60 KiB heads), and checks that
-the honest client's p99 latency stays within 2x of the quiet one's with every honest episode clean. The fourth
+as many greedy ones (concurrent steps on one session, 30 000-entry bad bodies, 60 KiB heads; `--greedy-kinds`
+picks some), and checks that the honest client's p99 latency stays within 2x of the quiet one's with every
+honest episode clean. The fourth
 phase is the control: the same greedy clients aimed at a second service on this machine, which shows what
 sharing the cores alone costs the honest client; the greedy phase is also checked against it. The abusers run
 only when nothing else wants a core (SCHED_IDLE), as if on other machines.
@@ -177,6 +178,8 @@ def client_loop(url: str, seed: int, ledger: ClientLedger, stop: threading.Event
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from abusive_clients import GREEDY_KINDS  # beside this file (bench/ is on sys.path when it runs)
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=30.0, help="how long to run (default 30)")
     parser.add_argument("--clients", type=int, default=8, help="client threads (default 8)")
@@ -189,6 +192,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--phase-s", type=float, default=0.0,
                         help="seconds of each slow/greedy-client phase, run first (0: none)")
     parser.add_argument("--abusers", type=int, default=32, help="slow or greedy client threads per phase")
+    parser.add_argument("--greedy-kinds", default=",".join(GREEDY_KINDS),
+                        help=f"what the greedy clients send, taken in turn (default {','.join(GREEDY_KINDS)})")
     parser.add_argument("--service-arg", action="append", default=[], metavar="ARG",
                         help="one more argument for the services (repeatable), "
                              "e.g. --service-arg=--loop-slots-per-host=0")
@@ -202,6 +207,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--service-cpus {sorted(args.service_cpus)} must be a proper subset of this process's CPUs "
                      f"{sorted(every)}")
     args.client_cpus = every - args.service_cpus if args.service_cpus else set()
+    args.greedy_kinds = tuple(kind.strip() for kind in args.greedy_kinds.split(",") if kind.strip())
+    unknown = sorted(set(args.greedy_kinds) - set(GREEDY_KINDS))
+    if unknown or not args.greedy_kinds:
+        parser.error(f"--greedy-kinds {','.join(unknown) or '(none)'} unknown; valid: {', '.join(GREEDY_KINDS)}")
     return args
 
 
@@ -274,7 +283,8 @@ def run_phases(url: str, args: argparse.Namespace) -> list[dict]:
         plan.append(("greedy", control.url))
     try:
         for abuse, abused_url in plan:
-            phase = run_phase(url, args.phase_s, abuse, args.abusers, abused_url, args.client_cpus or None)
+            phase = run_phase(url, args.phase_s, abuse, args.abusers, abused_url, args.client_cpus or None,
+                              args.greedy_kinds)
             phases.append(phase)
             print(f"phase {phase['abuse']}: honest p50 {phase['p50_ms']} ms, p99 {phase['p99_ms']} ms over "
                   f"{phase['honest_requests']} requests, episodes {phase['honest_episodes']}; "
