@@ -89,7 +89,7 @@ class Service:
     """The envservice under test, restartable on one port."""
 
     def __init__(self, log_dir: Path, step_timeout_s: float, idle_timeout_s: float,
-                 more_args: list[str] = ()) -> None:
+                 more_args: tuple[str, ...] | list[str] = ()) -> None:
         self.port, self.log_dir, self.runs = free_port(), log_dir, 0
         self.args = dict(backend="process", workers=2, step_timeout_s=step_timeout_s,
                          extra_args=["--register", "faulty=envservice.envs.testing:FaultyEnv",

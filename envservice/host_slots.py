@@ -36,11 +36,6 @@ class LoopSlot:
     def __init__(self, slots: HostSlots, host: str) -> None:
         self._slots, self._host, self._held = slots, host, True
 
-    @property
-    def held(self) -> bool:
-        """Whether it is still taken (not given back)."""
-        return self._held
-
     def release(self) -> None:
         """Give the slot back (the host's next waiting request gets it); again is a no-op."""
         if self._held:

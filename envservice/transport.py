@@ -78,8 +78,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     head_timeout_s: float = HEAD_TIMEOUT_S
     """Seconds a request head may take (`server_options` makes a subclass with another value)."""
-    host_slots: HostSlots | None = None
-    """The service's loop slots per client host (`server_options` gives each server its own); None: no limit."""
+    host_slots: HostSlots = HostSlots(0)
+    """The service's loop slots per client host (`server_options` gives each server its own); here: no limit."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -92,8 +92,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_deadline()
-        if self.host_slots is not None:
-            self.host_slots.cancel(self._host, self._slot_granted)
+        self.host_slots.cancel(self._host, self._slot_granted)
         self._release_slot()
         super().connection_lost(exc)
 
@@ -103,7 +102,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._unread:  # still waiting for a slot (bytes read just before the pause took effect)
             self._unread.append(data)
             return
-        if self._slot is None and self.host_slots is not None:
+        if self._slot is None:
             self._slot = self.host_slots.take(self._host, self._slot_granted)
             if self._slot is None:  # the host's slots are all taken: keep these bytes, read no more until one frees
                 self._unread.append(data)
