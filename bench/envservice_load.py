@@ -7,7 +7,9 @@ Starts `python -m envservice --port 0` on 127.0.0.1 (loopback only), opens the s
 p50/p99 step latency, errors and the resident memory of the server (and of its worker processes with
 `--backend process`), and the CPU the server and this load generator used per step (on a machine with fewer
 free cores than both need, their sum bounds steps/s), and stops the server it started. `--json` keeps the
-figures (bench/run_all.py reads them).
+figures (bench/run_all.py reads them). `--light-client` adds a second client host (127.0.0.2) asking /healthz back
+to back on one connection the whole time: what the service's fair sharing between hosts
+(envservice/host_slots.py) costs a trainer while another host is active, and that host's latency.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 import threading
 import time
@@ -42,7 +45,36 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--service-arg", action="append", default=[], metavar="ARG",
                         help="one more argument for the service (repeatable), "
                         "e.g. --service-arg=--loop-slots-per-host=0")
+    parser.add_argument("--light-client", action="store_true",
+                        help="also ask /healthz back to back from another loopback host (127.0.0.2) while stepping")
     return parser.parse_args()
+
+
+LIGHT_CLIENT_ADDRESS = "127.0.0.2"
+"""The light client's source address: another host to the service (Linux routes all of 127.0.0.0/8 to loopback)."""
+
+
+def light_client(url: str, stop: threading.Event, latencies: list[float]) -> None:
+    """/healthz back to back on one kept-alive connection from LIGHT_CLIENT_ADDRESS until `stop`."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    request = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
+    with socket.create_connection((host, int(port)), timeout=30, source_address=(LIGHT_CLIENT_ADDRESS, 0)) as sock:
+        while not stop.is_set():
+            started, answer = time.perf_counter(), b""
+            sock.sendall(request)
+            while not _whole_answer(answer):
+                chunk = sock.recv(65536)
+                if not chunk:
+                    raise ConnectionError("the service closed the light client's connection")
+                answer += chunk
+            latencies.append(time.perf_counter() - started)
+
+
+def _whole_answer(answer: bytes) -> bool:
+    head, found, body = answer.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")[1:]
+                   if line.lower().startswith(b"content-length:")), 0)
+    return bool(found) and len(body) >= length
 
 
 def rss_mb(pid: int) -> float:
@@ -143,6 +175,9 @@ def run_load(args: argparse.Namespace, client: EnvClient, pid: int) -> None:
     steppers = [Stepper(client, args.env, session_ids[i :: args.threads]) for i in range(args.threads)]
     stop, budget = threading.Event(), Budget(args.max_steps)
     workers = [threading.Thread(target=s.run, args=(stop, budget)) for s in steppers]
+    light_latencies: list[float] = []
+    if args.light_client:
+        workers.append(threading.Thread(target=light_client, args=(client.base_url, stop, light_latencies)))
     server_cpu, client_cpu = cpu_seconds(pid), time.process_time()
     started = time.perf_counter()
     for worker in workers:
@@ -162,6 +197,9 @@ def run_load(args: argparse.Namespace, client: EnvClient, pid: int) -> None:
           f"threads={args.threads} steps={len(latencies)} in {elapsed:.1f}s steps_per_s={len(latencies) / elapsed:.0f} "
           f"p50_ms={percentile(latencies, 0.5) * 1e3:.1f} p99_ms={percentile(latencies, 0.99) * 1e3:.1f} "
           f"errors={errors or 0} {memory_text(pid)}")
+    if args.light_client:
+        print(f"light client ({LIGHT_CLIENT_ADDRESS}): {len(light_latencies)} /healthz, "
+              f"p50_ms={percentile(light_latencies, 0.5) * 1e3:.1f} p99_ms={percentile(light_latencies, 0.99) * 1e3:.1f}")
     steps = max(len(latencies), 1)
     # Where the time goes: CPU seconds of the server (with its workers) and of this load generator per step; on a
     # machine with fewer free cores than the two need, their sum per step bounds steps/s.

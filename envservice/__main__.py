@@ -76,7 +76,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--loop-slots-per-host", type=int, default=LOOP_SLOTS_PER_HOST, metavar="N",
                         help="requests of one client host parsed and routed on the event loop at once; its others "
                         "wait unread, so many connections from one host cannot delay another host's requests; an env "
-                        f"call waits off the loop and holds none (default {LOOP_SLOTS_PER_HOST}; 0: no limit)")
+                        "call waits off the loop and holds none. A host with more requests gets one slot, and gives "
+                        "way for up to 2 ms, while a lighter host with at most N is active (envservice/host_slots.py; "
+                        f"default {LOOP_SLOTS_PER_HOST}; 0: no limit)")
     parser.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
     parser.add_argument("--no-preload", dest="preload", action="store_false",
                         help="do not import the served envs' packages before the ready line (in the service and "

@@ -1,29 +1,47 @@
-"""Fair sharing of the event loop between client hosts: at most N requests of one host on the loop at once.
+"""Fair sharing of the event loop between client hosts: at most N requests of one host on the loop at once, and a
+heavy host makes room for a light host while that one is active.
 
 Why: the service parses, checks, validates and routes every request on its one event loop, one callback at a
 time in arrival order. A host with many connections keeps as many requests in that queue, and another host's
 request waits behind all of them at each of its steps: in a soak's greedy phase (bench/soak.py --service-cpus 0),
-32 raw-socket connections from one host took an honest client's p99 latency from 2.1 to 32.6 ms (3.3 to 5.5 ms
-with 4 slots per host). With at most `per_host` requests of a
-host on the loop, that host's other requests wait unread (their connections' reading is paused, the bytes stay
-in the kernel) and another host's request waits behind at most `per_host` of them.
+32 raw-socket connections from one host took an honest client's p99 latency from 2.1 to 32.6 ms. Three rules:
 
-A request holds its `LoopSlot` from its first byte until its answer starts, or until it hands its env call to
-the thread pool (`release_loop_slot`, from the route), whichever comes first: an env call waits off the loop, so
-a host's slow env steps never hold its slots, and a trainer with hundreds of sessions stepping at once is limited
-only in how many of its requests are parsed at the same moment, which the one loop does one at a time anyway; an
-answer that streams for a long time holds none either. Clients behind one proxy or NAT share one host's slots
-(`--loop-slots-per-host 0` turns the limit off).
+- **Slots.** With at most `per_host` requests of a host on the loop, that host's other requests wait unread (their
+  connections' reading is paused, the bytes stay in the kernel), so another host's request waits behind at most
+  `per_host` of them. Alone this left a flood of cheap requests at 3.3x quiet: while one host keeps the loop busy
+  without a pause, a light host's request still waits at each of its steps, the env call's hand-over to a pool
+  thread and back included.
+- **One slot beside a light host.** A *light* host has at most `per_host` requests in progress or waiting (an
+  interactive client, an evaluator, a health probe). While a light host with fewer requests than a heavier host
+  started one less than SHARING_WINDOW_S ago, the heavier host gets one slot on the loop, not `per_host`.
+- **Giving way.** While such a light host has a request in progress that started less than `give_way_s` ago, the
+  heavier host's next request waits until it is answered, `give_way_s` at most. The loop then runs dry of the heavy
+  host's work while the light host's request is served, and the heavy host loses at most `give_way_s` per request.
+
+A trainer alone, or heavy hosts side by side (each with more than `per_host` requests), are never held back by the
+last two rules. A request holds its `LoopSlot` on the loop from its first byte until its answer starts, or until it
+hands its env call to the thread pool (`release_loop_slot`, from the route), whichever comes first: an env call
+waits off the loop, so a host's slow env steps never hold its slots. It stays in progress (`LoopSlot.close`) until
+its answer has gone out. Clients behind one proxy or NAT are one host (`--loop-slots-per-host 0` turns all three
+rules off).
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextvars
-from typing import Callable
+from dataclasses import dataclass
+from typing import Any, Callable
 
 LOOP_SLOTS_PER_HOST = 4
 """Default of `--loop-slots-per-host`."""
+GIVE_WAY_S = 0.002
+"""How long, at most, a heavier host's request waits for a light host's request in progress."""
+SHARING_WINDOW_S = 0.1
+"""A light host that started a request less than this ago holds a heavier host to one slot."""
+FORGET_AFTER_HOSTS = 64
+"""Past this many hosts remembered, those not heard from within SHARING_WINDOW_S are forgotten."""
 LOOP_SLOT_STATE = "envservice.loop_slot"
 """The key of a request's LoopSlot in its ASGI scope's "state" (put there by the connection layer)."""
 
@@ -31,71 +49,188 @@ _current_slot: contextvars.ContextVar[LoopSlot | None] = contextvars.ContextVar(
 
 
 class LoopSlot:
-    """One request's place on the event loop among its host's (`HostSlots`); given back at most once."""
+    """One request's place among its host's (`HostSlots`): on the loop until `release`, in progress until `close`."""
 
     def __init__(self, slots: HostSlots, host: str) -> None:
-        self._slots, self._host, self._held = slots, host, True
+        self._slots, self._host, self._on_loop, self._open = slots, host, True, True
 
     def release(self) -> None:
-        """Give the slot back (the host's next waiting request gets it); again is a no-op."""
-        if self._held:
-            self._held = False
-            self._slots._give_back(self._host)
+        """Leave the loop (the env call goes to the pool, or the answer starts); again is a no-op."""
+        if self._on_loop:
+            self._on_loop = False
+            self._slots._left_loop(self._host)
+
+    def close(self) -> None:
+        """The request is over (its answer went out, or its connection closed); again is a no-op."""
+        self.release()
+        if self._open:
+            self._open = False
+            self._slots._finished(self._host)
+
+
+@dataclass
+class _Waiter:
+    """A request waiting for a slot: who to call with it, and since when it gives way (None: it does not yet)."""
+
+    when_free: Callable[[LoopSlot], None]
+    giving_way_since: float | None = None
 
 
 class HostSlots:
-    """Per client host, `per_host` slots on the event loop; a request that finds none waits in its host's queue.
+    """Per client host, slots on the event loop under the module's three rules; a request that may not start yet
+    waits in its host's queue (first come, first served within a host).
 
-    `per_host` 0 means no limit (every request gets a slot at once, nothing is counted). Event-loop only: no lock.
-    """
+    `per_host` 0 means no limit (every request gets a slot at once, nothing is counted); `give_way_s` 0 turns the
+    two rules for light hosts off. Event-loop only: no lock. `clock` and `call_later` default to the running
+    loop's (tests pass their own)."""
 
-    def __init__(self, per_host: int) -> None:
+    def __init__(self, per_host: int, give_way_s: float = GIVE_WAY_S, clock: Callable[[], float] | None = None,
+                 call_later: Callable[[float, Callable[[], None]], Any] | None = None) -> None:
         if per_host < 0:
             raise ValueError(f"loop slots per host must be >= 0 (0: no limit), got {per_host}")
-        self.per_host = per_host
-        self._held: collections.Counter[str] = collections.Counter()
-        self._waiting: dict[str, collections.deque[Callable[[LoopSlot], None]]] = {}
+        if give_way_s < 0:
+            raise ValueError(f"give_way_s must be >= 0 (0: never give way), got {give_way_s}")
+        self.per_host, self.give_way_s = per_host, give_way_s
+        self._clock, self._call_later = clock, call_later
+        self._on_loop: collections.Counter[str] = collections.Counter()
+        self._in_progress: collections.Counter[str] = collections.Counter()
+        self._last_start: dict[str, float] = {}
+        self._waiting: dict[str, collections.deque[_Waiter]] = {}
+        self._timer: Any = None
+        self._timer_due = 0.0
 
     def take(self, host: str, when_free: Callable[[LoopSlot], None]) -> LoopSlot | None:
-        """A slot now, or None: then `when_free(slot)` is called with one as soon as one of the host's slots frees
+        """A slot now, or None: then `when_free(slot)` is called with one as soon as the host may go on
         (unless `cancel(host, when_free)` is called first)."""
         if not self.per_host:
             return LoopSlot(self, host)
-        if self._held[host] < self.per_host and not self._waiting.get(host):
-            self._held[host] += 1
-            return LoopSlot(self, host)
-        self._waiting.setdefault(host, collections.deque()).append(when_free)
+        now = self._now()
+        slots = self.per_host if self._one_slot_until(host, now) is None else 1
+        if not self._waiting.get(host) and self._on_loop[host] < slots and not self._gives_way(host, now):
+            return self._start(host, now)
+        self._waiting.setdefault(host, collections.deque()).append(_Waiter(when_free))
+        if self._on_loop[host] < self.per_host:  # held back by a light host: look again soon (never from here)
+            self._look_again_at(now, now)
         return None
 
     def cancel(self, host: str, when_free: Callable[[LoopSlot], None]) -> None:
         """Leave the host's queue (a waiting connection closed); no-op if not in it."""
         queue = self._waiting.get(host)
-        if queue is not None and when_free in queue:
-            queue.remove(when_free)
-            if not queue:
-                del self._waiting[host]
+        if queue is None:
+            return
+        for waiter in queue:
+            if waiter.when_free == when_free:
+                queue.remove(waiter)
+                break
+        if not queue:
+            del self._waiting[host]
 
     def held(self, host: str) -> int:
-        """Slots the host holds now."""
-        return self._held[host]
+        """The host's requests on the loop now."""
+        return self._on_loop[host]
+
+    def in_progress(self, host: str) -> int:
+        """The host's requests that got a slot and are not answered yet."""
+        return self._in_progress[host]
 
     def waiting(self, host: str) -> int:
         """The host's requests waiting for a slot."""
         return len(self._waiting.get(host, ()))
 
-    def _give_back(self, host: str) -> None:
+    # ---- the rules -----------------------------------------------------------------------------------
+
+    def _load(self, host: str) -> int:
+        return self._in_progress[host] + len(self._waiting.get(host, ()))
+
+    def _light_hosts(self, host: str, now: float, within_s: float) -> list[str]:
+        """Light hosts (load at most per_host) lighter than `host` that started a request within `within_s`."""
+        load = self._load(host)
+        return [other for other, started in self._last_start.items()
+                if other != host and now - started < within_s and self._load(other) < load
+                and self._load(other) <= self.per_host]
+
+    def _one_slot_until(self, host: str, now: float) -> float | None:
+        """While a lighter light host is active, the time that ends (the host has one slot till then), else None."""
+        if self.per_host < 2 or not self.give_way_s:
+            return None
+        light = self._light_hosts(host, now, SHARING_WINDOW_S)
+        return max(self._last_start[other] for other in light) + SHARING_WINDOW_S if light else None
+
+    def _gives_way(self, host: str, now: float) -> bool:
+        """Whether a lighter light host has a request in progress that started less than give_way_s ago."""
+        return bool(self.give_way_s) and any(self._in_progress[other]
+                                             for other in self._light_hosts(host, now, self.give_way_s))
+
+    # ---- bookkeeping ---------------------------------------------------------------------------------
+
+    def _start(self, host: str, now: float) -> LoopSlot:
+        self._on_loop[host] += 1
+        self._in_progress[host] += 1
+        self._last_start[host] = now
+        if len(self._last_start) > FORGET_AFTER_HOSTS:
+            self._last_start = {name: at for name, at in self._last_start.items()
+                                if now - at < SHARING_WINDOW_S or self._in_progress[name]}
+        return LoopSlot(self, host)
+
+    def _left_loop(self, host: str) -> None:
         if not self.per_host:
             return
-        queue = self._waiting.get(host)
-        if queue:  # the slot passes straight to the host's next request
-            when_free = queue.popleft()
+        self._on_loop[host] -= 1
+        if not self._on_loop[host]:
+            del self._on_loop[host]
+        self._admit()
+
+    def _finished(self, host: str) -> None:
+        if not self.per_host:
+            return
+        self._in_progress[host] -= 1
+        if not self._in_progress[host]:
+            del self._in_progress[host]
+        self._admit()
+
+    def _admit(self) -> None:
+        """Start waiting requests while their hosts have room, lightest host first. A host's first waiter gives
+        way for give_way_s at most from when it first had to; a timer looks again when that time is up, or when a
+        host held to one slot gets its others back."""
+        now, next_look = self._now(), None
+        for host in sorted(self._waiting, key=self._load):
+            queue = self._waiting[host]
+            while queue:
+                one_slot_until = self._one_slot_until(host, now)
+                if self._on_loop[host] >= (1 if one_slot_until is not None else self.per_host):
+                    if one_slot_until is not None and self._on_loop[host] < self.per_host:
+                        next_look = one_slot_until if next_look is None else min(next_look, one_slot_until)
+                    break
+                head = queue[0]
+                if self._gives_way(host, now):
+                    if head.giving_way_since is None:
+                        head.giving_way_since = now
+                    if now - head.giving_way_since < self.give_way_s:
+                        due = head.giving_way_since + self.give_way_s
+                        next_look = due if next_look is None else min(next_look, due)
+                        break
+                queue.popleft()
+                head.when_free(self._start(host, now))
             if not queue:
                 del self._waiting[host]
-            when_free(LoopSlot(self, host))
-            return
-        self._held[host] -= 1
-        if not self._held[host]:
-            del self._held[host]
+        if next_look is not None:
+            self._look_again_at(next_look, now)
+
+    def _look_again_at(self, when: float, now: float) -> None:
+        """Run `_admit` at `when` (one timer for all hosts, at the earliest time asked for)."""
+        if self._timer is not None:
+            if self._timer_due <= when:
+                return
+            self._timer.cancel()
+        call_later = self._call_later or asyncio.get_running_loop().call_later
+        self._timer, self._timer_due = call_later(max(0.0, when - now), self._timer_fired), when
+
+    def _timer_fired(self) -> None:
+        self._timer = None
+        self._admit()
+
+    def _now(self) -> float:
+        return self._clock() if self._clock is not None else asyncio.get_running_loop().time()
 
 
 def set_current_slot(slot: LoopSlot | None) -> None:
@@ -104,7 +239,8 @@ def set_current_slot(slot: LoopSlot | None) -> None:
 
 
 def release_loop_slot() -> None:
-    """Give back the current request's slot: called by a route just before its env call goes to the thread pool."""
+    """Leave the loop with the current request's slot: called by a route just before its env call goes to the
+    thread pool."""
     slot = _current_slot.get()
     if slot is not None:
         slot.release()

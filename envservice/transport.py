@@ -11,8 +11,9 @@ descriptor; 300 of them made every honest `/healthz` fail under `ulimit -n 256`.
   answered in envservice's JSON error format and followed by closing the connection;
 - the body is read under a deadline by `server.RequestGuard` (408 `request_timeout`);
 - bytes that are not HTTP/1.1 get a 400 in the same format (uvicorn's own is plain text);
-- a connection whose host has all its loop slots taken (`envservice/host_slots.py`) is not read until one is
-  free: one host's many connections cannot fill the event loop's queue in front of another host's request;
+- a connection whose host may not start another request on the loop (`envservice/host_slots.py`: all its loop
+  slots taken, or it makes room for a light host) is not read until it may: one host's many connections cannot
+  fill the event loop's queue in front of another host's request;
 - `server_options` caps the connections uvicorn serves at once below the process's file-descriptor limit (503
   beyond it, from uvicorn) and bounds the graceful shutdown.
 """
@@ -169,8 +170,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         return self.client[0] if self.client else "?"
 
     def _slot_granted(self, slot: LoopSlot) -> None:
-        """Another request of the host gave its slot back, to this connection: read what waited, on the next loop
-        iteration rather than inside that other connection's callback."""
+        """The host may start this connection's request now (a slot came free, or the host's giving way ended):
+        read what waited, on the next loop iteration rather than inside another connection's callback."""
         self._slot = slot
         self.loop.call_soon(self._read_unread)
 
@@ -183,7 +184,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def _release_slot(self) -> None:
         if self._slot is not None:
-            self._slot.release()
+            self._slot.close()  # the request is over: off the loop and no longer in progress
             self._slot = None
 
     def _count_head(self, size: int) -> None:
