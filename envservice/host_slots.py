@@ -192,6 +192,8 @@ class HostSlots:
         """Start waiting requests while their hosts have room, lightest host first. A host's first waiter gives
         way for give_way_s at most from when it first had to; a timer looks again when that time is up, or when a
         host held to one slot gets its others back."""
+        if not self._waiting:  # the common case: nobody waits
+            return
         now, next_look = self._now(), None
         for host in sorted(self._waiting, key=self._load):
             queue = self._waiting[host]
