@@ -173,19 +173,18 @@ class HostSlots:
         return LoopSlot(self, host)
 
     def _left_loop(self, host: str) -> None:
-        if not self.per_host:
-            return
-        self._on_loop[host] -= 1
-        if not self._on_loop[host]:
-            del self._on_loop[host]
-        self._admit()
+        self._count_down(self._on_loop, host)
 
     def _finished(self, host: str) -> None:
+        self._count_down(self._in_progress, host)
+
+    def _count_down(self, counter: collections.Counter[str], host: str) -> None:
+        """One less of `host`'s in `counter` (forgotten at 0), then let waiting requests start if they may."""
         if not self.per_host:
             return
-        self._in_progress[host] -= 1
-        if not self._in_progress[host]:
-            del self._in_progress[host]
+        counter[host] -= 1
+        if not counter[host]:
+            del counter[host]
         self._admit()
 
     def _admit(self) -> None:
