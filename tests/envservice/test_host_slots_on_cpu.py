@@ -2,22 +2,27 @@
 
 32 raw-socket connections from one host used to keep 32 requests in the event loop's queue, in front of every
 other host's request (bench/soak.py's greedy phase: an honest client's p99 went from 2.1 to 32.6 ms). Now a host
-has at most N requests on the loop; its others wait unread. By hand on `HostSlots`, then on a live service over
-loopback, where the "other host" is another loopback address (127.0.0.2).
+has at most N requests on the loop; its others wait unread; and a heavy host makes room for an active light one
+(one slot, giving way). By hand on `HostSlots` with a hand-driven clock, then on a live service over loopback, where
+the "other host" is another loopback address (127.0.0.2).
 """
 
 from __future__ import annotations
 
+import asyncio
 import socket
+import threading
 import time
 from typing import Iterator
 
 import pytest
+import uvicorn
 
 from envservice.__main__ import parse_args
 from envservice.client import EnvClient
 from envservice.host_slots import SHARING_WINDOW_S, HostSlots, LoopSlot
 from envservice.process import EnvServiceProcess
+from envservice.transport import server_options
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -55,6 +60,7 @@ class Clock:
 
 
 def hand_slots(per_host: int, give_way_s: float = 0.002) -> tuple[HostSlots, Clock]:
+    """HostSlots on a hand-driven clock."""
     clock = Clock()
     return HostSlots(per_host, give_way_s, clock=clock, call_later=clock.call_later), clock
 
@@ -280,12 +286,6 @@ def test_every_request_that_took_a_slot_is_closed_by_the_connection_layer() -> N
     """The connection layer (envservice/transport.py) closes each request's slot however the request ends, so a
     host never looks busier than it is: answered on a kept-alive connection, dropped mid-body, refused for its
     head. Served in this process by uvicorn with the guarded protocol, so the host's counts can be read."""
-    import asyncio
-    import threading
-
-    import uvicorn
-
-    from envservice.transport import server_options
 
     async def app(scope, receive, send) -> None:
         if scope["type"] != "http":
