@@ -124,7 +124,7 @@ def _post(path: str, body: bytes) -> bytes:
             f"Content-Length: {len(body)}\r\n\r\n").encode() + body
 
 
-def _read_answer(sock: socket.socket, buffered: bytes) -> tuple[int, bytes, bool]:
+def read_answer(sock: socket.socket, buffered: bytes) -> tuple[int, bytes, bool]:
     """One HTTP answer from `sock` (after the `buffered` bytes read before): its status, the bytes read past
     it, and whether the server closes the connection."""
     while b"\r\n\r\n" not in buffered:
@@ -155,7 +155,7 @@ def greedy_client(url: str, stop: threading.Event, kind: str, counts: dict[str, 
                 buffered, closing = b"", False
                 while not (stop.is_set() or closing):
                     sock.sendall(request)
-                    status, buffered, closing = _read_answer(sock, buffered)
+                    status, buffered, closing = read_answer(sock, buffered)
                     counts[f"{kind} {status}"] += 1
         except OSError as error:
             counts[f"{kind} {type(error).__name__}"] += 1
