@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextvars
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -104,11 +105,10 @@ class HostSlots:
         (unless `cancel(host, when_free)` is called first)."""
         if not self.per_host:
             return LoopSlot(self, host)
-        now = self._now()
-        slots = self.per_host if self._one_slot_until(host, now) is None else 1
-        if not self._waiting.get(host) and self._on_loop[host] < slots and not self._gives_way(host, now):
+        now, waiter = self._now(), _Waiter(when_free)
+        if not self._waiting.get(host) and self._wait_until(host, waiter, now) is None:
             return self._start(host, now)
-        self._waiting.setdefault(host, collections.deque()).append(_Waiter(when_free))
+        self._waiting.setdefault(host, collections.deque()).append(waiter)
         if self._on_loop[host] < self.per_host:  # held back by a light host: look again soon (never from here)
             self._look_again_at(now, now)
         return None
@@ -142,24 +142,35 @@ class HostSlots:
     def _load(self, host: str) -> int:
         return self._in_progress[host] + len(self._waiting.get(host, ()))
 
-    def _light_hosts(self, host: str, now: float, within_s: float) -> list[str]:
-        """Light hosts (load at most per_host) lighter than `host` that started a request within `within_s`."""
-        load = self._load(host)
-        return [other for other, started in self._last_start.items()
-                if other != host and now - started < within_s and self._load(other) < load
-                and self._load(other) <= self.per_host]
+    def _held_back(self, host: str, now: float) -> tuple[float | None, bool]:
+        """How lighter light hosts (load at most per_host) hold `host` back now, in one pass over the hosts: until
+        when it has one slot (None: it has per_host), and whether it gives way to a request of theirs in progress
+        that started less than give_way_s ago."""
+        if not self.give_way_s:
+            return None, False
+        load, one_slot_until, gives_way = self._load(host), None, False
+        for other, started in self._last_start.items():
+            other_load = self._load(other)
+            if other == host or not other_load < load or other_load > self.per_host:
+                continue
+            if now - started < SHARING_WINDOW_S and self.per_host > 1:
+                one_slot_until = max(one_slot_until or 0.0, started + SHARING_WINDOW_S)
+            if now - started < self.give_way_s and self._in_progress[other]:
+                gives_way = True
+        return one_slot_until, gives_way
 
-    def _one_slot_until(self, host: str, now: float) -> float | None:
-        """While a lighter light host is active, the time that ends (the host has one slot till then), else None."""
-        if self.per_host < 2 or not self.give_way_s:
-            return None
-        light = self._light_hosts(host, now, SHARING_WINDOW_S)
-        return max(self._last_start[other] for other in light) + SHARING_WINDOW_S if light else None
-
-    def _gives_way(self, host: str, now: float) -> bool:
-        """Whether a lighter light host has a request in progress that started less than give_way_s ago."""
-        return bool(self.give_way_s) and any(self._in_progress[other]
-                                             for other in self._light_hosts(host, now, self.give_way_s))
+    def _wait_until(self, host: str, head: _Waiter, now: float) -> float | None:
+        """None if the host's first waiting request `head` may start now; else when to look again (math.inf: when
+        one of the host's requests leaves the loop). Marks when `head` began to give way."""
+        one_slot_until, gives_way = self._held_back(host, now)
+        if self._on_loop[host] >= (self.per_host if one_slot_until is None else 1):
+            return one_slot_until if one_slot_until is not None and self._on_loop[host] < self.per_host else math.inf
+        if gives_way:
+            if head.giving_way_since is None:
+                head.giving_way_since = now
+            if now - head.giving_way_since < self.give_way_s:
+                return head.giving_way_since + self.give_way_s
+        return None
 
     # ---- bookkeeping ---------------------------------------------------------------------------------
 
@@ -197,20 +208,12 @@ class HostSlots:
         for host in sorted(self._waiting, key=self._load):
             queue = self._waiting[host]
             while queue:
-                one_slot_until = self._one_slot_until(host, now)
-                if self._on_loop[host] >= (1 if one_slot_until is not None else self.per_host):
-                    if one_slot_until is not None and self._on_loop[host] < self.per_host:
-                        next_look = one_slot_until if next_look is None else min(next_look, one_slot_until)
+                wait_until = self._wait_until(host, queue[0], now)
+                if wait_until is not None:
+                    if wait_until != math.inf:
+                        next_look = wait_until if next_look is None else min(next_look, wait_until)
                     break
-                head = queue[0]
-                if self._gives_way(host, now):
-                    if head.giving_way_since is None:
-                        head.giving_way_since = now
-                    if now - head.giving_way_since < self.give_way_s:
-                        due = head.giving_way_since + self.give_way_s
-                        next_look = due if next_look is None else min(next_look, due)
-                        break
-                queue.popleft()
+                head = queue.popleft()
                 head.when_free(self._start(host, now))
             if not queue:
                 del self._waiting[host]
