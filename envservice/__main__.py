@@ -40,6 +40,7 @@ from envservice.env_config import EnvConfigError, load_env_config
 from envservice.latency import InjectedLatency, LatencySpecError, parse_latency_spec
 from envservice.backend_factory import BACKENDS, make_backend
 from envservice.backends import DEFAULT_STEP_TIMEOUT_S, EnvBackend
+from envservice.body_check import LARGE_BODY_BYTES, LARGE_BODY_SHARE
 from envservice.host_slots import LOOP_SLOTS_PER_HOST
 from envservice.server import BODY_TIMEOUT_S, DEFAULT_MAX_REQUEST_BYTES, Settings, create_app
 from envservice.transport import HEAD_TIMEOUT_S, SPARE_FILE_DESCRIPTORS, server_options
@@ -79,6 +80,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "call waits off the loop and holds none. A host with more requests gets one slot, and gives "
                         "way for up to 2 ms, while a lighter host with at most N is active (envservice/host_slots.py; "
                         f"default {LOOP_SLOTS_PER_HOST}; 0: no limit)")
+    parser.add_argument("--large-body-share", type=float, default=LARGE_BODY_SHARE, metavar="FRACTION",
+                        help=f"share of the time one client host's JSON checks of bodies over "
+                        f"{LARGE_BODY_BYTES // 1024} KiB may keep the checking helper process busy; a check that took "
+                        "c CPU seconds makes the host's next such body wait c * (1/FRACTION - 1) (envservice/"
+                        f"body_check.py; default {LARGE_BODY_SHARE:g}; 0: no limit)")
     parser.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
     parser.add_argument("--no-preload", dest="preload", action="store_false",
                         help="do not import the served envs' packages before the ready line (in the service and "
@@ -150,6 +156,9 @@ def check_backend_args(args: argparse.Namespace) -> None:
     if args.loop_slots_per_host < 0:
         raise SystemExit(f"envservice: --loop-slots-per-host {args.loop_slots_per_host} is invalid; give a count "
                          ">= 1, or 0 for no limit")
+    if not 0 <= args.large_body_share <= 1:
+        raise SystemExit(f"envservice: --large-body-share {args.large_body_share:g} is invalid; give a fraction "
+                         "in [0, 1], or 0 for no limit")
     if args.ray_resources is not None:
         args.ray_resources = _json_object("--ray-resources", args.ray_resources)
 
@@ -233,7 +242,8 @@ def build_settings(args: argparse.Namespace, env_ids: list[str], token: str | No
     """The service `Settings` the parsed flags ask for."""
     return Settings(env_ids=env_ids, max_sessions=args.max_sessions, idle_timeout_s=args.idle_timeout,
                     token=token, backend=backend, preload=args.preload, max_request_bytes=args.max_request_bytes,
-                    allowed_hosts=allowed_hosts(args.host, args.allowed_host), body_timeout_s=args.body_timeout)
+                    allowed_hosts=allowed_hosts(args.host, args.allowed_host), body_timeout_s=args.body_timeout,
+                    large_body_share=args.large_body_share)
 
 
 def main(argv: list[str] | None = None) -> int:

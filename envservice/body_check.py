@@ -9,6 +9,16 @@ of them at once from one greedy client made every other client wait about a seco
 LARGE_BODY_BYTES is checked in a helper process (the event loop only waits for the verdict), and one at a time
 per client host, so that a host with many large bodies queues behind itself, not in front of the others; its
 waiting bodies are not even read (uvicorn stops reading a connection whose body is not consumed).
+
+How much: a host's large-body checks may keep the helper busy at most `large_body_share` of the time: a check
+that took c CPU seconds makes that host's next large body wait c * (1/share - 1). Why: where the helper shares a
+core with the service, its parsing delays the service's own work even at the lowest priority, so an honest
+client's p99 grows with the share of the time the helper runs (a pinned soak's greedy phase with all three greedy
+kinds, two runs each on one machine: 2.08x and 2.04x quiet at a 2 % share, 1.67x and 1.73x at 0.5 %). And a host
+that sends bodies this costly is flooding, not acting: 30 000 entries take 12 ms to parse (the next such body of
+that host then waits 2.4 s), the longest action the protocol allows (100 000 characters) 0.07 ms, so at the
+default 0.5 % one host may still send ~70 of those a second; an LLM takes seconds to write one. A body that passes
+the check is charged the same: costly valid JSON is parsed again by the app, on the event loop.
 """
 
 from __future__ import annotations
@@ -18,6 +28,7 @@ import gc
 import json
 import multiprocessing
 import os
+import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import asynccontextmanager
@@ -29,6 +40,10 @@ MAX_OBJECT_KEYS = 256
 """The widest JSON object a request body may hold (the protocol's objects have a handful of keys)."""
 LARGE_BODY_BYTES = 64 * 1024
 """Bodies over this size are checked in the helper process, one at a time per client host."""
+LARGE_BODY_SHARE = 0.005
+"""Default share of the time one client host's large-body checks may keep the helper busy (`--large-body-share`)."""
+FORGET_AFTER_HOSTS = 1024
+"""Past this many hosts with a pending wait, the hosts whose wait is over are forgotten."""
 
 
 class _Refused(ValueError):
@@ -64,30 +79,59 @@ def refusal_reason(body: bytes) -> str | None:
     return None
 
 
+def timed_refusal_reason(body: bytes) -> tuple[str | None, float]:
+    """`refusal_reason(body)` and the CPU seconds it took."""
+    started = time.thread_time()
+    reason = refusal_reason(body)
+    return reason, time.thread_time() - started
+
+
 class BodyChecker:
     """Runs `refusal_reason` on the event loop for small bodies and in one helper process for large ones.
 
     The helper is started on the first large body and stopped by `close()`; if it dies it is started again
     for the next one (the body at hand is then checked on the loop, so an answer is never lost).
+
+    large_body_share: the share of the time one client host's large-body checks may keep the helper busy (module
+    docstring); 0 for no limit.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, large_body_share: float = LARGE_BODY_SHARE) -> None:
+        if not 0 <= large_body_share <= 1:
+            raise ValueError(f"large_body_share {large_body_share!r} is invalid; give a fraction in [0, 1] "
+                             "(0: no limit)")
+        self.large_body_share = large_body_share
         self._pool: ProcessPoolExecutor | None = None
         self._host_turns: dict[str, tuple[asyncio.Lock, list[int]]] = {}  # host -> (its turn, [holders + waiters])
+        self._next_check_at: dict[str, float] = {}  # host -> loop time before which its next large body waits
 
-    async def reason(self, body: bytes) -> str | None:
-        """`refusal_reason(body)`, checked where its size says (module docstring)."""
+    async def reason(self, body: bytes, host: str | None = None) -> str | None:
+        """`refusal_reason(body)`, checked where its size says (module docstring); a large body's check is
+        charged to `host` (its next large body waits, `turn`) when one is given."""
         if len(body) <= LARGE_BODY_BYTES:
             return refusal_reason(body)
+        loop = asyncio.get_running_loop()
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._helper(), refusal_reason, body)
+            reason, cpu_s = await loop.run_in_executor(self._helper(), timed_refusal_reason, body)
         except BrokenProcessPool:
             self._pool = None
-            return refusal_reason(body)
+            reason, cpu_s = timed_refusal_reason(body)
+        if host is not None:
+            self.charge(host, cpu_s, loop.time())
+        return reason
+
+    def charge(self, host: str, cpu_s: float, now: float) -> None:
+        """Count a check of `cpu_s` CPU seconds, done at loop time `now`, against `host`'s share."""
+        if not self.large_body_share:
+            return
+        if len(self._next_check_at) > FORGET_AFTER_HOSTS:
+            self._next_check_at = {name: at for name, at in self._next_check_at.items() if at > now}
+        self._next_check_at[host] = now + cpu_s * (1 / self.large_body_share - 1)
 
     @asynccontextmanager
     async def turn(self, host: str, content_length: int) -> AsyncIterator[None]:
-        """Hold `host`'s one turn for a body over LARGE_BODY_BYTES (read it and check it inside); others pass."""
+        """Hold `host`'s one turn for a body over LARGE_BODY_BYTES (read it and check it inside, charging the
+        check to `host`), once the host's share allows it; others pass."""
         if content_length <= LARGE_BODY_BYTES:
             yield
             return
@@ -95,11 +139,19 @@ class BodyChecker:
         users[0] += 1
         try:
             async with lock:
+                await self._wait_for_share(host)
                 yield
         finally:
             users[0] -= 1
             if not users[0]:
                 del self._host_turns[host]
+
+    async def _wait_for_share(self, host: str) -> None:
+        loop = asyncio.get_running_loop()
+        wait_s = self._next_check_at.get(host, 0.0) - loop.time()
+        if wait_s > 0:
+            await asyncio.sleep(wait_s)
+        self._next_check_at.pop(host, None)
 
     def close(self) -> None:
         if self._pool is not None:

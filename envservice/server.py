@@ -38,7 +38,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from envservice import registry
-from envservice.body_check import LARGE_BODY_BYTES, BodyChecker
+from envservice.body_check import LARGE_BODY_BYTES, LARGE_BODY_SHARE, BodyChecker
 from envservice.childproc import host_allowed
 from envservice.errors import CLIP_CHARS, EnvServiceError, clip
 from envservice.host import entry_point_of
@@ -98,6 +98,9 @@ class Settings:
     """Largest request body; a larger one is refused (413 `too_large`) before it is read."""
     body_timeout_s: float = BODY_TIMEOUT_S
     """Seconds a request body may take to arrive whole once its head has; past it, 408 `request_timeout`."""
+    large_body_share: float = LARGE_BODY_SHARE
+    """Share of the time one client host's large-body checks may keep the checking helper busy; the host's next
+    large body waits for it (`envservice.body_check`); 0: no limit."""
     allowed_hosts: tuple[str, ...] | None = None
     """Host header names answered (`childproc.allowed_hosts`: the loopback names for a loopback bind); None: any.
     Another Host gets 400 `bad_request` before anything else is read (DNS rebinding)."""
@@ -124,7 +127,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         env_ids, max_sessions=settings.max_sessions, idle_timeout_s=settings.idle_timeout_s, backend=settings.backend
     )
 
-    body_checker = BodyChecker()
+    body_checker = BodyChecker(settings.large_body_share)
     mcp = mcp_server(manager, env_ids)
     mounted_mcp = mcp_app(mcp)
 
@@ -273,9 +276,14 @@ class RequestGuard:
         if length <= LARGE_BODY_BYTES:  # the common case, without the turn's bookkeeping
             body = await asyncio.wait_for(self._read_body(receive), self.body_timeout_s)
             return body, await self.body_checker.reason(body)
-        async with self.body_checker.turn((scope.get("client") or ("?", 0))[0], length):
+        host = (scope.get("client") or ("?", 0))[0]
+        # Waiting for its host's turn (one large body at a time per host, envservice/body_check.py), a request
+        # leaves its loop slot, as an env call does: the turn bounds it, and a host whose large bodies wait for
+        # their share must not also stall its other requests unread (envservice/host_slots.py).
+        release_loop_slot()
+        async with self.body_checker.turn(host, length):
             body = await asyncio.wait_for(self._read_body(receive), self.body_timeout_s)
-            return body, await self.body_checker.reason(body)
+            return body, await self.body_checker.reason(body, host)
 
     def _refusal(self, scope: Scope, request_id: str) -> ProtocolJSONResponse | None:
         """The answer to a request refused on its headers alone (foreign Host, no token, too large), or None."""

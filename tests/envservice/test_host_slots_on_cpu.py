@@ -19,6 +19,7 @@ import pytest
 import uvicorn
 
 from envservice.__main__ import parse_args
+from envservice.body_check import LARGE_BODY_BYTES
 from envservice.client import EnvClient
 from envservice.host_slots import SHARING_WINDOW_S, HostSlots, LoopSlot
 from envservice.process import EnvServiceProcess
@@ -220,6 +221,8 @@ def _whole(answer: bytes) -> bool:
 
 HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
 STEP_BODY = b'{"session_id": "nope", "action": "left"}'
+CREATE_HEAD = (b"POST /create HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\n\r\n")
 STEP_HEAD = b"POST /step HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
 
 
@@ -265,6 +268,25 @@ def test_an_env_call_holds_no_slot(two_slot_service: str) -> None:
         assert all(_answered_within(sock, 10).startswith(b"HTTP/1.1 200") for sock in steppers)
     finally:
         for sock in (*steppers, asker):
+            sock.close()
+
+
+def test_large_bodies_hold_no_slot_once_they_wait_for_their_hosts_turn(two_slot_service: str) -> None:
+    """A body over 64 KiB is read and checked one at a time per host, after its host's share of the checking helper
+    allows (envservice/body_check.py): from then on the turn bounds it, and it gives its slot back as an env call
+    does. Two such half-sent bodies of one host, and the same host's /healthz is still answered (before, the two
+    held both slots, and a host whose large bodies waited for their share stalled its every other request)."""
+    head = CREATE_HEAD % (LARGE_BODY_BYTES + 10)
+    large = [_connect(two_slot_service, OTHER_HOST) for _ in range(2)]
+    asker = _connect(two_slot_service, OTHER_HOST)
+    try:
+        for sock in large:
+            sock.sendall(head + b"{")
+        time.sleep(0.3)  # one is being read, the other waits for the host's turn
+        asker.sendall(HEALTHZ)
+        assert _answered_within(asker, 3).startswith(b"HTTP/1.1 200")
+    finally:
+        for sock in (*large, asker):
             sock.close()
 
 
