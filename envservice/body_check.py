@@ -129,10 +129,10 @@ class BodyChecker:
         self._next_check_at[host] = now + cpu_s * (1 / self.large_body_share - 1)
 
     @asynccontextmanager
-    async def turn(self, host: str, content_length: int) -> AsyncIterator[None]:
-        """Hold `host`'s one turn for a body over LARGE_BODY_BYTES (read it and check it inside, charging the
-        check to `host`), once the host's share allows it; others pass."""
-        if content_length <= LARGE_BODY_BYTES:
+    async def turn(self, host: str, content_length: int | None) -> AsyncIterator[None]:
+        """Hold `host`'s one turn for a body over LARGE_BODY_BYTES or of unknown length (None: chunked), once the
+        host's share allows it (read the body and check it inside, charging the check to `host`); others pass."""
+        if content_length is not None and content_length <= LARGE_BODY_BYTES:
             yield
             return
         lock, users = self._host_turns.setdefault(host, (asyncio.Lock(), [0]))

@@ -271,9 +271,10 @@ class RequestGuard:
 
     async def _checked_body(self, scope: Scope, receive: Receive) -> tuple[bytes, str | None]:
         """The body, read within the body deadline, and why it is refused before validation (or None); a large
-        one waits for its client host's turn (`BodyChecker`)."""
-        length = int(dict(scope["headers"]).get(b"content-length", b"0"))
-        if length <= LARGE_BODY_BYTES:  # the common case, without the turn's bookkeeping
+        one, or one of unknown length (chunked), waits for its client host's turn (`BodyChecker`)."""
+        headers = dict(scope["headers"])
+        length = None if b"transfer-encoding" in headers else int(headers.get(b"content-length", b"0"))
+        if length is not None and length <= LARGE_BODY_BYTES:  # the common case, without the turn's bookkeeping
             body = await asyncio.wait_for(self._read_body(receive), self.body_timeout_s)
             return body, await self.body_checker.reason(body)
         host = (scope.get("client") or ("?", 0))[0]

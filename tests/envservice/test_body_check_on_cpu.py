@@ -79,7 +79,7 @@ def test_one_large_body_at_a_time_per_host_and_small_ones_pass() -> None:
     async def scenario() -> list[str]:
         checker, order = BodyChecker(), []
 
-        async def request(name: str, host: str, length: int) -> None:
+        async def request(name: str, host: str, length: int | None) -> None:
             async with checker.turn(host, length):
                 order.append(f"{name} in")
                 await asyncio.sleep(0.05)
@@ -87,13 +87,14 @@ def test_one_large_body_at_a_time_per_host_and_small_ones_pass() -> None:
 
         large = LARGE_BODY_BYTES + 1
         await asyncio.gather(request("a1", "10.0.0.1", large), request("a2", "10.0.0.1", large),
-                             request("b1", "10.0.0.2", large), request("a-small", "10.0.0.1", 100))
+                             request("b1", "10.0.0.2", large), request("a-small", "10.0.0.1", 100),
+                             request("a-chunked", "10.0.0.1", None))  # unknown length: it may be large
         assert checker._host_turns == {}, "a host's turn is forgotten once nobody holds or waits for it"
         return order
 
     order = asyncio.run(scenario())
-    # a2 waits for a1 (same host); b1 (another host) and the small body of host 1 do not wait.
-    assert order.index("a2 in") > order.index("a1 out"), order
+    # a2 and the chunked body wait for a1 (same host); b1 (another host) and the small body of host 1 do not wait.
+    assert order.index("a2 in") > order.index("a1 out") and order.index("a-chunked in") > order.index("a1 out"), order
     assert order.index("b1 in") < order.index("a1 out") and order.index("a-small in") < order.index("a1 out"), order
 
 
