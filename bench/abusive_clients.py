@@ -31,6 +31,12 @@ from envservice.errors import EnvServiceError
 
 ABUSER_ADDRESS = "127.0.0.2"
 """The abusers' source address (Linux routes all of 127.0.0.0/8 to loopback)."""
+
+
+def greedy_address(kind: str, host_per_kind: bool) -> str:
+    """Where greedy clients of `kind` connect from: ABUSER_ADDRESS, or with `host_per_kind` a loopback address of
+    the kind's own (127.0.0.2, .3, .4 in GREEDY_KINDS order), as three flooding hosts would."""
+    return f"127.0.0.{2 + GREEDY_KINDS.index(kind)}" if host_per_kind else ABUSER_ADDRESS
 GREEDY_KINDS = ("busy_step", "bad_body", "big_head")
 """What greedy clients send: steps of one shared session (`busy`), 30 000-entry bad bodies, 60 KiB heads."""
 
@@ -62,9 +68,9 @@ def honest_client(url: str, stop: threading.Event, latencies: list[float], ledge
             ledger[f"failed: {type(error).__name__}"] += 1
 
 
-def _connect(url: str) -> socket.socket:
+def _connect(url: str, source: str = ABUSER_ADDRESS) -> socket.socket:
     host, port = url.removeprefix("http://").rsplit(":", 1)
-    return socket.create_connection((host, int(port)), timeout=60, source_address=(ABUSER_ADDRESS, 0))
+    return socket.create_connection((host, int(port)), timeout=60, source_address=(source, 0))
 
 
 def _until_closed(sock: socket.socket, stop: threading.Event, send: Callable[[], None] | None = None) -> None:
@@ -145,13 +151,14 @@ def _received(sock: socket.socket) -> bytes:
     return chunk
 
 
-def greedy_client(url: str, stop: threading.Event, kind: str, counts: dict[str, int], session: str) -> None:
-    """One kind of greedy request (GREEDY_KINDS) on a kept-alive raw socket, back to back, until `stop`;
-    reconnects when the service closes the connection."""
+def greedy_client(url: str, stop: threading.Event, kind: str, counts: dict[str, int], session: str,
+                  source: str = ABUSER_ADDRESS) -> None:
+    """One kind of greedy request (GREEDY_KINDS) on a kept-alive raw socket from `source`, back to back, until
+    `stop`; reconnects when the service closes the connection."""
     request = greedy_request(kind, session)
     while not stop.is_set():
         try:
-            with _connect(url) as sock:
+            with _connect(url, source) as sock:
                 buffered, closing = b"", False
                 while not (stop.is_set() or closing):
                     sock.sendall(request)
@@ -163,12 +170,13 @@ def greedy_client(url: str, stop: threading.Event, kind: str, counts: dict[str, 
 
 
 def abuse(url: str, kind: str, abusers: int, seconds: float, counts_out, cpus: set[int] | None = None,
-          greedy_kinds: tuple[str, ...] = GREEDY_KINDS) -> None:
+          greedy_kinds: tuple[str, ...] = GREEDY_KINDS, host_per_kind: bool = False) -> None:
     """Entry of the abusers' own process: `abusers` threads of `kind` for `seconds`; their counts put on
     `counts_out` (a multiprocessing queue). The process runs only when nothing else wants a core (SCHED_IDLE):
     the abusers stand for clients on other machines, so their own Python should not take the cores the service
     and the honest client need (what their requests cost the service is what is measured). With `cpus` it runs on
-    those CPUs only. Greedy abusers take `greedy_kinds` in turn."""
+    those CPUs only. Greedy abusers take `greedy_kinds` in turn, all from ABUSER_ADDRESS or, with `host_per_kind`,
+    each kind from its own address (`greedy_address`)."""
     import collections
     import os
 
@@ -180,9 +188,10 @@ def abuse(url: str, kind: str, abusers: int, seconds: float, counts_out, cpus: s
         threads = [threading.Thread(target=slow_client, args=(url, stop, i, counts), daemon=True) for i in range(abusers)]
     else:
         shared = EnvClient(url).create("frozenlake", task_id=0).session_id
+        kinds = [greedy_kinds[i % len(greedy_kinds)] for i in range(abusers)]
         threads = [threading.Thread(target=greedy_client, daemon=True,
-                                    args=(url, stop, greedy_kinds[i % len(greedy_kinds)], counts, shared))
-                   for i in range(abusers)]
+                                    args=(url, stop, kind, counts, shared, greedy_address(kind, host_per_kind)))
+                   for kind in kinds]
     for thread in threads:
         thread.start()
     time.sleep(seconds)
@@ -193,11 +202,13 @@ def abuse(url: str, kind: str, abusers: int, seconds: float, counts_out, cpus: s
 
 
 def run_phase(url: str, seconds: float, kind: str, abusers: int, abused_url: str | None = None,
-              abuser_cpus: set[int] | None = None, greedy_kinds: tuple[str, ...] = GREEDY_KINDS) -> dict:
+              abuser_cpus: set[int] | None = None, greedy_kinds: tuple[str, ...] = GREEDY_KINDS,
+              host_per_kind: bool = False) -> dict:
     """The honest client for `seconds` beside `abusers` threads of `kind` (quiet | slow | greedy). The abusers run
     in a process of their own, so that the honest client's latencies are the service's, not this process's GIL.
     With `abused_url` the abusers aim at that other service instead: the control that shows what sharing the
-    machine's cores alone costs the honest client. `abuser_cpus`: the CPUs the abusers' process may use."""
+    machine's cores alone costs the honest client. `abuser_cpus`: the CPUs the abusers' process may use;
+    `host_per_kind`: each greedy kind from a loopback address of its own (`greedy_address`)."""
     import collections
     import multiprocessing
 
@@ -207,7 +218,7 @@ def run_phase(url: str, seconds: float, kind: str, abusers: int, abused_url: str
         context = multiprocessing.get_context("spawn")
         queue = context.Queue()
         child = context.Process(target=abuse, args=(abused_url or url, kind, abusers, seconds, queue, abuser_cpus,
-                                                                 greedy_kinds))
+                                                    greedy_kinds, host_per_kind))
         child.start()
         time.sleep(1.0)  # the abusers are at it before the honest client starts counting
     honest = threading.Thread(target=honest_client, args=(url, stop, latencies, ledger), daemon=True)

@@ -16,11 +16,11 @@ one started on the same port (clients see connection errors, then carry on).
 With `--phase-s S` it first runs four phases of S seconds each (bench/abusive_clients.py): an honest client
 alone (quiet), then beside `--abusers` slow clients (silent, dripping and half-body connections), then beside
 as many greedy ones (concurrent steps on one session, 30 000-entry bad bodies, 60 KiB heads; `--greedy-kinds`
-picks some), and checks that the honest client's p99 latency stays within 2x of the quiet one's with every
-honest episode clean. The fourth
-phase is the control: the same greedy clients aimed at a second service on this machine, which shows what
-sharing the cores alone costs the honest client; the greedy phase is also checked against it. The abusers run
-only when nothing else wants a core (SCHED_IDLE), as if on other machines.
+picks some; `--greedy-host-per-kind` sends each kind from a host of its own), and checks that the honest client's
+p99 latency stays within 2x of the quiet one's with every honest episode clean. The fourth phase is the
+control: the same greedy clients aimed at a second service on this machine, which shows what sharing the cores
+alone costs the honest client; the greedy phase is also checked against it. The abusers run only when nothing
+else wants a core (SCHED_IDLE), as if on other machines.
 `--minutes 0` runs only the phases. `--service-cpus 0` runs the service under test (with its workers and helper)
 alone on those CPUs and every client, the honest one and the abusers, on the others, as a service and its
 clients on different machines would (every phase, quiet included, runs with the same split; there is then no
@@ -194,6 +194,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--abusers", type=int, default=32, help="slow or greedy client threads per phase")
     parser.add_argument("--greedy-kinds", default=",".join(GREEDY_KINDS),
                         help=f"what the greedy clients send, taken in turn (default {','.join(GREEDY_KINDS)})")
+    parser.add_argument("--greedy-host-per-kind", action="store_true",
+                        help="each greedy kind from a loopback address of its own (127.0.0.2, .3, .4), as three "
+                             "flooding hosts; default: every abuser from 127.0.0.2, one host")
     parser.add_argument("--service-arg", action="append", default=[], metavar="ARG",
                         help="one more argument for the services (repeatable), "
                              "e.g. --service-arg=--loop-slots-per-host=0")
@@ -284,7 +287,7 @@ def run_phases(url: str, args: argparse.Namespace) -> list[dict]:
     try:
         for abuse, abused_url in plan:
             phase = run_phase(url, args.phase_s, abuse, args.abusers, abused_url, args.client_cpus or None,
-                              args.greedy_kinds)
+                              args.greedy_kinds, args.greedy_host_per_kind)
             phases.append(phase)
             print(f"phase {phase['abuse']}: honest p50 {phase['p50_ms']} ms, p99 {phase['p99_ms']} ms over "
                   f"{phase['honest_requests']} requests, episodes {phase['honest_episodes']}; "
