@@ -31,14 +31,14 @@ from envservice.errors import EnvServiceError
 
 ABUSER_ADDRESS = "127.0.0.2"
 """The abusers' source address (Linux routes all of 127.0.0.0/8 to loopback)."""
+GREEDY_KINDS = ("busy_step", "bad_body", "big_head")
+"""What greedy clients send: steps of one shared session (`busy`), 30 000-entry bad bodies, 60 KiB heads."""
 
 
 def greedy_address(kind: str, host_per_kind: bool) -> str:
     """Where greedy clients of `kind` connect from: ABUSER_ADDRESS, or with `host_per_kind` a loopback address of
     the kind's own (127.0.0.2, .3, .4 in GREEDY_KINDS order), as three flooding hosts would."""
     return f"127.0.0.{2 + GREEDY_KINDS.index(kind)}" if host_per_kind else ABUSER_ADDRESS
-GREEDY_KINDS = ("busy_step", "bad_body", "big_head")
-"""What greedy clients send: steps of one shared session (`busy`), 30 000-entry bad bodies, 60 KiB heads."""
 
 
 def honest_client(url: str, stop: threading.Event, latencies: list[float], ledger: dict[str, int]) -> None:
