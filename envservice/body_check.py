@@ -15,10 +15,11 @@ that took c CPU seconds makes that host's next large body wait c * (1/share - 1)
 core with the service, its parsing delays the service's own work even at the lowest priority, so an honest
 client's p99 grows with the share of the time the helper runs (a pinned soak's greedy phase with all three greedy
 kinds, two runs each on one machine: 2.08x and 2.04x quiet at a 2 % share, 1.67x and 1.73x at 0.5 %). And a host
-that sends bodies this costly is flooding, not acting: 30 000 entries take 12 ms to parse (the next such body of
-that host then waits 2.4 s), the longest action the protocol allows (100 000 characters) 0.07 ms, so at the
-default 0.5 % one host may still send ~70 of those a second; an LLM takes seconds to write one. A body that passes
-the check is charged the same: costly valid JSON is parsed again by the app, on the event loop.
+that sends bodies this costly is flooding, not acting: 30 000 entries take 12 ms to parse in the helper (without
+the cycle collector; the next such body of that host then waits 2.4 s), the longest action the protocol allows
+(100 000 characters) 0.07 ms, so at the default 0.5 % one host may still send ~70 of those a second; an LLM takes
+seconds to write one. A body that passes the check is charged the same: costly valid JSON is parsed again by the
+app, on the event loop.
 """
 
 from __future__ import annotations
