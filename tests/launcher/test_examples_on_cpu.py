@@ -204,3 +204,21 @@ def test_cpu_async_quickstart_runs_m2po_asynchronously(tmp_path):
     assert composed.beyond_agent.weight_sync.mode == "delta" and composed.beyond_agent.weight_sync.full_every == 2
     assert composed.trainer.total_training_steps == 4
     assert load_config(REPO_ROOT / "examples/quickstart/cpu_async_m2po.yaml", tmp_path / "no.env").train.cpu
+
+
+GPU_SETTINGS = {"actor_rollout_ref.rollout.dtype", "actor_rollout_ref.rollout.gpu_memory_utilization",
+                "actor_rollout_ref.rollout.enforce_eager", "actor_rollout_ref.rollout.agent.num_workers",
+                "trainer.experiment_name"}
+
+
+@pytest.mark.parametrize("name, also_differ", [("tiny", set()),
+                                               ("async_m2po", {"trainer.total_training_steps", "trainer.save_freq"})])
+def test_gpu_quickstarts_are_the_cpu_ones_with_gpu_settings(name, also_differ, tmp_path):
+    """tests/gpu runs examples/quickstart/gpu_*.yaml: they must stay the CPU quickstarts, bar the GPU's settings."""
+    cpu, gpu = (load_config(REPO_ROOT / f"examples/quickstart/{device}_{name}.yaml", tmp_path / "no.env").train
+                for device in ("cpu", "gpu"))
+    assert cpu.cpu and not gpu.cpu
+    cpu_values, gpu_values = (dict(override.split("=", 1) for override in train.overrides) for train in (cpu, gpu))
+    differ = {key for key in cpu_values.keys() | gpu_values.keys() if cpu_values.get(key) != gpu_values.get(key)}
+    assert differ == GPU_SETTINGS | also_differ
+    assert gpu_values["actor_rollout_ref.rollout.dtype"] == "bfloat16"

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Device side, sourced by run.sh: join the stashed chunks and this call's, check the tar's sha256, install the
+# wheels into /root/site once per warm machine, put the flash_attn stand-in beside them and set the environment.
+#   . scripts/gpu/device/install.sh CHUNK_DIR_OF_THIS_CALL
+# Returns 2, naming the chunks it lacks, when a stash call was skipped or the machine went cold between calls.
+# DEVICE_HOME (default /root) and PYTHON (default python3) are for the test of these scripts.
+device_home="${DEVICE_HOME:-/root}"
+python="${PYTHON:-python3}"
+stash="$device_home/stash"
+site="$device_home/site"
+device_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+mkdir -p "$stash"
+[ -n "${1:-}" ] && cp "$1"/wheels.tar.* "$1/PARTS" "$stash/"
+sha="$(sed -n 's/^sha256 //p' "$stash/PARTS" 2>/dev/null)"
+parts="$(sed -n 's/^parts //p' "$stash/PARTS" 2>/dev/null)"
+if [ -z "$sha" ]; then
+  echo "install.sh: no chunk is on this machine: pass this call's chunk folder, carried with carry=[\".gpu/cN\"]" >&2
+  return 2
+fi
+if [ ! -f "$site/.installed-$sha" ]; then
+  lacking=""
+  for n in $(seq 1 "$parts"); do [ -f "$stash/wheels.tar.$n" ] || lacking="$lacking .gpu/c$n"; done
+  if [ -n "$lacking" ]; then
+    echo "install.sh: this machine lacks the chunks$lacking of $parts (a stash call was skipped, or the machine" \
+         "was given back between calls): run bash scripts/gpu/device/stash.sh for each, back to back" >&2
+    return 2
+  fi
+  got="$(for n in $(seq 1 "$parts"); do cat "$stash/wheels.tar.$n"; done | tee "$device_home/wheels.tar" | sha256sum | cut -d' ' -f1)"
+  if [ "$got" != "$sha" ]; then
+    rm -f "$device_home/wheels.tar"
+    echo "install.sh: the joined chunks' sha256 is $got, not $sha (parts of two builds?): build the chunks again" \
+         "and stash every one" >&2
+    return 2
+  fi
+  rm -rf "$device_home/wheels" "$site"
+  tar -C "$device_home" -xf "$device_home/wheels.tar" && rm -f "$device_home/wheels.tar"
+  "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" "$device_home"/wheels/*.whl \
+    2>&1 | grep -v -i "target directory" | tail -5
+  installed=$(find "$site" -maxdepth 1 -name '*.dist-info' | wc -l)
+  expected=$(find "$device_home/wheels" -name '*.whl' | wc -l)
+  if [ "$installed" -ne "$expected" ]; then
+    echo "install.sh: $installed of $expected wheels installed into $site (pip's errors above)" >&2
+    return 2
+  fi
+  touch "$site/.installed-$sha"
+fi
+cp -r "$device_dir/shim/flash_attn" "$site/"
+# The project first: verl's wheel ships top-level `tests` and `scripts` packages of its own.
+export PYTHONPATH="$(cd "$device_dir/../../.." && pwd):$site" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+  VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false \
+  PYGAME_HIDE_SUPPORT_PROMPT=1
+# The CPU platform's settings (verl_cpu/overrides.py) must not leak into a GPU run.
+unset VERL_PLATFORM VERL_ENGINE_DEVICE VLLM_TARGET_DEVICE
+echo "install.sh: $(find "$site" -maxdepth 1 -name '*.dist-info' | wc -l) packages in $site on PYTHONPATH"

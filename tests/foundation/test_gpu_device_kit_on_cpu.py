@@ -1,0 +1,101 @@
+"""scripts/gpu/device/: wheels cut into carriable chunks here, joined, checked and installed on the device side.
+
+The real kit carries ~476 MiB of wheels from PyPI to the lent GPU machine in 8 calls; this runs the same scripts
+on two small wheels made here (random payloads, so the zip cannot shrink them), with 1 MiB chunks and a
+temporary folder as the device's /root: a chunk left out is named, parts of another build are refused by the
+tar's sha256, a changed wheel is refused by wheels.sha256, and the installed packages and the flash_attn
+stand-in import under the environment run.sh gives its command.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEVICE = REPO_ROOT / "scripts" / "gpu" / "device"
+PAYLOAD_BYTES = 1_200_000
+
+
+def make_wheel(folder: Path, name: str, value: int) -> str:
+    """A minimal installable wheel `<name>-1.0-py3-none-any.whl`: a module defining VALUE, and random data."""
+    files = {f"{name}/__init__.py": f"VALUE = {value}\n".encode(),
+             f"{name}/payload.bin": os.urandom(PAYLOAD_BYTES),
+             f"{name}-1.0.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n".encode(),
+             f"{name}-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = [f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}"
+              for path, data in files.items()] + [f"{name}-1.0.dist-info/RECORD,,"]
+    files[f"{name}-1.0.dist-info/RECORD"] = ("\n".join(record) + "\n").encode()
+    wheel = f"{name}-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(folder / wheel, "w", zipfile.ZIP_DEFLATED) as archive:
+        for path, data in files.items():
+            archive.writestr(path, data)
+    return wheel
+
+
+def run(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, env={**os.environ, **env}, timeout=120)
+
+
+@pytest.fixture
+def kit(tmp_path: Path) -> dict[str, str]:
+    """The environment of a build of two wheels into 1 MiB chunks under tmp_path, and a device home there."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    wheels = [make_wheel(cache, "kit_alpha", 1), make_wheel(cache, "kit_beta", 2)]
+    listing = tmp_path / "wheels.txt"
+    listing.write_text("# two test wheels\n" + "\n".join(wheels) + "\n")
+    return {"WHEEL_CACHE": str(cache), "GPU_WHEEL_LIST": str(listing), "GPU_CHUNK_DIR": str(tmp_path / "chunks"),
+            "CHUNK_MIB": "1", "DEVICE_HOME": str(tmp_path / "device"), "PYTHON": sys.executable,
+            "OUT": str(tmp_path / "out")}
+
+
+def test_chunks_travel_join_and_install(kit, tmp_path):
+    built = run(["bash", str(DEVICE / "build_chunks.sh"), "--record"], kit)
+    assert built.returncode == 0, built.stderr
+    chunks = Path(kit["GPU_CHUNK_DIR"])
+    assert sorted(path.name for path in chunks.iterdir()) == ["c1", "c2", "c3"]  # 2.4 MB in 1 MiB chunks
+    assert all((chunks / f"c{n}" / "PARTS").read_text().endswith("parts 3\n") for n in (1, 2, 3))
+    assert f'run(command="bash scripts/gpu/device/stash.sh {chunks}/c2", carry=["{chunks}/c2"])' in built.stdout
+    sums = Path(kit["GPU_WHEEL_LIST"]).with_suffix(".sha256").read_text()
+    assert "kit_alpha-1.0-py3-none-any.whl" in sums and "kit_beta-1.0-py3-none-any.whl" in sums
+
+    probe = [sys.executable, "-c", "import kit_alpha, kit_beta, flash_attn, os; "
+                                   "print('values', kit_alpha.VALUE, kit_beta.VALUE, os.environ.get('VERL_PLATFORM'))"]
+    final = ["bash", str(DEVICE / "run.sh"), str(chunks / "c3"), "--", *probe]
+    assert run(["bash", str(DEVICE / "stash.sh"), str(chunks / "c1")], kit).returncode == 0
+    lacking = run(final, {**kit, "VERL_PLATFORM": "cpu"})
+    assert lacking.returncode == 2 and "lacks the chunks .gpu/c2 of 3" in lacking.stderr, lacking.stderr
+
+    assert run(["bash", str(DEVICE / "stash.sh"), str(chunks / "c2")], kit).returncode == 0
+    done = run(final, {**kit, "VERL_PLATFORM": "cpu"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "values 1 2 None" in done.stdout  # installed, and the CPU platform's setting unset
+    assert "values 1 2 None" in (Path(kit["OUT"]) / "log").read_text()
+    assert (Path(kit["OUT"]) / "machine.txt").read_text().strip()
+
+    # A part of another build: the joined tar's sha256 is not the one its PARTS names.
+    for installed in (Path(kit["DEVICE_HOME"]) / "site").glob(".installed-*"):
+        installed.unlink()
+    (Path(kit["DEVICE_HOME"]) / "stash" / "wheels.tar.2").write_bytes(b"not this build")
+    mixed = run(final, kit)
+    assert mixed.returncode == 2 and "the joined chunks' sha256 is" in mixed.stderr, mixed.stderr
+
+
+def test_a_changed_wheel_is_refused(kit):
+    assert run(["bash", str(DEVICE / "build_chunks.sh"), "--record"], kit).returncode == 0
+    wheel = Path(kit["WHEEL_CACHE"]) / "kit_beta-1.0-py3-none-any.whl"
+    make_wheel(wheel.parent, "kit_beta", 3)  # same name, other bytes
+    refused = run(["bash", str(DEVICE / "build_chunks.sh")], kit)
+    assert refused.returncode == 1
+    assert "kit_beta-1.0-py3-none-any.whl: FAILED" in refused.stdout + refused.stderr
+    assert "a wheel differs from" in refused.stderr
+    assert run(["bash", str(DEVICE / "build_chunks.sh"), "--bogus"], kit).stderr.strip() == \
+        "build_chunks.sh: unknown argument '--bogus' (valid: --record)"
