@@ -3,11 +3,12 @@
 #   bash scripts/gpu/checks.sh [quickstart] [async] [bench]     (default: quickstart async)
 #     quickstart  tests/gpu/test_quickstart_on_gpu.py: 2 GRPO steps in bf16, a checkpoint, a resume (2 runs)
 #     async       tests/gpu/test_async_m2po_on_gpu.py: async M2PO with delta weight sync, 3 steps (1 run)
-#     bench       bench/gpu_rollout.py: our env manager against verl's agent loop, two model sizes
+#     bench       bench/gpu_rollout.py: our env manager against verl's agent loop, two model sizes (its JSONs)
 # On the lent GPU machine it is the last call's command, after the wheels are in (docs/gpus.md):
 #   bash scripts/gpu/device/run.sh .gpu/cN -- bash scripts/gpu/checks.sh quickstart
 # One device call runs at most 10 minutes, so pick what fits. Output: $OUT/gpu/<run>.log per training run (the
-# launcher's whole output), $OUT/gpu/bench_*.json, and pytest's summary in the caller's log.
+# launcher's whole output), $OUT/gpu/bench_gpu_rollout_*.json, and pytest's summary in the caller's log. (A call
+# brings back at most 8 files from $OUT.)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 python=python3
@@ -22,7 +23,8 @@ for check in "$@"; do
   case "$check" in
     quickstart) "$python" -m pytest -q -p no:cacheprovider -rA tests/gpu/test_quickstart_on_gpu.py || rc=1 ;;
     async) "$python" -m pytest -q -p no:cacheprovider -rA tests/gpu/test_async_m2po_on_gpu.py || rc=1 ;;
-    bench) "$python" bench/gpu_rollout.py --out "$BEYOND_GPU_REPORT_DIR" || rc=1 ;;
+    bench) "$python" bench/gpu_rollout.py --out outputs/gpu-bench || rc=1
+           cp outputs/gpu-bench/bench_gpu_rollout_*.json "$BEYOND_GPU_REPORT_DIR/" 2>/dev/null ;;
     *) echo "checks.sh: unknown check '$check' (valid: quickstart, async, bench)" >&2; exit 2 ;;
   esac
   echo "checks.sh: $check took $(( $(date +%s) - started )) s"

@@ -63,6 +63,12 @@ def machine_overrides() -> list[str]:
     return overrides + shlex.split(os.environ.get("BEYOND_GPU_OVERRIDES", ""))
 
 
+@pytest.fixture
+def rehearsing() -> bool:
+    """Whether this is a CPU rehearsal (BEYOND_GPU_CHECKS_ON_CPU=1): vLLM then serves float32, not bf16."""
+    return REHEARSE_ON_CPU
+
+
 @dataclass
 class LaunchedRun:
     """One launcher run: its experiment folder, its whole output and its per-step metrics."""

@@ -1,0 +1,254 @@
+"""Rollout throughput on one GPU: our env manager against verl 0.9's own agent loop, on the same vLLM server.
+
+    python bench/gpu_rollout.py [--sizes 0.5b 1.5b] [--rows 32] [--n 2] [--rounds 4] [--tokens-per-turn 64]
+                                [--repeats 2] [--out DIR]
+    BEYOND_GPU_CHECKS_ON_CPU=1 .venv/bin/python bench/gpu_rollout.py --sizes tiny --rows 2 --repeats 1   # rehearsal
+
+For each size: a random-initialised Qwen2 with Qwen2.5-<size>-Instruct's shape (hidden size, layers, heads,
+MLP; the vocabulary is the offline tokenizer's ~1k entries, not Qwen's 152k, so the output layer is far
+smaller than the real model's), envservice serving BabyAI, and verl's standalone vLLM server (one replica on
+the one GPU, verl's LLMServerManager) with one client. Then the same rows (BabyAI tasks, `--n` episodes each,
+at most `--rounds` replies of at most `--tokens-per-turn` tokens; the random model's replies are rarely
+actions, so nearly every episode plays all its rounds) are played by
+  (a) ours: BeyondAgentLoopManager, i.e. ParallelEnvManager with `--rows x --n` episodes in flight, and
+  (b) verl's: AgentLoopManager with one AgentLoopWorker and bench/verl_envservice_loop.py's turn loop,
+first once each to warm up, then `--repeats` times each, alternating. Per manager it prints generated tokens/s,
+episodes/s, the GPU's busy fraction (NVML's utilisation, sampled every 50 ms while the manager plays) and, for
+ours, rollout wall / LLM busy (time with a request in flight, as our manager counts it). Figures of one run;
+compare ratios. One JSON per size in --out (default outputs/gpu-bench), skipped when present.
+The training step's breakdown in full and delta sync modes is not measured here (tests/gpu's runs log it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+from uuid import uuid4
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+BENCH_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(REPO_ROOT))
+
+REHEARSE_ON_CPU = os.environ.get("BEYOND_GPU_CHECKS_ON_CPU") == "1"
+SIZES = {"0.5b": "Qwen/Qwen2.5-0.5B-Instruct", "1.5b": "Qwen/Qwen2.5-1.5B-Instruct", "tiny": None}
+"""Size name -> the hub model whose shape (gpu_plan.KNOWN_MODELS) the random model takes; tiny: the test model."""
+
+
+def build_model(size: str, folder: Path) -> Path:
+    """A random-weight Qwen2 of the size's shape with the offline tokenizer, built once into `folder`."""
+    from beyond_agent.gpu_plan import KNOWN_MODELS
+    from dev_tools.tiny_model import TinyModelSpec, build_tiny_model
+
+    if (folder / "config.json").exists():
+        return folder
+    spec = TinyModelSpec()
+    if SIZES[size]:
+        shape = KNOWN_MODELS[SIZES[size]]
+        spec = TinyModelSpec(hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
+                             num_hidden_layers=shape.num_hidden_layers, num_attention_heads=shape.num_attention_heads,
+                             num_key_value_heads=shape.num_key_value_heads)
+    return build_tiny_model(folder, spec)
+
+
+def compose_config(args: argparse.Namespace, model_dir: Path, env_url: str, loop_config: Path) -> Any:
+    """The recipe's config with verl's standalone rollout on one GPU, and the loop of (b) named."""
+    from hydra import compose, initialize_config_dir
+
+    from bench.verl_envservice_loop import AGENT_NAME
+
+    prompt, response = 1024, args.rounds * (args.tokens_per_turn + 256)
+    overrides = [
+        f"actor_rollout_ref.model.path={model_dir}", f"data.max_prompt_length={prompt}",
+        f"data.max_response_length={response}", "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.mode=async", "actor_rollout_ref.rollout.nnodes=1",
+        "actor_rollout_ref.rollout.n_gpus_per_node=1", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        f"actor_rollout_ref.rollout.max_model_len={prompt + response}",
+        f"actor_rollout_ref.rollout.gpu_memory_utilization={args.gpu_memory_utilization}",
+        "actor_rollout_ref.rollout.dtype=bfloat16", "actor_rollout_ref.rollout.temperature=1.0",
+        "actor_rollout_ref.rollout.agent.num_workers=1",
+        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loop_config}",
+        f"actor_rollout_ref.rollout.agent.default_agent_loop={AGENT_NAME}",
+        f"beyond_agent.env.url={env_url}", f"beyond_agent.max_tokens_per_turn={args.tokens_per_turn}",
+        f"beyond_agent.rounds.rounds={args.rounds}", f"beyond_agent.concurrency={args.rows * args.n}",
+    ]
+    if REHEARSE_ON_CPU:
+        from verl_cpu.overrides import cpu_overrides
+
+        overrides += [override for override in cpu_overrides() if override.startswith(("actor_rollout_ref.rollout",
+                                                                                       "+actor_rollout_ref.rollout"))]
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "recipe/multiturn_rl/config"), version_base=None):
+        return compose("beyond_agent_trainer", overrides=overrides)
+
+
+def rows_batch(rows: list[dict], n: int) -> Any:
+    """verl's rollout batch of the rows, each repeated n times in a row (one group), as the trainer hands it."""
+    import numpy as np
+    from verl.protocol import DataProto
+
+    def column(values: list[Any]) -> np.ndarray:
+        array = np.empty(len(values), dtype=object)
+        for i, value in enumerate(values):  # one by one: np.array(list of lists) would make a 2-D array
+            array[i] = value
+        return array
+
+    batch = DataProto(non_tensor_batch={
+        "raw_prompt": column([list(row["prompt"]) for row in rows]),
+        "extra_info": column([dict(row["extra_info"]) for row in rows]),
+        "uid": column([uuid4().hex for _ in rows]),
+        "data_source": column([row["data_source"] for row in rows]),
+    }, meta_info={"global_steps": 1})
+    return batch.repeat(n, interleave=True)
+
+
+class GpuBusy:
+    """The GPU's utilisation (NVML, percent of time a kernel ran) sampled every 50 ms; None without NVML."""
+
+    def __init__(self) -> None:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._read = lambda: pynvml.nvmlDeviceGetUtilizationRates(pynvml.nvmlDeviceGetHandleByIndex(0)).gpu
+        except Exception:  # noqa: BLE001 - no NVML (CPU rehearsal): the figure is left out
+            self._read = None
+        self._samples: list[float] = []
+        self._stop = threading.Event()
+
+    def __enter__(self) -> "GpuBusy":
+        if self._read:
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.05):
+            self._samples.append(self._read() / 100.0)
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+
+    @property
+    def fraction(self) -> float | None:
+        return statistics.fmean(self._samples) if self._samples else None
+
+
+def play(generate: Callable[[Any], Any], batch: Any, busy_of: Callable[[], float] | None) -> dict[str, Any]:
+    """One rollout of the batch through a manager's generate_sequences: throughput figures."""
+    with GpuBusy() as gpu:
+        started = time.perf_counter()
+        output = generate(batch)
+        wall = time.perf_counter() - started
+    generated = int(output.batch["response_mask"].sum())  # the policy's tokens only, for both managers
+    figures = {"wall_s": wall, "episodes": len(output), "episodes_per_s": len(output) / wall,
+               "generated_tokens": generated, "generated_tokens_per_s": generated / wall,
+               "gpu_busy_fraction": gpu.fraction}
+    if busy_of:
+        figures["wall_over_llm_busy"] = wall / busy_of()
+    return figures
+
+
+def bench_size(args: argparse.Namespace, size: str) -> dict[str, Any]:
+    """Start everything for one model size, play warm-up and timed rollouts with both managers."""
+    import ray
+
+    from bench.verl_envservice_loop import write_agent_loop_config
+    from envservice.client import EnvClient
+    from envservice.process import EnvServiceProcess
+    from beyond_agent.data import task_rows
+
+    out = Path(args.out)
+    model_dir = build_model(size, Path(args.models) / size)
+    with EnvServiceProcess(["babyai"], log_path=out / f"envservice_{size}.log") as service:
+        with EnvClient(service.url) as client:
+            rows = task_rows(client, "babyai", "train", list(range(args.rows)), seed=0)
+        loop_config = write_agent_loop_config(out / "agent_loops.yaml", args.rounds, args.tokens_per_turn,
+                                              args.rows * args.n)
+        config = compose_config(args, model_dir, service.url, loop_config)
+        # verl's workers import bench/verl_envservice_loop.py: Ray's processes inherit this environment.
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])
+        if REHEARSE_ON_CPU:
+            from verl_cpu.overrides import CPU_ENV
+
+            os.environ.update(CPU_ENV)
+        ray.init(num_gpus=1 if REHEARSE_ON_CPU else None, include_dashboard=False)
+        try:
+            from beyond_agent.rollout_manager import BeyondAgentLoopManager
+            from verl.experimental.agent_loop import AgentLoopManager
+            from verl.workers.rollout.llm_server import LLMServerManager
+
+            started = time.perf_counter()
+            servers = LLMServerManager.create(config=config)  # no worker group: standalone replicas
+            client = servers.get_client()  # what verl's trainer hands any rollout manager
+            verl_manager = AgentLoopManager.create(config=config, llm_client=client)
+            ours = BeyondAgentLoopManager.create(config=config, llm_client=client)
+            result: dict[str, Any] = {"size": size, "shape_of": SIZES[size], "rows": args.rows, "n": args.n,
+                                      "rounds": args.rounds, "tokens_per_turn": args.tokens_per_turn,
+                                      "startup_s": time.perf_counter() - started, "ours": [], "verl": []}
+
+            def ours_busy() -> float:
+                return ours.take_step_figures()["beyond_agent/llm_busy_s"]
+
+            managers = {"ours": (ours.generate_sequences, ours_busy), "verl": (verl_manager.generate_sequences, None)}
+            for name, (generate, busy_of) in managers.items():  # warm-up: first requests, connections, envs
+                result[f"{name}_warmup"] = play(generate, rows_batch(rows, args.n), busy_of)
+            for repeat in range(args.repeats):
+                for name in (("ours", "verl") if repeat % 2 == 0 else ("verl", "ours")):
+                    generate, busy_of = managers[name]
+                    result[name].append(play(generate, rows_batch(rows, args.n), busy_of))
+                    print(f"[gpu_rollout] {size} {name} #{repeat + 1}: {json.dumps(result[name][-1])}", flush=True)
+            return result
+        finally:
+            ray.shutdown()
+
+
+def summary(result: dict[str, Any]) -> str:
+    """One table row per manager, and ours / verl's."""
+    def mean(name: str, key: str) -> float | None:
+        values = [run[key] for run in result[name] if run.get(key) is not None]
+        return statistics.fmean(values) if values else None
+
+    lines = [f"{result['size']}: {result['rows']} rows x n={result['n']}, {result['rounds']} rounds x "
+             f"{result['tokens_per_turn']} tokens; start-up {result['startup_s']:.0f} s",
+             "| manager | generated tokens/s | episodes/s | GPU busy | wall / LLM busy |", "|---|---|---|---|---|"]
+    for name in ("ours", "verl"):
+        busy, ratio = mean(name, "gpu_busy_fraction"), mean(name, "wall_over_llm_busy")
+        lines.append(f"| {name} | {mean(name, 'generated_tokens_per_s'):.0f} | {mean(name, 'episodes_per_s'):.2f} | "
+                     f"{'-' if busy is None else f'{busy:.2f}'} | {'-' if ratio is None else f'{ratio:.3f}'} |")
+    lines.append(f"ours / verl: generated tokens/s {mean('ours', 'generated_tokens_per_s') / mean('verl', 'generated_tokens_per_s'):.2f}x, "
+                 f"episodes/s {mean('ours', 'episodes_per_s') / mean('verl', 'episodes_per_s'):.2f}x")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", nargs="+", default=["0.5b", "1.5b"], choices=sorted(SIZES))
+    parser.add_argument("--rows", type=int, default=32, help="BabyAI tasks per rollout")
+    parser.add_argument("--n", type=int, default=2, help="episodes per task")
+    parser.add_argument("--rounds", type=int, default=4, help="replies per episode at most")
+    parser.add_argument("--tokens-per-turn", type=int, default=64, help="new tokens per reply at most")
+    parser.add_argument("--repeats", type=int, default=2, help="timed rollouts per manager, after one warm-up")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    parser.add_argument("--out", default=str(REPO_ROOT / "outputs/gpu-bench"), help="the JSONs and logs")
+    parser.add_argument("--models", default=str(REPO_ROOT / "outputs/gpu-bench/models"),
+                        help="where the random models are built (GBs: keep it out of a device call's $OUT)")
+    args = parser.parse_args(argv)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    for size in args.sizes:
+        path = Path(args.out) / f"bench_gpu_rollout_{size}.json"
+        if path.exists():
+            print(f"[gpu_rollout] {size}: {path} exists, skipped")
+        else:
+            path.write_text(json.dumps(bench_size(args, size), indent=2) + "\n")
+        print(summary(json.loads(path.read_text())), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
