@@ -203,32 +203,20 @@ def _read(path: Path) -> str | None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_quickstart_yaml_runs_end_to_end_up_to_the_composed_trainer_config(launch, tmp_path, helpers):
-    """The real quickstart YAML: envservice, the tiny model and dataset steps, then the real trainer module,
-    asked by Hydra's `--cfg job` to print its composed config and exit (training itself takes 5-10 minutes)."""
-    backup = tmp_path / "exp"
-    run = launch("--conf", QUICKSTART, "--with-envservice", "--backup-dir", str(backup), "--", "--cfg", "job")
-    assert run.wait(540) == 0, run.text()
-    folder = run.experiment_dir(backup)
-    assert (folder / "data" / "train.parquet").exists() and (folder / "data" / "val.parquet").exists()
-    train_log = (folder / "logs" / "train.log").read_text()
-    assert "beyond_agent:" in train_log and "url: http://127.0.0.1:" in train_log
-    assert f"default_local_dir: {folder}/checkpoints" in train_log
-    assert not [pid for pid in started_pids(folder, tmp_path) if helpers.is_alive(pid)]
-
-
-@pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_quickstart_trains_one_step(launch, tmp_path, helpers):
-    """The real thing: envservice, tiny model, data, and BeyondAgentTrainer on CPU for one step (~6 min)."""
+    """The real thing: envservice, tiny model, data, and BeyondAgentTrainer on CPU for one step (~4 min)."""
     backup = tmp_path / "exp"
     run = launch("--conf", QUICKSTART, "--with-envservice", "--backup-dir", str(backup), "--",
                  "trainer.total_training_steps=1")
     assert run.wait(1400) == 0, run.text()
     folder = run.experiment_dir(backup)
+    assert (folder / "data" / "train.parquet").exists() and (folder / "data" / "val.parquet").exists()
     assert [json.loads(line)["step"] for line in (folder / "metrics.jsonl").read_text().splitlines()] == [1]
-    assert (folder / "hydra" / ".hydra" / "config.yaml").exists()  # the trainer's composed config
+    # The trainer's composed config: the envservice the launcher started, checkpoints in the experiment folder.
+    composed = (folder / "hydra" / ".hydra" / "config.yaml").read_text()
+    assert "beyond_agent:" in composed and re.search(r"url: http://127\.0\.0\.1:\d+", composed)
+    assert f"default_local_dir: {folder}/checkpoints" in composed
     assert not [pid for pid in started_pids(folder, tmp_path) if helpers.is_alive(pid)]
 
 
