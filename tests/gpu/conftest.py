@@ -53,13 +53,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+def has_flash_attn_kernels() -> bool:
+    """Whether the real flash-attn is installed (the lent machine's stand-in has no flash_attn_interface)."""
+    return (importlib.util.find_spec("flash_attn") is not None
+            and importlib.util.find_spec("flash_attn.flash_attn_interface") is not None)
+
+
 def machine_overrides() -> list[str]:
     """What this machine needs on top of a YAML: sdpa without flash-attn, verl_cpu's when rehearsing."""
-    overrides = [] if importlib.util.find_spec("flash_attn.flash_attn_interface") else list(NO_FLASH_ATTN)
-    if REHEARSE_ON_CPU:
+    if REHEARSE_ON_CPU:  # verl_cpu's overrides ask for sdpa and no remove-padding themselves
         from verl_cpu.overrides import cpu_overrides
 
-        overrides += cpu_overrides()
+        overrides = cpu_overrides()
+    else:
+        overrides = [] if has_flash_attn_kernels() else list(NO_FLASH_ATTN)
     return overrides + shlex.split(os.environ.get("BEYOND_GPU_OVERRIDES", ""))
 
 
