@@ -26,6 +26,7 @@ case "${1:-}" in
 esac
 # Wheels with only an sdist on PyPI, built here: their bytes change with the build, so no sha256 is kept.
 BUILT_HERE="antlr4_python3_runtime"
+built_here() { [[ " $BUILT_HERE " == *" ${1%%-*} "* ]]; }   # $1: a wheel's file name
 
 mkdir -p "$cache"
 wheels=()
@@ -47,7 +48,7 @@ missing=0
 for wheel in "${wheels[@]}"; do
   [ -f "$cache/$wheel" ] && continue
   name="${wheel%%-*}"; rest="${wheel#*-}"; version="${rest%%-*}"
-  if [[ " $BUILT_HERE " == *" $name "* ]]; then
+  if built_here "$wheel"; then
     "${pip[@]}" wheel -q --no-deps -w "$cache" "$name==$version"
   else
     "${pip[@]}" download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -60,7 +61,7 @@ done
 if $record; then
   { echo "# sha256 of each downloaded wheel of wheels.txt (written by build_chunks.sh --record; wheels built here have none)"
     for wheel in "${wheels[@]}"; do
-      [[ " $BUILT_HERE " == *" ${wheel%%-*} "* ]] && continue
+      built_here "$wheel" && continue
       (cd "$cache" && sha256sum "$wheel")
     done; } > "$sums"
   echo "build_chunks.sh: recorded $sums"

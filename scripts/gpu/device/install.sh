@@ -10,7 +10,7 @@ stash="$device_home/stash"
 site="$device_home/site"
 device_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 mkdir -p "$stash"
-[ -n "${1:-}" ] && cp "$1"/wheels.tar.* "$1/PARTS" "$stash/"
+if [ -n "${1:-}" ]; then bash "$device_dir/stash.sh" "$1" >/dev/null || return 2; fi   # this call's chunk
 sha="$(sed -n 's/^sha256 //p' "$stash/PARTS" 2>/dev/null)"
 parts="$(sed -n 's/^parts //p' "$stash/PARTS" 2>/dev/null)"
 if [ -z "$sha" ]; then
