@@ -82,7 +82,7 @@ SMALL_RUN = [
     "trainer.logger=[console,file]", "data.max_response_length=192", "actor_rollout_ref.actor.entropy_coeff=0.01",
     "beyond_agent.max_tokens_per_turn=12",
 ]
-"""The tiny model on 2 cores, as tests/trainer/conftest.py and test_async_rollout_on_cpu.py run it."""
+"""The tiny model on 2 cores, as tests/trainer/conftest.py and test_train_cpu_on_cpu.py run it."""
 ASYNC = "beyond_agent/async/"
 POLL_S = 0.05
 

@@ -203,6 +203,7 @@ def _read(path: Path) -> str | None:
 
 
 @pytest.mark.slow
+@pytest.mark.training
 @pytest.mark.timeout(1500)
 def test_quickstart_trains_one_step(launch, tmp_path, helpers):
     """The real thing: envservice, tiny model, data, and BeyondAgentTrainer on CPU for one step (~4 min)."""

@@ -5,11 +5,13 @@ A fixture, not an importable helper: verl's wheel installs its own top-level `te
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -26,22 +28,26 @@ SMALL_RUN = [
 ]
 
 
-@pytest.fixture
+def train(tiny_model_dir: Path, run_dir: Path, overrides: list[str], env: dict[str, str] | None = None) -> str:
+    """Run the recipe on CPU for real; its output (also appended to `training_output.log` beside `run_dir`, pass
+    or fail). Fails with the output's tail on a non-zero exit."""
+    command = [sys.executable, "-m", "recipe.multiturn_rl.main", *SMALL_RUN,
+               f"actor_rollout_ref.model.path={tiny_model_dir}", f"trainer.default_local_dir={run_dir}",
+               *overrides, *cpu_overrides()]
+    environment = {key: value for key, value in os.environ.items() if key != "VERL_FILE_LOGGER_PATH"}
+    environment.update({**CPU_ENV, "RAY_DEDUP_LOGS": "0", **(env or {})})
+    done = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=1500)
+    output = done.stdout + done.stderr
+    with (run_dir.parent / "training_output.log").open("a") as log:
+        log.write(output)
+    assert done.returncode == 0, output[-6000:]
+    return output
+
+
+@pytest.fixture(scope="session")
 def run_training(tiny_model_dir: Path):
     """run_training(run_dir, overrides, env=None) -> the run's output; fails with its tail on a non-zero exit."""
-
-    def run(run_dir: Path, overrides: list[str], env: dict[str, str] | None = None) -> str:
-        command = [sys.executable, "-m", "recipe.multiturn_rl.main", *SMALL_RUN,
-                   f"actor_rollout_ref.model.path={tiny_model_dir}", f"trainer.default_local_dir={run_dir}",
-                   *overrides, *cpu_overrides()]
-        environment = {key: value for key, value in os.environ.items() if key != "VERL_FILE_LOGGER_PATH"}
-        environment.update({**CPU_ENV, "RAY_DEDUP_LOGS": "0", **(env or {})})
-        done = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=1500)
-        output = done.stdout + done.stderr
-        assert done.returncode == 0, output[-6000:]
-        return output
-
-    return run
+    return lambda run_dir, overrides, env=None: train(tiny_model_dir, run_dir, overrides, env)
 
 
 STEP_LINE = re.compile(r"step:(\d+) - (.*)")
@@ -58,18 +64,70 @@ def _number(text: str) -> float:
         return math.nan
 
 
-@pytest.fixture
+def parse_step_metrics(output: str) -> dict[int, dict[str, float]]:
+    """{step: {key: float}} from verl's console lines `step:N - key:value - ...`."""
+    steps = {}
+    for match in STEP_LINE.finditer(output):
+        pairs = (item.split(":", 1) for item in match.group(2).split(" - ") if ":" in item)
+        steps[int(match.group(1))] = {key.strip(): _number(value) for key, value in pairs}
+    return steps
+
+
+@pytest.fixture(scope="session")
 def step_metrics():
     """step_metrics(output) -> {step: {key: float}} from verl's console lines `step:N - key:value - ...`."""
+    return parse_step_metrics
 
-    def parse(output: str) -> dict[int, dict[str, float]]:
-        steps = {}
-        for match in STEP_LINE.finditer(output):
-            pairs = (item.split(":", 1) for item in match.group(2).split(" - ") if ":" in item)
-            steps[int(match.group(1))] = {key.strip(): _number(value) for key, value in pairs}
-        return steps
 
-    return parse
+# ---- the end-to-end training runs the suite shares ------------------------------------------------------------
+# Each run pays Ray's, the actor's and vLLM's start-up (minutes on 2 cores), so one run is trained once per
+# session and many tests check it, each one property (docs/tests.md maps every check to its run).
+
+
+@dataclass
+class TrainingRun:
+    """One finished end-to-end training run: what the tests that share it read."""
+
+    output: str
+    """Its console output (stdout + stderr of the recipe's process)."""
+    run_dir: Path
+    """trainer.default_local_dir: checkpoints, metrics.jsonl, trajectories/, curves.png."""
+    workdir: Path
+    """The folder holding run_dir and the run's side files (data, dumps, user modules)."""
+    kept: dict = field(default_factory=dict)
+    """What a later run in the same folder overwrites, read when this one finished (e.g. its latest checkpoint)."""
+
+    @property
+    def metrics(self) -> dict[int, dict[str, float]]:
+        """The console step lines, parsed: {step: {key: value}}."""
+        return parse_step_metrics(self.output)
+
+    def tracked(self) -> dict[int, dict[str, float]]:
+        """verl's `file` tracker records (metrics.jsonl): {step: data}."""
+        lines = (self.run_dir / "metrics.jsonl").read_text().splitlines()
+        return {entry["step"]: entry["data"] for entry in map(json.loads, lines)}
+
+    def trajectories(self, step: int) -> list[dict]:
+        """The episode records the trainer dumped at `step`."""
+        lines = (self.run_dir / "trajectories" / f"step_{step}.jsonl").read_text().splitlines()
+        return [json.loads(line) for line in lines]
+
+
+@pytest.fixture(scope="session")
+def training_run(tiny_model_dir: Path):
+    """training_run(run_dir, overrides, env=None) -> TrainingRun; fails with the output's tail on a non-zero exit."""
+    return lambda run_dir, overrides, env=None: TrainingRun(train(tiny_model_dir, run_dir, overrides, env), run_dir,
+                                                            run_dir.parent)
+
+
+@pytest.fixture(scope="session")
+def trainer_envservice(tmp_path_factory: pytest.TempPathFactory):
+    """One envservice (BabyAI and FrozenLake) for every shared training run of the session."""
+    from envservice.process import EnvServiceProcess
+
+    log = tmp_path_factory.mktemp("trainer_envservice") / "envservice.log"
+    with EnvServiceProcess(["babyai", "frozenlake"], log_path=log) as service:
+        yield service
 
 
 FROZENLAKE_LIMITS = dict(max_rounds=6, max_prompt_length=256, max_response_length=256, max_tokens_per_turn=6)

