@@ -11,6 +11,48 @@ import pytest
 from dev_tools.tiny_model import build_tiny_model
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+COSTLY_SESSION_FIXTURES = ("tiny_vllm_server", "move_writing_model", "frozenlake_episodes")
+"""Session fixtures that take a minute or more to build. With pytest-xdist (scripts/test.sh runs two workers),
+the files that name one run on one worker, which builds it once."""
+
+
+def work_unit(path: str) -> str:
+    """What one xdist worker runs at a time: a test file (its module-scoped fixtures, the shared training runs
+    among them, are built once), or every file that names the same costly session fixture."""
+    text = (REPO_ROOT / path).read_text() if (REPO_ROOT / path).is_file() else ""
+    return next((name for name in COSTLY_SESSION_FIXTURES if name in text), path)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`--dist loadfile` (scripts/test.sh), with the files sharing a costly session fixture as one unit.
+    (xdist's `loadgroup` cannot group here: it renames `item._nodeid`, which pytest 9.2 no longer reads.)"""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class UnitScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid.split("::")[0])
+
+    return UnitScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In an xdist worker: the test files longest first (those with end-to-end trainings, then those sharing a
+    costly session fixture, then the rest in their usual order), so that no worker is left with a training run
+    at the end while the other idles; xdist hands the units out in this order (`--no-loadscope-reorder`)."""
+    if not hasattr(config, "workerinput"):
+        return
+    files: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::")[0], []).append(item)
+
+    def rank(path: str) -> int:
+        if any(item.get_closest_marker("training") for item in files[path]):
+            return 0
+        return 1 if work_unit(path) != path else 2
+
+    items[:] = [item for path in sorted(files, key=rank) for item in files[path]]
 
 
 @pytest.fixture(scope="session")
@@ -46,3 +88,9 @@ def tiny_vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFact
     # Stopping must leave none of the server's processes (API server, engine core) behind.
     with pytest.raises(ProcessLookupError):
         os.killpg(server.process.pid, 0)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session):
+    open("/tmp/hookdbg.txt","a").write(f"final {[i.nodeid for i in session.items][:2]}\n")
+

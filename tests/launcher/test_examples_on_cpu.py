@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
@@ -67,11 +68,25 @@ def test_yaml_starts_with_its_command_and_holds_no_secret(path):
     assert not SECRET.search(path.read_text())
 
 
+def dry_run(path: Path) -> subprocess.CompletedProcess:
+    """`bash <script> --dry-run`, as a user runs it: a fresh process through the script and the launcher."""
+    return subprocess.run(["bash", str(path), "--dry-run"], capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def script_dry_runs() -> dict[Path, subprocess.CompletedProcess]:
+    """Every example script's dry run, two at a time: each is one core's work (starting Python, importing verl,
+    composing and checking the config), so on 2 cores two side by side take the time of one."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(SCRIPTS, pool.map(dry_run, SCRIPTS)))
+
+
+@pytest.mark.timeout(900)  # the first one waits for the fixture: all the dry runs (~2 min)
 @pytest.mark.parametrize("path", SCRIPTS, ids=example_id)
-def test_script_starts_with_its_command_and_dry_runs(path):
+def test_script_starts_with_its_command_and_dry_runs(path, script_dry_runs):
     lines = path.read_text().splitlines()
     assert lines[0] == "#!/usr/bin/env bash" and lines[1].startswith(f"# bash {path.relative_to(REPO_ROOT)}")
-    result = subprocess.run(["bash", str(path), "--dry-run"], capture_output=True, text=True, timeout=60)
+    result = script_dry_runs[path]
     assert result.returncode == 0, result.stderr
     assert re.search(r"^would start (envservice|appworld): ", result.stdout, re.M), result.stdout
     assert "training command: " in result.stdout
