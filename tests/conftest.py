@@ -3,6 +3,7 @@ top-level `tests` package into site-packages, so `import tests.x` could resolve 
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -16,6 +17,7 @@ COSTLY_SESSION_FIXTURES = ("tiny_vllm_server", "move_writing_model", "frozenlake
 the files that name one run on one worker, which builds it once."""
 
 
+@functools.cache  # xdist asks once per test id
 def work_unit(path: str) -> str:
     """What one xdist worker runs at a time: a test file (its module-scoped fixtures, the shared training runs
     among them, are built once), or every file that names the same costly session fixture."""
@@ -88,9 +90,4 @@ def tiny_vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFact
     # Stopping must leave none of the server's processes (API server, engine core) behind.
     with pytest.raises(ProcessLookupError):
         os.killpg(server.process.pid, 0)
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_collection_finish(session):
-    open("/tmp/hookdbg.txt","a").write(f"final {[i.nodeid for i in session.items][:2]}\n")
 

@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import pytest
@@ -44,12 +45,6 @@ def train(tiny_model_dir: Path, run_dir: Path, overrides: list[str], env: dict[s
     return output
 
 
-@pytest.fixture(scope="session")
-def run_training(tiny_model_dir: Path):
-    """run_training(run_dir, overrides, env=None) -> the run's output; fails with its tail on a non-zero exit."""
-    return lambda run_dir, overrides, env=None: train(tiny_model_dir, run_dir, overrides, env)
-
-
 STEP_LINE = re.compile(r"step:(\d+) - (.*)")
 
 
@@ -73,12 +68,6 @@ def parse_step_metrics(output: str) -> dict[int, dict[str, float]]:
     return steps
 
 
-@pytest.fixture(scope="session")
-def step_metrics():
-    """step_metrics(output) -> {step: {key: float}} from verl's console lines `step:N - key:value - ...`."""
-    return parse_step_metrics
-
-
 # ---- the end-to-end training runs the suite shares ------------------------------------------------------------
 # Each run pays Ray's, the actor's and vLLM's start-up (minutes on 2 cores), so one run is trained once per
 # session and many tests check it, each one property (docs/tests.md maps every check to its run).
@@ -97,7 +86,7 @@ class TrainingRun:
     kept: dict = field(default_factory=dict)
     """What a later run in the same folder overwrites, read when this one finished (e.g. its latest checkpoint)."""
 
-    @property
+    @cached_property
     def metrics(self) -> dict[int, dict[str, float]]:
         """The console step lines, parsed: {step: {key: value}}."""
         return parse_step_metrics(self.output)
