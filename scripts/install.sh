@@ -28,16 +28,19 @@ pin_file="beyond_agent/REQUIRED_VERL.txt"
 verl_version="$(sed -n 's/^version=//p' "$pin_file")"
 [ -n "$verl_version" ] || { echo "install.sh: no 'version=' line in $pin_file" >&2; exit 1; }
 
-# Debian packages: chromium for the viewer's browser tests (tests/viewer drive it with Playwright).
+# Debian packages: chromium for the viewer's browser tests (tests/viewer drive it with Playwright), bubblewrap for
+# the sandbox that code we did not write runs in (sandbox/: command agents, model-written code).
 # Installed through apt-get when missing; a machine without apt-get or root gets a clear message instead.
 ensure_debian_packages() {
   local missing=()
   [ -x /usr/bin/chromium ] || missing+=(chromium)
+  command -v bwrap >/dev/null || missing+=(bubblewrap)
   [ "${#missing[@]}" -eq 0 ] && return 0
   local sudo=()
   [ "$(id -u)" -eq 0 ] || sudo=(sudo -n)
   if ! command -v apt-get >/dev/null; then
-    echo "install.sh: warning: no apt-get; install ${missing[*]} yourself (the viewer's browser tests need /usr/bin/chromium)" >&2
+    echo "install.sh: warning: no apt-get; install ${missing[*]} yourself (the viewer's browser tests need" \
+         "/usr/bin/chromium; the sandbox needs bwrap)" >&2
     return 0
   fi
   echo "install.sh: apt-get install ${missing[*]}"
@@ -45,7 +48,7 @@ ensure_debian_packages() {
          || { "${sudo[@]}" apt-get update >>/tmp/beyond_apt.log 2>&1 \
               && "${sudo[@]}" apt-get install -y --no-install-recommends "${missing[@]}" >>/tmp/beyond_apt.log 2>&1; }; }; then
     echo "install.sh: warning: apt-get could not install ${missing[*]} (log: /tmp/beyond_apt.log);" \
-         "the viewer's browser tests need /usr/bin/chromium" >&2
+         "the viewer's browser tests need /usr/bin/chromium; the sandbox needs bwrap" >&2
   fi
 }
 if [ "$flavour" = cpu ]; then ensure_debian_packages; fi

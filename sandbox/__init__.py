@@ -1,0 +1,27 @@
+"""The sandbox: where code we did not write runs (a user's agent run as a command, a model's solution, a shell
+command), never with the trainer's environment, memory or lifetime.
+
+One mechanism, in one place, below both envservice and the library (it imports neither):
+
+    from sandbox import SandboxConfig, run_sandboxed
+
+    result = run_sandboxed(["python", "solution.py"], SandboxConfig(), wall_s=30,
+                           files={"solution.py": code})
+    result.returncode, result.ended, result.stdout.text()
+
+With `kind: bwrap` (Debian's bubblewrap) a run gets: no network (its own loopback; with `forward`, one port on
+it reaches one Unix socket outside, e.g. the episode's gateway); the host's file system read-only and a private
+writable scratch folder (`/tmp`, also `HOME`); its own PID namespace, so everything it started dies with it;
+an environment built from an allowlist plus what the caller names on purpose, never the trainer's; a user id
+of its own when the trainer runs as root (files readable only by root stay unreadable); limits on memory,
+CPU time, processes, file size and open files; stdout and stderr kept as head and tail with a count of what
+was dropped; a wall clock that kills the whole sandbox. `kind: none` runs the command as a plain child process
+with the same environment allowlist, output caps and wall clock, and warns: nothing else is contained.
+"""
+
+from sandbox.config import SANDBOX_KINDS, SandboxConfig
+from sandbox.output import CapturedOutput
+from sandbox.run import SandboxResult, SandboxUnavailable, check_sandbox, run_sandboxed
+
+__all__ = ["SANDBOX_KINDS", "CapturedOutput", "SandboxConfig", "SandboxResult", "SandboxUnavailable",
+           "check_sandbox", "run_sandboxed"]

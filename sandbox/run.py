@@ -1,0 +1,214 @@
+"""Running one command in the sandbox (the package docstring says what it may and may not do)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from sandbox.cgroups import SandboxCgroups
+from sandbox.config import SandboxConfig
+from sandbox.inside import exit_status
+from sandbox.output import CapturedOutput, StreamKeeper
+
+SCRATCH = "/tmp"
+"""The sandbox's private writable folder (also its HOME and TMPDIR); what is written there is gone after."""
+SOCKETS = "/run/beyond"
+"""Where forwarded Unix sockets are bound inside the sandbox."""
+INSIDE = Path(__file__).with_name("inside.py")
+"""The sandbox's first program (limits, forwards, then the command); it imports only the standard library."""
+SANDBOX_UID = 1000
+"""The user id the sandbox's processes have inside it (their own user namespace)."""
+
+_MIB = 1 << 20
+_OWN_PROCESSES = 4
+"""Processes of the sandbox's own making (bubblewrap's two, the first program and its forwarding thread),
+allowed on top of `SandboxConfig.processes`."""
+_ENTER_GROUPS = 'for procs in $SANDBOX_CGROUP_PROCS; do echo $$ > "$procs" || exit 125; done; exec "$@"'
+"""A shell that enters the sandbox's control groups, then becomes bubblewrap: nothing starts outside them."""
+
+
+class SandboxUnavailable(RuntimeError):
+    """The sandbox cannot run here (bubblewrap missing or refused by the kernel): refuse to start."""
+
+
+@dataclass
+class SandboxResult:
+    """How one sandboxed command ended."""
+
+    returncode: int | None
+    """Its exit status (a shell's: 128 + N when killed by signal N); None when the wall clock killed it."""
+    ended: str
+    """`exit` (it ended by itself, whatever its status) or `wall_clock` (killed at the deadline, with
+    everything it started)."""
+    stdout: CapturedOutput
+    """What was kept of its stdout."""
+    stderr: CapturedOutput
+    """What was kept of its stderr."""
+    wall_s: float
+    """Seconds from start to end."""
+    enforced: tuple[str, ...] = ()
+    """Caps held by control groups in this run ("processes", "memory"); the others are per-process limits."""
+
+
+def run_sandboxed(argv: Sequence[str], config: SandboxConfig, *, wall_s: float,
+                  environment: Mapping[str, str] | None = None, forward: Mapping[int, str] | None = None,
+                  cwd: str | None = None) -> SandboxResult:
+    """Run `argv` in the sandbox and wait for it (at most `wall_s` seconds, then kill everything it started).
+
+    `environment`: variables this run needs (e.g. the episode's URLs), added to the allowlist and the config's
+    own (`SandboxConfig.env`, `pass_env`). `forward`: {port: unix socket path outside}; inside, 127.0.0.1:port
+    reaches that socket (bwrap only: with `kind: none` the command shares the host's network). `cwd`: the
+    working directory inside (read-only unless it is the scratch folder; default: the scratch folder)."""
+    if not argv:
+        raise ValueError("run_sandboxed: empty command")
+    missing = [path for path in config.writable if not os.path.isdir(path)]
+    if missing:
+        raise ValueError(f"sandbox.writable: no folder {missing[0]!r} (each must exist)")
+    check_sandbox(config)
+    env = {**_allowlist(), **config.given_environment(os.environ), **dict(environment or {})}
+    if not config.contained:
+        resolved = shutil.which(argv[0], path=env["PATH"]) or argv[0]
+        return _supervise([resolved, *argv[1:]], config, wall_s, env, cwd)
+    groups = SandboxCgroups(config.processes + _OWN_PROCESSES, config.memory_mb * _MIB)
+    try:
+        command = _limits_argv(config) + _bwrap_argv(config, env, dict(forward or {}), cwd or SCRATCH)
+        command += [sys.executable, "-I", str(INSIDE), "--nproc", str(config.processes + _OWN_PROCESSES)]
+        for port in forward or {}:
+            command += ["--forward", f"{port}={SOCKETS}/{port}.sock"]
+        command += ["--", *argv]
+        outer_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                     "SANDBOX_CGROUP_PROCS": " ".join(groups.procs_files)}
+        return _supervise(["/bin/sh", "-c", _ENTER_GROUPS, "sh", *command], config, wall_s, outer_env, None,
+                          groups)
+    finally:
+        groups.remove()
+
+
+def check_sandbox(config: SandboxConfig) -> None:
+    """Refuse (SandboxUnavailable, saying what to do) when `config`'s kind cannot run here; warn once for the
+    `none` opt-out."""
+    if not config.contained:
+        _warn_uncontained()
+        return
+    problem = _bwrap_problem()
+    if problem:
+        raise SandboxUnavailable(f"the sandbox (bubblewrap) cannot run here: {problem}. Install it "
+                                 "(`bash scripts/install.sh` does: apt-get install bubblewrap), or set "
+                                 "sandbox.kind: none to run this code uncontained (not recommended)")
+
+
+@functools.cache
+def _warn_uncontained() -> None:
+    warnings.warn("sandbox.kind is none: code we did not write runs as a plain child process, with the host's "
+                  "network and files (only its environment, output and wall clock are bounded)", stacklevel=3)
+
+
+@functools.cache
+def _bwrap_problem() -> str:
+    """Why bubblewrap cannot run here ('' when a probe sandbox ran)."""
+    if shutil.which("bwrap") is None:
+        return "no `bwrap` program on PATH"
+    try:
+        probe = subprocess.run(_bwrap_argv(SandboxConfig(), {}, {}, SCRATCH) + ["true"], capture_output=True,
+                               text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"a probe sandbox failed to start ({error})"
+    if probe.returncode != 0:
+        return f"a probe sandbox failed ({probe.stderr.strip()[-300:]})"
+    return ""
+
+
+def _allowlist() -> dict[str, str]:
+    """The variables every sandbox gets: a PATH whose `python` is this interpreter, and neutral settings."""
+    path = os.pathsep.join([str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"])
+    return {"PATH": path, "HOME": SCRATCH, "TMPDIR": SCRATCH, "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1",
+            "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def _limits_argv(config: SandboxConfig) -> list[str]:
+    """util-linux `prlimit` setting the per-process limits before bubblewrap starts (the process count is set
+    inside, once the sandbox's user namespace exists, so that it counts the sandbox's processes only)."""
+    limits = {"as": config.memory_mb * _MIB, "cpu": config.cpu_s, "fsize": config.file_size_mb * _MIB,
+              "nofile": config.open_files, "core": 0}
+    return ["prlimit", *(f"--{name}={value}" for name, value in limits.items()), "--"]
+
+
+def _bwrap_argv(config: SandboxConfig, env: dict[str, str], forward: dict[int, str], cwd: str) -> list[str]:
+    """bubblewrap's arguments: every namespace of its own (user and network included), the host read-only but
+    the `writable` folders, a fresh /tmp (size-capped), /run and the trainer's home hidden, the forwarded sockets
+    bound in, only `env` in the environment."""
+    argv = ["bwrap", "--unshare-all", "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
+            "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+            "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+            "--size", str(config.scratch_mb * _MIB), "--tmpfs", SCRATCH, "--tmpfs", "/run"]
+    home, needed = _home_and_needed()
+    if home is not None:  # the trainer's home (keys, tokens, caches) is hidden; what the run needs is put back
+        argv += ["--tmpfs", home]
+        for path in needed:
+            argv += ["--ro-bind", path, path]
+    if cwd != SCRATCH and os.path.commonpath([SCRATCH, os.path.realpath(cwd)]) == SCRATCH:
+        argv += ["--ro-bind", cwd, cwd]  # a working directory under the host's /tmp, which the scratch hides
+    for path in config.writable:
+        argv += ["--bind", path, path]
+    for port, outside in forward.items():
+        argv += ["--bind", outside, f"{SOCKETS}/{port}.sock"]
+    argv += ["--chdir", cwd, "--clearenv"]
+    for name, value in env.items():
+        argv += ["--setenv", name, value]
+    return argv + ["--"]
+
+
+def _home_and_needed() -> tuple[str | None, list[str]]:
+    """The trainer's home folder (None when there is none to hide), and the folders under it a sandboxed Python
+    needs: the interpreter's installation, the virtual environment, the working directory, this package's."""
+    home = os.path.realpath(os.path.expanduser("~"))
+    if home == "/" or not os.path.isdir(home):
+        return None, []
+    wanted = {os.path.realpath(path) for path in (sys.base_prefix, sys.prefix, os.getcwd(), INSIDE.parent.parent)}
+    under = sorted(path for path in wanted if path != home and os.path.commonpath([home, path]) == home)
+    needed = [path for path in under if not any(path.startswith(other + os.sep) for other in under)]
+    return home, needed
+
+
+def _supervise(argv: list[str], config: SandboxConfig, wall_s: float, env: dict[str, str], cwd: str | None,
+               groups: SandboxCgroups | None = None) -> SandboxResult:
+    """Start `argv` in a session of its own, keep head and tail of its output, and at the deadline (or once it
+    ends: whatever it left running goes too) kill its process group and control groups."""
+    started = time.monotonic()
+    process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               env=env, cwd=cwd, start_new_session=True)
+    keepers = [StreamKeeper(process.stdout, config.output_kb * 1024),
+               StreamKeeper(process.stderr, config.output_kb * 1024)]
+    for keeper in keepers:
+        keeper.start()
+    ended = "exit"
+    try:
+        process.wait(timeout=max(0.0, wall_s))
+    except subprocess.TimeoutExpired:
+        ended = "wall_clock"
+    finally:
+        _kill_group(process.pid)
+        if groups is not None:
+            groups.kill_all()
+        process.wait()
+    for keeper in keepers:
+        keeper.join()
+    returncode = None if ended == "wall_clock" else exit_status(process.returncode)
+    return SandboxResult(returncode, ended, keepers[0].captured, keepers[1].captured, time.monotonic() - started,
+                         tuple(groups.enforced) if groups is not None else ())
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

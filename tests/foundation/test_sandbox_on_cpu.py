@@ -1,0 +1,181 @@
+"""The sandbox (issue #51): real bubblewrap, real processes. Each test is a hostile program doing one thing the
+sandbox must contain, and asserts the containment, not just that the program failed."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import uuid
+import warnings
+from pathlib import Path
+
+import psutil
+import pytest
+
+import sandbox.run as sandbox_run
+from sandbox import SandboxConfig, SandboxUnavailable, run_sandboxed
+
+
+def python(code: str, config: SandboxConfig | None = None, wall_s: float = 30, **kwargs):
+    return run_sandboxed(["python", "-c", code], config or SandboxConfig(), wall_s=wall_s, **kwargs)
+
+
+def test_the_environment_is_the_allowlist_plus_what_is_given_on_purpose(monkeypatch):
+    monkeypatch.setenv("WANDB_API_KEY", "wandb-secret")
+    monkeypatch.setenv("HF_TOKEN", "hf-secret")
+    monkeypatch.setenv("MY_TOOL_KEY", "given-on-purpose")
+    config = SandboxConfig(pass_env=("MY_TOOL_KEY", "NOT_SET_ANYWHERE"), env={"MODE": "eval"})
+    result = python("import os, json; print(json.dumps(dict(os.environ)))", config,
+                    environment={"OPENAI_BASE_URL": "http://127.0.0.1:8080/v1"})
+    assert result.returncode == 0, result.stderr.text()
+    seen = __import__("json").loads(result.stdout.text())
+    assert "wandb-secret" not in result.stdout.text() and "hf-secret" not in result.stdout.text()
+    assert seen["MY_TOOL_KEY"] == "given-on-purpose" and seen["MODE"] == "eval"
+    assert seen["OPENAI_BASE_URL"] == "http://127.0.0.1:8080/v1"
+    assert set(seen) - {"PWD"} == {"PATH", "HOME", "TMPDIR", "LANG", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE",
+                                   "MY_TOOL_KEY", "MODE", "OPENAI_BASE_URL"}
+
+
+def test_no_host_port_is_reachable_but_the_forwarded_socket_is(tmp_path):
+    host_server = socket.create_server(("127.0.0.1", 0))
+    host_port = host_server.getsockname()[1]
+    unix_path = str(tmp_path / "gateway.sock")
+    unix_server = socket.socket(socket.AF_UNIX)
+    unix_server.bind(unix_path)
+    os.chmod(unix_path, 0o666)
+    unix_server.listen()
+
+    def answer_once() -> None:
+        connection, _ = unix_server.accept()
+        connection.sendall(b"hello from outside: " + connection.recv(100))
+        connection.close()
+
+    threading.Thread(target=answer_once, daemon=True).start()
+    code = f"""
+import socket
+try:
+    socket.create_connection(("127.0.0.1", {host_port}), timeout=2)
+    print("host port reached")
+except OSError as error:
+    print("host port refused:", type(error).__name__)
+connection = socket.create_connection(("127.0.0.1", 8080), timeout=5)
+connection.sendall(b"ping")
+print(connection.recv(100).decode())
+"""
+    result = python(code, forward={8080: unix_path})
+    host_server.close()
+    assert result.returncode == 0, result.stderr.text()
+    assert "host port refused" in result.stdout.text() and "host port reached" not in result.stdout.text()
+    assert "hello from outside: ping" in result.stdout.text()
+
+
+def test_the_host_is_read_only_the_scratch_is_private_and_the_trainers_home_hidden(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".netrc").write_text("machine api.wandb.ai password wandb-secret")
+    monkeypatch.setenv("HOME", str(home))
+    outside = Path.cwd() / f".sandbox-probe-{uuid.uuid4().hex[:8]}"  # the host, outside /tmp (the scratch)
+    code = f"""
+import os
+try:
+    open({str(outside)!r}, "w").write("escaped")
+except OSError as error:
+    print("write outside refused:", error.strerror)
+print("home holds:", sorted(os.listdir({str(home)!r})))
+open("/tmp/scratch.txt", "w").write("mine")
+print("scratch:", open(os.path.join(os.environ["HOME"], "scratch.txt")).read())
+"""
+    result = python(code)
+    assert result.returncode == 0, result.stderr.text()
+    assert "write outside refused: Read-only file system" in result.stdout.text() and not outside.exists()
+    assert "home holds: []" in result.stdout.text()
+    assert "scratch: mine" in result.stdout.text()
+    assert not (tmp_path / "scratch.txt").exists()
+
+
+def test_a_fork_bomb_is_capped_and_nothing_outlives_the_sandbox():
+    marker = f"{uuid.uuid4().int % 900 + 100}.{os.getpid() % 1000}"  # a sleep length no one else uses
+    code = f"""
+import os, subprocess, sys
+subprocess.Popen(["sleep", "{marker}"], start_new_session=True)   # a daemon that tries to outlive us
+children = 0
+try:
+    while True:
+        if os.fork() == 0:
+            import time; time.sleep(60)
+        children += 1
+except OSError as error:
+    print("fork refused after", children, type(error).__name__)
+"""
+    result = python(code, SandboxConfig(processes=24))
+    assert result.returncode == 0, result.stderr.text()
+    refused_after = int(result.stdout.text().split("fork refused after ")[1].split()[0])
+    assert refused_after <= 24
+    left = [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+    assert left == [], "a process started in the sandbox outlived it"
+
+
+def test_memory_past_the_limit_fails_inside():
+    result = python("b = bytearray(8 << 30)", SandboxConfig(memory_mb=1024))
+    assert result.returncode == 1 and "MemoryError" in result.stderr.text()
+
+
+def test_output_is_kept_as_head_and_tail_and_the_rest_counted():
+    trainer = psutil.Process()
+    before = trainer.memory_info().rss
+    code = ("import sys; sys.stdout.write('HEAD' + 'x' * 50_000_000 + 'TAIL'); "
+            "sys.stderr.write('E' * 30_000_000 + 'LAST')")
+    result = python(code, SandboxConfig(output_kb=8))
+    growth = trainer.memory_info().rss - before
+    assert result.returncode == 0
+    assert result.stdout.total == 50_000_008 and result.stdout.dropped == 50_000_008 - 8192
+    assert result.stdout.head.startswith(b"HEAD") and result.stdout.tail.endswith(b"TAIL")
+    assert "bytes dropped" in result.stdout.text()
+    assert result.stderr.tail.endswith(b"LAST") and result.stderr.total == 30_000_004
+    assert growth < 50 << 20, f"the trainer grew {growth / 2**20:.0f} MB reading 80 MB of output"
+
+
+def test_the_wall_clock_kills_everything_it_started():
+    marker = f"{uuid.uuid4().int % 900 + 100}.{os.getpid() % 1000 + 1}"
+    result = run_sandboxed(["sh", "-c", f"sleep {marker} & sleep {marker}"], SandboxConfig(), wall_s=1)
+    assert result.ended == "wall_clock" and result.returncode is None
+    assert result.wall_s < 10
+    left = [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+    assert left == []
+
+
+def test_a_missing_program_is_the_commands_failure_with_a_message():
+    result = run_sandboxed(["no-such-program-xyz"], SandboxConfig(), wall_s=10)
+    assert result.returncode == 127 and "no-such-program-xyz" in result.stderr.text()
+
+
+def test_without_bubblewrap_it_refuses_to_start_and_says_what_to_do(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    sandbox_run._bwrap_problem.cache_clear()
+    try:
+        with pytest.raises(SandboxUnavailable, match="no `bwrap` program.*apt-get install bubblewrap.*kind: none"):
+            run_sandboxed(["true"], SandboxConfig(), wall_s=5)
+    finally:
+        sandbox_run._bwrap_problem.cache_clear()
+
+
+def test_kind_none_warns_and_still_keeps_the_environment_in(monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "aws-secret")
+    sandbox_run._warn_uncontained.cache_clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = python("import os; print(sorted(os.environ))", SandboxConfig(kind="none"))
+    assert any("uncontained" in str(w.message) or "plain child process" in str(w.message) for w in caught)
+    assert result.returncode == 0 and "AWS_SECRET_ACCESS_KEY" not in result.stdout.text()
+
+
+@pytest.mark.parametrize("bad, field", [({"kind": "docker"}, "kind"), ({"memory_mb": 0}, "memory_mb"),
+                                        ({"pass_env": "HF_TOKEN"}, "pass_env"), ({"env": {"A-B": "1"}}, "A-B")])
+def test_bad_config_names_the_field(bad, field):
+    with pytest.raises(ValueError, match=field):
+        SandboxConfig(**bad)
+    if "kind" in bad:
+        with pytest.raises(ValueError, match="bwrap, none"):
+            SandboxConfig(**bad)
+
