@@ -94,7 +94,7 @@ def wall_time(timer: str, label: str) -> Curve:
 
 SHARE, SHARE_RANGE = "share of episodes", (-0.02, 1.02)  # a little room for markers at 0 and 1
 TERMINATIONS = {"done": "env finished", "max_rounds": "round limit", "length": "token budget",
-                "env_error": "env error", "llm_error": "LLM error", "timeout": "timeout",
+                "max_calls": "call limit (gateway)", "env_error": "env error", "llm_error": "LLM error", "timeout": "timeout",
                 "agent_error": "agent error"}
 """Legend text of each termination reason (beyond_agent/rollout/handler.py's TERMINATION_REASONS)."""
 

@@ -226,7 +226,8 @@ class BeyondAgentLoopManager:
         if self.settings.agent.active:  # a user's agent plays them, through the gateway
             gateway = self._gateway_server()
             return AgentEnvManager(self.env_client, generate, self.tokenizer, self.settings.episode, gateway.gateway,
-                                   gateway.url, self._agent, max_workers=self.settings.concurrency)
+                                   gateway.url, self._agent, max_workers=self.settings.concurrency,
+                                   gateway_socket=gateway.socket_path)
         return ParallelEnvManager(self.env_client, generate, self.tokenizer, self.settings.episode,
                                   max_workers=self.settings.concurrency)
 
@@ -237,7 +238,8 @@ class BeyondAgentLoopManager:
             gateway = Gateway(GatewayConfig(model_name=GATEWAY_MODEL_NAME, max_prompt_length=episode.max_prompt_length,
                                             max_response_length=episode.max_response_length,
                                             max_tokens_per_turn=episode.max_tokens_per_turn,
-                                            merge=self.settings.agent.merge), self.tokenizer)
+                                            merge=self.settings.agent.merge,
+                                            max_calls=self.settings.agent.max_calls), self.tokenizer)
             self._gateway = GatewayServer(gateway).start()
             agent = self.settings.agent.function or self.settings.agent.command
             print(f"[beyond_agent] gateway for the agent {agent} on {self._gateway.url}", flush=True)

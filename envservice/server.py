@@ -38,6 +38,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from envservice import registry
+from envservice.asgi_body import BodyTooLarge, read_body, replay_body
 from envservice.body_check import LARGE_BODY_BYTES, LARGE_BODY_SHARE, BodyChecker
 from envservice.childproc import host_allowed
 from envservice.errors import CLIP_CHARS, EnvServiceError, clip
@@ -208,10 +209,6 @@ def error_response(error: EnvServiceError, request_id: str | None,
     return ProtocolJSONResponse(jsonable_encoder(body, exclude_none=True), error.status, headers=headers)
 
 
-class _BodyTooLarge(Exception):
-    """The body streamed past the limit (no Content-Length told us before)."""
-
-
 class RequestGuard:
     """The outermost ASGI layer: request id, token, body size, and the last word on unexpected exceptions.
 
@@ -253,9 +250,9 @@ class RequestGuard:
                 if reason is not None:
                     refusal = error_response(EnvServiceError(ErrorCode.bad_request, reason), request_id)
             if refusal is None:
-                await self.app(scope, _replay(body, receive), send_with_id)
+                await self.app(scope, replay_body(body, receive), send_with_id)
                 return
-        except _BodyTooLarge:
+        except BodyTooLarge:
             refusal = self._too_large(request_id)
         except asyncio.TimeoutError:  # a body sent slowly or half: its connection is not held for ever
             refusal = error_response(EnvServiceError(ErrorCode.request_timeout, f"the request body did not arrive "
@@ -275,7 +272,7 @@ class RequestGuard:
         headers = dict(scope["headers"])
         length = None if b"transfer-encoding" in headers else int(headers.get(b"content-length", b"0"))
         if length is not None and length <= LARGE_BODY_BYTES:  # the common case, without the turn's bookkeeping
-            body = await asyncio.wait_for(self._read_body(receive), self.body_timeout_s)
+            body = await asyncio.wait_for(read_body(receive, self.max_request_bytes), self.body_timeout_s)
             return body, await self.body_checker.reason(body)
         host = (scope.get("client") or ("?", 0))[0]
         # Waiting for its host's turn (one large body at a time per host, envservice/body_check.py), a request
@@ -283,7 +280,7 @@ class RequestGuard:
         # their share must not also stall its other requests unread (envservice/host_slots.py).
         release_loop_slot()
         async with self.body_checker.turn(host, length):
-            body = await asyncio.wait_for(self._read_body(receive), self.body_timeout_s)
+            body = await asyncio.wait_for(read_body(receive, self.max_request_bytes), self.body_timeout_s)
             return body, await self.body_checker.reason(body, host)
 
     def _refusal(self, scope: Scope, request_id: str) -> ProtocolJSONResponse | None:
@@ -313,35 +310,6 @@ class RequestGuard:
     def _too_large(self, request_id: str) -> ProtocolJSONResponse:
         return error_response(EnvServiceError(ErrorCode.too_large, f"the request body is over the service's limit "
                                               f"of {self.max_request_bytes} bytes (--max-request-bytes)"), request_id)
-
-    async def _read_body(self, receive: Receive) -> bytes:
-        """The whole body, refusing it (`_BodyTooLarge`) as soon as it grows past the limit."""
-        chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":  # the client went away
-                return b"".join(chunks)
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_request_bytes:
-                raise _BodyTooLarge()
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks)
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """A `receive` that hands the app the body read already, then passes on what the server sends next."""
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
 
 
 def preload_envs(env_ids: Sequence[str], backend: EnvBackend) -> Preload:

@@ -3,8 +3,8 @@
 The agent is any Python callable (`beyond_agent.agent.function: "package.module:function"`), sync or async,
 taking one `AgentContext`: an OpenAI base URL that is this episode's, the model name, and the episode's env
 session (`AgentContext.env`: the current observation, `step(action)`). Or it is a command
-(`beyond_agent.agent.command`), run once per episode (`CommandAgent`) with the episode's OpenAI base URL,
-model and env URL in its environment; its env steps go through the gateway's `/env` routes to the same session
+(`beyond_agent.agent.command`), run once per episode (`CommandAgent`) in the sandbox (`beyond_agent.agent.sandbox`)
+with the episode's OpenAI base URL, key, model and env URL in its environment; its env steps go through the gateway's `/env` routes to the same session
 (a Python command rebuilds its `AgentContext` with `gateway.remote.episode_context()`). It talks to the policy
 only through the OpenAI API (any SDK or framework) and acts only through `env.step`. When it returns, the env scores the
 episode (`/evaluate`) and the episode's `AgentTask` turns that into the reward, as in our own loop.
@@ -32,20 +32,23 @@ import importlib.util
 import inspect
 import json
 import os
+import secrets
 import shlex
 import shutil
-import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import requests
 
 from envservice.errors import EnvServiceError, EnvTimeoutError
 from envservice.registry import import_object
+from sandbox import SandboxConfig, run_sandboxed
+from beyond_agent.sections import from_section
 from beyond_agent.gateway.episodes import MERGE_POLICIES, GatewayEpisode
 from beyond_agent.gateway.server import Gateway
 from beyond_agent.rollout.dataflow import (INFRA_FAILURES, DataflowConfig, EpisodeResult, EpisodeSpec, GenerateFn,
@@ -70,8 +73,19 @@ class AgentConfig:
     past `beyond_agent.episode_timeout_s`, it is an infrastructure failure."""
     merge: str = "auto"
     """`auto`: an agent that appends to its history gives one multi-turn sample; `never`: one per call."""
+    max_calls: int = 256
+    """Chat-completions calls (and so training samples) one episode may make; past it the episode ends as
+    `max_calls` (`GatewayConfig.max_calls`)."""
+    sandbox: Any = None
+    """`SandboxConfig` (a mapping in YAML) of the sandbox a `command` runs in; None: its defaults (bubblewrap).
+    Nothing of the trainer's environment reaches the command but what `sandbox.pass_env` names."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.sandbox, SandboxConfig):
+            if self.sandbox is not None and not isinstance(self.sandbox, Mapping):
+                raise ValueError(f"beyond_agent.agent.sandbox must be a mapping, got {self.sandbox!r}")
+            object.__setattr__(self, "sandbox", from_section(SandboxConfig, self.sandbox,
+                                                             "beyond_agent.agent.sandbox"))
         if self.function is not None and self.command is not None:
             raise ValueError("beyond_agent.agent: set function or command, not both")
         if self.command is not None and (not isinstance(self.command, str) or not shlex.split(self.command)):
@@ -82,6 +96,8 @@ class AgentConfig:
         if self.merge not in MERGE_POLICIES:
             raise ValueError(f"beyond_agent.agent.merge={self.merge!r} is not valid; choose one of "
                              f"{', '.join(MERGE_POLICIES)}")
+        if isinstance(self.max_calls, bool) or not isinstance(self.max_calls, int) or self.max_calls < 1:
+            raise ValueError(f"beyond_agent.agent.max_calls must be an integer >= 1, got {self.max_calls!r}")
 
     @property
     def active(self) -> bool:
@@ -97,7 +113,7 @@ class AgentConfig:
         if shutil.which(program, path=command_path()) is None:
             raise ValueError(f"beyond_agent.agent.command={self.command!r}: no program {program!r} on PATH "
                              "or at that path")
-        return CommandAgent(self.command, timeout_s)
+        return CommandAgent(self.command, timeout_s, self.sandbox)
 
 
 def load_agent(path: str) -> Callable[["AgentContext"], Any]:
@@ -140,6 +156,10 @@ class EnvStep:
         return self.terminated or self.truncated
 
 
+class ConcurrentStep(RuntimeError):
+    """A step sent while another step of the same episode was under way (the agent's error)."""
+
+
 class EnvSession:
     """The episode's environment as the agent sees it: `observation` (the latest) and `step(action)`."""
 
@@ -162,9 +182,22 @@ class EnvSession:
         self._client, self._calls_so_far, self._deadline = client, calls_so_far, deadline
         self._first_state = state_anchor(observation, info)
         self._steps: list[tuple[int, float, str]] = []  # (gateway calls answered before it, reward, state after)
+        self._stepping = threading.Lock()
 
     def step(self, action: str) -> EnvStep:
-        """Apply one action. Raises RuntimeError once the episode is over (the agent should stop)."""
+        """Apply one action. Raises RuntimeError once the episode is over (the agent should stop), and
+        `ConcurrentStep` when another step of this episode is under way (the agent's error, never the env's)."""
+        # One step at a time, the limit checked under the same lock: concurrent steps can neither pass the step
+        # limit nor reach the env as a `busy` session that would be counted as an env failure.
+        if not self._stepping.acquire(blocking=False):
+            raise ConcurrentStep("another step of this episode is under way: an episode's steps are taken one at "
+                                 "a time")
+        try:
+            return self._step(action)
+        finally:
+            self._stepping.release()
+
+    def _step(self, action: str) -> EnvStep:
         if self.done:
             raise RuntimeError("the episode is over: stop acting and return")
         started = time.monotonic()
@@ -213,42 +246,62 @@ class EnvSession:
 
 
 def command_path() -> str:
-    """The PATH a command agent runs with: the trainer's Python's folder first, so that `python` in a command is
-    the interpreter that has the trainer's packages (a virtual environment need not be activated)."""
+    """The PATH a command agent is looked up on: the trainer's Python's folder first, so that `python` in a
+    command is the interpreter that has the trainer's packages (a virtual environment need not be activated);
+    the sandbox's PATH starts the same way."""
     return os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
 
 
+SANDBOX_GATEWAY_PORT = 8080
+"""The port a sandboxed command reaches its gateway on (inside the sandbox, 127.0.0.1 is its own)."""
+
+
 class CommandAgent:
-    """A command run once per episode as the agent (`beyond_agent.agent.command`), on `command_path()`, with the
-    trainer's environment and:
+    """A command run once per episode as the agent (`beyond_agent.agent.command`), in the sandbox (`sandbox`:
+    no network but its gateway, the host read-only, limits, nothing left running after it), with the working
+    directory of the trainer (read-only), `python` the trainer's interpreter, and an environment holding only the
+    sandbox's allowlist, what `sandbox.pass_env` / `sandbox.env` give on purpose, and:
 
     - `OPENAI_BASE_URL`: the episode's OpenAI base URL (the `openai` SDK reads it by itself), `OPENAI_API_KEY`:
-      any non-empty string, `BEYOND_AGENT_MODEL`: the model name to send;
+      the episode's key (the gateway answers only requests that carry it), `BEYOND_AGENT_MODEL`: the model name;
     - `BEYOND_AGENT_ENV_URL`: the episode's env (`GET` it for observation, done, max_steps; `POST {"action"}` to
-      its `/step`), `BEYOND_AGENT_EPISODE`: JSON of env_id, task_id, seed, split, group_id, index.
+      its `/step`; both with the key), `BEYOND_AGENT_EPISODE`: JSON of env_id, task_id, seed, split, group_id,
+      index.
 
     It returns normally when the command exits with 0; otherwise it raises (the episode ends as `agent_error`,
-    with the end of the command's stderr), and past `timeout_s` the command is killed (`AgentTimeout`). Its
-    stdout is not kept (several run at once beside the trainer's log)."""
+    with the end of the command's stderr), and past `timeout_s` the sandbox is killed with everything in it
+    (`AgentTimeout`). Its output is kept as head and tail only (`sandbox.output_kb`); stdout is not used."""
 
-    def __init__(self, command: str, timeout_s: float) -> None:
-        self.command, self.timeout_s = command, timeout_s
+    def __init__(self, command: str, timeout_s: float, sandbox: SandboxConfig | None = None) -> None:
+        self.command, self.timeout_s, self.sandbox = command, timeout_s, sandbox or SandboxConfig()
 
     def __call__(self, ctx: "AgentContext") -> None:
-        environment = {**os.environ, "PATH": command_path(), "OPENAI_BASE_URL": ctx.base_url,
-                       "OPENAI_API_KEY": ctx.api_key, "BEYOND_AGENT_MODEL": ctx.model,
-                       "BEYOND_AGENT_ENV_URL": ctx.env_url,
+        base_url, env_url, forward = ctx.base_url, ctx.env_url, None
+        if self.sandbox.contained:  # the sandbox reaches the gateway only through its socket, on its own loopback
+            if not ctx.gateway_socket:
+                raise RuntimeError("a sandboxed command agent needs the gateway's Unix socket (AgentContext.gateway_socket)")
+            base_url, env_url = _on_port(base_url, SANDBOX_GATEWAY_PORT), _on_port(env_url, SANDBOX_GATEWAY_PORT)
+            forward = {SANDBOX_GATEWAY_PORT: ctx.gateway_socket}
+        environment = {"OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": ctx.api_key, "BEYOND_AGENT_MODEL": ctx.model,
+                       "BEYOND_AGENT_ENV_URL": env_url,
                        "BEYOND_AGENT_EPISODE": json.dumps(
                            {"env_id": ctx.spec.env_id, "task_id": ctx.spec.task_id, "seed": ctx.spec.seed,
                             "split": ctx.spec.split, "group_id": ctx.spec.group_id, "index": ctx.spec.index})}
-        try:
-            done = subprocess.run(shlex.split(self.command), env=environment, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.PIPE, text=True, timeout=self.timeout_s)
-        except subprocess.TimeoutExpired:
-            raise AgentTimeout(f"the command {self.command!r} ran past {self.timeout_s:g} s and was killed") from None
+        done = run_sandboxed(shlex.split(self.command), self.sandbox, wall_s=self.timeout_s, environment=environment,
+                             forward=forward, cwd=os.getcwd())
+        if done.ended == "wall_clock":
+            raise AgentTimeout(f"the command {self.command!r} ran past {self.timeout_s:g} s and was killed, with "
+                               "everything it started")
         if done.returncode != 0:
             raise RuntimeError(f"the command {self.command!r} exited with {done.returncode}: "
-                               f"{done.stderr.strip()[-600:] or '(no stderr)'}")
+                               f"{done.stderr.text().strip()[-600:] or '(no stderr)'}")
+
+
+def _on_port(url: str, port: int) -> str:
+    """`url` (http://host:port/path) with its host and port replaced by 127.0.0.1:`port`."""
+    scheme, _, rest = url.partition("://")
+    path = rest.partition("/")[2]
+    return f"{scheme}://127.0.0.1:{port}/{path}"
 
 
 class AgentTimeout(Exception):
@@ -262,7 +315,7 @@ class AgentContext:
     base_url: str
     """The OpenAI base URL of this episode, e.g. `openai.OpenAI(base_url=ctx.base_url, api_key=ctx.api_key)`."""
     api_key: str
-    """Any non-empty string (the gateway needs none; SDKs insist on one)."""
+    """The episode's key: the gateway answers this episode's requests only with it (OpenAI SDKs send it)."""
     model: str
     """The model name to send."""
     env: EnvSession
@@ -271,22 +324,25 @@ class AgentContext:
     """Which env, task and seed this episode plays."""
     env_url: str = ""
     """The same env over HTTP (the gateway's `/env` routes), for an agent in another process."""
+    gateway_socket: str | None = None
+    """The gateway's Unix socket (how a sandboxed command agent reaches it)."""
 
 
 class AgentDataflow:
     """One episode played by a user's agent (module docstring); `run()` never raises, like `Dataflow.run`."""
 
     def __init__(self, spec: EpisodeSpec, env_client: Any, gateway: Gateway, gateway_url: str,
-                 agent: Callable[[AgentContext], Any], config: DataflowConfig, generate: GenerateFn | None = None
-                 ) -> None:
+                 agent: Callable[[AgentContext], Any], config: DataflowConfig, generate: GenerateFn | None = None,
+                 gateway_socket: str | None = None) -> None:
         self.spec, self.env, self.gateway, self.gateway_url = spec, env_client, gateway, gateway_url
-        self.agent, self.config, self.generate = agent, config, generate
+        self.agent, self.config, self.generate, self.gateway_socket = agent, config, generate, gateway_socket
         self.episode_id = f"{spec.group_id or 'episode'}-{spec.index}-{uuid.uuid4().hex[:8]}"
 
     def run(self) -> EpisodeResult:
         """Create the env session, run the agent, score, release; always returns a result."""
         started = time.monotonic()
-        self.gateway.open_episode(self.episode_id, self.generate)
+        key = secrets.token_urlsafe(24)  # the episode's own: its agent's requests carry it, no other agent has it
+        self.gateway.open_episode(self.episode_id, self.generate, key=key)
         session, termination, error, score, success = None, None, None, 0.0, False
         try:
             s = self.spec
@@ -296,14 +352,16 @@ class AgentDataflow:
                                  deadline=started + self.config.episode_timeout_s)
             self.gateway.attach_env(self.episode_id, session)
             episode_url = f"{self.gateway_url}/episodes/{self.episode_id}"
-            context = AgentContext(f"{episode_url}/v1", "unused", self.gateway.config.model_name, session, s,
-                                   env_url=f"{episode_url}/env")
+            context = AgentContext(f"{episode_url}/v1", key, self.gateway.config.model_name, session, s,
+                                   env_url=f"{episode_url}/env", gateway_socket=self.gateway_socket)
             try:
                 self._call_agent(context)
             except AgentTimeout as exc:  # the agent ran past the episode's budget: not reward
                 termination, error = "timeout", str(exc)
             except Exception as exc:  # the agent's own failure: not reward
                 termination, error = AGENT_ERROR, f"the agent raised {type(exc).__name__}: {exc}"
+            if termination == AGENT_ERROR and self.gateway.limit_reached(self.episode_id):
+                termination, error = None, None  # cut off by the call cap: the limit ended it (scored), not a fault
             if session.failure is not None:  # the env failed under the agent: that, not the agent, ended it
                 termination, error = session.failure
             if termination is None:
@@ -339,6 +397,8 @@ class AgentDataflow:
         the episode's task; a per_call episode's earlier segments as `earlier_segments`, scored alike."""
         if termination is None and recorded.infra_failures:
             termination, error = "llm_error", recorded.infra_failures[0]
+        if termination is None and recorded.limit_reached:  # the agent's own doing: scored, like a round limit
+            termination = recorded.limit_reached
         last = recorded.segments[-1] if recorded.segments else None
         if termination is None:
             termination = last.termination if last is not None and last.termination else session.termination
@@ -379,14 +439,16 @@ class AgentEnvManager(ParallelEnvManager):
     """A `ParallelEnvManager` whose episodes are played by a user's agent behind the gateway (`AgentDataflow`)."""
 
     def __init__(self, env_client: Any, generate: GenerateFn, tokenizer: Any, config: DataflowConfig,
-                 gateway: Gateway, gateway_url: str, agent: Callable[[AgentContext], Any], max_workers: int = 64):
+                 gateway: Gateway, gateway_url: str, agent: Callable[[AgentContext], Any], max_workers: int = 64,
+                 gateway_socket: str | None = None):
         super().__init__(env_client, generate, tokenizer, config, max_workers)
         self.gateway, self.gateway_url, self.agent = gateway, gateway_url, agent
+        self.gateway_socket = gateway_socket
 
     def dataflow(self, spec: EpisodeSpec, config: DataflowConfig | None = None) -> AgentDataflow:  # type: ignore[override]
         """The AgentDataflow for one episode (sampled by this manager's `generate`)."""
         return AgentDataflow(spec, self.env_client, self.gateway, self.gateway_url, self.agent,
-                             config or self.config, self.generate)
+                             config or self.config, self.generate, self.gateway_socket)
 
 
 async def _awaited(awaitable: Any) -> Any:

@@ -76,6 +76,10 @@ class GatewayEpisode:
         """The episode's `generate(request_id, prompt_ids, max_tokens)` (set by `Gateway.open_episode`)."""
         self.env: Any = None
         """The episode's env session, when one is served under its `/env` routes (`Gateway.attach_env`)."""
+        self.key: str | None = None
+        """When set, the key every request on this episode must carry (`Gateway.authorize`)."""
+        self.limit_reached: str | None = None
+        """`max_calls` once a call was refused for the episode's call cap (it ends the episode as that)."""
         self.infra_failures: list[str] = []
         """Why LLM calls failed (each ended its segment as `llm_error`)."""
         self._last_messages: list[dict[str, Any]] | None = None

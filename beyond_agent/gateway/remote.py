@@ -28,9 +28,11 @@ class RemoteEnv:
     """The episode's env session over the gateway's `/env` routes: `observation`, `done`, `step(action)`, like
     `agents.EnvSession`."""
 
-    def __init__(self, url: str, timeout_s: float = 600.0) -> None:
+    def __init__(self, url: str, key: str | None = None, timeout_s: float = 600.0) -> None:
+        """`key`: the episode's (`OPENAI_API_KEY` of a command agent), sent with every request."""
         self.url, self.timeout_s = url, timeout_s
-        state = self._answer(requests.get(url, timeout=timeout_s))
+        self._headers = {"Authorization": f"Bearer {key}"} if key else {}
+        state = self._answer(requests.get(url, headers=self._headers, timeout=timeout_s))
         self.observation: str = state["observation"]
         """The env's latest observation."""
         self.done: bool = state["done"]
@@ -40,7 +42,8 @@ class RemoteEnv:
 
     def step(self, action: str) -> EnvStep:
         """Apply one action; RuntimeError once the episode is over or when the env failed (then stop)."""
-        answer = self._answer(requests.post(f"{self.url}/step", json={"action": action}, timeout=self.timeout_s))
+        answer = self._answer(requests.post(f"{self.url}/step", json={"action": action}, headers=self._headers,
+                                            timeout=self.timeout_s))
         self.observation, self.done = answer["observation"], answer["done"]
         return EnvStep(answer["observation"], float(answer["reward"]), bool(answer["terminated"]),
                        bool(answer["truncated"]), dict(answer.get("info") or {}))
@@ -68,6 +71,7 @@ def episode_context(environment: Mapping[str, str] | None = None) -> AgentContex
     spec = EpisodeSpec(env_id=episode["env_id"], task_id=episode.get("task_id"), seed=episode.get("seed"),
                        split=episode.get("split") or "train", group_id=episode.get("group_id") or "",
                        index=int(episode.get("index") or 0))
-    return AgentContext(environment["OPENAI_BASE_URL"], environment.get("OPENAI_API_KEY", "unused"),
-                        environment["BEYOND_AGENT_MODEL"], RemoteEnv(environment["BEYOND_AGENT_ENV_URL"]), spec,
+    key = environment.get("OPENAI_API_KEY", "unused")
+    return AgentContext(environment["OPENAI_BASE_URL"], key, environment["BEYOND_AGENT_MODEL"],
+                        RemoteEnv(environment["BEYOND_AGENT_ENV_URL"], key), spec,
                         env_url=environment["BEYOND_AGENT_ENV_URL"])

@@ -18,14 +18,27 @@ run in another process (`beyond_agent.agent.command`): `GET /episodes/<id>/env` 
 `POST /episodes/<id>/env/step` with `{"action": "..."}` applies one action through that session, so its step
 limit, wall-clock budget and bookkeeping (which call a step's reward belongs to) hold as for an in-process agent.
 
+An episode opened with a key (agent mode opens every episode with a fresh one, given to its agent as
+`OPENAI_API_KEY`) answers only requests that carry it (`Authorization: Bearer <key>`, which OpenAI SDKs send
+by themselves): an agent that learned another episode's URL cannot call its LLM or step its env.
+
+The server listens on a loopback port and on a Unix socket (`GatewayServer.socket_path`), which is how an agent
+in the sandbox reaches it (the sandbox has no other network).
+
 Errors are OpenAI's format with the matching status: 400 for a request the gateway cannot serve (naming the
-parameter), 404 for an unknown episode or model, 409 for a second call on an episode that is still answering
+parameter), 401 for a request without its episode's key, 404 for an unknown episode or model, 409 for a second call on an episode that is still answering
 one (or a step on an episode that is over), 502 when the LLM or the env failed (an infrastructure failure: the
 episode is not to be scored).
 """
 
 from __future__ import annotations
 
+import asyncio
+import hmac
+import os
+import shutil
+import socket
+import tempfile
 import threading
 import time
 import uuid
@@ -33,15 +46,22 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import uvicorn
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from envservice.childproc import free_port
+from envservice.asgi_body import BodyTooLarge, read_body, replay_body
+from envservice.childproc import host_allowed
+from envservice.protocol import ActionText
+from envservice.transport import server_options
+
 from beyond_agent.gateway.episodes import MERGE_POLICIES, CallRecord, GatewayEpisode
-from beyond_agent.gateway.wire import ChatRequest, chat_response, error_body, reply_message, stream_events, unsupported
+from beyond_agent.gateway.wire import (ChatRequest, chat_response, error_body, longest_message, reply_message,
+                                       stream_events, unsupported)
 from beyond_agent.rollout.dataflow import GenerateFn
 
 
@@ -59,11 +79,21 @@ class GatewayConfig:
     """Cap on one reply, whatever the request's `max_tokens`."""
     merge: str = "auto"
     """`auto`: calls that extend the previous one form one multi-turn sample; `never`: one sample per call."""
+    max_request_bytes: int = 1 << 20
+    """Largest request body; a larger one is refused (413) before any of it is parsed."""
+    max_message_chars: int = 100_000
+    """Longest message (its text, or a tool call's arguments); a longer one is refused (400) before tokenizing."""
+    max_calls: int = 256
+    """Chat-completions calls one episode may make; past it calls are refused (429) and the episode ends as
+    `max_calls` (the agent's doing: scored, like a round limit)."""
+    body_timeout_s: float = 30.0
+    """Seconds a request body may take to arrive whole (408 past it)."""
 
     def __post_init__(self) -> None:
         if self.merge not in MERGE_POLICIES:
             raise ValueError(f"gateway.merge={self.merge!r} is not valid; choose one of {', '.join(MERGE_POLICIES)}")
-        for name in ("max_prompt_length", "max_response_length", "max_tokens_per_turn"):
+        for name in ("max_prompt_length", "max_response_length", "max_tokens_per_turn", "max_request_bytes",
+                     "max_message_chars", "max_calls"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"gateway.{name} must be an integer >= 1, got {getattr(self, name)!r}")
 
@@ -90,13 +120,15 @@ class Gateway:
         self._episodes: dict[str, GatewayEpisode] = {}
         self._lock = threading.Lock()
 
-    def open_episode(self, episode_id: str | None = None, generate: GenerateFn | None = None) -> str:
+    def open_episode(self, episode_id: str | None = None, generate: GenerateFn | None = None,
+                     key: str | None = None) -> str:
         """Start an episode; its calls go to `/episodes/<id>/v1/chat/completions` and are sampled by `generate`
-        (default: the gateway's)."""
+        (default: the gateway's). With a `key`, only requests carrying it are answered (`authorize`)."""
         episode_id = episode_id or uuid.uuid4().hex
         episode = GatewayEpisode(episode_id, self.tokenizer, self.config.max_prompt_length,
                                  self.config.max_response_length, self.config.merge)
         episode.generate = generate or self._generate
+        episode.key = key
         if episode.generate is None:
             raise ValueError("open_episode needs a generate function: the gateway was built without one")
         with self._lock:
@@ -104,6 +136,17 @@ class Gateway:
                 raise ValueError(f"episode {episode_id!r} is already open")
             self._episodes[episode_id] = episode
         return episode_id
+
+    def authorize(self, episode_id: str, authorization: str | None) -> None:
+        """Refuse (401) a request on an episode opened with a key unless its `Authorization` header is
+        `Bearer <key>`. An episode that is not open is left to the route (404)."""
+        with self._lock:
+            episode = self._episodes.get(episode_id)
+        if episode is None or episode.key is None:
+            return
+        if not hmac.compare_digest((authorization or "").encode(), f"Bearer {episode.key}".encode()):
+            raise GatewayError(401, f"episode {episode_id!r} answers only requests with its key (the OPENAI_API_KEY "
+                               "its agent was given, sent as 'Authorization: Bearer <key>')", "authentication_error")
 
     def attach_env(self, episode_id: str, env: Any) -> None:
         """Serve `env` (an `agents.EnvSession`: `observation`, `done`, `max_steps`, `step(action)`) under the open
@@ -140,6 +183,12 @@ class Gateway:
             raise GatewayError(404, f"episode {episode_id!r} has no env session attached", param="episode_id")
         return env
 
+    def limit_reached(self, episode_id: str) -> str | None:
+        """`max_calls` when an open episode had a call refused for its call cap, else None."""
+        with self._lock:
+            episode = self._episodes.get(episode_id)
+        return episode.limit_reached if episode is not None else None
+
     def calls_answered(self, episode_id: str) -> int:
         """How many calls of an open episode have been answered (0 for an episode that is not open)."""
         with self._lock:
@@ -163,11 +212,19 @@ class Gateway:
         refused = unsupported(request)
         if refused is not None:
             raise GatewayError(400, refused[1], param=refused[0])
+        index, length = longest_message(request.messages)
+        if length > self.config.max_message_chars:  # refused before any tokenizing
+            raise GatewayError(400, f"messages[{index}] holds {length} characters, over the gateway's limit of "
+                               f"{self.config.max_message_chars} (gateway.max_message_chars)", param=f"messages.{index}")
         episode = self._open(episode_id)
         if not episode.lock.acquire(blocking=False):
             raise GatewayError(409, f"episode {episode_id!r} is answering another call; an episode's calls are "
                                "answered one at a time", "conflict_error")
         try:
+            if len(episode.calls) >= self.config.max_calls:
+                episode.limit_reached = "max_calls"
+                raise GatewayError(429, f"episode {episode_id!r} made its {self.config.max_calls} calls "
+                                   "(gateway.max_calls): it is over, stop and return", "rate_limit_error")
             return self._answer(episode, request)
         finally:
             episode.lock.release()
@@ -212,7 +269,11 @@ class Gateway:
 def create_gateway_app(gateway: Gateway) -> FastAPI:
     """The HTTP face of `gateway`: `/episodes/{episode_id}/v1/chat/completions` and `/v1/models` (also under
     each episode's base URL), every error in OpenAI's format."""
-    app = FastAPI(title="BeyondAgent gateway")
+    app = FastAPI(title="BeyondAgent gateway", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(StarletteHTTPException)  # unknown routes and methods: OpenAI's format too
+    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(error_body(str(error.detail), "invalid_request_error"), status_code=error.status_code)
 
     @app.exception_handler(GatewayError)
     async def gateway_error(request: Request, error: GatewayError) -> JSONResponse:
@@ -225,7 +286,9 @@ def create_gateway_app(gateway: Gateway) -> FastAPI:
         return JSONResponse(error_body(f"{where or 'body'}: {first.get('msg')}", param=where), status_code=400)
 
     @app.post("/episodes/{episode_id}/v1/chat/completions")
-    async def chat_completions(episode_id: str, request: ChatRequest) -> Response:
+    async def chat_completions(episode_id: str, request: ChatRequest,
+                               authorization: str | None = Header(None)) -> Response:
+        gateway.authorize(episode_id, authorization)
         answer = await run_in_threadpool(gateway.complete, episode_id, request)
         if request.stream:
             include_usage = bool((request.stream_options or {}).get("include_usage"))
@@ -240,11 +303,14 @@ def create_gateway_app(gateway: Gateway) -> FastAPI:
     app.get("/episodes/{episode_id}/v1/models")(models)
 
     @app.get("/episodes/{episode_id}/env")
-    async def env_state(episode_id: str) -> dict[str, Any]:
+    async def env_state(episode_id: str, authorization: str | None = Header(None)) -> dict[str, Any]:
+        gateway.authorize(episode_id, authorization)
         return gateway.env_state(episode_id)
 
     @app.post("/episodes/{episode_id}/env/step")
-    async def env_step(episode_id: str, request: EnvAction) -> dict[str, Any]:
+    async def env_step(episode_id: str, request: EnvAction, authorization: str | None = Header(None)
+                       ) -> dict[str, Any]:
+        gateway.authorize(episode_id, authorization)
         return await run_in_threadpool(gateway.env_step, episode_id, request.action)
 
     return app
@@ -254,24 +320,92 @@ class EnvAction(BaseModel):
     """The body of `POST /episodes/<id>/env/step`."""
 
     model_config = ConfigDict(extra="forbid")
-    action: str
-    """The action, as the env's text protocol takes it."""
+    action: ActionText
+    """The action, as the env's text protocol takes it (envservice's limits: at most 100 000 characters)."""
+
+
+class RequestBounds:
+    """The gateway's outermost ASGI layer: a request naming a foreign Host, or whose body is over
+    `max_request_bytes` (by its Content-Length, or as it arrives), is refused before anything is parsed or
+    tokenized; a body must arrive whole within `body_timeout_s`; an unexpected failure is answered in OpenAI's
+    format (500), never as plain text."""
+
+    def __init__(self, app: ASGIApp, config: GatewayConfig, allowed_hosts: tuple[str, ...]) -> None:
+        self.app, self.config, self.allowed_hosts = app, config, allowed_hosts
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        refusal = self._refusal(dict(scope["headers"]))
+        if refusal is None:
+            try:
+                body = await asyncio.wait_for(read_body(receive, self.config.max_request_bytes),
+                                              self.config.body_timeout_s)
+            except BodyTooLarge:
+                refusal = self._too_large()
+            except asyncio.TimeoutError:  # a body sent slowly or half: its connection is not held for ever
+                refusal = JSONResponse(error_body(f"the request body did not arrive whole within "
+                                                  f"{self.config.body_timeout_s:g} s"), status_code=408)
+        if refusal is not None:
+            await refusal(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, replay_body(body, receive), tracked)
+        except Exception as error:  # noqa: BLE001 — the last word: OpenAI's format, whatever failed
+            if started:
+                raise  # half a response went out: only dropping the connection tells the client
+            answer = JSONResponse(error_body(f"the gateway failed on this request ({type(error).__name__})",
+                                             "server_error"), status_code=500)
+            await answer(scope, receive, send)
+
+    def _refusal(self, headers: dict[bytes, bytes]) -> JSONResponse | None:
+        host = headers.get(b"host", b"").decode("latin-1")
+        if not host_allowed(host, self.allowed_hosts):
+            return JSONResponse(error_body(f"Host {host[:100]!r} is not a name this gateway answers to",
+                                           param="host"), status_code=400)
+        length = headers.get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.config.max_request_bytes):
+            return self._too_large()
+        return None
+
+    def _too_large(self) -> JSONResponse:
+        return JSONResponse(error_body(f"the request body is over the gateway's limit of "
+                                       f"{self.config.max_request_bytes} bytes (gateway.max_request_bytes)"),
+                            status_code=413)
 
 
 class GatewayServer:
-    """The gateway app served by uvicorn on a loopback port, in a thread of this process (the trainer's)."""
+    """The gateway app served by uvicorn in a thread of this process (the trainer's), on a loopback port and on a
+    Unix socket in a folder of its own (what sandboxed agents reach it through)."""
 
     def __init__(self, gateway: Gateway, host: str = "127.0.0.1", port: int | None = None) -> None:
         self.gateway = gateway
-        self.port = port or free_port()
+        self._tcp = socket.create_server((host, port or 0))
+        self.port = self._tcp.getsockname()[1]
         self.url = f"http://{host}:{self.port}"
         """Base of every episode's URL (`{url}/episodes/<id>/v1`, and its env's `{url}/episodes/<id>/env`)."""
-        self._server = uvicorn.Server(uvicorn.Config(create_gateway_app(gateway), host=host, port=self.port,
-                                                     log_level="warning"))
-        self._thread = threading.Thread(target=self._server.run, name="beyond-agent-gateway", daemon=True)
+        self._socket_dir = tempfile.mkdtemp(prefix="beyond-gateway-")
+        self.socket_path = os.path.join(self._socket_dir, "gateway.sock")
+        """The same server on a Unix socket (its folder is readable by this user only)."""
+        self._unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._unix.bind(self.socket_path)
+        self._unix.listen(128)
+        app = RequestBounds(create_gateway_app(gateway), gateway.config, (host, "127.0.0.1", "localhost"))
+        # envservice's connection guards: a deadline and a size cap on every request head, a connection cap.
+        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", **server_options()))
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._tcp, self._unix]},
+                                        name="beyond-agent-gateway", daemon=True)
 
     def start(self, timeout_s: float = 30.0) -> "GatewayServer":
-        """Serve, and return once the port answers (RuntimeError past `timeout_s`)."""
+        """Serve, and return once the server is up (RuntimeError past `timeout_s`)."""
         self._thread.start()
         deadline = time.monotonic() + timeout_s
         while not self._server.started:
@@ -283,3 +417,6 @@ class GatewayServer:
     def stop(self) -> None:
         self._server.should_exit = True
         self._thread.join(timeout=10)
+        for listener in (self._tcp, self._unix):
+            listener.close()
+        shutil.rmtree(self._socket_dir, ignore_errors=True)

@@ -52,11 +52,17 @@ class ChatRequest(BaseModel):
 
     @field_validator("messages")
     @classmethod
-    def _roles_known(cls, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _messages_well_formed(cls, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for index, message in enumerate(messages):
             if message.get("role") not in MESSAGE_ROLES:
                 raise ValueError(f"messages[{index}].role is {message.get('role')!r}; valid roles: "
                                  f"{', '.join(MESSAGE_ROLES)}")
+            if not _is_content(message.get("content")):
+                raise ValueError(f"messages[{index}].content must be a string, null, or a list of parts whose "
+                                 "text is a string")
+            if not _are_tool_calls(message.get("tool_calls")):
+                raise ValueError(f"messages[{index}].tool_calls must be a list of "
+                                 "{\"type\": \"function\", \"function\": {\"name\": ..., \"arguments\": ...}} objects")
         return messages
 
     def turn_limit(self) -> int | None:
@@ -68,6 +74,29 @@ class ChatRequest(BaseModel):
         if self.tool_choice == "none" or not self.tools:
             return None
         return self.tools
+
+
+def _is_content(content: Any) -> bool:
+    if content is None or isinstance(content, str):
+        return True
+    return isinstance(content, list) and all(isinstance(part, dict) and isinstance(part.get("text", ""), str)
+                                             for part in content)
+
+
+def _are_tool_calls(calls: Any) -> bool:
+    if calls is None:
+        return True
+    return isinstance(calls, list) and all(isinstance(call, dict) and isinstance(call.get("function", {}), dict)
+                                           for call in calls)
+
+
+def longest_message(messages: list[dict[str, Any]]) -> tuple[int, int]:
+    """(index, characters) of the longest message: its text, or the longest of its tool calls' arguments."""
+    sizes = [max([len(_text(message.get("content")))] +
+                 [len(str(call.get("function", {}).get("arguments", ""))) for call in message.get("tool_calls") or []])
+             for message in messages]
+    longest = max(range(len(sizes)), key=sizes.__getitem__)
+    return longest, sizes[longest]
 
 
 def unsupported(request: ChatRequest) -> tuple[str, str] | None:

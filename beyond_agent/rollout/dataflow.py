@@ -14,6 +14,7 @@ Termination reasons (see `handler.TERMINATION_REASONS`):
 - `done`       the environment said the task ended (terminated, success or failure);
 - `max_rounds` the round limit of this training step, or the environment's own step limit (truncated);
 - `length`     the response reached max_response_length;
+- `max_calls`  an agent behind the gateway made more calls than `gateway.max_calls` allows;
 - `env_error`, `llm_error`, `timeout`: infrastructure failures (`timeout`: the episode's wall-clock budget,
   an LLM call's deadline, or an env call past the service's `--step-timeout`). They are never turned into reward:
   `EpisodeResult.infra_failure` tells the manager to keep them out of training.

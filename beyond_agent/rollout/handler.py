@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable, Sequence
 
-TERMINATION_REASONS = ("done", "max_rounds", "length", "env_error", "llm_error", "timeout", "agent_error")
+TERMINATION_REASONS = ("done", "max_rounds", "length", "max_calls", "env_error", "llm_error", "timeout", "agent_error")
 PROMPT_TRUNCATION_POLICIES = ("left", "error")
 OBSERVATION_ROLES = ("user", "tool")
 DUMMY_PREFIX = ({"role": "system", "content": "S"}, {"role": "user", "content": "U"})

@@ -19,6 +19,7 @@ from beyond_agent.gateway.remote import RemoteEnv, episode_context
 from beyond_agent.gateway.server import GatewayServer
 from beyond_agent.rollout.dataflow import DataflowConfig, EpisodeSpec
 from beyond_agent.rollout.llm import GenerationResult
+from sandbox import SandboxConfig
 
 AGENT_SCRIPT = '''
 import json, sys
@@ -71,7 +72,8 @@ def play(tokenizer, env_url):
     def run(agent, move: str = "right"):
         spec = EpisodeSpec(env_id="frozenlake", task_id=3, seed=0, group_id="g")
         config = DataflowConfig(max_rounds=4, max_prompt_length=512, max_response_length=512, max_tokens_per_turn=8)
-        return AgentDataflow(spec, client, server.gateway, server.url, agent, config, Moves(tokenizer, move)).run()
+        return AgentDataflow(spec, client, server.gateway, server.url, agent, config, Moves(tokenizer, move),
+                             server.socket_path).run()
 
     yield run
     assert client.health().sessions == 0  # every episode released its session, whatever its ending
@@ -83,7 +85,7 @@ def test_a_command_plays_its_episode_through_the_gateway_and_the_env_routes(play
     out = tmp_path / "seen.json"
     script = tmp_path / "agent.py"
     script.write_text(AGENT_SCRIPT)
-    result = play(CommandAgent(f"python {script} {out}", timeout_s=120))
+    result = play(CommandAgent(f"python {script} {out}", timeout_s=120, sandbox=SandboxConfig(writable=(str(tmp_path),))))
     seen = json.loads(out.read_text())
 
     assert seen["spec"] == ["frozenlake", 3, 0]

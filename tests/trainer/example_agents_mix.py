@@ -1,7 +1,8 @@
 """Both example agents of examples/agents in one training run (one run instead of several keeps CI's time): the
 groups of even task ids are played by the tool-calling OpenAI-SDK agent, those of odd ones by the trimming agent;
-task 3's by the trimming agent run as a command (`CommandAgent`: this file as the program, its env over the
-gateway's `/env` routes), which notes each episode in $BEYOND_TEST_COMMAND_LOG."""
+task 3's by the trimming agent run as a command (`CommandAgent`: this file as the program, in the sandbox, its env
+over the gateway's `/env` routes), which notes each episode in $BEYOND_TEST_COMMAND_LOG (given to the sandbox on
+purpose, its folder writable), with what it could see of the trainer."""
 
 from __future__ import annotations
 
@@ -11,10 +12,13 @@ import sys
 from pathlib import Path
 
 from beyond_agent.gateway.agents import CommandAgent, load_agent
+from sandbox import SandboxConfig
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "agents"
 TOOL_AGENT, TRIMMING_AGENT = (load_agent(f"{EXAMPLES / name}.py:run") for name in ("openai_tool_agent", "trimming_agent"))
-AS_COMMAND = CommandAgent(f"{sys.executable} {Path(__file__).resolve()}", timeout_s=300)
+LOG = "BEYOND_TEST_COMMAND_LOG"
+AS_COMMAND = CommandAgent(f"{sys.executable} {Path(__file__).resolve()}", timeout_s=300,
+                          sandbox=SandboxConfig(pass_env=(LOG,), writable=(os.path.dirname(os.environ.get(LOG, "/")),)))
 
 
 def run(ctx) -> None:
@@ -28,6 +32,6 @@ if __name__ == "__main__":  # started by AS_COMMAND for one episode
 
     context = episode_context()
     TRIMMING_AGENT(context)
-    with open(os.environ["BEYOND_TEST_COMMAND_LOG"], "a") as log:
-        log.write(json.dumps({"task": context.spec.task_id, "env_url": context.env_url,
-                              "done": context.env.done, "pid": os.getpid()}) + "\n")
+    with open(os.environ[LOG], "a") as log:
+        log.write(json.dumps({"task": context.spec.task_id, "env_url": context.env_url, "done": context.env.done,
+                              "pid": os.getpid(), "variables": sorted(os.environ)}) + "\n")

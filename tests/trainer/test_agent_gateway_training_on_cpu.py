@@ -70,11 +70,14 @@ def test_merged_and_per_call_samples_are_all_trained(run):
     assert any(run.metrics[step]["beyond_agent/agent/segment_rows"] >= 1 for step in (1, 2))
 
 
-def test_a_command_agent_runs_each_episode_in_its_own_process(run):
-    # Task 3's two episodes ran as commands, each in its own process, stepping through the gateway to the end.
+def test_a_command_agent_runs_each_episode_in_its_own_sandbox(run):
+    # Task 3's two episodes ran as commands, each in a sandbox of its own (its own PID namespace: a small pid),
+    # stepping through the gateway's socket to the end, with none of the trainer's variables (the run set two).
     commands = [json.loads(line) for line in (run.workdir / "command_episodes.jsonl").read_text().splitlines()]
-    assert [c["task"] for c in commands] == [3, 3] and len({c["pid"] for c in commands}) == 2
-    assert all(c["env_url"].endswith("/env") and c["done"] for c in commands)
+    assert [c["task"] for c in commands] == [3, 3] and all(c["pid"] < 16 for c in commands)
+    assert all(c["env_url"].startswith("http://127.0.0.1:8080/") and c["env_url"].endswith("/env") and c["done"]
+               for c in commands)
+    assert all(not [name for name in c["variables"] if name.startswith("BEYOND_WEIGHT_SYNC")] for c in commands)
 
 
 def test_the_default_full_weight_sync_is_verls_own(run):
