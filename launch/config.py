@@ -25,6 +25,7 @@ entries, and tracker keys; its values are passed on to every process we start.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,7 +33,7 @@ from typing import Any
 
 import yaml
 
-from launch.secrets import Redactor, collect_secrets, redact_by_name
+from launch.secrets import HIDDEN, Redactor, collect_secrets, redact_by_name
 
 DEFAULT_TRAIN_MODULE = "recipe.multiturn_rl.main"
 ENVSERVICE_KEYS = ("envs", "env_config", "host", "port", "args", "startup_timeout_s")
@@ -131,15 +132,15 @@ class LaunchConfig:
         services = list(self.services.values())
         commands = [service.command for service in services] + [step.command for step in self.prepare]
         commands += [self.train.command or [], self.train.overrides, list(cli_overrides)]
-        return collect_secrets([self.dotenv, self.train.env, *(service.env for service in services)], commands,
-                               env_files=[service.env_file for service in services])
+        return collect_secrets([self.train.env, *(service.env for service in services), dict(os.environ)], commands,
+                               env_files=[service.env_file for service in services], all_secret=[self.dotenv])
 
     def redacted(self) -> dict[str, Any]:
         """A plain dict for the experiment folder, secret-named values hidden; `experiment.write_config` then
         hides every secret value of `redactor()` wherever else it appears (arguments, URLs)."""
         data = asdict(self)
         data["conf_path"] = str(self.conf_path)
-        data["dotenv"] = redact_by_name(self.dotenv)
+        data["dotenv"] = {key: HIDDEN if value else value for key, value in self.dotenv.items()}  # all secret
         data["train"]["env"] = redact_by_name(self.train.env)
         for service in data["services"].values():
             service["env"] = redact_by_name(service["env"])

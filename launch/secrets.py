@@ -2,21 +2,28 @@
 
 Hiding values by their name alone misses secrets that travel without a telling name: `--token z` in a
 service's arguments, a `user:pass@` URL, `DB_PASS` in `train.env`, the verbatim copy of the launcher YAML.
-So the launcher first collects the secret *values* of a run (`collect_secrets`): every value whose name looks
-secret (`SECRET_NAME`) in `.env`, `train.env`, a service's `env` and `env_file`, every argument that follows
-(or is joined by `=` to) a secret-looking flag or Hydra key in any command, and the password of every URL
-with user info; then `Redactor.text` replaces each of those values wherever it appears, and URL passwords
-by their pattern. The experiment folder's files (config.yaml, launcher.yaml, command.txt), the launcher's
-messages, its dry run and the teed training log all go through it.
+So the launcher first collects the secret *values* of a run (`collect_secrets`): every value of `.env`
+(whatever its name: `SENTRY_DSN`, `SLACK_WEBHOOK_URL`, `MY_AUTH=Bearer ...`), every value whose name looks
+secret (`SECRET_NAME`) in `train.env`, a service's `env` and `env_file` and the launcher's own environment
+(`HUGGING_FACE_HUB_TOKEN` from the parent shell), every argument that follows (or is joined by `=` to) a
+secret-looking flag or Hydra key in any command. Then `Redactor.text` replaces each of those values where it
+stands as a whole token (also as a shell or JSON quoting writes it), and by their pattern: URL passwords (with
+or without a user), secret-named query parameters (`?access_token=...`) and `Bearer` credentials. The
+experiment folder's files (config.yaml, launcher.yaml, command.txt), the launcher's messages, its dry run and
+the teed training log all go through it.
 
-Values shorter than `MIN_SECRET_LENGTH` are hidden where their name shows them but not searched for in free
-text (replacing every "1" of a log is no protection and ruins it).
+Values shorter than `MIN_SECRET_LENGTH`, and plain numbers, are hidden where their name shows them but not
+searched for in free text (replacing every "18432" of a log is no protection and ruins it); names that count
+tokens (`ppo_max_token_len_per_gpu`, `max_tokens`) are not secret names.
 """
 
 from __future__ import annotations
 
+import json
 import re
+import shlex
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -24,10 +31,17 @@ SECRET_NAME = re.compile(r"TOKEN(?![a-z])|SECRET|PASS|PWD|CREDENTIAL|APIKEY|(?<!
 """Names whose values are secret (HF_TOKEN, WANDB_API_KEY, DB_PASS, --api-key, beyond_agent.env.token); KEY
 only as a word of its own (not `keyword`), TOKEN not followed by more letters (not `max_tokens_per_turn` or
 `TOKENIZERS_PARALLELISM`, whose values were hidden)."""
+COUNTING_NAME = re.compile(r"TOKENS?_?(?:LEN|LENGTH|COUNT|NUM|LIMIT|BUDGET|SIZE|PER)|(?:MAX|MIN|NUM)_?TOKEN",
+                           re.IGNORECASE)
+"""Names that count tokens rather than hold one (`ppo_max_token_len_per_gpu`, `max_token_budget`)."""
 HIDDEN = "***"
 MIN_SECRET_LENGTH = 4
-URL_PASSWORD = re.compile(r"(?P<head>\b[a-zA-Z][\w+.-]*://[^\s/:@]+):(?P<password>[^\s@/]+)@")
-"""scheme://user:password@host: the password part."""
+URL_PASSWORD = re.compile(r"(?P<head>\b[a-zA-Z][\w+.-]*://[^\s/:@]*):(?P<password>[^\s@/]+)@")
+"""scheme://user:password@host or scheme://:password@host: the password part."""
+QUERY_PARAMETER = re.compile(r"(?P<head>[?&](?P<name>[\w.-]+)=)(?P<value>[^&#\s'\"]+)")
+"""A URL's query parameter (`?access_token=...`); hidden when its name looks secret."""
+BEARER = re.compile(r"(?P<head>\bBearer\s+)(?P<value>[\w.~+/=-]+)", re.IGNORECASE)
+"""An HTTP `Bearer` credential, wherever it is written."""
 
 
 @dataclass(frozen=True)
@@ -37,10 +51,21 @@ class Redactor:
     secrets: frozenset[str] = frozenset()
 
     def text(self, text: str) -> str:
-        """`text` with every known secret value and every URL password hidden."""
-        for secret in sorted(self.secrets, key=len, reverse=True):  # a longer secret may contain a shorter one
-            text = text.replace(secret, HIDDEN)
-        return URL_PASSWORD.sub(rf"\g<head>:{HIDDEN}@", text)
+        """`text` with every known secret value (where it stands as a whole token), every URL password,
+        secret-named query parameter and Bearer credential hidden."""
+        if self.secrets:
+            text = self._pattern.sub(HIDDEN, text)
+        text = URL_PASSWORD.sub(rf"\g<head>:{HIDDEN}@", text)
+        text = QUERY_PARAMETER.sub(lambda m: m["head"] + HIDDEN if is_secret_name(m["name"]) else m[0], text)
+        return BEARER.sub(rf"\g<head>{HIDDEN}", text)
+
+    @cached_property
+    def _pattern(self) -> re.Pattern:
+        """Every secret, as written plainly, shell-quoted or JSON-escaped, as a whole token (not inside a longer
+        word or number); longer first, since a longer secret may contain a shorter one."""
+        spellings = {spelling for secret in self.secrets for spelling in _spellings(secret)}
+        alternatives = "|".join(re.escape(s) for s in sorted(spellings, key=len, reverse=True))
+        return re.compile(rf"(?<![\w])(?:{alternatives})(?![\w])")
 
     def data(self, value: Any) -> Any:
         """A copy of nested dicts/lists/strings with every string redacted (`text`)."""
@@ -53,9 +78,19 @@ class Redactor:
         return value
 
 
+def _spellings(secret: str) -> set[str]:
+    """How a value may be written: as is, quoted for a shell, escaped inside a JSON string."""
+    return {secret, shlex.quote(secret), json.dumps(secret)[1:-1]}
+
+
 def is_secret_name(name: str) -> bool:
     """Whether a variable, flag or config key names a secret."""
-    return bool(SECRET_NAME.search(name))
+    return bool(SECRET_NAME.search(name)) and not COUNTING_NAME.search(name)
+
+
+def searchable(value: str) -> bool:
+    """Whether a secret value is looked for in free text: long enough, and not a plain number."""
+    return len(value) >= MIN_SECRET_LENGTH and not value.strip().lstrip("+-").replace(".", "", 1).isdigit()
 
 
 def redact_by_name(values: dict[str, str]) -> dict[str, str]:
@@ -94,13 +129,16 @@ def secrets_in_env_file(path: str | None) -> set[str]:
 
 
 def collect_secrets(mappings: Iterable[dict[str, str]], commands: Iterable[Iterable[str]],
-                    env_files: Iterable[str | None] = ()) -> Redactor:
-    """The redactor of a run: secret values from its env mappings, its commands' arguments and env files."""
+                    env_files: Iterable[str | None] = (), all_secret: Iterable[dict[str, str]] = ()) -> Redactor:
+    """The redactor of a run: secret values from its env mappings (by name), its commands' arguments, its env
+    files, and every value of the `all_secret` mappings (`.env`)."""
     secrets: set[str] = set()
+    for mapping in all_secret:
+        secrets |= {str(value) for value in mapping.values() if value}
     for mapping in mappings:
         secrets |= secrets_in_mapping(mapping)
     for command in commands:
         secrets |= secrets_in_arguments(command)
     for path in env_files:
         secrets |= secrets_in_env_file(path)
-    return Redactor(frozenset(secret for secret in secrets if len(secret) >= MIN_SECRET_LENGTH))
+    return Redactor(frozenset(secret for secret in secrets if searchable(secret)))

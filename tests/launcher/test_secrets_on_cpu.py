@@ -86,3 +86,30 @@ def test_the_dry_run_hides_them_too(launch, conf, fake_train, tmp_path):
 ])
 def test_secret_names_by_hand(name: str, secret: bool) -> None:
     assert is_secret_name(name) is secret
+
+
+def test_what_the_attack_found_is_hidden_and_numbers_are_not(tmp_path, monkeypatch, conf):
+    """Issue #51's findings: secrets missed by name, and a count taken for one."""
+    from launch.config import load_config
+
+    dotenv = tmp_path / "run.env"
+    dotenv.write_text("SENTRY_DSN=https://abc123def@o1.ingest.sentry.io/42\nSLACK_WEBHOOK_URL=hooks-slack-secret\n"
+                      "MY_AUTH=Bearer auth-bearer-secret\nDB_PASS=pa'ss-word-9\n")
+    monkeypatch.setenv("HUGGING_FACE_HUB_TOKEN", "hub-token-from-the-shell")
+    path = conf({"experiment": {"name": "t"}, "train": {"command": ["{python}", "-c", "pass"]}})
+    config = load_config(path, dotenv)
+    redactor = config.redactor(["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=18432",
+                                "+data.cache=redis://:redis-pw-77@cache:6379/0"])
+    log = ("dsn https://abc123def@o1.ingest.sentry.io/42 hook hooks-slack-secret auth Bearer auth-bearer-secret "
+           "shell 'pa'\"'\"'ss-word-9' hub hub-token-from-the-shell cache redis://:redis-pw-77@cache:6379/0 "
+           "url https://api.example/v1?user=me&access_token=tok-in-query-5 header Authorization: Bearer "
+           "other-bearer-6 response_length/max: 18432 ppo_max_token_len_per_gpu=18432 inside xhooks-slack-secrety")
+    hidden = redactor.text(log)
+    for secret in ("abc123def", "hooks-slack-secret ", "auth-bearer-secret", "ss-word-9", "hub-token-from-the-shell",
+                   "redis-pw-77", "tok-in-query-5", "other-bearer-6"):
+        assert secret not in hidden, (secret, hidden)
+    assert "?user=me&access_token=***" in hidden and "Bearer ***" in hidden and "redis://:***@cache" in hidden
+    assert "response_length/max: 18432 ppo_max_token_len_per_gpu=18432" in hidden  # a count is not a secret
+    assert "xhooks-slack-secrety" in hidden  # a value is hidden where it stands as a whole token only
+    assert not is_secret_name("ppo_max_token_len_per_gpu") and not is_secret_name("max_token_budget")
+    assert set(config.redacted()["dotenv"].values()) == {HIDDEN}
