@@ -47,6 +47,18 @@ class MCPEnvError(RuntimeError):
     """The MCP server or the way to it failed; the message names the URL. The service reports it as env_error."""
 
 
+MAX_RESULT_CHARS = 20_000
+"""Default cap on a tool result's text (an observation: what an agent's context can hold, and what a service
+and a trainer keep per step)."""
+
+
+def capped(text: str, limit: int) -> str:
+    """`text`, or its first `limit` characters and a note saying how many were cut."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}\n[... {len(text) - limit} characters of the tool's result cut]"
+
+
 class MCPEnv(TextEnv):
     """A text env played on a user's MCP server, one MCP session per envservice session (module docstring)."""
 
@@ -60,6 +72,8 @@ class MCPEnv(TextEnv):
         "scorer": Param("'module:function' called at evaluate as f(task_name, calls) -> (score in [0, 1], "
                         "success); calls are the episode's {name, arguments, result, is_error}.", str),
         "timeout_s": Param("Seconds to open the session and to wait for each tool (default 30).", float),
+        "max_result_chars": Param(f"A tool result longer than this is cut, with a note of what was cut, before it "
+                                  f"becomes an observation (default {MAX_RESULT_CHARS}).", int),
         "description": Param("One line for GET /envs.", str),
     }
     required_config = ("url", "scorer")
@@ -102,7 +116,7 @@ class MCPEnv(TextEnv):
             result = self._connection.call(start, {"task": task.name, "seed": task.seed})
             if result["is_error"]:
                 raise MCPEnvError(f"{self.config['url']}: start tool {start!r} failed: {clip(result['text'], 300)}")
-            observation = result["text"]
+            observation = capped(result["text"], int(self.config.get("max_result_chars", MAX_RESULT_CHARS)))
         else:
             observation = f"Task: {task.name}"
         return f"{observation}\n\n{self._tool_help()}", {"tools": list(self._tools)}
@@ -115,9 +129,9 @@ class MCPEnv(TextEnv):
             return f"Invalid action: {problem}. {self._tool_help()}", 0.0, False, False, {}
         name, arguments = call
         result = self._connection.call(name, arguments)
-        self._calls.append({"name": name, "arguments": arguments, "result": result["text"],
-                            "is_error": result["is_error"]})
-        return result["text"], 0.0, name in self.config.get("final_tools", []), False, {}
+        text = capped(result["text"], int(self.config.get("max_result_chars", MAX_RESULT_CHARS)))
+        self._calls.append({"name": name, "arguments": arguments, "result": text, "is_error": result["is_error"]})
+        return text, 0.0, name in self.config.get("final_tools", []), False, {}
 
     def evaluate(self) -> tuple[float, bool]:
         """The scorer's verdict on the episode's calls, the score clipped to [0, 1]."""

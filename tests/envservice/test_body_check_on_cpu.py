@@ -160,3 +160,31 @@ def test_a_check_in_the_helper_is_charged_to_the_host_given_at_its_cpu_time() ->
     uncharged, charged, helper_cpu_s = asyncio.run(scenario())
     # 19x the check's CPU time, about what the helper took for the same body just before (half of it, for noise)
     assert uncharged < 0.03 and charged >= 19 * helper_cpu_s / 2, (uncharged, charged, helper_cpu_s)
+
+
+def test_the_helper_ends_with_its_service_however_the_service_ends(tmp_path) -> None:
+    """A service SIGKILLed (no shutdown, no `close`) leaves no helper behind (issue #51: one stayed 11 minutes)."""
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    service = subprocess.Popen([sys.executable, "-c", """
+import asyncio, os, sys
+from envservice.body_check import BodyChecker
+checker = BodyChecker()
+helper = checker._helper()
+helper.submit(os.getpid).result(timeout=60)
+print(next(iter(helper._processes)), flush=True)
+sys.stdin.read()
+"""], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    helper = int(service.stdout.readline())
+    assert psutil.pid_exists(helper)
+    service.kill()
+    service.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and psutil.pid_exists(helper) and \
+            psutil.Process(helper).status() != psutil.STATUS_ZOMBIE:
+        time.sleep(0.1)
+    assert not psutil.pid_exists(helper) or psutil.Process(helper).status() == psutil.STATUS_ZOMBIE

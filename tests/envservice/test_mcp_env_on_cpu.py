@@ -28,6 +28,14 @@ guess:
     scorer: envservice.remote.mcp_example_server:score
     timeout_s: 10
   max_steps: 10
+guess_capped:
+  kind: mcp
+  config:
+    url: {url}
+    tasks: {{train: [guess-3]}}
+    start_tool: start
+    scorer: envservice.remote.mcp_example_server:score
+    max_result_chars: 4
 """
 
 
@@ -57,7 +65,7 @@ def test_the_mcp_env_keeps_the_service_contract(mcp_url: str, tmp_path: Path) ->
 
 
 def test_an_episode_on_the_mcp_server_through_envservice(mcp_url: str, tmp_path: Path) -> None:
-    with EnvServiceProcess(["guess"], extra_args=["--env-config", str(_config(tmp_path, mcp_url))],
+    with EnvServiceProcess(["guess", "guess_capped"], extra_args=["--env-config", str(_config(tmp_path, mcp_url))],
                            log_path=tmp_path / "service.log", startup_timeout_s=60,
                            env={"ENVSERVICE_TOKEN": ""}) as service, EnvClient(service.url) as client:
         created = client.create("guess", task_id="guess-7")
@@ -73,12 +81,17 @@ def test_an_episode_on_the_mcp_server_through_envservice(mcp_url: str, tmp_path:
         scored = client.evaluate(created.session_id)
         assert scored.success and scored.score == 1.0
         client.release(created.session_id)
+        # A tool result is capped like any observation (`max_result_chars`), saying how much was cut.
+        capped = client.create("guess_capped", task_id="guess-3")
+        answer = client.step(capped.session_id, '{"name": "guess", "arguments": {"n": 9}}').observation
+        assert answer == "lowe\n[... 1 characters of the tool's result cut]"
+        client.release(capped.session_id)
         assert requests.get(f"{service.url}/healthz", timeout=10).json()["sessions"] == 0
 
 
 def test_a_server_that_is_down_is_an_env_error_not_a_crash(tmp_path: Path) -> None:
     down = f"http://127.0.0.1:{free_port()}/mcp/"
-    with EnvServiceProcess(["guess"], extra_args=["--env-config", str(_config(tmp_path, down))],
+    with EnvServiceProcess(["guess", "guess_capped"], extra_args=["--env-config", str(_config(tmp_path, down))],
                            log_path=tmp_path / "service.log", startup_timeout_s=60,
                            env={"ENVSERVICE_TOKEN": ""}) as service, EnvClient(service.url, retries=0) as client:
         with pytest.raises(EnvServiceError) as failure:

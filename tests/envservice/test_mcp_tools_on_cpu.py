@@ -73,3 +73,24 @@ def test_the_mcp_endpoint_needs_the_service_token(tmp_path) -> None:
         answer = requests.post(f"{live.url}/mcp/", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
                                headers={"Accept": "application/json, text/event-stream"}, timeout=10)
         assert answer.status_code == 401 and answer.json()["code"] == "unauthorized"
+
+
+def test_a_long_action_is_refused_like_on_http_and_no_stream_stays_open(service: str) -> None:
+    """Issue #51: MCP `step` took a 900 KB action the HTTP protocol refuses, and `GET /mcp/` streams were never
+    closed (each held a connection of the service's limit)."""
+    import time
+
+    import requests
+
+    async def long_step() -> tuple[bool, str]:
+        async with Client(f"{service}/mcp/") as client:
+            created = (await client.call_tool("create", {"env_id": "frozenlake", "task_id": 3})).structured_content
+            result = await client.call_tool("step", {"session_id": created["session_id"], "action": "x" * 900_000})
+            await client.call_tool("release", {"session_id": created["session_id"]})
+            return result.is_error, result.content[0].text
+
+    is_error, text = asyncio.run(long_step())
+    assert is_error and "invalid_request" in text and "100000" in text
+    started = time.monotonic()
+    answer = requests.get(f"{service}/mcp/", headers={"Accept": "text/event-stream"}, timeout=10)
+    assert answer.status_code == 405 and time.monotonic() - started < 5
