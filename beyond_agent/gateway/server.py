@@ -61,7 +61,7 @@ from envservice.transport import server_options
 
 from beyond_agent.gateway.episodes import MERGE_POLICIES, CallRecord, GatewayEpisode
 from beyond_agent.gateway.wire import (ChatRequest, chat_response, error_body, longest_message, reply_message,
-                                       stream_events, unsupported)
+                                       stream_events, token_logprobs, unsupported)
 from beyond_agent.rollout.dataflow import GenerateFn
 
 
@@ -258,7 +258,18 @@ class Gateway:
                           notes=notes, latency_s=getattr(result, "latency_s", 0.0))
         episode.record(request.messages, tools, call)
         return chat_response(self.config.model_name, message, call.stop_reason, len(prompt_ids),
-                             len(result.token_ids))
+                             len(result.token_ids), logprobs=self._logprobs(result, handler.end_of_turn_id)
+                             if request.logprobs else None)
+
+    def _logprobs(self, result: Any, end_of_turn_id: int) -> dict[str, Any]:
+        """The reply's tokens (as the agent reads the reply: without the end-of-turn token) and their sampling
+        log-probs, in OpenAI's format."""
+        ids, logprobs = list(result.token_ids), list(result.logprobs)
+        if ids and ids[-1] == end_of_turn_id:
+            ids, logprobs = ids[:-1], logprobs[:-1]
+        tokens = [self.tokenizer.decode([token], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+                  for token in ids]
+        return token_logprobs(tokens, logprobs)
 
     def _reply_text(self, token_ids: list[int], end_of_turn_id: int) -> str:
         """The reply as the agent reads it: the sampled ids decoded, without the end-of-turn token."""

@@ -49,6 +49,14 @@ class ChatRequest(BaseModel):
     """Answer as server-sent `chat.completion.chunk` events (the whole reply in one chunk, once sampled)."""
     stream_options: dict[str, Any] | None = None
     """`{"include_usage": true}` adds a last chunk with the token counts."""
+    logprobs: bool = False
+    """Answer each sampled token's log-prob (the behaviour policy's, as trained on)."""
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    """Only 0 or absent: the alternatives' log-probs are not kept."""
+    stop: Any = None
+    """Refused when set (see `unsupported`)."""
+    response_format: Any = None
+    """Only `{"type": "text"}` or absent (see `unsupported`)."""
 
     @field_validator("messages")
     @classmethod
@@ -103,6 +111,14 @@ def unsupported(request: ChatRequest) -> tuple[str, str] | None:
     """(parameter, why) for a request the gateway cannot serve faithfully, or None."""
     if request.tool_choice not in (None, "auto", "none"):
         return "tool_choice", "only 'auto' and 'none' are supported (forcing a tool would change what the policy sampled)"
+    if request.stop not in (None, "", []):
+        return "stop", ("stop sequences are not supported: the reply is what the policy sampled up to its own end "
+                        "(cutting it would train on an ending it did not choose); cut the text in the agent instead")
+    if request.response_format is not None and request.response_format != {"type": "text"}:
+        return "response_format", ("only {\"type\": \"text\"} is supported: constrained decoding would make the "
+                                   "sampled tokens' log-probs differ from the policy's, which training needs")
+    if request.top_logprobs:
+        return "top_logprobs", "only the sampled tokens' log-probs are kept (top_logprobs 0 or absent)"
     return None
 
 
@@ -199,21 +215,28 @@ def stream_events(response: dict[str, Any], include_usage: bool = False) -> list
                 "model": response["model"], "choices": choices, **extra}
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
-    events = [event([{"index": 0, "delta": delta, "finish_reason": None, "logprobs": None}]),
+    events = [event([{"index": 0, "delta": delta, "finish_reason": None, "logprobs": choice.get("logprobs")}]),
               event([{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"], "logprobs": None}])]
     if include_usage:
         events.append(event([], usage=response["usage"]))
     return [*events, "data: [DONE]\n\n"]
 
 
+def token_logprobs(tokens: list[str], logprobs: list[float]) -> dict[str, Any]:
+    """OpenAI's `logprobs` of a choice: each sampled token's text, log-prob and bytes (no alternatives)."""
+    return {"content": [{"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8")), "top_logprobs": []}
+                        for token, logprob in zip(tokens, logprobs)]}
+
+
 def chat_response(model: str, message: dict[str, Any], stop_reason: str, prompt_tokens: int,
-                  completion_tokens: int, response_id: str | None = None) -> dict[str, Any]:
-    """A `chat.completion` object with one choice."""
+                  completion_tokens: int, response_id: str | None = None,
+                  logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A `chat.completion` object with one choice (`logprobs`: `token_logprobs(...)` when asked for)."""
     finish: Literal["stop", "length", "tool_calls"] = FINISH_REASONS[stop_reason]  # type: ignore[assignment]
     if message.get("tool_calls") and finish == "stop":
         finish = "tool_calls"
     return {"id": response_id or f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
             "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+            "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": logprobs}],
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                       "total_tokens": prompt_tokens + completion_tokens}}

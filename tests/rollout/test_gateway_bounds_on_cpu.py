@@ -176,3 +176,15 @@ def test_the_gateway_also_answers_on_its_unix_socket(gateway):
         connection.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nConnection: close\r\n\r\n")
         answer = connection.recv(4096)
     assert answer.startswith(b"HTTP/1.1 200") and b'"policy"' in answer
+
+
+def test_log_probs_are_answered_and_what_would_change_the_sample_is_refused(gateway, tokenizer):
+    gateway.gateway.open_episode("e")
+    answer = chat(gateway.url, "e", {**hello(), "logprobs": True}).json()["choices"][0]["logprobs"]["content"]
+    ok_ids = tokenizer.encode("ok", add_special_tokens=False)
+    assert [entry["token"] for entry in answer] == [tokenizer.decode([i]) for i in ok_ids]
+    assert [entry["logprob"] for entry in answer] == [-0.1] * len(ok_ids)  # the sampled ids' own, end-of-turn aside
+    for field, value in (("stop", ["\n"]), ("response_format", {"type": "json_object"}), ("top_logprobs", 2)):
+        refused = chat(gateway.url, "e", {**hello(), field: value, "logprobs": True})
+        assert is_openai_error(refused, 400)["param"] == field
+    assert chat(gateway.url, "e", {**hello(), "response_format": {"type": "text"}, "stop": None}).status_code == 200
