@@ -46,6 +46,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable, Sequence
 
+MAX_CHARS_PER_TOKEN = 32
+"""More characters than any token of a real vocabulary spans, bar rare runs: text beyond this many characters
+per token of room is cut before tokenizing (the ids kept are still exactly what the model is given)."""
 TERMINATION_REASONS = ("done", "max_rounds", "length", "max_calls", "env_error", "llm_error", "timeout", "agent_error")
 PROMPT_TRUNCATION_POLICIES = ("left", "error")
 OBSERVATION_ROLES = ("user", "tool")
@@ -147,7 +150,11 @@ class RolloutHandler:
         # Why the simple delta would be wrong for this template (probed once per template), or None.
         self._template_problem = template_problem(tokenizer, tools)
         text = self._render(self._messages, add_generation_prompt=True)
+        cut = prompt_truncation == "left" and len(text) > self.max_prompt_length * MAX_CHARS_PER_TOKEN
+        if cut:  # only the tail can be kept: never tokenize (megabytes of) text that is dropped anyway
+            text = text[-self.max_prompt_length * MAX_CHARS_PER_TOKEN:]
         prompt_ids, self.prompt_truncated = self._cap_prompt(self._encode(text), prompt_truncation)
+        self.prompt_truncated = self.prompt_truncated or cut
         self._prompt_ids = array("q", prompt_ids)
 
     # ----- building the sequence -------------------------------------------------------------------
@@ -189,9 +196,15 @@ class RolloutHandler:
         new = [_observation_message(i, m) for i, m in enumerate(messages)]
         delta = self._observation_text(self._last_turn, new)
         self._messages.extend(new)
+        room = self.max_response_length - len(self._response_ids)
+        cut = len(delta) > room * MAX_CHARS_PER_TOKEN
+        if cut:  # past the response budget whatever its tokens: tokenize only what can be kept
+            delta = delta[:room * MAX_CHARS_PER_TOKEN]
         # Rule: observation, turn separators and the next generation prompt come from the environment and
         # the template, not the policy, so they are context only (mask 0, log-prob 0.0).
         self._append(self._encode(delta), 0, None)
+        if cut:  # the cut took the next generation prompt with it: the episode cannot go on
+            self.termination = self.termination or "length"
 
     def finish(self, reason: str) -> None:
         """Record why the episode ended; a `length` truncation recorded earlier is kept."""

@@ -143,3 +143,34 @@ def test_assistant_ids_from_numpy_or_torch_equal_a_list_and_non_integers_are_ref
     with pytest.raises(TypeError, match="token_ids must be integers"):
         handler.add_assistant([300.0, 2.0])
     assert handler.response_ids == [] and handler.num_turns == 0  # a refused turn leaves nothing behind
+
+
+class CountingTokenizer:
+    """The real tokenizer, recording how many characters each `encode` was given."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer, self.encoded = tokenizer, []
+
+    def encode(self, text, **kwargs):
+        self.encoded.append(len(text))
+        return self.tokenizer.encode(text, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
+
+
+def test_text_that_cannot_be_kept_is_never_tokenized(tok):
+    """Issue #51: a 1 MB message was tokenized whole before the prompt cap dropped nearly all of it. Only
+    `MAX_CHARS_PER_TOKEN` characters per token of room reach the tokenizer; the ids kept are what the model gets."""
+    from beyond_agent.rollout.handler import MAX_CHARS_PER_TOKEN
+
+    counting = CountingTokenizer(tok)
+    handler = RolloutHandler(counting, [{"role": "user", "content": "word " * 200_000}], max_prompt_length=64,
+                             max_response_length=16)
+    assert counting.encoded[-1] == 64 * MAX_CHARS_PER_TOKEN
+    assert len(handler.prompt_ids) == 64 and handler.prompt_truncated
+    assert handler.prompt_ids[-3:] == tok.encode("<|im_start|>assistant\n", add_special_tokens=False)[-3:]
+    handler.add_assistant([300, EOS], [-0.5, -0.5])
+    handler.add_observation("more " * 200_000)
+    assert counting.encoded[-1] == 14 * MAX_CHARS_PER_TOKEN  # 16 tokens of room, 2 used by the reply
+    assert len(handler.response_ids) == 16 and handler.termination == "length"
