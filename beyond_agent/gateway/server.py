@@ -86,7 +86,7 @@ class GatewayConfig:
     max_calls: int = 256
     """Chat-completions calls one episode may make; past it calls are refused (429) and the episode ends as
     `max_calls` (the agent's doing: scored, like a round limit)."""
-    body_timeout_s: float = 30.0
+    body_timeout_s: float = 10.0
     """Seconds a request body may take to arrive whole (408 past it)."""
 
     def __post_init__(self) -> None:
