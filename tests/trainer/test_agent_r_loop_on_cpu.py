@@ -20,7 +20,7 @@ from recipe.agent_r.main import main
 from beyond_agent.sft import FP32_TRAINING, hf_model_dir
 from beyond_agent.trajectories import read_dump, write_dump
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.slow, pytest.mark.training, pytest.mark.timeout(1200)]
 
 
 def test_one_agent_r_iteration_searches_revises_trains_and_evaluates(move_writing_model, frozenlake_episodes,

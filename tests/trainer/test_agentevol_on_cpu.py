@@ -18,7 +18,7 @@ from recipe.agentevol.main import main
 from beyond_agent.sft import FP32_TRAINING, hf_model_dir
 from beyond_agent.trajectories import read_dump, write_dump
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.training, pytest.mark.timeout(900)]
 
 
 def test_one_agentevol_iteration_explores_keeps_successes_trains_and_evaluates(

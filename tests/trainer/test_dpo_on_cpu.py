@@ -91,6 +91,7 @@ def test_dpo_loss_is_log2_at_the_reference_and_only_trained_tokens_get_gradient(
     assert sums.shape == (4,) and (sums < 0).all()
 
 
+@pytest.mark.training
 @pytest.mark.parametrize("lora", [[], ["model.lora_rank=8", "model.lora_alpha=16"]], ids=["full", "lora"])
 def test_verls_trainer_runs_dpo_two_steps_on_cpu(pair_dump, tiny_model_dir, tmp_path, lora):
     """Full-model DPO, and DPO of a LoRA adapter (whose reference, scored before the first step, is the base: the

@@ -155,6 +155,7 @@ def test_observation_tokens_carry_no_gradient_in_verls_sft_loss(tiny_model_dir):
     assert 0 < trained_tokens < int((~mask.bool()).sum())
 
 
+@pytest.mark.training
 def test_verls_sft_trainer_trains_a_lora_adapter_two_steps_on_trajectories_on_cpu(tiny_model_dir, tmp_path):
     """verl's SFT trainer with LoRA (`model.lora_rank`); the full-model SFT runs in the trainer tests' fixture
     `move_writing_model` and in the AgentEvol / Agent-R loops."""
