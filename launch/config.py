@@ -33,7 +33,7 @@ from typing import Any
 
 import yaml
 
-from launch.secrets import HIDDEN, Redactor, collect_secrets, redact_by_name
+from launch.secrets import Redactor, collect_secrets, redact_by_name, redact_dotenv
 
 DEFAULT_TRAIN_MODULE = "recipe.multiturn_rl.main"
 ENVSERVICE_KEYS = ("envs", "env_config", "host", "port", "args", "startup_timeout_s")
@@ -140,7 +140,7 @@ class LaunchConfig:
         hides every secret value of `redactor()` wherever else it appears (arguments, URLs)."""
         data = asdict(self)
         data["conf_path"] = str(self.conf_path)
-        data["dotenv"] = {key: HIDDEN if value else value for key, value in self.dotenv.items()}  # all secret
+        data["dotenv"] = redact_dotenv(self.dotenv)
         data["train"]["env"] = redact_by_name(self.train.env)
         for service in data["services"].values():
             service["env"] = redact_by_name(service["env"])

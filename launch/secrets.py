@@ -3,7 +3,8 @@
 Hiding values by their name alone misses secrets that travel without a telling name: `--token z` in a
 service's arguments, a `user:pass@` URL, `DB_PASS` in `train.env`, the verbatim copy of the launcher YAML.
 So the launcher first collects the secret *values* of a run (`collect_secrets`): every value of `.env`
-(whatever its name: `SENTRY_DSN`, `SLACK_WEBHOOK_URL`, `MY_AUTH=Bearer ...`), every value whose name looks
+(whatever its name: `SENTRY_DSN`, `SLACK_WEBHOOK_URL`, `MY_AUTH=Bearer ...`) but those that are plainly
+settings (numbers, booleans, host addresses, file paths: `NOT_SECRET_VALUE`), every value whose name looks
 secret (`SECRET_NAME`) in `train.env`, a service's `env` and `env_file` and the launcher's own environment
 (`HUGGING_FACE_HUB_TOKEN` from the parent shell), every argument that follows (or is joined by `=` to) a
 secret-looking flag or Hydra key in any command. Then `Redactor.text` replaces each of those values where it
@@ -12,9 +13,9 @@ or without a user), secret-named query parameters (`?access_token=...`) and `Bea
 experiment folder's files (config.yaml, launcher.yaml, command.txt), the launcher's messages, its dry run and
 the teed training log all go through it.
 
-Values shorter than `MIN_SECRET_LENGTH`, and plain numbers, are hidden where their name shows them but not
-searched for in free text (replacing every "18432" of a log is no protection and ruins it); names that count
-tokens (`ppo_max_token_len_per_gpu`, `max_tokens`) are not secret names.
+Values shorter than `MIN_SECRET_LENGTH`, and plain settings, are hidden where their name shows them but not
+searched for in free text (replacing every "18432" or "127.0.0.1" of a log is no protection and ruins it); names
+that count tokens (`ppo_max_token_len_per_gpu`, `max_tokens`) are not secret names.
 """
 
 from __future__ import annotations
@@ -88,9 +89,24 @@ def is_secret_name(name: str) -> bool:
     return bool(SECRET_NAME.search(name)) and not COUNTING_NAME.search(name)
 
 
+_HOST = r"(?:localhost|\d{1,3}(?:\.\d{1,3}){3})"
+NOT_SECRET_VALUE = re.compile(rf"[+-]?\d+(?:\.\d+)?|(?i:true|false|yes|no|none|null)|{_HOST}|(?:/|\./|\.\./|~/)\S*"
+                              rf"|https?://{_HOST}(?::\d+)?(?:/[^?#@\s]*)?")
+"""Values that are plainly settings, never searched for as secrets: numbers, booleans, host addresses, file
+paths, and URLs of a host address with neither credentials nor query (hiding every "127.0.0.1" or "18432" of a
+log protects nothing and ruins it). A URL of a named host stays a secret: a webhook's path is its key."""
+
+
 def searchable(value: str) -> bool:
-    """Whether a secret value is looked for in free text: long enough, and not a plain number."""
-    return len(value) >= MIN_SECRET_LENGTH and not value.strip().lstrip("+-").replace(".", "", 1).isdigit()
+    """Whether a secret value is looked for in free text: long enough, and not plainly a setting
+    (`NOT_SECRET_VALUE`)."""
+    return len(value) >= MIN_SECRET_LENGTH and not NOT_SECRET_VALUE.fullmatch(value.strip())
+
+
+def redact_dotenv(values: dict[str, str]) -> dict[str, str]:
+    """`.env` as the record shows it: every value hidden but plain settings whose name is not secret."""
+    return {key: HIDDEN if value and (is_secret_name(key) or searchable(value)) else value
+            for key, value in values.items()}
 
 
 def redact_by_name(values: dict[str, str]) -> dict[str, str]:

@@ -113,3 +113,8 @@ def test_what_the_attack_found_is_hidden_and_numbers_are_not(tmp_path, monkeypat
     assert "xhooks-slack-secrety" in hidden  # a value is hidden where it stands as a whole token only
     assert not is_secret_name("ppo_max_token_len_per_gpu") and not is_secret_name("max_token_budget")
     assert set(config.redacted()["dotenv"].values()) == {HIDDEN}
+    # Plain settings in .env stay readable: a host, a port, a path (hiding every 127.0.0.1 would ruin logs).
+    plain = collect_secrets([], [], all_secret=[{"ENVSERVICE_HOST": "127.0.0.1", "ENVSERVICE_PORT": "8000",
+                                                 "APPWORLD_PATH": "/data/appworld", "FLAG": "true"}])
+    assert plain.secrets == frozenset() and plain.text("http://127.0.0.1:8000 /data/appworld") == \
+        "http://127.0.0.1:8000 /data/appworld"
