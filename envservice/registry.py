@@ -233,3 +233,4 @@ register("textworld", "envservice.envs.textworld_env:TextWorldEnv", max_steps=10
 register("alfworld", "envservice.envs.alfworld_env:AlfWorldEnv", max_steps=50, max_sessions=1024, origin="built-in")
 register("search", "envservice.envs.search:SearchQAEnv", max_steps=10, max_sessions=4096, origin="built-in")
 register("appworld", "envservice.envs.appworld_env:AppWorldEnv", max_steps=50, max_sessions=64, origin="built-in")
+register("code", "envservice.envs.code_env:CodeEnv", max_steps=16, max_sessions=256, origin="built-in")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import abc
 import hashlib
 import itertools
+import json
 import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Hashable, Iterable, Mapping, Sequence, TypeVar
@@ -206,6 +207,21 @@ class TextEnv(abc.ABC):
                 f"task_id={clip(task_id)!r} is not a task name of this split ({len(names)} tasks{listed})",
                 valid_choices=list(names[:MAX_LISTED_CHOICES]),
             ) from None
+
+
+def parse_tool_call(action: str) -> tuple[str, dict[str, Any]] | str:
+    """(tool name, arguments) of an action written as one tool call in JSON, `{"name": ..., "arguments": {...}}`,
+    or what is wrong with it (for the observation that answers it)."""
+    try:
+        call = json.loads(action)
+    except (json.JSONDecodeError, RecursionError):
+        return "write one tool call as JSON"
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        return 'the JSON needs a "name" string'
+    arguments = call.get("arguments", {})
+    if not isinstance(arguments, dict):
+        return 'its "arguments" must be an object'
+    return call["name"], arguments
 
 
 def content_digest(*parts: Any) -> str:

@@ -29,13 +29,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import json
 import threading
 from typing import Any, Callable, Mapping
 
 from mcp import Client
 
-from envservice.envs.base import Param, StepResult, Task, TextEnv
+from envservice.envs.base import Param, StepResult, Task, TextEnv, parse_tool_call
 from envservice.registry import import_object
 from envservice.errors import clip
 
@@ -123,7 +122,7 @@ class MCPEnv(TextEnv):
 
     def step(self, action: str) -> StepResult:
         """One tool call written as JSON; its text result is the observation (module docstring)."""
-        call = _parsed_call(action)
+        call = parse_tool_call(action)
         if isinstance(call, str) or call[0] not in self._tools:
             problem = call if isinstance(call, str) else f"there is no tool {clip(call[0], 80)!r}"
             return f"Invalid action: {problem}. {self._tool_help()}", 0.0, False, False, {}
@@ -147,20 +146,6 @@ class MCPEnv(TextEnv):
     def _tool_help(self) -> str:
         return ('Act with one tool call as JSON, {"name": "<tool>", "arguments": {...}}. Tools: '
                 + ", ".join(self._tools) + ".")
-
-
-def _parsed_call(action: str) -> tuple[str, dict[str, Any]] | str:
-    """(tool name, arguments) of an action, or what is wrong with it."""
-    try:
-        call = json.loads(action)
-    except (json.JSONDecodeError, RecursionError):
-        return "write one tool call as JSON"
-    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-        return 'the JSON needs a "name" string'
-    arguments = call.get("arguments", {})
-    if not isinstance(arguments, dict):
-        return 'its "arguments" must be an object'
-    return call["name"], arguments
 
 
 def _load_scorer(path: str) -> Callable[[str, list[CallRecord]], tuple[float, bool]]:

@@ -5,16 +5,11 @@ Helpers are fixtures (not an importable module) because verl's wheel installs it
 
 from __future__ import annotations
 
-import contextlib
-import threading
-import time
 from pathlib import Path
 
 import pytest
-import uvicorn
 from transformers import AutoTokenizer
 
-from envservice.childproc import free_port
 
 # A Llama-3-like template written for these tests: headers around the role, <|eot_id|> ends each turn,
 # and no newline after it (unlike ChatML), so the observation delta starts directly with a header.
@@ -93,24 +88,3 @@ def render_ids():
     return _render_ids
 
 
-@contextlib.contextmanager
-def _serving(app):
-    """`app` (an envservice app) served by uvicorn in a thread on a free loopback port; yields its URL."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-
-
-@pytest.fixture(scope="session")
-def serve_app():
-    """`with serve_app(app) as url:` serves an envservice app in this process over loopback."""
-    return _serving
