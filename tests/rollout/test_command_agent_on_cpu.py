@@ -9,10 +9,8 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-from transformers import AutoTokenizer
 
 from envservice.client import EnvClient
-from envservice.server import Settings, create_app
 from beyond_agent.gateway import Gateway, GatewayConfig
 from beyond_agent.gateway.agents import AgentConfig, AgentDataflow, CommandAgent, EnvSession
 from beyond_agent.gateway.remote import RemoteEnv, episode_context
@@ -53,21 +51,15 @@ class Moves:
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    return AutoTokenizer.from_pretrained(str(tiny_model_dir))
-
-
-@pytest.fixture(scope="module")
-def env_url(serve_app):
-    with serve_app(create_app(Settings(env_ids=["frozenlake"], max_sessions=16))) as url:
-        yield url
+def tokenizer(chatml_tokenizer):
+    return chatml_tokenizer
 
 
 @pytest.fixture
-def play(tokenizer, env_url):
+def play(tokenizer, frozenlake_url):
     """play(agent, move) -> the EpisodeResult of one FrozenLake episode (map 3, at most 4 steps) by `agent`."""
     server = GatewayServer(Gateway(GatewayConfig(max_tokens_per_turn=8), tokenizer)).start()
-    client = EnvClient(env_url, timeout=10, retries=0)
+    client = EnvClient(frozenlake_url, timeout=10, retries=0)
 
     def run(agent, move: str = "right"):
         spec = EpisodeSpec(env_id="frozenlake", task_id=3, seed=0, group_id="g")

@@ -12,11 +12,8 @@ import time
 import uuid
 
 import psutil
-import pytest
-from transformers import AutoTokenizer
 
 from envservice.client import EnvClient
-from envservice.server import Settings, create_app
 from beyond_agent.gateway import Gateway, GatewayConfig
 from beyond_agent.gateway.agents import AgentDataflow, CommandAgent
 from beyond_agent.gateway.server import GatewayServer
@@ -105,18 +102,8 @@ class PeakMemory(threading.Thread):
         return self.peak - self.first
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    return AutoTokenizer.from_pretrained(str(tiny_model_dir))
-
-
-@pytest.fixture(scope="module")
-def env_url(serve_app):
-    with serve_app(create_app(Settings(env_ids=["frozenlake"], max_sessions=16))) as url:
-        yield url
-
-
-def test_a_hostile_agent_is_contained_attack_by_attack(tokenizer, env_url, tmp_path, capsys):
+def test_a_hostile_agent_is_contained_attack_by_attack(chatml_tokenizer, frozenlake_url, tmp_path, capsys):
+    tokenizer, env_url = chatml_tokenizer, frozenlake_url
     script = tmp_path / "hostile.py"
     script.write_text(HOSTILE_AGENT)
     marker = f"{uuid.uuid4().int % 900 + 100}.{os.getpid() % 1000 + 3}"  # a sleep length no one else uses
