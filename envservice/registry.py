@@ -234,3 +234,4 @@ register("alfworld", "envservice.envs.alfworld_env:AlfWorldEnv", max_steps=50, m
 register("search", "envservice.envs.search:SearchQAEnv", max_steps=10, max_sessions=4096, origin="built-in")
 register("appworld", "envservice.envs.appworld_env:AppWorldEnv", max_steps=50, max_sessions=64, origin="built-in")
 register("code", "envservice.envs.code_env:CodeEnv", max_steps=16, max_sessions=256, origin="built-in")
+register("terminal", "envservice.envs.terminal_env:TerminalEnv", max_steps=20, max_sessions=256, origin="built-in")

@@ -35,6 +35,7 @@ ensure_debian_packages() {
   local missing=()
   [ -x /usr/bin/chromium ] || missing+=(chromium)
   command -v bwrap >/dev/null || missing+=(bubblewrap)
+  command -v make >/dev/null || missing+=(make)   # the terminal env's build task
   [ "${#missing[@]}" -eq 0 ] && return 0
   local sudo=()
   [ "$(id -u)" -eq 0 ] || sudo=(sudo -n)

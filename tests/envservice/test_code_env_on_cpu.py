@@ -72,6 +72,7 @@ def test_an_episode_write_run_fix_submit(service):
     assert "no tool 'compile'" in service.step(session, json.dumps({"name": "compile"})).observation
     assert "Nothing to run yet" in service.step(session, json.dumps({"name": "run"})).observation
     assert "over 20000" in service.step(session, write("x" * 20_001)).observation
+    assert "lone surrogate" in service.step(session, write("x = '\ud800'")).observation
     stub = f"def {problem.entry_point}(*args):\n    return None"
     assert "Saved the solution (2 lines)" in service.step(session, write(stub)).observation
     failed = service.step(session, json.dumps({"name": "run"}))

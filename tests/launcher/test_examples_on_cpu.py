@@ -32,7 +32,7 @@ def example_id(path: Path) -> str:
 
 def test_every_environment_has_a_yaml_and_a_script():
     for env in ("babyai", "textcraft", "frozenlake", "sciworld", "alfworld", "textworld", "search", "appworld",
-                "webshop", "webarena", "code"):
+                "webshop", "webarena", "code", "terminal"):
         assert (REPO_ROOT / "examples" / env / f"{env}.yaml").exists()
         assert (REPO_ROOT / "examples" / env / f"run_{env}.sh").exists()
     assert (REPO_ROOT / "examples" / "quickstart" / "cpu_tiny.yaml").exists()
