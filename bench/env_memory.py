@@ -39,6 +39,8 @@ ENV_ACTIONS = {
     "textcraft": ["inventory", "get 1 oak logs", "craft 4 oak planks using 1 oak logs", "get 5000 stick", "dance"],
     "frozenlake": ["left", "down", "right", "up"],
     "babyai": ["turn left", "go forward", "turn right", "pick up"],
+    "code": ['{"name": "write", "arguments": {"code": "    return None\\n"}}', '{"name": "run"}'],
+    "terminal": ["ls -la", "wc -l *"],
 }
 """A few actions per env (any other env gets `DEFAULT_ACTIONS`); a session steps through the first `--steps`."""
 DEFAULT_ACTIONS = ["look", "inventory", "help", "wait"]
