@@ -24,7 +24,8 @@ SCRATCH = "/tmp"
 SOCKETS = "/run/beyond"
 """Where forwarded Unix sockets are bound inside the sandbox."""
 INSIDE = Path(__file__).with_name("inside.py")
-"""The sandbox's first program (limits, forwards, then the command); it imports only the standard library."""
+"""The sandbox's first program when ports are forwarded (the process cap, the forwards, then the command); it
+imports only the standard library."""
 SANDBOX_UID = 1000
 """The user id the sandbox's processes have inside it (their own user namespace)."""
 
@@ -81,16 +82,25 @@ def run_sandboxed(argv: Sequence[str], config: SandboxConfig, *, wall_s: float,
     groups = SandboxCgroups(config.processes + _OWN_PROCESSES, config.memory_mb * _MIB)
     try:
         command = _limits_argv(config) + _bwrap_argv(config, env, dict(forward or {}), cwd or SCRATCH)
-        command += [sys.executable, "-I", str(INSIDE), "--nproc", str(config.processes + _OWN_PROCESSES)]
-        for port in forward or {}:
-            command += ["--forward", f"{port}={SOCKETS}/{port}.sock"]
-        command += ["--", *argv]
+        command += _first_program(config, forward or {}) + list(argv)
         outer_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
                      "SANDBOX_CGROUP_PROCS": " ".join(groups.procs_files)}
         return _supervise(["/bin/sh", "-c", _ENTER_GROUPS, "sh", *command], config, wall_s, outer_env, None,
                           groups)
     finally:
         groups.remove()
+
+
+def _first_program(config: SandboxConfig, forward: Mapping[int, str]) -> list[str]:
+    """What runs first inside, before the command: util-linux `prlimit` setting the process cap (a C program:
+    ~1 ms), or, when ports are forwarded, our Python first program that also serves the forwards (~130 ms)."""
+    processes = config.processes + _OWN_PROCESSES
+    if not forward:
+        return ["prlimit", f"--nproc={processes}", "--"]
+    command = [sys.executable, "-I", str(INSIDE), "--nproc", str(processes)]
+    for port in forward:
+        command += ["--forward", f"{port}={SOCKETS}/{port}.sock"]
+    return command + ["--"]
 
 
 def check_sandbox(config: SandboxConfig) -> None:
