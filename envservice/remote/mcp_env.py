@@ -32,7 +32,9 @@ import concurrent.futures
 import threading
 from typing import Any, Callable, Mapping
 
+import httpx2
 from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 
 from envservice.envs.base import Param, StepResult, Task, TextEnv, parse_tool_call
 from envservice.registry import import_object
@@ -49,6 +51,34 @@ class MCPEnvError(RuntimeError):
 MAX_RESULT_CHARS = 20_000
 """Default cap on a tool result's text (an observation: what an agent's context can hold, and what a service
 and a trainer keep per step)."""
+
+
+class _CappedAnswers(httpx2.AsyncBaseTransport):
+    """An HTTP transport that refuses an answer whose Content-Length is over `max_bytes` before its body is read,
+    answering in its place a JSON-RPC error the MCP client hands to the caller (a 40 MB tool result once cost
+    envservice +425 MB, read whole only to be cut)."""
+
+    def __init__(self, inner: httpx2.AsyncBaseTransport, max_bytes: int, url: str) -> None:
+        self.inner, self.max_bytes, self.url = inner, max_bytes, url
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        response = await self.inner.handle_async_request(request)
+        length = response.headers.get("content-length", "")
+        if not (length.isdigit() and int(length) > self.max_bytes):
+            return response
+        await response.aclose()
+        message = f"an answer of {length} bytes is over the {self.max_bytes} this env reads (max_result_chars)"
+        return httpx2.Response(502, json={"jsonrpc": "2.0", "id": None, "error": {"code": -32603, "message": message}},
+                               request=request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def max_answer_bytes(max_result_chars: int) -> int:
+    """The largest server answer read for a result of `max_result_chars` characters: room for JSON escapes
+    (up to 6 bytes a character) and the envelope, at least 1 MiB."""
+    return max(1 << 20, 6 * max_result_chars + (64 << 10))
 
 
 def capped(text: str, limit: int) -> str:
@@ -72,7 +102,8 @@ class MCPEnv(TextEnv):
                         "success); calls are the episode's {name, arguments, result, is_error}.", str),
         "timeout_s": Param("Seconds to open the session and to wait for each tool (default 30).", float),
         "max_result_chars": Param(f"A tool result longer than this is cut, with a note of what was cut, before it "
-                                  f"becomes an observation (default {MAX_RESULT_CHARS}).", int),
+                                  f"becomes an observation (default {MAX_RESULT_CHARS}); a server answer larger than "
+                                  "`max_answer_bytes` of it is refused unread (an env failure of that step).", int),
         "description": Param("One line for GET /envs.", str),
     }
     required_config = ("url", "scorer")
@@ -106,7 +137,9 @@ class MCPEnv(TextEnv):
     def reset(self, task: Task) -> tuple[str, dict[str, Any]]:
         """A fresh MCP session on `task`: (the start tool's text, or the task and the tools; {"tools": [...]})."""
         self.close()
-        self._connection = _Connection(self.config["url"], float(self.config.get("timeout_s", 30.0)))
+        max_chars = int(self.config.get("max_result_chars", MAX_RESULT_CHARS))
+        self._connection = _Connection(self.config["url"], float(self.config.get("timeout_s", 30.0)),
+                                       max_answer_bytes(max_chars))
         start = self.config.get("start_tool")
         # The start tool is the env's to call, not an action: calling it mid-episode would restart the game.
         self._tools = [name for name in self._connection.tools if name != start]
@@ -178,8 +211,9 @@ class _Connection:
     """One MCP client session, held open by a task of its own on the shared loop (the SDK's `Client` must be
     entered and left by the same task); calls reach it through a queue."""
 
-    def __init__(self, url: str, timeout_s: float) -> None:
-        self.url, self.timeout_s = url, timeout_s
+    def __init__(self, url: str, timeout_s: float, max_bytes: int = 1 << 20) -> None:
+        """`max_bytes`: the largest answer read from the server (by its Content-Length, or one SSE event)."""
+        self.url, self.timeout_s, self.max_bytes = url, timeout_s, max_bytes
         self._opened: concurrent.futures.Future = concurrent.futures.Future()
         self._queue: asyncio.Queue | None = None
         self._task = asyncio.run_coroutine_threadsafe(self._serve(), _loop())
@@ -218,8 +252,11 @@ class _Connection:
 
     async def _serve(self) -> None:
         self._queue = asyncio.Queue()
+        http = httpx2.AsyncClient(transport=_CappedAnswers(httpx2.AsyncHTTPTransport(), self.max_bytes, self.url),
+                                  timeout=httpx2.Timeout(30.0, read=300.0))  # the SDK's own client's
+        transport = streamable_http_client(self.url, http_client=http, max_sse_event_size=self.max_bytes)
         try:
-            async with Client(self.url) as client:
+            async with http, Client(transport) as client:
                 tools = [tool.name for tool in (await client.list_tools()).tools]
                 self._opened.set_result(tools)
                 while (item := await self._queue.get()) is not None:

@@ -43,6 +43,11 @@ def build_server() -> MCPServer:
         return "correct" if n == target else ("higher" if n < target else "lower")
 
     @server.tool()
+    def shout(n: int, ctx: Context = None) -> str:
+        """Answer n letters (a large answer, for the tests' size caps)."""
+        return "a" * max(0, min(n, 100_000_000))
+
+    @server.tool()
     def give_up(ctx: Context = None) -> str:
         """End the game without the answer."""
         _GAMES.pop(_session(ctx), None)

@@ -70,7 +70,7 @@ def test_an_episode_on_the_mcp_server_through_envservice(mcp_url: str, tmp_path:
                            env={"ENVSERVICE_TOKEN": ""}) as service, EnvClient(service.url) as client:
         created = client.create("guess", task_id="guess-7")
         assert created.observation.startswith("I picked a number from 1 to 10")
-        assert created.observation.endswith("Tools: guess, give_up.")  # start is the env's, not an action
+        assert created.observation.endswith("Tools: guess, shout, give_up.")  # start is the env's, not an action
         bad = client.step(created.session_id, "guess 5")
         assert bad.observation.startswith("Invalid action: write one tool call as JSON") and not bad.terminated
         assert client.step(created.session_id, '{"name": "guess", "arguments": {"n": 5}}').observation == "higher"
@@ -85,6 +85,10 @@ def test_an_episode_on_the_mcp_server_through_envservice(mcp_url: str, tmp_path:
         capped = client.create("guess_capped", task_id="guess-3")
         answer = client.step(capped.session_id, '{"name": "guess", "arguments": {"n": 9}}').observation
         assert answer == "lowe\n[... 1 characters of the tool's result cut]"
+        # An answer over what the env reads (1 MiB here) is refused by its Content-Length, never read whole:
+        # an env failure of that step, not megabytes in the service.
+        with pytest.raises(EnvServiceError, match="over the 1048576 this env reads"):
+            client.step(capped.session_id, '{"name": "shout", "arguments": {"n": 5000000}}')
         client.release(capped.session_id)
         assert requests.get(f"{service.url}/healthz", timeout=10).json()["sessions"] == 0
 
