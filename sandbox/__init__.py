@@ -21,7 +21,7 @@ with the same environment allowlist, output caps and wall clock, and warns: noth
 
 from sandbox.config import SANDBOX_KINDS, SandboxConfig
 from sandbox.output import CapturedOutput
-from sandbox.run import SandboxResult, SandboxUnavailable, check_sandbox, run_sandboxed
+from sandbox.run import SandboxResult, SandboxUnavailable, check_sandbox, run_sandboxed, sandbox_path
 
 __all__ = ["SANDBOX_KINDS", "CapturedOutput", "SandboxConfig", "SandboxResult", "SandboxUnavailable",
-           "check_sandbox", "run_sandboxed"]
+           "check_sandbox", "run_sandboxed", "sandbox_path"]

@@ -14,13 +14,11 @@ _ROOT = Path("/sys/fs/cgroup")
 
 
 class SandboxCgroups:
-    """The control groups of one sandbox run (none where they cannot be created; `enforced` says which)."""
+    """The control groups of one sandbox run (none where they cannot be created)."""
 
     def __init__(self, processes: int, memory_bytes: int) -> None:
         self.folders: list[Path] = []
         """One folder per controller that caps this run."""
-        self.enforced: list[str] = []
-        """Which caps hold: "processes", "memory"."""
         name = f"beyond-sandbox-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         for controller, cap, value in _caps(processes, memory_bytes):
             folder = _own_group(controller) / name
@@ -34,7 +32,6 @@ class SandboxCgroups:
                 folder.rmdir()
                 continue
             self.folders.append(folder)
-            self.enforced.append("processes" if controller == "pids" else "memory")
 
     @property
     def procs_files(self) -> list[str]:

@@ -56,8 +56,6 @@ class SandboxResult:
     """What was kept of its stderr."""
     wall_s: float
     """Seconds from start to end."""
-    enforced: tuple[str, ...] = ()
-    """Caps held by control groups in this run ("processes", "memory"); the others are per-process limits."""
 
 
 def run_sandboxed(argv: Sequence[str], config: SandboxConfig, *, wall_s: float,
@@ -137,10 +135,16 @@ def _bwrap_problem() -> str:
     return ""
 
 
+def sandbox_path() -> str:
+    """The PATH every sandboxed command runs with (and is looked up on): this interpreter's folder first, so
+    that `python` is the interpreter with the trainer's packages (a virtual environment need not be activated),
+    then the system's."""
+    return os.pathsep.join([str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"])
+
+
 def _allowlist() -> dict[str, str]:
-    """The variables every sandbox gets: a PATH whose `python` is this interpreter, and neutral settings."""
-    path = os.pathsep.join([str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"])
-    return {"PATH": path, "HOME": SCRATCH, "TMPDIR": SCRATCH, "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1",
+    """The variables every sandbox gets: `sandbox_path()`, and neutral settings."""
+    return {"PATH": sandbox_path(), "HOME": SCRATCH, "TMPDIR": SCRATCH, "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1",
             "PYTHONDONTWRITEBYTECODE": "1"}
 
 
@@ -213,8 +217,7 @@ def _supervise(argv: list[str], config: SandboxConfig, wall_s: float, env: dict[
     for keeper in keepers:
         keeper.join()
     returncode = None if ended == "wall_clock" else exit_status(process.returncode)
-    return SandboxResult(returncode, ended, keepers[0].captured, keepers[1].captured, time.monotonic() - started,
-                         tuple(groups.enforced) if groups is not None else ())
+    return SandboxResult(returncode, ended, keepers[0].captured, keepers[1].captured, time.monotonic() - started)
 
 
 def _kill_group(pgid: int) -> None:

@@ -35,7 +35,6 @@ import os
 import secrets
 import shlex
 import shutil
-import sys
 import threading
 import time
 import uuid
@@ -47,7 +46,7 @@ import requests
 
 from envservice.errors import EnvServiceError, EnvTimeoutError
 from envservice.registry import import_object
-from sandbox import SandboxConfig, run_sandboxed
+from sandbox import SandboxConfig, run_sandboxed, sandbox_path
 from beyond_agent.sections import from_section
 from beyond_agent.gateway.episodes import MERGE_POLICIES, GatewayEpisode
 from beyond_agent.gateway.server import Gateway
@@ -110,7 +109,7 @@ class AgentConfig:
         if self.function is not None:
             return load_agent(self.function)
         program = shlex.split(self.command)[0]
-        if shutil.which(program, path=command_path()) is None:
+        if shutil.which(program, path=sandbox_path()) is None:
             raise ValueError(f"beyond_agent.agent.command={self.command!r}: no program {program!r} on PATH "
                              "or at that path")
         return CommandAgent(self.command, timeout_s, self.sandbox)
@@ -245,19 +244,13 @@ class EnvSession:
         return "max_rounds"
 
 
-def command_path() -> str:
-    """The PATH a command agent is looked up on: the trainer's Python's folder first, so that `python` in a
-    command is the interpreter that has the trainer's packages (a virtual environment need not be activated);
-    the sandbox's PATH starts the same way."""
-    return os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-
-
 SANDBOX_GATEWAY_PORT = 8080
 """The port a sandboxed command reaches its gateway on (inside the sandbox, 127.0.0.1 is its own)."""
 
 
 class CommandAgent:
-    """A command run once per episode as the agent (`beyond_agent.agent.command`), in the sandbox (`sandbox`:
+    """A command run once per episode as the agent (`beyond_agent.agent.command`), on `sandbox_path()`, in the
+    sandbox (`sandbox`:
     no network but its gateway, the host read-only, limits, nothing left running after it), with the working
     directory of the trainer (read-only), `python` the trainer's interpreter, and an environment holding only the
     sandbox's allowlist, what `sandbox.pass_env` / `sandbox.env` give on purpose, and:

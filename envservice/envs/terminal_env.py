@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from envservice.envs.base import StepResult, Task, TextEnv, content_digest, content_split, parse_tool_call
+from envservice.envs.base import (StepResult, Task, TextEnv, content_digest, content_split, parse_tool_call,
+                                   passable_as_argument)
 from sandbox import SandboxConfig, run_sandboxed
 
 COMMAND_TIMEOUT_S = 10.0
@@ -203,15 +204,6 @@ def run_command(command: str, workspace: Path) -> tuple[int | None, str, str]:
     return done.returncode, output, done.ended
 
 
-def _passable(command: str) -> bool:
-    """Whether a command can be a process argument: encodable as UTF-8 (no lone surrogate) and without NUL."""
-    try:
-        command.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return "\x00" not in command
-
-
 def _size_mb(root: Path) -> float:
     total = 0
     for folder, _, files in os.walk(root):
@@ -270,7 +262,7 @@ class TerminalEnv(TextEnv):
         if command == "submit":
             done = self._done()
             return f"Submitted: the task is {'done' if done else 'not done'}.", float(done), True, False, {}
-        if not command or len(command) > MAX_COMMAND_CHARS or not _passable(command):
+        if not command or len(command) > MAX_COMMAND_CHARS or not passable_as_argument(command):
             return (f"Invalid action: give one command of 1 to {MAX_COMMAND_CHARS} characters of text. {HELP}",
                     0.0, False, False, {})
         status, output, ended = run_command(command, self._root)
