@@ -63,6 +63,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
+def fast_loop() -> bool:
+    """Whether this is the development loop (`scripts/test.sh --fast` sets BEYOND_TEST_FAST=1): a few tests then
+    spend a smaller budget on the same assertions (docs/tests.md lists them); the full run spends the whole one."""
+    return os.environ.get("BEYOND_TEST_FAST") == "1"
+
+
+@pytest.fixture(scope="session")
 def repo_root() -> Path:
     """The checkout this test run belongs to."""
     return REPO_ROOT

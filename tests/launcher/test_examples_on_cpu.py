@@ -68,17 +68,23 @@ def test_yaml_starts_with_its_command_and_holds_no_secret(path):
     assert not SECRET.search(path.read_text())
 
 
-def dry_run(path: Path) -> subprocess.CompletedProcess:
-    """`bash <script> --dry-run`, as a user runs it: a fresh process through the script and the launcher."""
-    return subprocess.run(["bash", str(path), "--dry-run"], capture_output=True, text=True, timeout=120)
+def dry_run(path: Path, flag: str = "--dry-run") -> subprocess.CompletedProcess:
+    """`bash <script> --dry-run` (or `--plan`), as a user runs it: a fresh process through the script and the
+    launcher."""
+    return subprocess.run(["bash", str(path), flag], capture_output=True, text=True, timeout=120)
 
 
 @pytest.fixture(scope="module")
-def script_dry_runs() -> dict[Path, subprocess.CompletedProcess]:
+def script_dry_runs(fast_loop: bool) -> dict[Path, subprocess.CompletedProcess]:
     """Every example script's dry run, two at a time: each is one core's work (starting Python, importing verl,
-    composing and checking the config), so on 2 cores two side by side take the time of one."""
+    composing and checking the config), so on 2 cores two side by side take the time of one. The fast loop runs
+    them with `--plan` (the same lines; no config check, so no fresh entry process and its ~13 s of verl import):
+    there each example's config is composed and checked in this process instead
+    (`test_training_overrides_compose_with_the_recipe_config`), and the entry's own dry run in a fresh process is
+    the launcher's tests' (tests/launcher/test_launcher_on_cpu.py, three of them)."""
+    flag = "--plan" if fast_loop else "--dry-run"
     with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(zip(SCRIPTS, pool.map(dry_run, SCRIPTS)))
+        return dict(zip(SCRIPTS, pool.map(lambda path: (flag, dry_run(path, flag)), SCRIPTS)))
 
 
 @pytest.mark.timeout(900)  # the first one waits for the fixture: all the dry runs (~2 min)
@@ -86,10 +92,14 @@ def script_dry_runs() -> dict[Path, subprocess.CompletedProcess]:
 def test_script_starts_with_its_command_and_dry_runs(path, script_dry_runs):
     lines = path.read_text().splitlines()
     assert lines[0] == "#!/usr/bin/env bash" and lines[1].startswith(f"# bash {path.relative_to(REPO_ROOT)}")
-    result = script_dry_runs[path]
+    flag, result = script_dry_runs[path]
     assert result.returncode == 0, result.stderr
     assert re.search(r"^would start (envservice|appworld): ", result.stdout, re.M), result.stdout
     assert "training command: " in result.stdout
+    if flag == "--plan":
+        assert "training config: not checked (--plan;" in result.stdout, result.stdout
+        assert path in HYDRA_SCRIPTS, "its config is checked in-process by test_training_overrides_compose_..."
+        return
     # The entry composed the config with the script's overrides and ran its checks (ours and verl's; Agent-R's
     # raw command is the one not composed).
     assert re.search(r"^training config: (\S+ composes it and it passes its checks|not checked \(a raw command)",
@@ -116,6 +126,9 @@ def compose_example(path: Path, experiment_dir: Path):
 
 HYDRA_EXAMPLES = [path for path in EXAMPLES if not load_config(path, Path("/nonexistent.env")).train.command]
 COMMAND_EXAMPLES = sorted(set(EXAMPLES) - set(HYDRA_EXAMPLES))
+HYDRA_SCRIPTS = [path for path in SCRIPTS
+                 if REPO_ROOT / re.search(r"--conf (\S+)", path.read_text()).group(1) in HYDRA_EXAMPLES]
+"""The scripts whose YAML the in-process compose test checks."""
 
 
 @pytest.mark.parametrize("path", HYDRA_EXAMPLES, ids=example_id)
