@@ -35,6 +35,9 @@ def test_every_environment_has_a_yaml_and_a_script():
                 "webshop", "webarena", "code", "terminal"):
         assert (REPO_ROOT / "examples" / env / f"{env}.yaml").exists()
         assert (REPO_ROOT / "examples" / env / f"run_{env}.sh").exists()
+    for domain in ("retail", "airline"):  # τ²-bench's two domains share a folder
+        assert (REPO_ROOT / "examples" / "tau2" / f"tau2_{domain}.yaml").exists()
+        assert (REPO_ROOT / "examples" / "tau2" / f"run_tau2_{domain}.sh").exists()
     assert (REPO_ROOT / "examples" / "quickstart" / "cpu_tiny.yaml").exists()
     assert (REPO_ROOT / "examples" / "quickstart" / "cpu_async_m2po.yaml").exists()
     for env, mode in M2PO_VARIANTS.values():   # each AgentBench-recipe variant has its thin run script
