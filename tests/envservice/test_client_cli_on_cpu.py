@@ -93,6 +93,6 @@ def test_cli_refuses_non_loopback_without_token(monkeypatch) -> None:
 
 def test_cli_unknown_env_lists_valid_ids() -> None:
     with pytest.raises(SystemExit, match=r"unknown id\(s\) \['chess'\]; valid ids: alfworld, appworld, babyai, code, frozenlake, sciworld, search, sokoban, "
-                       r"terminal, textarena-guess-number, textarena-lights-out, textarena-mastermind, textcraft, textworld"):
+                       r"tau2_airline, tau2_retail, terminal, textarena-guess-number, textarena-lights-out, textarena-mastermind, textcraft, textworld"):
         parse_env_ids("babyai,chess")
     assert parse_env_ids("textcraft, babyai") == ["textcraft", "babyai"]
