@@ -24,11 +24,10 @@ from envservice.process import EnvServiceProcess
 
 pytestmark = pytest.mark.slow
 
-FUZZ_SECONDS = {"full": 45, "fast": 10}
-"""Time budget of one schemathesis run (two runs: without and with a token); the fast loop spends less on the
-same checks, and every phase still runs to its end in it (measured: 431 cases in 10 s, alone)."""
-CASES_PER_SECOND = 20
-"""The fewest generated cases a second of budget must give (~43 alone, about half beside the other worker)."""
+FUZZ_BUDGET = {"full": (45, 500), "fast": (20, 150)}
+"""(seconds, fewest generated cases) of one schemathesis run (two runs: without and with a token). The fast loop
+spends less on the same checks; every phase still runs to its end in it. Measured: 431 cases in 10 s alone, 91 in
+10 s beside two other busy workers (the coverage phase alone took 8.4 s of them)."""
 CHECKS = ("not_a_server_error,status_code_conformance,content_type_conformance,response_headers_conformance,"
           "response_schema_conformance,negative_data_rejection,missing_required_header,unsupported_method,"
           "allow_header_conformance,use_after_free,ensure_resource_availability,ignored_auth")
@@ -60,7 +59,7 @@ def _schemathesis(url: str, report_dir: Path, token: str | None, seconds: int) -
 @pytest.mark.parametrize("token", [None, "fuzz-token"], ids=["no_token", "token"])
 def test_schemathesis_finds_no_server_error_and_no_schema_violation(tmp_path: Path, token: str | None,
                                                                       fast_loop: bool) -> None:
-    seconds = FUZZ_SECONDS["fast" if fast_loop else "full"]
+    seconds, fewest_cases = FUZZ_BUDGET["fast" if fast_loop else "full"]
     extra = ["--token", token] if token else []
     with EnvServiceProcess(["frozenlake", "textcraft"], extra_args=extra, log_path=tmp_path / "service.log",
                            startup_timeout_s=90, env={"ENVSERVICE_TOKEN": ""}) as service:
@@ -71,7 +70,7 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(tmp_path: Pa
     assert report["failures"] == [] and report["errors"] == [], console
     assert {phase: state["status"] for phase, state in report["phases"].items() if phase != "examples"} == {
         "coverage": "success", "fuzzing": "success", "stateful": "success"}, console
-    assert report["test_cases"]["generated"] >= min(500, CASES_PER_SECOND * seconds), console
+    assert report["test_cases"]["generated"] >= fewest_cases, console
     assert health.created > 0, "the stateful phase never created a session: the /create links are not followed"
     assert health.created == health.sessions + sum(health.closed.values())
     assert "Traceback" not in (tmp_path / "service.log").read_text()
