@@ -26,6 +26,12 @@ customer never withholds, hesitates, changes their mind or follows the scenario'
 as the scenario words it, in the second person. Scores are therefore not comparable with τ²-bench's leaderboard:
 the database part of the task is the same, the conversation is easier.
 
+**An LLM customer** instead: a registration's `config` names any OpenAI-compatible endpoint, `customer: {base_url:
+..., model: ..., api_key_env: NAME}` (`LLMCustomer`, through the `openai` SDK): the model plays the customer from the
+scenario (all of it, `task_instructions` included) and ends the conversation by writing `###STOP###`. Its reply is
+bounded (`CUSTOMER_MAX_TOKENS`, `CUSTOMER_TIMEOUT_S`); an endpoint that fails is an env error of the step (the
+episode is not scored), never a reply.
+
 **The reward** (at the end) is 1 when both hold, else 0:
 
 - the final database equals the one reached by replaying the task's gold actions on the initial database (τ²'s
@@ -52,6 +58,7 @@ import functools
 import importlib
 import importlib.resources
 import json
+import os
 from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass
 from typing import Any
@@ -235,11 +242,84 @@ class ScriptedCustomer:
         return f"Customer: {GO_AHEAD}", False
 
 
+CUSTOMER_MAX_TOKENS = 256
+"""Tokens the LLM customer may write in one reply."""
+CUSTOMER_TIMEOUT_S = 60.0
+"""Seconds one LLM customer reply may take."""
+STOP = "###STOP###"
+"""What the LLM customer writes to end the conversation."""
+CUSTOMER_SYSTEM = """You play a customer who contacts an online {domain} customer service agent. Stay in the role: \
+write only what the customer says, one short message at a time, in the first person.
+
+Your situation: {reason_for_call}
+What you know and may say when asked: {known_info}
+What you do not know: {unknown_info}
+How you behave: {task_instructions}
+
+Give information only when the agent asks for it. When your request is handled, or cannot be, or the agent hands \
+you to a human, end the conversation by writing {stop} alone."""
+CUSTOMER_FIELDS = {"base_url": str, "model": str, "api_key_env": str}
+"""Keys of the registration's `customer` config, and their types (api_key_env is optional)."""
+
+
+class LLMCustomer:
+    """The customer played by a model behind an OpenAI-compatible endpoint, from the task's `user_scenario` (module
+    docstring). The roles are flipped for the model: the agent's messages are its `user` turns."""
+
+    def __init__(self, instructions: dict[str, Any], domain: str, settings: dict[str, str]) -> None:
+        import openai  # the envs extra has it; only an LLM customer needs it
+
+        key = os.environ.get(settings["api_key_env"], "") if settings.get("api_key_env") else ""
+        self.client = openai.OpenAI(base_url=settings["base_url"], api_key=key or "none", max_retries=1,
+                                    timeout=CUSTOMER_TIMEOUT_S)
+        self.model = settings["model"]
+        self.messages = [{"role": "system", "content": CUSTOMER_SYSTEM.format(
+            domain=domain, stop=STOP, **{field: instructions.get(field) or "nothing in particular" for field in
+                                         ("reason_for_call", "known_info", "unknown_info", "task_instructions")})}]
+        self.replies = 0
+
+    def _say(self, heard: str) -> str:
+        self.messages.append({"role": "user", "content": heard})
+        answer = self.client.chat.completions.create(model=self.model, messages=self.messages,
+                                                     max_tokens=CUSTOMER_MAX_TOKENS, temperature=0.0)
+        text = (answer.choices[0].message.content or "").strip()
+        self.messages.append({"role": "assistant", "content": text})
+        return text
+
+    def opening(self) -> str:
+        """The customer's first message, to the agent's greeting."""
+        return f"Customer: {self._say('Hi! How can I help you today?').replace(STOP, '').strip()}"
+
+    def reply(self, message: str) -> tuple[str, bool]:
+        """(the reply to the agent's message, whether the customer ends the conversation with it)."""
+        self.replies += 1
+        text = self._say(message)
+        ends = STOP in text or self.replies >= MAX_CUSTOMER_TURNS
+        return f"Customer: {text.replace(STOP, '').strip() or GOODBYE}", ends
+
+
+def check_customer(settings: Any) -> dict[str, str]:
+    """The `customer` config of a registration, checked: a mapping of `CUSTOMER_FIELDS` with base_url and model."""
+    if not isinstance(settings, dict):
+        raise ValueError(f"customer must be a mapping with keys {sorted(CUSTOMER_FIELDS)}, not {settings!r}")
+    unknown = sorted(set(settings) - set(CUSTOMER_FIELDS))
+    if unknown:
+        raise ValueError(f"customer has unknown key(s) {unknown}; valid keys: {sorted(CUSTOMER_FIELDS)}")
+    for key in ("base_url", "model"):
+        if not isinstance(settings.get(key), str) or not settings[key]:
+            raise ValueError(f"customer.{key} must be a non-empty string")
+    if not isinstance(settings.get("api_key_env", ""), str):
+        raise ValueError("customer.api_key_env must be the name of an environment variable (a string)")
+    return dict(settings)
+
+
 class Tau2Env(TextEnv):
     """A τ²-bench domain (module docstring); a registration's `config: {domain: retail | airline}` picks it."""
 
     description = "τ²-bench customer service (the domain's tools, its policy, a scripted customer)"
-    config_fields = {"domain": Param(f"the τ²-bench domain: one of {sorted(DOMAINS)}", str)}
+    config_fields = {"domain": Param(f"the τ²-bench domain: one of {sorted(DOMAINS)}", str),
+                     "customer": Param("an LLM customer instead of the scripted one: {base_url, model, api_key_env}",
+                                       dict)}
     required_config = ("domain",)
     params = {}
     max_steps = 40
@@ -251,7 +331,7 @@ class Tau2Env(TextEnv):
         self._task: dict | None = None
         self._database: dict[str, CopyOnAccess] = {}
         self._said: list[str] = []
-        self._customer: ScriptedCustomer | None = None
+        self._customer: ScriptedCustomer | LLMCustomer | None = None
         self._ended = False
 
     @classmethod
@@ -260,6 +340,8 @@ class Tau2Env(TextEnv):
         if config["domain"] not in DOMAINS:
             raise ValueError(f"domain={config['domain']!r} is not a τ²-bench domain this env serves; "
                              f"valid choices: {sorted(DOMAINS)}")
+        if "customer" in config:
+            check_customer(config["customer"])
         domain = load_domain(config["domain"])
         return {"splits": domain.split, "description": f"τ²-bench {domain.name}: {cls.description}"}
 
@@ -275,7 +357,9 @@ class Tau2Env(TextEnv):
         self._task = self._domain.tasks[task.name]
         self._database = self._domain.fresh_database()
         self._said, self._ended = [], False
-        self._customer = ScriptedCustomer(self._task["user_scenario"]["instructions"])
+        instructions = self._task["user_scenario"]["instructions"]
+        self._customer = (LLMCustomer(instructions, self._domain.name, self.config["customer"])
+                          if "customer" in self.config else ScriptedCustomer(instructions))
         observation = (f"You are a customer service agent. Follow this policy:\n\n{self._domain.policy}\n\n"
                        f"Tools (call one per turn as JSON: {{\"name\": ..., \"arguments\": {{...}}}}):\n"
                        f"{self._domain.tools_text}\n\n{self._customer.opening()}")

