@@ -354,7 +354,7 @@ class AgentDataflow:
             except Exception as exc:  # the agent's own failure: not reward
                 termination, error = AGENT_ERROR, f"the agent raised {type(exc).__name__}: {exc}"
             if termination == AGENT_ERROR and self.gateway.limit_reached(self.episode_id):
-                termination, error = None, None  # cut off by the call cap: the limit ended it (scored), not a fault
+                termination, error = None, None  # cut off by a limit (calls, length): it ended it (scored), no fault
             if session.failure is not None:  # the env failed under the agent: that, not the agent, ended it
                 termination, error = session.failure
             if termination is None:

@@ -79,7 +79,9 @@ class GatewayEpisode:
         self.key: str | None = None
         """When set, the key every request on this episode must carry (`Gateway.authorize`)."""
         self.limit_reached: str | None = None
-        """`max_calls` once a call was refused for the episode's call cap (it ends the episode as that)."""
+        """`max_calls` once a call was refused for the episode's call cap, `length` once one was refused because the
+        segment's response budget (max_response_length) is spent: the episode ends as that, scored, even when the
+        agent raises on the refusal (like a round limit of our own loop)."""
         self.infra_failures: list[str] = []
         """Why LLM calls failed (each ended its segment as `llm_error`)."""
         self._last_messages: list[dict[str, Any]] | None = None

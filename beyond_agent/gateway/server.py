@@ -239,6 +239,8 @@ class Gateway:
         limit = min(self.config.max_tokens_per_turn, request.turn_limit() or self.config.max_tokens_per_turn,
                     handler.remaining_response_length)
         if limit < 1:
+            if handler.remaining_response_length < 1:  # the episode's token budget is spent: that limit ends it
+                episode.limit_reached = "length"
             raise GatewayError(400, "this episode's segment has no room left for a reply "
                                f"(max_response_length {self.config.max_response_length} tokens)", param="messages")
         prompt_ids = handler.prompt_ids_for_next_turn()

@@ -107,6 +107,27 @@ def test_calls_past_the_episodes_cap_are_refused_and_end_it_as_max_calls(gateway
     assert gateway.policy.calls == 3 and len(gateway.gateway.close_episode("e").calls) == 3
 
 
+def test_a_call_past_the_response_budget_is_refused_and_ends_the_episode_as_length(tokenizer):
+    # Echo's reply is a few tokens; a budget of 8 response tokens is spent after the first reply, so the next call
+    # (its history appended) has no room: refused with 400, and the episode ends as `length` (scored), not as the
+    # agent's error when the agent raises on the refusal (issue #52: the code env's long observations did this).
+    policy = Echo(tokenizer)
+    server = GatewayServer(Gateway(GatewayConfig(max_response_length=8, max_tokens_per_turn=8), tokenizer,
+                                   policy)).start()
+    try:
+        server.gateway.open_episode("e")
+        first = chat(server.url, "e", hello())
+        assert first.status_code == 200 and server.gateway.limit_reached("e") is None
+        reply = first.json()["choices"][0]["message"]
+        more = {"model": "policy", "messages": [*hello()["messages"], {"role": "assistant", "content": reply["content"]},
+                                                {"role": "user", "content": "a long observation " * 20}]}
+        error = is_openai_error(chat(server.url, "e", more), 400)
+        assert "has no room left for a reply (max_response_length 8 tokens)" in error["message"]
+        assert server.gateway.limit_reached("e") == "length" and policy.calls == 1
+    finally:
+        server.stop()
+
+
 def test_concurrent_steps_cannot_pass_the_step_limit_and_are_the_agents_error(gateway):
     class SlowEnv:
         steps = 0
