@@ -236,6 +236,7 @@ def test_an_llm_customer_talks_through_a_real_vllm_server(tiny_vllm_server, monk
     from envservice.envs.tau2_env import LLMCustomer, Tau2Env
 
     monkeypatch.setenv("TAU2_TEST_CUSTOMER_KEY", "not-needed-by-vllm")
+    monkeypatch.setattr(tau2_env, "CUSTOMER_MAX_TOKENS", 16)  # the tiny model's replies say nothing: keep them short
     customer = {"base_url": f"{tiny_vllm_server.base_url}/v1", "model": tiny_vllm_server.config.model,
                 "api_key_env": "TAU2_TEST_CUSTOMER_KEY"}
     cls = Tau2Env.configure({"domain": "retail", "customer": customer})
