@@ -1,5 +1,5 @@
-"""Contract tests of every private method or attribute of verl and vLLM that our code overrides, replaces or calls
-(issue #54): each seam's upstream target must exist in the installed verl / vLLM, and where we override or replace a
+"""Contract tests of every private method or attribute of verl and vLLM that our code overrides, replaces or calls,
+and of uvicorn's HTTP protocol class that envservice's transport subclasses (issue #54): each seam's upstream target must exist in the installed verl / vLLM, and where we override or replace a
 method, with the parameters our code is written against. A verl or vLLM upgrade that renames a hook or changes its
 parameters then fails here, naming the seam, instead of failing a training run minutes in.
 
@@ -71,6 +71,19 @@ SEAMS = (
     Seam("verl.utils.npu_flash_attn_utils:unpad_input", None, "verl_cpu/platform.py",
          "the torch-only padding helpers verl_cpu points verl at (pad_input, index_first_axis, rearrange beside it)"),
 )
+
+
+HTTP_PROTOCOL = "uvicorn.protocols.http.httptools_impl:HttpToolsProtocol"
+GUARDED = "envservice.transport:GuardedHttpToolsProtocol"
+SEAMS += tuple(
+    Seam(f"{HTTP_PROTOCOL}.{method}", f"{GUARDED}.{method}", "envservice/transport.py",
+         "envservice's transport bounds each request's head and body, and each host's share, before the ASGI app "
+         "(uvicorn has no hook between the socket and the parser)")
+    for method in ("connection_made", "connection_lost", "data_received", "on_message_begin", "on_url", "on_header",
+                   "on_headers_complete", "on_body", "on_message_complete", "on_response_complete",
+                   "send_400_response")
+) + (Seam(f"{HTTP_PROTOCOL}._unset_keepalive_if_required", None, "envservice/transport.py",
+          "a refused request closes its connection as uvicorn's own refusals do"),)
 
 
 def resolve(path: str):
