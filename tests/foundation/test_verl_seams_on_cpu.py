@@ -29,6 +29,8 @@ class Seam:
     """The file of ours that touches it."""
     why: str
     """What it does for us that no public hook does."""
+    called_with: tuple[str, ...] = ()
+    """Keyword arguments our code passes to the target (each must still be one of its parameters)."""
 
 
 TRAINER = "recipe.multiturn_rl.trainer:BeyondAgentTrainer"
@@ -52,6 +54,14 @@ SEAMS = (
          "DPO: pair collation"),
     Seam("verl.trainer.sft_trainer:SFTTrainer._init_engine", None, "beyond_agent/dpo.py",
          "DPO: reference log-probs scored from the starting weights"),
+    Seam("verl.workers.engine_workers:TrainingWorker.train_batch", None, "beyond_agent/dpo.py",
+         "replaced on the instance: the per-micro-batch DPO figures averaged into one each", ("data",)),
+    Seam("verl.workers.engine_workers:TrainingWorker.set_loss_fn", None, "beyond_agent/dpo.py",
+         "DPO's loss on verl's training client", ("loss_fn",)),
+    Seam("verl.workers.engine_workers:TrainingWorker.infer_batch", None, "beyond_agent/dpo.py",
+         "DPO: the reference log-probs"),
+    Seam("torch.distributed:init_process_group", None, "verl_cpu/platform.py",
+         "wrapped on CPU: verl's backend string names gloo twice (cpu:gloo,cpu:gloo)", ("backend",)),
     Seam("verl.workers.rollout.vllm_rollout.utils:vLLMColocateWorkerExtension._update_weights",
          "beyond_agent.weights.vllm_extension:WeightSyncWorkerExtension._update_weights",
          "beyond_agent/weights/vllm_extension.py", "LoRA adapters loaded with vLLM's own name mapping"),
@@ -108,6 +118,9 @@ def seam_problem(seam: Seam) -> str | None:
         return f"{seam.upstream} (used by {seam.where}: {seam.why}) is gone: {missing}"
     if not callable(target):
         return f"{seam.upstream} is no longer callable"
+    missing = [name for name in seam.called_with if name not in inspect.signature(target).parameters]
+    if missing:
+        return f"{seam.upstream} no longer takes {missing}, which {seam.where} passes"
     if seam.ours is not None:
         theirs, mine = parameters(target), parameters(resolve(seam.ours))
         if theirs != mine:
@@ -120,17 +133,26 @@ def test_each_seam_exists_with_the_parameters_we_are_written_for(seam):
     assert seam_problem(seam) is None, seam_problem(seam)
 
 
+def seam_named(name: str) -> Seam:
+    """The seam whose upstream target ends with `name`."""
+    return next(seam for seam in SEAMS if seam.upstream.endswith(name))
+
+
 def test_a_renamed_or_changed_upstream_hook_is_named(monkeypatch):
     """What an upgrade that renames a hook or changes its parameters looks like here (the target changed in this
     process, as a new release would change it)."""
     ray_trainer = importlib.import_module("verl.trainer.ppo.ray_trainer")
     monkeypatch.delattr(ray_trainer.RayPPOTrainer, "_balance_batch")
     assert "RayPPOTrainer._balance_batch (used by recipe/multiturn_rl/trainer.py: the join point" in \
-        seam_problem(SEAMS[1])
+        seam_problem(seam_named("._balance_batch"))
     monkeypatch.setattr(ray_trainer.RayPPOTrainer, "_update_actor", lambda self, batch, metrics: None)
-    assert seam_problem(SEAMS[4]) == (f"{RAY_TRAINER}._update_actor takes ['batch', 'metrics']; our "
+    assert seam_problem(seam_named("._update_actor")) == (f"{RAY_TRAINER}._update_actor takes ['batch', 'metrics']; our "
                                       f"{TRAINER}._update_actor (recipe/multiturn_rl/trainer.py) is written for "
                                       "['batch']")
     quant_utils = importlib.import_module("verl.utils.vllm.vllm_quant_utils")
     monkeypatch.delattr(quant_utils, "is_fp8_model")  # what verl 0.9.1 does (renamed is_quantized_model)
-    assert "is_fp8_model (used by beyond_agent/weights/vllm_extension.py" in seam_problem(SEAMS[13])
+    assert "is_fp8_model (used by beyond_agent/weights/vllm_extension.py" in seam_problem(seam_named(":is_fp8_model"))
+    worker = importlib.import_module("verl.workers.engine_workers")
+    monkeypatch.setattr(worker.TrainingWorker, "set_loss_fn", lambda self, fn: None)  # a renamed keyword
+    assert seam_problem(seam_named(".set_loss_fn")) == ("verl.workers.engine_workers:TrainingWorker.set_loss_fn no longer "
+                                                  "takes ['loss_fn'], which beyond_agent/dpo.py passes")
