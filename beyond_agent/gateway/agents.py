@@ -249,9 +249,8 @@ SANDBOX_GATEWAY_PORT = 8080
 
 
 class CommandAgent:
-    """A command run once per episode as the agent (`beyond_agent.agent.command`), on `sandbox_path()`, in the
-    sandbox (`sandbox`:
-    no network but its gateway, the host read-only, limits, nothing left running after it), with the working
+    """A command run once per episode as the agent (`beyond_agent.agent.command`), looked up on `sandbox_path()`,
+    in the sandbox (`sandbox`: no network but its gateway, the host read-only, limits, nothing left running after it), with the working
     directory of the trainer (read-only), `python` the trainer's interpreter, and an environment holding only the
     sandbox's allowlist, what `sandbox.pass_env` / `sandbox.env` give on purpose, and:
 

@@ -60,7 +60,7 @@ import importlib.resources
 import json
 import os
 from collections.abc import Iterator, MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from envservice.envs.base import Param, StepResult, Task, TextEnv, content_digest, parse_tool_call
@@ -96,12 +96,11 @@ class CopyOnAccess(MutableMapping):
         self._own: dict[str, Any] = {}
 
     def __getitem__(self, key: str) -> Any:
-        value = self._own.get(key, _DELETED)
+        if key not in self._own:  # first access: the episode's own copy (KeyError when the initial has none)
+            self._own[key] = copy.deepcopy(self._initial[key])
+        value = self._own[key]
         if value is _DELETED:
-            if key not in self._own and key in self._initial:
-                value = self._own[key] = copy.deepcopy(self._initial[key])
-            else:
-                raise KeyError(key)
+            raise KeyError(key)
         return value
 
     def __setitem__(self, key: str, value: Any) -> None:
@@ -113,8 +112,7 @@ class CopyOnAccess(MutableMapping):
         self._own[key] = _DELETED
 
     def __contains__(self, key: object) -> bool:
-        value = self._own.get(key, _DELETED)  # type: ignore[arg-type]
-        return value is not _DELETED or (key not in self._own and key in self._initial)
+        return self.peek(key) is not _DELETED  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[str]:
         yield from (key for key in self._initial if key in self)
@@ -157,6 +155,8 @@ class Domain:
     """'train' / 'test' -> task ids (`split_tasks.json`)."""
     initial: dict[str, dict]
     """The initial database (shared, never changed: episodes copy what they touch)."""
+    golds: dict[str, dict[str, CopyOnAccess]] = field(default_factory=dict, compare=False)
+    """Task id -> its gold database, replayed once per process (`gold_database`); read only after."""
 
     def fresh_database(self) -> dict[str, CopyOnAccess]:
         """An episode's database: the initial one, copied where touched."""
@@ -193,11 +193,13 @@ class Domain:
         return "\n".join(lines)
 
     def gold_database(self, task_id: str) -> dict[str, CopyOnAccess]:
-        """The database reached by replaying the task's gold actions on the initial one."""
-        database = self.fresh_database()
-        for action in self.tasks[task_id]["evaluation_criteria"]["actions"]:
-            self.call(database, action["name"], dict(action["arguments"]))
-        return database
+        """The database reached by replaying the task's gold actions on the initial one (once per task)."""
+        if task_id not in self.golds:
+            database = self.fresh_database()
+            for action in self.tasks[task_id]["evaluation_criteria"]["actions"]:
+                self.call(database, action["name"], dict(action["arguments"]))
+            self.golds[task_id] = database
+        return self.golds[task_id]
 
 
 def _type_name(schema: dict) -> str:
@@ -258,8 +260,8 @@ How you behave: {task_instructions}
 
 Give information only when the agent asks for it. When your request is handled, or cannot be, or the agent hands \
 you to a human, end the conversation by writing {stop} alone."""
-CUSTOMER_FIELDS = {"base_url": str, "model": str, "api_key_env": str}
-"""Keys of the registration's `customer` config, and their types (api_key_env is optional)."""
+CUSTOMER_FIELDS = ("api_key_env", "base_url", "model")
+"""Keys of the registration's `customer` config (strings; api_key_env is optional)."""
 
 
 class LLMCustomer:
@@ -274,7 +276,7 @@ class LLMCustomer:
                                     timeout=CUSTOMER_TIMEOUT_S)
         self.model = settings["model"]
         self.messages = [{"role": "system", "content": CUSTOMER_SYSTEM.format(
-            domain=domain, stop=STOP, **{field: instructions.get(field) or "nothing in particular" for field in
+            domain=domain, stop=STOP, **{part: instructions.get(part) or "nothing in particular" for part in
                                          ("reason_for_call", "known_info", "unknown_info", "task_instructions")})}]
         self.replies = 0
 
@@ -298,19 +300,19 @@ class LLMCustomer:
         return f"Customer: {text.replace(STOP, '').strip() or GOODBYE}", ends
 
 
-def check_customer(settings: Any) -> dict[str, str]:
-    """The `customer` config of a registration, checked: a mapping of `CUSTOMER_FIELDS` with base_url and model."""
+def check_customer(settings: Any) -> None:
+    """Refuse a `customer` config of a registration that is not a mapping of `CUSTOMER_FIELDS` with base_url and
+    model (ValueError naming the field)."""
     if not isinstance(settings, dict):
-        raise ValueError(f"customer must be a mapping with keys {sorted(CUSTOMER_FIELDS)}, not {settings!r}")
+        raise ValueError(f"customer must be a mapping with keys {list(CUSTOMER_FIELDS)}, not {settings!r}")
     unknown = sorted(set(settings) - set(CUSTOMER_FIELDS))
     if unknown:
-        raise ValueError(f"customer has unknown key(s) {unknown}; valid keys: {sorted(CUSTOMER_FIELDS)}")
+        raise ValueError(f"customer has unknown key(s) {unknown}; valid keys: {list(CUSTOMER_FIELDS)}")
     for key in ("base_url", "model"):
         if not isinstance(settings.get(key), str) or not settings[key]:
             raise ValueError(f"customer.{key} must be a non-empty string")
     if not isinstance(settings.get("api_key_env", ""), str):
         raise ValueError("customer.api_key_env must be the name of an environment variable (a string)")
-    return dict(settings)
 
 
 class Tau2Env(TextEnv):
@@ -321,7 +323,6 @@ class Tau2Env(TextEnv):
                      "customer": Param("an LLM customer instead of the scripted one: {base_url, model, api_key_env}",
                                        dict)}
     required_config = ("domain",)
-    params = {}
     max_steps = 40
     max_sessions = 512
 
@@ -332,7 +333,6 @@ class Tau2Env(TextEnv):
         self._database: dict[str, CopyOnAccess] = {}
         self._said: list[str] = []
         self._customer: ScriptedCustomer | LLMCustomer | None = None
-        self._ended = False
 
     @classmethod
     def configured_attributes(cls, config: dict[str, Any]) -> dict[str, Any]:
@@ -356,7 +356,7 @@ class Tau2Env(TextEnv):
         """A fresh database and customer; the observation is the policy, the tools and the customer's opening."""
         self._task = self._domain.tasks[task.name]
         self._database = self._domain.fresh_database()
-        self._said, self._ended = [], False
+        self._said = []
         instructions = self._task["user_scenario"]["instructions"]
         self._customer = (LLMCustomer(instructions, self._domain.name, self.config["customer"])
                           if "customer" in self.config else ScriptedCustomer(instructions))
@@ -394,7 +394,6 @@ class Tau2Env(TextEnv):
         return self._end(reply) if ends else (reply, 0.0, False, False, {})
 
     def _end(self, observation: str) -> StepResult:
-        self._ended = True
         score, parts = self._score()
         return observation, score, True, False, parts
 

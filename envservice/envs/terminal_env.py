@@ -91,6 +91,8 @@ class TerminalTask:
     """Commands that do it (the gold test runs them)."""
     modes: dict[str, int] = field(default_factory=dict)
     """Relative path -> permission bits set after the files are written."""
+    setup: Callable[[Path], None] | None = None
+    """Writes what `files` cannot hold (e.g. an archive) into the fresh workspace, after the files."""
 
 
 def _lines(text: str | None) -> list[str]:
@@ -124,7 +126,8 @@ TASKS = (
                  ("tar czf notes.tar.gz notes",)),
     TerminalTask("extract", "`bundle.tar.gz` holds a file `secret/code.txt`. Write its content to `code.txt`.",
                  {}, lambda w: _lines(w.text("code.txt")) == ["7-alpha-42"],
-                 ("tar xzf bundle.tar.gz && cp secret/code.txt code.txt",)),
+                 ("tar xzf bundle.tar.gz && cp secret/code.txt code.txt",),
+                 setup=lambda root: _write_archive(root / "bundle.tar.gz", {"secret/code.txt": b"7-alpha-42\n"})),
     TerminalTask("permissions", "Make `run.sh` executable by its owner and nobody else able to write it (mode 744),"
                  " then write what it prints to `out.txt`.", {"run.sh": "#!/bin/sh\necho ran fine\n"},
                  lambda w: w.mode("run.sh") == 0o744 and _lines(w.text("out.txt")) == ["ran fine"],
@@ -141,7 +144,7 @@ TASKS = (
                  ("printf 'greeting.txt: name.txt\\n\\techo \"Hello, $$(cat name.txt)!\" > greeting.txt\\n' > Makefile",
                   "make")),
 )
-"""The tasks, by name; `extract`'s archive is built at reset (`_prepare`)."""
+"""The tasks, by name."""
 
 
 def _archive_holds(workspace: Workspace, relative: str, expected: dict[str, str]) -> bool:
@@ -166,22 +169,27 @@ def _archive_holds(workspace: Workspace, relative: str, expected: dict[str, str]
     return found == expected
 
 
+def _write_archive(path: Path, members: dict[str, bytes]) -> None:
+    """A gzip tar archive at `path` holding `members` (name -> content)."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w:gz") as archive:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+
+
 def _prepare(task: TerminalTask, root: Path) -> None:
-    """Write the task's files (and `extract`'s archive) into a fresh workspace."""
+    """Write the task's files, their modes and its `setup` into a fresh workspace."""
     for relative, content in task.files.items():
         (root / relative).parent.mkdir(parents=True, exist_ok=True)
         (root / relative).write_text(content)
     for relative, mode in task.modes.items():
         os.chmod(root / relative, mode)
-    if task.name == "extract":
-        import io
-        import tarfile
-
-        data = b"7-alpha-42\n"
-        with tarfile.open(root / "bundle.tar.gz", "w:gz") as archive:
-            info = tarfile.TarInfo("secret/code.txt")
-            info.size = len(data)
-            archive.addfile(info, io.BytesIO(data))
+    if task.setup is not None:
+        task.setup(root)
 
 
 TASKS_BY_NAME = {task.name: task for task in TASKS}

@@ -58,8 +58,8 @@ class _CappedAnswers(httpx2.AsyncBaseTransport):
     answering in its place a JSON-RPC error the MCP client hands to the caller (a 40 MB tool result once cost
     envservice +425 MB, read whole only to be cut)."""
 
-    def __init__(self, inner: httpx2.AsyncBaseTransport, max_bytes: int, url: str) -> None:
-        self.inner, self.max_bytes, self.url = inner, max_bytes, url
+    def __init__(self, inner: httpx2.AsyncBaseTransport, max_bytes: int) -> None:
+        self.inner, self.max_bytes = inner, max_bytes
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         response = await self.inner.handle_async_request(request)
@@ -252,7 +252,7 @@ class _Connection:
 
     async def _serve(self) -> None:
         self._queue = asyncio.Queue()
-        http = httpx2.AsyncClient(transport=_CappedAnswers(httpx2.AsyncHTTPTransport(), self.max_bytes, self.url),
+        http = httpx2.AsyncClient(transport=_CappedAnswers(httpx2.AsyncHTTPTransport(), self.max_bytes),
                                   timeout=httpx2.Timeout(30.0, read=300.0))  # the SDK's own client's
         transport = streamable_http_client(self.url, http_client=http, max_sse_event_size=self.max_bytes)
         try:

@@ -510,11 +510,11 @@ class Relay:
     def __init__(self, target_port: int):
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
-        self.target_port, self.sockets, self.stopped = target_port, [], threading.Event()
+        self.target_port, self.sockets = target_port, []
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
-        while not self.stopped.is_set():
+        while True:
             try:
                 client, _ = self.listener.accept()
             except OSError:  # the listener was closed
@@ -531,7 +531,6 @@ class Relay:
                 sink.sendall(chunk)
 
     def stop(self) -> None:
-        self.stopped.set()
         self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() in progress; close() alone would not
         self.listener.close()
         for sock in self.sockets:
