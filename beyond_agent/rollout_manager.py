@@ -42,7 +42,8 @@ from beyond_agent.multitask import VAL_PREFIX, task_name, task_names, task_rollo
 from beyond_agent.rollout.async_pool import AsyncEpisodePool, PendingRow
 from beyond_agent.rollout.batch import SegmentRows, segment_batch, training_batch
 from beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec
-from beyond_agent.rollout.dynamic_sampling import GroupSieve
+from beyond_agent.algorithms.gigpo import group_has_step_signal
+from beyond_agent.rollout.dynamic_sampling import GroupSieve, StepSignal
 from beyond_agent.gateway import Gateway, GatewayConfig
 from beyond_agent.gateway.agents import AgentEnvManager
 from beyond_agent.gateway.server import GatewayServer
@@ -266,6 +267,14 @@ class BeyondAgentLoopManager:
         self._taken_metrics = taken.metrics
         return taken.rows
 
+    def _step_signal(self) -> StepSignal | None:
+        """GiGPO's step-level test for the dynamic-sampling sieve (a group of equal returns may still train); None
+        for an episode-level estimator."""
+        if self.settings.adv_estimator != "gigpo":
+            return None
+        gigpo = self.settings.gigpo
+        return lambda results: group_has_step_signal(results, gigpo)
+
     def _row_specs(self, key: str, row: dict, samples_per_row: int) -> list[EpisodeSpec]:
         """The episodes of one dataset row: one GRPO group, keyed by `key`."""
         group = {name: [row.get(name)] * samples_per_row for name in ("extra_info", "raw_prompt", "task")
@@ -279,7 +288,7 @@ class BeyondAgentLoopManager:
         source, settings = self._row_source, self.settings
         step, source.next_step = source.next_step, source.next_step + 1
         manager = self._episode_manager(settings.train_sampling, gated=False)
-        sieve = GroupSieve(settings.dynamic_sampling, source.batch_size)
+        sieve = GroupSieve(settings.dynamic_sampling, source.batch_size, self._step_signal())
         max_rounds, started, kept = self.horizon.max_rounds(step), time.monotonic(), []
         while len(kept) < source.batch_size:
             rows = []
@@ -313,7 +322,7 @@ class BeyondAgentLoopManager:
             rows, make_specs, run_episode, self.horizon.max_rounds, self.gate,
             batch_size, settings.async_rollout, settings.concurrency,
             describe=lambda result: result.spec.agent_task.label, total_steps=total_steps,
-            dynamic_sampling=settings.dynamic_sampling, row_task=task_name)
+            dynamic_sampling=settings.dynamic_sampling, step_signal=self._step_signal(), row_task=task_name)
         self._pool.start(trained_steps)
 
     def version_changed(self) -> None:

@@ -154,6 +154,8 @@ class BeyondAgentSettings:
     """Sampling of validation rollouts (greedy unless val_kwargs.do_sample)."""
     group_based: bool
     """Whether the advantage estimator baselines each sample against its group (GRPO, RLOO, ...)."""
+    adv_estimator: str = "grpo"
+    """verl's `algorithm.adv_estimator` (gigpo: dynamic sampling also weighs the step-level advantages)."""
     rollout_mode: str = "sync"
     """sync: each step plays its own episodes; async: episodes are played ahead while the actor trains."""
     async_rollout: AsyncRolloutSettings = AsyncRolloutSettings()
@@ -178,7 +180,8 @@ class BeyondAgentSettings:
         subsection = {key: from_section(kind, getattr(section, key), f"beyond_agent.{key}")
                       for key, kind in SECTION_CLASSES.items()}
         rounds = RoundScheduler.from_config(_section(section.rounds, "beyond_agent.rounds"))
-        group_based = is_group_based(_get(_get(config, "algorithm"), "adv_estimator") or "grpo")
+        adv_estimator = str(_get(_get(config, "algorithm"), "adv_estimator") or "grpo")
+        group_based = is_group_based(adv_estimator)
         _check_dynamic_sampling(config, subsection["dynamic_sampling"], group_based)
         return cls(
             env=subsection["env"], rounds=rounds, val_max_rounds=_val_max_rounds(section.val_max_rounds),
@@ -187,7 +190,7 @@ class BeyondAgentSettings:
                        request_timeout_s=float(section.llm_request_timeout_s)),
             tasks=TaskTable.from_config(section.tasks), trajectories=subsection["trajectories"],
             train_sampling=_sampling(config, validate=False), val_sampling=_sampling(config, validate=True),
-            group_based=group_based,
+            group_based=group_based, adv_estimator=adv_estimator,
             rollout_mode=_rollout_mode(config, section.rollout_mode), async_rollout=subsection["async_rollout"],
             weight_sync=subsection["weight_sync"], multitask=subsection["multitask"], gigpo=subsection["gigpo"],
             dynamic_sampling=subsection["dynamic_sampling"], agent=subsection["agent"],

@@ -28,6 +28,7 @@ import torch
 from verl.trainer.ppo.core_algos import register_adv_est
 
 from beyond_agent.algorithms.estimators import declare_estimator
+from beyond_agent.rollout.dataflow import EpisodeResult
 
 GIGPO_NORMS = ("std", "mean")
 """Normalisations: divide by the group's standard deviation, or only subtract its mean. Which one a run uses
@@ -141,6 +142,21 @@ def gigpo_advantages(episodes: Sequence[EpisodeSteps], config: GiGPOConfig, norm
     step, figures = step_advantages(episodes, config.gamma, norm, epsilon)
     turns = [[episode[i] + config.omega * a for a in step[i]] for i in range(len(episodes))]
     return GiGPOAdvantages(episode=episode, step=step, turns=turns, figures=figures)
+
+
+STEP_SIGNAL_TOLERANCE = 1e-9
+"""Step advantages closer to 0 than this count as none (as equal rewards do in dynamic sampling)."""
+
+
+def group_has_step_signal(results: Sequence[EpisodeResult], config: GiGPOConfig) -> bool:
+    """Whether any turn of one group's episodes (a per_call agent's segments included) gets a non-zero step
+    advantage A^S: turns that start from the same state with different step returns. Dynamic sampling asks this
+    of a group whose episode returns are all equal (rollout/dynamic_sampling.py), which GiGPO still trains on."""
+    rows = [row for result in results for row in (*result.earlier_segments, result)]
+    episodes = [EpisodeSteps(group="", reward=row.reward, step_rewards=tuple(row.step_rewards),
+                             anchors=tuple(row.anchors)) for row in rows]
+    step, _ = step_advantages(episodes, config.gamma, "mean")
+    return any(abs(value) > STEP_SIGNAL_TOLERANCE for turns in step for value in turns)
 
 
 def _members(items, key) -> dict:

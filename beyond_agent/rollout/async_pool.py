@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
 from beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec
-from beyond_agent.rollout.dynamic_sampling import DynamicSamplingConfig, GroupSieve
+from beyond_agent.rollout.dynamic_sampling import DynamicSamplingConfig, GroupSieve, StepSignal
 from beyond_agent.rollout.versions import PolicyVersionGate
 
 OLD_LOG_PROB_SOURCES = ("behaviour", "recompute")
@@ -124,6 +124,7 @@ class AsyncEpisodePool:
         describe: result -> the label its drop is counted under (env or task name).
         total_steps: the run's last step, if known: no row is drawn that no remaining step could train.
         dynamic_sampling: which finished groups are dropped for lack of signal (default: none).
+        step_signal: GiGPO's step-level test of a group (see rollout/dynamic_sampling.py); None: episode-level.
         row_task: dataset row -> its task name (dynamic sampling counts its drops per task).
     """
 
@@ -132,6 +133,7 @@ class AsyncEpisodePool:
                  gate: PolicyVersionGate, batch_size: int, settings: AsyncRolloutSettings, concurrency: int,
                  describe: Callable[[EpisodeResult], str] = lambda result: result.spec.env_id,
                  total_steps: int | None = None, dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig(),
+                 step_signal: StepSignal | None = None,
                  row_task: Callable[[dict], str] = lambda row: str(row.get("data_source", "unknown"))):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -145,6 +147,7 @@ class AsyncEpisodePool:
         self._describe = describe
         self.total_steps = total_steps
         self.dynamic_sampling = dynamic_sampling
+        self.step_signal = step_signal
         self._row_task = row_task
         self._executor = ThreadPoolExecutor(max_workers=max(concurrency, 1), thread_name_prefix="async-episode")
         self._condition = threading.Condition()
@@ -186,7 +189,7 @@ class AsyncEpisodePool:
         started = time.monotonic()
         trainer_version = self._taken_steps
         dropped: list[tuple[PendingRow, int]] = []
-        sieve = GroupSieve(self.dynamic_sampling, self.batch_size)
+        sieve = GroupSieve(self.dynamic_sampling, self.batch_size, self.step_signal)
         with self._condition:
             while True:
                 self._raise_feed_error()

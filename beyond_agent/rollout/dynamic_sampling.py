@@ -17,8 +17,13 @@ all unsolved. The batch size verl trains on stays the same.
 
 One rule, two modes: the synchronous loop in the rollout manager (`BeyondAgentLoopManager.take_rows`, rows
 played on the spot) and the asynchronous pool (rollout/async_pool.py, rows played ahead) both offer each
-finished group to a `GroupSieve`, one per training step. Episodes that ended by an infrastructure failure
-are not scored, so they count for nothing here: a group with fewer than two scored episodes has no signal.
+finished group to a `GroupSieve`, one per training step. A group holding an infrastructure failure has no
+signal: dynamic sampling runs only with group-based estimators, and with those such a group is kept out of
+training whole (rollout/batch.py's `excluded_rows`), so it would fill a batch slot and train nothing.
+
+With GiGPO (`algorithm.adv_estimator=gigpo`) a group whose episode returns are all equal may still carry signal:
+its turns that start from the same state can differ in their step returns. The caller gives the sieve GiGPO's
+test (`step_signal`, algorithms/gigpo.py's `group_has_step_signal`), and such a group counts as having signal.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from beyond_agent.rollout.dataflow import EpisodeResult
 
@@ -64,21 +69,31 @@ class DynamicSamplingConfig:
         return math.ceil(self.max_extra_batches * batch_size) if self.active else 0
 
 
-def group_has_signal(results: Sequence[EpisodeResult], drop: str) -> bool:
-    """False when `drop`'s rule removes this group: its scored episodes' rewards are all equal (and, for
-    all_success / all_failure, all succeeded / none did). Infrastructure failures are not scored."""
-    scored = [result for result in results if not result.infra_failure]
+StepSignal = Callable[[Sequence[EpisodeResult]], bool]
+"""Whether a group's turns get any non-zero step-level advantage (GiGPO's; None for episode-level estimators)."""
+
+
+def group_has_signal(results: Sequence[EpisodeResult], drop: str, step_signal: StepSignal | None = None) -> bool:
+    """False when `drop`'s rule removes this group: it trains nothing (an infrastructure failure in it), or its
+    episodes' rewards are all equal, no turn gets a step-level advantage (`step_signal`, with GiGPO), and, for
+    all_success / all_failure, all succeeded / none did."""
     if drop == "none":
         return True
-    if len(scored) < 2:  # nothing to compare an episode with: every advantage would be zero
+    # Rule: a group with an infrastructure failure is masked whole with a group-based estimator (the only kind
+    # dynamic sampling runs with; see the module docstring), so it has no signal whatever its other rewards.
+    if any(result.infra_failure for result in results):
         return False
-    rewards = [result.reward for result in scored]
+    if len(results) < 2:  # nothing to compare an episode with: every advantage would be zero
+        return False
+    rewards = [result.reward for result in results]
     if max(rewards) - min(rewards) > EQUAL_REWARD_TOLERANCE:
         return True
+    if step_signal is not None and step_signal(results):
+        return True
     if drop == "all_success":
-        return not all(result.success for result in scored)
+        return not all(result.success for result in results)
     if drop == "all_failure":
-        return any(result.success for result in scored)
+        return any(result.success for result in results)
     return False
 
 
@@ -89,21 +104,26 @@ class GroupSieve:
     counts what it saw for the step's figures (`figures`), the dropped groups by the task label given.
     """
 
-    def __init__(self, config: DynamicSamplingConfig, batch_size: int):
+    def __init__(self, config: DynamicSamplingConfig, batch_size: int, step_signal: StepSignal | None = None):
         self.config = config
+        self.step_signal = step_signal
+        """GiGPO's step-level test (see `group_has_signal`); None for episode-level estimators."""
         self.budget = config.drop_budget(batch_size)
         self.dropped_groups = 0
         self.dropped_episodes = 0
         """Episodes played and not trained (the extra generation this step cost)."""
         self.dropped_tasks: Counter = Counter()
         self.kept_without_signal = 0
+        self.groups_with_failures = 0
+        """Groups offered with an infrastructure failure in them (no signal: dropped while the budget lasts)."""
         self._played: list[EpisodeResult] = []
 
     def offer(self, results: Sequence[EpisodeResult], task: str) -> bool:
         """True: the group (of dataset task `task`) trains this step; False: it is dropped (the caller draws
         another row)."""
         self._played.extend(results)
-        if group_has_signal(results, self.config.drop):
+        self.groups_with_failures += any(result.infra_failure for result in results)
+        if group_has_signal(results, self.config.drop, self.step_signal):
             return True
         if self.dropped_groups < self.budget:
             self.dropped_groups += 1
@@ -122,6 +142,7 @@ class GroupSieve:
             "dropped_groups": float(self.dropped_groups),
             "extra_episodes": float(self.dropped_episodes),
             "kept_without_signal_groups": float(self.kept_without_signal),
+            "groups_with_failures": float(self.groups_with_failures),
             # Success over every episode played, dropped ones included: the trained batch's own success rate
             # is biased by what the sieve removed.
             "played_success_rate": sum(r.success for r in scored) / len(scored) if scored else 0.0,

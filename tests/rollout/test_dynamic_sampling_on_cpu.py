@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from beyond_agent.algorithms.gigpo import GiGPOConfig, group_has_step_signal
 from beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec
 from beyond_agent.rollout.dynamic_sampling import DynamicSamplingConfig, GroupSieve, group_has_signal
 from beyond_agent.settings import BeyondAgentSettings
@@ -33,13 +34,39 @@ def test_which_groups_each_rule_drops(drop, expected):
     assert [group_has_signal(g, drop) for g in (SOLVED, UNSOLVED, MIXED, EQUAL_NOT_WON)] == expected
 
 
-def test_infrastructure_failures_are_not_scored():
+def test_a_group_with_an_infrastructure_failure_has_no_signal():
     failed = group((0.0, False), termination="env_error")
-    # A winner beside an env_error: one scored episode, nothing to compare it with.
+    # Regression (#53): two scored episodes that differ beside an env_error used to pass the sieve, and then the
+    # whole group was masked (batch.excluded_rows), a batch slot that trained nothing.
+    assert not group_has_signal(MIXED + failed, "zero_variance")
+    assert not group_has_signal(MIXED + failed, "all_success") and not group_has_signal(MIXED + failed, "all_failure")
     assert not group_has_signal(group((1.0, True)) + failed, "zero_variance")
-    # Two scored episodes that differ still carry signal, whatever failed beside them.
-    assert group_has_signal(MIXED + failed, "zero_variance")
-    assert group_has_signal(failed * 2, "none")
+    assert group_has_signal(failed * 2, "none")  # no rule: nothing is judged
+    sieve = GroupSieve(DynamicSamplingConfig(drop="zero_variance"), batch_size=2)
+    assert [sieve.offer(g, "frozenlake") for g in (MIXED + failed, MIXED)] == [False, True]
+    assert sieve.figures()["dynamic_sampling/groups_with_failures"] == 1.0
+
+
+def turns(reward: float, step_rewards: tuple[float, ...], anchors: str) -> EpisodeResult:
+    """A won episode of the given turns: step rewards and the anchor state (one letter) each turn started from."""
+    return EpisodeResult(spec=EpisodeSpec(env_id="frozenlake"), episode=None, termination="done", reward=reward,
+                         success=True, step_rewards=list(step_rewards), anchors=list(anchors))
+
+
+def test_with_gigpo_equal_returns_keep_a_group_whose_steps_differ():
+    gigpo = GiGPOConfig(gamma=0.5)
+    # Both won (reward 1); from state a, the first went straight to the goal (step returns a: 0 + 0.5 * 1 = 0.5),
+    # the second took a detour through c (a: 0 + 0.5 * 0 + 0.25 * 1 = 0.25): state a's two turns differ.
+    detour = [turns(1.0, (0.0, 1.0), "ab"), turns(1.0, (0.0, 0.0, 1.0), "acb")]
+    same_path = [turns(1.0, (0.0, 1.0), "ab"), turns(1.0, (0.0, 1.0), "ab")]
+    assert group_has_step_signal(detour, gigpo) and not group_has_step_signal(same_path, gigpo)
+    # Regression (#53): zero_variance used to drop the detour group, whose step advantages are +-0.707 (std norm).
+    assert not group_has_signal(detour, "zero_variance")
+    signal = lambda results: group_has_step_signal(results, gigpo)  # noqa: E731
+    assert group_has_signal(detour, "zero_variance", signal) and group_has_signal(detour, "all_success", signal)
+    assert not group_has_signal(same_path, "zero_variance", signal)
+    sieve = GroupSieve(DynamicSamplingConfig(drop="zero_variance"), batch_size=2, step_signal=signal)
+    assert [sieve.offer(g, "frozenlake") for g in (same_path, detour)] == [False, True]
 
 
 def test_rewards_within_the_tolerance_count_as_equal():
@@ -55,8 +82,8 @@ def test_the_sieve_drops_within_its_budget_then_keeps_and_counts():
     # 10 episodes played, 4 won (SOLVED's 2, each MIXED's 1).
     assert sieve.figures() == {
         "dynamic_sampling/dropped_groups": 2.0, "dynamic_sampling/extra_episodes": 4.0,
-        "dynamic_sampling/kept_without_signal_groups": 1.0, "dynamic_sampling/played_success_rate": 0.4,
-        "dynamic_sampling/dropped/frozenlake": 1.0, "dynamic_sampling/dropped/babyai": 1.0,
+        "dynamic_sampling/kept_without_signal_groups": 1.0, "dynamic_sampling/groups_with_failures": 0.0,
+        "dynamic_sampling/played_success_rate": 0.4, "dynamic_sampling/dropped/frozenlake": 1.0, "dynamic_sampling/dropped/babyai": 1.0,
     }
 
 
