@@ -93,8 +93,8 @@ def wall_time(timer: str, label: str) -> Curve:
 
 
 SHARE, SHARE_RANGE = "share of episodes", (-0.02, 1.02)  # a little room for markers at 0 and 1
-TERMINATIONS = {"done": "env finished", "max_rounds": "round limit", "length": "token budget",
-                "max_calls": "call limit (gateway)", "env_error": "env error", "llm_error": "LLM error", "timeout": "timeout",
+TERMINATIONS = {"done": "env finished", "max_rounds": "round limit", "truncated": "env's step limit",
+                "length": "token budget", "max_calls": "call limit (gateway)", "env_error": "env error", "llm_error": "LLM error", "timeout": "timeout",
                 "agent_error": "agent error"}
 """Legend text of each termination reason (beyond_agent/rollout/handler.py's TERMINATION_REASONS)."""
 

@@ -84,7 +84,7 @@ class TrajectoryRecord:
     rounds: int
     """Assistant turns played."""
     termination: str
-    """Why it ended: done, max_rounds, length, env_error, llm_error or timeout."""
+    """Why it ended: one of `rollout.handler.TERMINATION_REASONS` (done, max_rounds, truncated, length, ...)."""
     error: str | None
     """What went wrong, for an infrastructure failure."""
     env_time_s: float

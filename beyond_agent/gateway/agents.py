@@ -172,6 +172,8 @@ class EnvSession:
         """True once the env ended the episode or the step limit was reached."""
         self.ended_by_env = False
         """True when the env itself ended it (terminated), not a limit."""
+        self.truncated_by_env = False
+        """True when the env's own step limit ended it (truncated)."""
         self.session_id = session_id
         self.env_time_s = 0.0
         """Seconds spent in env calls."""
@@ -215,6 +217,7 @@ class EnvSession:
         self._steps.append((self._calls_so_far(), step.reward, state_anchor(step.observation, step.info)))
         self.observation = step.observation
         self.ended_by_env = step.terminated
+        self.truncated_by_env = step.truncated and not step.terminated
         self.done = step.done or len(self._steps) >= self.max_steps
         return step
 
@@ -237,11 +240,11 @@ class EnvSession:
 
     @property
     def termination(self) -> str:
-        """How the episode ended if nothing failed: `done` (the env ended it, or the agent stopped) or
-        `max_rounds` (the env truncated it, or the step limit)."""
+        """How the episode ended if nothing failed: `done` (the env ended it, or the agent stopped), `truncated`
+        (the env's own step limit) or `max_rounds` (the step's round limit)."""
         if self.ended_by_env or not self.done:
             return "done"
-        return "max_rounds"
+        return "truncated" if self.truncated_by_env else "max_rounds"
 
 
 SANDBOX_GATEWAY_PORT = 8080

@@ -12,7 +12,8 @@ when the env did not step (the reply was not an action, or the turn hit the leng
 
 Termination reasons (see `handler.TERMINATION_REASONS`):
 - `done`       the environment said the task ended (terminated, success or failure);
-- `max_rounds` the round limit of this training step, or the environment's own step limit (truncated);
+- `max_rounds` the round limit of this training step;
+- `truncated`  the environment's own step limit (its `truncated` flag): a limit of the env, not ours;
 - `length`     the response reached max_response_length;
 - `max_calls`  an agent behind the gateway made more calls than `gateway.max_calls` allows;
 - `env_error`, `llm_error`, `timeout`: infrastructure failures (`timeout`: the episode's wall-clock budget,
@@ -235,7 +236,7 @@ class Dataflow:
         if step.terminated:
             return step.observation, "done"
         if step.truncated:
-            return step.observation, "max_rounds"
+            return step.observation, "truncated"
         return step.observation, None
 
     # ---- calls with their failure mapping --------------------------------------------------------

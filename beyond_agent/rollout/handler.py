@@ -49,7 +49,7 @@ from typing import Any, Callable, Sequence
 MAX_CHARS_PER_TOKEN = 32
 """More characters than any token of a real vocabulary spans, bar rare runs: text beyond this many characters
 per token of room is cut before tokenizing (the ids kept are still exactly what the model is given)."""
-TERMINATION_REASONS = ("done", "max_rounds", "length", "max_calls", "env_error", "llm_error", "timeout", "agent_error")
+TERMINATION_REASONS = ("done", "max_rounds", "truncated", "length", "max_calls", "env_error", "llm_error", "timeout", "agent_error")
 PROMPT_TRUNCATION_POLICIES = ("left", "error")
 OBSERVATION_ROLES = ("user", "tool")
 DUMMY_PREFIX = ({"role": "system", "content": "S"}, {"role": "user", "content": "U"})

@@ -9,15 +9,17 @@ with step 0, then `self.global_steps += 1` ("we start from step 1") before the f
 adds 1. So training steps are 1, 2, 3, ... and stage k of `stepwise` covers steps
 `k * every + 1 .. (k + 1) * every`: with every=100, steps 1..100 get rounds[0], 101..200 rounds[1], and
 201.. the last value. Step 0 (validation before training) belongs to the first stage.
-(AgentGym-RL computes `global_steps // steps_scaling_inter`, which gives its first stage only 99
-training steps; we keep every stage exactly `every` steps long.)
+AgentGym-RL's `StepRoundsScheduler` gives its stages the same steps while it counts them itself (steps 1..100
+first, with `steps_scaling_inter=100`); only its resume path, `global_steps // steps_scaling_inter`, puts the
+last step of a stage (step 100) in the next one. Here the stage follows from the step alone, resumed or not.
 
 Because the value depends on the step only, a resumed run continues the same schedule.
 
 `adaptive` moves to the next value of `rounds` when the agent has outgrown the current one, judged from the
 episodes each training step trained on, averaged over the last `window` steps at this limit:
-    signal: truncated   the share of episodes cut by the round limit fell to `threshold` or below: the
-                        agent's episodes stopped being cut by it (they end by themselves, won or lost);
+    signal: truncated   the share of episodes cut by the run's limits (the round limit, the token budget, the
+                        gateway's call limit) fell to `threshold` or below: the agent's episodes stopped being
+                        cut (they end by themselves, won or lost, or by the env's own step limit);
     signal: success     the success rate reached `threshold` or above.
 It never lowers the limit, never goes past the last value, and with `every` set it is never behind the
 stepwise schedule of the same values (a stage may start early, never late). Why `every` matters: a first
@@ -48,8 +50,10 @@ from beyond_agent.sections import from_section
 
 SCHEDULE_TYPES = ("fixed", "stepwise", "scaling_inter_stepwise", "adaptive")
 SIGNALS = ("truncated", "success")
-TRUNCATED = "max_rounds"
-"""The termination reason of an episode cut by the round limit."""
+CUT_BY_OUR_LIMITS = ("max_rounds", "length", "max_calls")
+"""Terminations of an episode that did not end by itself but was cut by a limit of the run: the round limit, the
+token budget, the gateway's call limit. An env's own step limit (`truncated`) is the env's: raising the round limit
+cannot lift it, so it counts as an end."""
 HORIZON_RECORD = "horizon.json"
 """The adaptive horizon's record of each training step's signal, in the run's checkpoint folder."""
 _TYPE_ALIASES = {"scaling_inter_stepwise": "stepwise"}
@@ -70,7 +74,7 @@ class RoundsSection:
     steps_scaling_inter: int | None = None
     """AgentGym-RL's name of `every`; give only one of them."""
     signal: str = "truncated"
-    """adaptive: truncated (the share of episodes cut by the limit) | success (the success rate)."""
+    """adaptive: truncated (the share of episodes cut by the run's limits) | success (the success rate)."""
     threshold: float | None = None
     """adaptive (required): the limit rises when the signal's window mean is <= it (truncated) or >= it
     (success); a fraction in [0, 1]."""
@@ -205,12 +209,12 @@ def _is_sequence(value: Any) -> bool:
 
 def step_signal(results: Sequence[EpisodeResult], signal: str) -> float | None:
     """One training step's signal over its scored episodes (infrastructure failures are not the agent's):
-    the share cut by the round limit, or the success rate; None when no episode was scored."""
+    the share cut by the run's limits (`CUT_BY_OUR_LIMITS`), or the success rate; None when no episode was scored."""
     scored = [result for result in results if not result.infra_failure]
     if not scored:
         return None
     if signal == "truncated":
-        return sum(result.termination == TRUNCATED for result in scored) / len(scored)
+        return sum(result.termination in CUT_BY_OUR_LIMITS for result in scored) / len(scored)
     return sum(result.success for result in scored) / len(scored)
 
 

@@ -11,15 +11,15 @@ from beyond_agent.gateway.agents import AgentConfig, EnvSession, load_agent
 
 
 class Steps:
-    """An envservice client's `step` answering given (reward, terminated) pairs."""
+    """An envservice client's `step` answering given (reward, terminated[, truncated]) tuples."""
 
     def __init__(self, answers):
         self.answers = list(answers)
 
     def step(self, session_id, action):
-        reward, terminated = self.answers.pop(0)
-        return SimpleNamespace(observation=f"after {action}", reward=reward, terminated=terminated, truncated=False,
-                               info={})
+        reward, terminated, *truncated = self.answers.pop(0)
+        return SimpleNamespace(observation=f"after {action}", reward=reward, terminated=terminated,
+                               truncated=bool(truncated and truncated[0]), info={})
 
 
 def test_step_rewards_go_to_the_call_before_them_and_anchors_to_the_state_each_call_started_from() -> None:
@@ -49,6 +49,10 @@ def test_the_step_limit_ends_an_episode_as_max_rounds_and_an_agent_that_stops_as
     assert limited.done and limited.termination == "max_rounds"
     stopped = EnvSession(Steps([]), "s", "start", None, max_steps=5, calls_so_far=lambda: 0)
     assert stopped.termination == "done"  # the agent returned before any limit
+    # Regression (#53): the env's own step limit was reported as the round limit's.
+    truncated = EnvSession(Steps([(0.0, False, True)]), "s", "start", None, max_steps=5, calls_so_far=lambda: 1)
+    truncated.step("a")
+    assert truncated.done and truncated.termination == "truncated"
 
 
 def test_agents_are_named_by_module_or_file(tmp_path) -> None:

@@ -16,7 +16,7 @@ import pytest
 from envservice import registry
 from envservice.client import EnvClient
 from envservice.envs.base import Task, TextEnv
-from envservice.envs.frozenlake import generate_map, shortest_path_actions
+from envservice.envs.frozenlake import FrozenLakeEnv, generate_map, shortest_path_actions
 from envservice.server import Settings, create_app
 from beyond_agent.rollout.dataflow import DataflowConfig, EpisodeSpec
 from beyond_agent.rollout.batch import training_batch
@@ -50,13 +50,17 @@ class CrashOnSecondStepEnv(TextEnv):
 
 @pytest.fixture(scope="module")
 def service_url(serve_app):
-    """envservice (frozenlake + the crashing test env) served by uvicorn in a thread on loopback."""
+    """envservice (frozenlake, frozenlake cut by the service after 2 steps, the crashing test env) served by uvicorn
+    in a thread on loopback."""
     registry.register("crash_on_second_step", CrashOnSecondStepEnv, max_steps=50, max_sessions=64)
+    registry.register("frozenlake_2_steps", FrozenLakeEnv, max_steps=2, max_sessions=64)
     try:
-        with serve_app(create_app(Settings(env_ids=["frozenlake", "crash_on_second_step"], max_sessions=256))) as url:
+        with serve_app(create_app(Settings(env_ids=["frozenlake", "frozenlake_2_steps", "crash_on_second_step"],
+                                           max_sessions=256))) as url:
             yield url
     finally:
         registry.unregister("crash_on_second_step")
+        registry.unregister("frozenlake_2_steps")
 
 
 @pytest.fixture
@@ -139,6 +143,14 @@ def test_round_limit_ends_with_max_rounds_and_no_reward(env_client, chatml_token
     assert [(r.termination, r.rounds, r.reward) for r in output.results] == [("max_rounds", 3, 0.0)] * 2
     # Three assistant turns, two observations between them: the last observation is never appended.
     assert [m["role"] for m in output.results[0].messages] == ["system", "user"] + ["assistant", "user"] * 2 + ["assistant"]
+
+
+def test_the_env_s_own_step_limit_ends_with_truncated_not_the_round_limit(env_client, chatml_tokenizer):
+    policy = ScriptedPolicy(chatml_tokenizer, lambda rid: ["up"])
+    specs = [EpisodeSpec("frozenlake_2_steps", task_id=0, seed=0, group_id="map0", index=0)]
+    result = make_manager(env_client, chatml_tokenizer, policy).run(specs, max_rounds=5).results[0]
+    # Regression (#53): the service truncated the episode after its 2 steps; this was reported as the round limit.
+    assert (result.termination, result.rounds, result.infra_failure) == ("truncated", 2, False)
 
 
 def test_unparseable_reply_is_shown_to_the_model_and_not_sent_to_the_env(env_client, chatml_tokenizer):

@@ -119,6 +119,14 @@ def test_step_signal_counts_scored_episodes_only():
     # env_error is an infrastructure failure: 2 of the 3 scored episodes were cut, 1 of 3 succeeded.
     assert step_signal(results, "truncated") == pytest.approx(2 / 3)
     assert step_signal(results, "success") == pytest.approx(1 / 3)
+
+
+def test_the_truncated_signal_counts_the_run_s_limits_and_not_the_env_s():
+    # Regression (#53): the token budget (length) and the gateway's call limit cut episodes too, and were not
+    # counted; an env's own step limit (truncated) was counted as the round limit's. Cut here: max_rounds,
+    # length, max_calls = 3 of the 5 scored episodes.
+    results = episodes("max_rounds", "length", "max_calls", "truncated", "done", "timeout")
+    assert step_signal(results, "truncated") == pytest.approx(3 / 5)
     assert step_signal(episodes("timeout"), "truncated") is None
 
 
