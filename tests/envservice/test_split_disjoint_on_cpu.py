@@ -253,6 +253,20 @@ def test_babyai_layouts_were_shared_by_the_splits_and_no_longer_are() -> None:
             assert layout_fingerprint(env._env) == layout_fingerprint(twin) == BabyAIEnv.task_fingerprint(task)
 
 
+def test_a_babyai_layout_turned_is_the_same_task_and_moved_is_another() -> None:
+    env = _level_env("BabyAI-GoToRedBallNoDists-v0")
+    with contextlib.redirect_stdout(io.StringIO()):
+        env.reset(seed=5)
+    start = layout_fingerprint(env)
+    env.agent_dir = (env.agent_dir + 1) % 4
+    # Regression (#53): the facing was part of the fingerprint, so a test layout one turn from a train layout
+    # counted as held-out.
+    assert layout_fingerprint(env) == start
+    x, y = env.agent_pos
+    env.agent_pos = (x + 1 if env.grid.get(x + 1, y) is None else x - 1, y)
+    assert layout_fingerprint(env) != start
+
+
 _TAXI = {"gym_id": "Taxi-v4", "action_names": ["south", "north", "east", "west", "pickup", "dropoff"]}
 
 
