@@ -28,7 +28,7 @@ import torch
 from verl.trainer.ppo.core_algos import register_adv_est
 
 from beyond_agent.algorithms.estimators import declare_estimator
-from beyond_agent.rollout.dataflow import EpisodeResult
+from beyond_agent.rollout.dataflow import TEXT_ANCHOR_PREFIX, EpisodeResult
 
 GIGPO_NORMS = ("std", "mean")
 """Normalisations: divide by the group's standard deviation, or only subtract its mean. Which one a run uses
@@ -79,7 +79,9 @@ class GiGPOAdvantages:
     """A^E + omega * A^S per episode and turn: what each turn's trained tokens get."""
     figures: dict[str, float] = field(default_factory=dict)
     """`anchor_groups` (step groups in the batch), `mean_group_size` (turns per step group),
-    `singleton_fraction` (share of turns alone in their step group, whose A^S is 0)."""
+    `singleton_fraction` (share of turns alone in their step group, whose A^S is 0), `text_anchor_fraction` (share
+    of turns whose anchor is the observation text, not a state key the env gave: such a text also holds the
+    feedback on the last action, so one state reached two ways may split into two groups)."""
 
 
 def discounted_returns(rewards: Sequence[float], gamma: float) -> list[float]:
@@ -131,7 +133,9 @@ def step_advantages(episodes: Sequence[EpisodeSteps], gamma: float, norm: str,
     sizes = [len(members) for members in anchor_groups.values()]
     figures = {"anchor_groups": float(len(sizes)),
                "mean_group_size": sum(sizes) / len(sizes) if sizes else 0.0,
-               "singleton_fraction": sum(1 for size in sizes if size == 1) / len(turns) if turns else 0.0}
+               "singleton_fraction": sum(1 for size in sizes if size == 1) / len(turns) if turns else 0.0,
+               "text_anchor_fraction": (sum(episodes[i].anchors[t].startswith(TEXT_ANCHOR_PREFIX) for i, t in turns)
+                                        / len(turns) if turns else 0.0)}
     return found, figures
 
 

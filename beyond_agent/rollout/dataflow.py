@@ -32,6 +32,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import requests
 
+from envservice.envs.base import STATE_KEY
 from envservice.errors import EnvServiceError, EnvTimeoutError
 from beyond_agent.rollout.handler import Episode, RolloutHandler
 from beyond_agent.tasks import AgentTask, EnvTask, EpisodeOutcome
@@ -326,17 +327,17 @@ class Dataflow:
         )
 
 
-STATE_KEY = "state_key"
-"""The `info` key under which an env may name its state in its create and step responses (a string or
-number): turns that start from the same key are one anchor group for GiGPO. Without one, the observation
-text stands for the state."""
+TEXT_ANCHOR_PREFIX = "text:"
+"""How an anchor made from the observation text starts (one from the env's state key starts with "key:")."""
 
 
 def state_anchor(observation: str, info: Mapping[str, Any] | None) -> str:
-    """A short stable key of an env state: its `info[STATE_KEY]` when the env gives one, else its observation."""
+    """A short stable key of an env state: its `info[STATE_KEY]` when the env gives one ("key:<digest>"), else its
+    observation ("text:<digest>", which also holds the feedback on the last action: GiGPO counts these turns)."""
     key = (info or {}).get(STATE_KEY)
-    text = f"key:{key}" if key is not None else f"observation:{observation}"
-    return hashlib.sha1(text.encode()).hexdigest()[:16]
+    if key is not None:
+        return "key:" + hashlib.sha1(f"{key}".encode()).hexdigest()[:16]
+    return TEXT_ANCHOR_PREFIX + hashlib.sha1(observation.encode()).hexdigest()[:16]
 
 
 def run_dataflows(specs: Sequence[EpisodeSpec], make_dataflow: Callable[[EpisodeSpec], Dataflow]) -> list[EpisodeResult]:

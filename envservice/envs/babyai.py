@@ -15,7 +15,7 @@ import gymnasium as gym
 import minigrid  # noqa: F401  (registers the BabyAI levels with gymnasium)
 from minigrid.minigrid_env import MiniGridEnv
 
-from envservice.envs.base import StepResult, Task, TextEnv
+from envservice.envs.base import STATE_KEY, StepResult, Task, TextEnv
 from envservice.envs.base import clip_text, content_digest, draw_for_split
 
 LEVELS = (
@@ -164,7 +164,7 @@ class BabyAIEnv(TextEnv):
         seed, _ = reset_layout(self._env, task)
         self._return, self._success = 0.0, False
         intro = f"Mission: {self._env.mission}.\nActions: {', '.join(ACTIONS)}."
-        info = {"level": task.name, "mission": self._env.mission, "layout_seed": seed}
+        info = {"level": task.name, "mission": self._env.mission, "layout_seed": seed, STATE_KEY: self._state_key()}
         return f"{intro}\n{describe_view(self._env)}", info
 
     def step(self, action: str) -> StepResult:
@@ -172,12 +172,22 @@ class BabyAIEnv(TextEnv):
         name = " ".join(action.strip().lower().rstrip(".").split())
         if name not in ACTIONS:
             return (f"Invalid action {clip_text(action)!r}. Valid actions: {', '.join(ACTIONS)}.", 0.0, False, False,
-                    {"invalid": True})
+                    {"invalid": True, STATE_KEY: self._state_key()})
         _, reward, terminated, truncated, _ = self._env.step(ACTIONS.index(name))
         self._return += float(reward)
         self._success = self._success or bool(terminated and reward > 0)
         feedback = "Mission complete!" if self._success else _FEEDBACK[name]
-        return f"{feedback}\n{describe_view(self._env)}", float(reward), bool(terminated), bool(truncated), {}
+        return (f"{feedback}\n{describe_view(self._env)}", float(reward), bool(terminated), bool(truncated),
+                {STATE_KEY: self._state_key()})
+
+    def _state_key(self) -> str:
+        """The grid (doors opened, objects moved), the agent's cell and facing, and what it carries (see
+        `STATE_KEY`); the view text is a function of these."""
+        env = self._env
+        grid = env.grid.encode()
+        carrying = (env.carrying.type, env.carrying.color) if env.carrying is not None else None
+        return content_digest("babyai-state", grid.tobytes(), tuple(int(x) for x in env.agent_pos),
+                              int(env.agent_dir), carrying)
 
     def evaluate(self) -> tuple[float, bool]:
         """Score: minigrid's success reward (1 - 0.9 * steps / max_steps), 0 without success."""

@@ -17,6 +17,13 @@ from typing import Any, Callable, ClassVar, Hashable, Iterable, Mapping, Sequenc
 from envservice.errors import EnvServiceError, clip
 from envservice.protocol import ErrorCode
 
+STATE_KEY = "state_key"
+"""The `info` key under which an env names the state an observation shows (a string), in its reset and step info.
+Two turns whose states have one key start from the same state: GiGPO compares them (its anchor states). The key
+is the state only, never the feedback on the last action ("You moved.", "Invalid action ..."), so the same state
+reached by different moves has one key, and a rejected action leaves it as it was. Without it, the observation
+text stands for the state."""
+
 StepResult = tuple[str, float, bool, bool, dict[str, Any]]
 """(observation, reward, terminated, truncated, info)."""
 

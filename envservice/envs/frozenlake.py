@@ -9,7 +9,7 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.envs.toy_text.frozen_lake import generate_random_map
 
-from envservice.envs.base import Param, StepResult, Task, TextEnv
+from envservice.envs.base import STATE_KEY, Param, StepResult, Task, TextEnv
 from envservice.envs.base import clip_text, content_digest, unseen_seeds
 from envservice.errors import EnvServiceError
 from envservice.protocol import ErrorCode
@@ -124,18 +124,20 @@ class FrozenLakeEnv(TextEnv):
         self._state, _ = self._env.reset(seed=task.seed)
         self._reward = 0.0
         self._around = bool(task.params.get("around", False))
-        return f"{_LEGEND}\n{self._render()}\nActions: {', '.join(ACTIONS)}.", {"map": list(self._desc)}
+        return (f"{_LEGEND}\n{self._render()}\nActions: {', '.join(ACTIONS)}.",
+                {"map": list(self._desc), STATE_KEY: self._state_key()})
 
     def step(self, action: str) -> StepResult:
         """Move one cell; an unknown action leaves the agent where it is and says which actions exist."""
         name = action.strip().lower().rstrip(".")
         if name not in ACTIONS:
             return (f"Invalid action {clip_text(action)!r}. Valid actions: {', '.join(ACTIONS)}.", 0.0, False, False,
-                    {"invalid": True})
+                    {"invalid": True, STATE_KEY: self._state_key()})
         self._state, reward, terminated, truncated, _ = self._env.step(ACTIONS.index(name))
         self._reward += float(reward)
         outcome = self._outcome(terminated)
-        return f"{outcome}\n{self._render()}", float(reward), bool(terminated), bool(truncated), {}
+        return (f"{outcome}\n{self._render()}", float(reward), bool(terminated), bool(truncated),
+                {STATE_KEY: self._state_key()})
 
     def evaluate(self) -> tuple[float, bool]:
         """Score 1 when the goal was reached, else 0."""
@@ -147,6 +149,10 @@ class FrozenLakeEnv(TextEnv):
         if self._env is not None:
             self._env.close()
             self._env = None
+
+    def _state_key(self) -> str:
+        """The agent's cell: all that changes in one episode's lake (see `STATE_KEY`)."""
+        return f"cell {int(self._state)}"
 
     def _render(self) -> str:
         size = len(self._desc)

@@ -21,7 +21,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from envservice.envs.base import Param, StepResult, Task, TextEnv, clip_text, content_digest, draw_for_split
+from envservice.envs.base import (STATE_KEY, Param, StepResult, Task, TextEnv, clip_text, content_digest,
+                                  draw_for_split)
 from envservice.errors import EnvServiceError
 from envservice.protocol import ErrorCode
 
@@ -293,14 +294,14 @@ class SokobanEnv(TextEnv):
         self._boxes = set(self.room.boxes)
         self._player = self.room.player
         observation = f"{RULES}\n{LEGEND}\n{self.render()}\n{self._status()}\nActions: {', '.join(ACTIONS)}."
-        return observation, {"size": self.room.size, "boxes": len(self.room.targets)}
+        return observation, {"size": self.room.size, "boxes": len(self.room.targets), STATE_KEY: self._state_key()}
 
     def step(self, action: str) -> StepResult:
         """Move the player one cell (pushing a box in the way when the cell behind it is free)."""
         direction = parse_action(action)
         if direction is None or self.room is None:
             return (f"Invalid action {clip_text(action)!r}. Valid actions: {', '.join(ACTIONS)}.", 0.0, False, False,
-                    {"invalid": True})
+                    {"invalid": True, STATE_KEY: self._state_key()})
         dr, dc = MOVES[direction]
         nxt = (self._player[0] + dr, self._player[1] + dc)
         reward = STEP_REWARD
@@ -323,7 +324,11 @@ class SokobanEnv(TextEnv):
         if solved:
             reward += SOLVED_REWARD
             message += " Every box is on a target: puzzle solved!"
-        return f"{message}\n{self.render()}\n{self._status()}", float(reward), solved, False, {}
+        return f"{message}\n{self.render()}\n{self._status()}", float(reward), solved, False, {STATE_KEY: self._state_key()}
+
+    def _state_key(self) -> str:
+        """Where the player and the boxes are: all that changes in one episode's room (see `STATE_KEY`)."""
+        return f"player {self._player} boxes {sorted(self._boxes)}" if self.room is not None else "no room"
 
     def evaluate(self) -> tuple[float, bool]:
         """(fraction of boxes on targets, whether all are)."""

@@ -10,8 +10,9 @@ import pytest
 from minigrid.utils.baby_ai_bot import BabyAIBot
 
 from envservice.envs.babyai import ACTIONS, LEVELS, BabyAIEnv, relative_position
-from envservice.envs.base import Task
+from envservice.envs.base import STATE_KEY, Task
 from envservice.envs.frozenlake import FrozenLakeEnv, generate_map, shortest_path_actions
+from envservice.envs.sokoban import SokobanEnv
 from envservice.envs.textcraft import TextCraftEnv, gold_actions
 
 
@@ -43,8 +44,8 @@ def test_babyai_view_names_objects_by_relative_position() -> None:
     env = BabyAIEnv()
     observation, info = env.reset(_task(BabyAIEnv, 0, seed=0))  # GoToRedBallNoDists
     assert observation.startswith("Mission: go to the red ball.")
-    # seed 0's first layout is a test layout since layouts have splits: this is the next train one
-    assert "a red ball 2 steps forward and 3 steps to the left" in observation
+    # layouts have splits by content; seed 0's layout is a train one (the agent's facing left out, #53)
+    assert "a red ball 4 steps forward and 3 steps to the right" in observation and info["layout_seed"] == 0
     assert info["level"] == "BabyAI-GoToRedBallNoDists-v0"
     assert relative_position(1, 0) == "right in front of you"
     assert relative_position(2, -1) == "2 steps forward and 1 step to the left"
@@ -145,3 +146,45 @@ def test_textcraft_same_task_and_seed_give_same_recipes() -> None:
     assert first.reset(task) == second.reset(task)
     other_seed = first.reset(_task(TextCraftEnv, 7, seed=12))[0]
     assert other_seed.splitlines()[-1] == second.reset(task)[0].splitlines()[-1]  # same goal
+
+
+def _key_and_text(result) -> tuple[str, str]:
+    """(the state key, the observation) of a reset's (observation, info) or a step's 5-tuple."""
+    return result[-1][STATE_KEY], result[0]
+
+
+def test_grid_envs_name_their_state_not_the_feedback_and_a_rejected_action_keeps_it() -> None:
+    """Regression (#53): GiGPO anchored turns on the observation text, which starts with feedback on the last move
+    and holds no state after a rejected action, so one state fell into several anchor groups."""
+    lake = FrozenLakeEnv()
+    start = _key_and_text(lake.reset(_task(FrozenLakeEnv, 0, seed=0)))
+    for back_to_start in (lake.step("fly"), lake.step("up")):  # rejected; into the top edge: still on S
+        key, text = _key_and_text(back_to_start)
+        assert key == start[0] == "cell 0" and text != start[1]
+    assert _key_and_text(lake.step("right"))[0] == "cell 1"
+
+    baby = BabyAIEnv()
+    start = _key_and_text(baby.reset(_task(BabyAIEnv, 0, seed=5)))
+    turned = _key_and_text(baby.step("turn left"))
+    assert turned[0] != start[0]  # facing another way is another state
+    assert _key_and_text(baby.step("jump"))[0] == turned[0]
+    key, text = _key_and_text(baby.step("turn right"))
+    assert key == start[0] and text.startswith("You turned right.") and text != start[1]
+
+    sokoban = SokobanEnv()
+    start = _key_and_text(sokoban.reset(_task(SokobanEnv, 0, seed=0)))
+    assert _key_and_text(sokoban.step("fly"))[0] == start[0]
+    opposite = {"up": "down", "down": "up", "left": "right", "right": "left"}
+    moved = None
+    for move in opposite:
+        key, text = _key_and_text(sokoban.step(move))
+        if text.startswith("You bump into a wall"):
+            assert key == start[0]
+        elif text.startswith("You move "):  # a step to a free cell and back: the cell it left is free
+            moved = key
+            key, text = _key_and_text(sokoban.step(opposite[move]))
+            assert text.startswith("You move ") and key == start[0] != moved and text != start[1]
+            break
+        else:  # a push changed the room: nothing more to compare from the start
+            break
+    assert moved is not None

@@ -8,6 +8,7 @@ import pytest
 from envservice import registry
 from envservice.check import check_env
 from envservice.client import EnvClient
+from envservice.envs.base import STATE_KEY
 from envservice.envs.sokoban import ACTIONS, SokobanEnv, generate_room, max_boxes, Room
 from envservice.errors import EnvServiceError
 from envservice.process import EnvServiceProcess
@@ -63,7 +64,8 @@ def test_generator_solution_solves_many_rooms(size: int) -> None:
         for index in range(25):
             split = "train" if index % 2 else "test"
             observation, info = env.reset(_task(index, seed=index * 31 + size, split=split, size=size, boxes=boxes))
-            assert info == {"size": size, "boxes": boxes}
+            start = f"player {env.room.player} boxes {sorted(env.room.boxes)}"
+            assert info == {"size": size, "boxes": boxes, STATE_KEY: start}
             assert env.evaluate()[1] is False and observation.count("\n") >= size
             total, terminated, steps = _play(env, list(env.solution))
             assert terminated, (size, boxes, index)
@@ -142,17 +144,17 @@ def test_pushing_a_box_off_its_target_costs_and_player_on_target_is_shown() -> N
 
 def test_actions_are_lenient_and_invalid_ones_are_observations() -> None:
     env = SokobanEnv()
-    first, _ = env.reset(_task(0))
-    before = env.render()
+    first, start = env.reset(_task(0))
+    before, start_key = env.render(), start[STATE_KEY]
     for action in ["jump", "", "north", "up up", "x" * 100_000]:
         observation, reward, terminated, truncated, info = env.step(action)
         assert observation.startswith("Invalid action ") and observation.endswith(
             "Valid actions: up, down, left, right.")
-        assert (reward, terminated, truncated, info) == (0.0, False, False, {"invalid": True})
+        assert (reward, terminated, truncated, info) == (0.0, False, False, {"invalid": True, STATE_KEY: start_key})
         assert len(observation) < 500 and env.render() == before
     for action in ["  UP ", "[left]", "Right.", "DOWN\n"]:
         observation, _, _, _, info = env.step(action)
-        assert not observation.startswith("Invalid action") and info == {}
+        assert not observation.startswith("Invalid action") and set(info) == {STATE_KEY}
 
 
 @pytest.mark.parametrize("params, field, valid", [

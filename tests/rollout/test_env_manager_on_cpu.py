@@ -271,8 +271,9 @@ def test_a_task_whose_reward_raises_ends_its_episode_as_a_failure_not_reward(env
 
 def test_gigpo_anchors_group_turns_from_one_state_and_credit_each_turn_s_own_tokens(env_client, chatml_tokenizer):
     """Three episodes of one FrozenLake task: two follow the shortest path (the same states turn by turn) and
-    reach the goal, one keeps walking into the top edge. The rollout's anchors, turn ends and turn rewards
-    reach the batch, and GiGPO's step part credits each turn's own tokens from them."""
+    reach the goal, one keeps walking into the top edge, which leaves it on S. The anchors are FrozenLake's state
+    keys (the agent's cell); the rollout's anchors, turn ends and turn rewards reach the batch, and GiGPO's step
+    part credits each turn's own tokens from them."""
     import torch
 
     from beyond_agent.algorithms.gigpo import GiGPOConfig, add_step_advantages
@@ -283,8 +284,10 @@ def test_gigpo_anchors_group_turns_from_one_state_and_credit_each_turn_s_own_tok
                                                                     max_rounds=len(path) + 1)
     oracle, stuck = output.results[0], output.results[2]
     assert oracle.anchors == output.results[1].anchors and len(oracle.anchors) == len(path)
-    assert stuck.anchors[0] == oracle.anchors[0]  # all three start from the task's first observation
-    assert set(stuck.anchors[1:]).isdisjoint(oracle.anchors) and len(set(stuck.anchors[1:])) == 1  # stuck at the edge
+    # Regression (#53): anchored on the text, the stuck turns ("You moved." and the grid) were another state than
+    # S's first observation; the env's state key puts every one of them with the oracles' first turns.
+    assert set(stuck.anchors) == {oracle.anchors[0]} and len(set(oracle.anchors)) == len(path)
+    assert all(anchor.startswith("key:") for result in output.results for anchor in result.anchors)
 
     batch = training_batch(output.results, None, chatml_tokenizer.pad_token_id, 512, 1024, group_based=True)
     assert [len(a) for a in batch.non_tensor_batch["anchors"]] == [len(r.step_rewards) for r in output.results]
@@ -292,19 +295,19 @@ def test_gigpo_anchors_group_turns_from_one_state_and_credit_each_turn_s_own_tok
     batch.non_tensor_batch["uid"] = [r.spec.group_id for r in output.results]  # verl's group ids
     batch.batch["advantages"] = torch.zeros_like(batch.batch["response_mask"], dtype=torch.float32)
     figures = add_step_advantages(batch, GiGPOConfig(gamma=0.5, omega=1.0), norm="mean")
-    # The goal's reward 1 on the last oracle turn: R_0 = 0.5^(T-1) for both oracles, 0 when stuck (mean-only).
-    first = 0.5 ** (len(path) - 1)
+    # The goal's reward 1 on the last oracle turn: R_0 = 0.5^(T-1) for both oracles, 0 for every stuck turn. S's
+    # group holds both oracles' first turns and every stuck turn; its mean is 2 R_0 / size (mean-only).
+    first, size = 0.5 ** (len(path) - 1), 2 + len(stuck.step_rewards)
     mask, advantages = batch.batch["response_mask"], batch.batch["advantages"]
-    first_turn_end = batch.non_tensor_batch["turn_ends"][2][0]
-    assert advantages[2, : first_turn_end + 1][mask[2, : first_turn_end + 1] > 0].tolist() == \
-        pytest.approx([-2 * first / 3] * int(mask[2, : first_turn_end + 1].sum()))
-    assert advantages[0, 0].item() == pytest.approx(first / 3)
+    assert advantages[2][mask[2] > 0].tolist() == pytest.approx([-2 * first / size] * int(mask[2].sum()))
+    assert advantages[0, 0].item() == pytest.approx(first - 2 * first / size)
     assert (advantages[mask == 0] == 0).all()  # observations and padding get nothing
     oracle_first_end = batch.non_tensor_batch["turn_ends"][0][0]
     later = advantages[0, oracle_first_end + 1:]  # the oracles' later states are shared by both: equal returns
     assert (later == 0).all() and (advantages[0, : oracle_first_end + 1][mask[0, : oracle_first_end + 1] > 0] > 0).all()
     turns = len(path) * 2 + len(stuck.step_rewards)
-    groups = 1 + (len(path) - 1) + 1  # the first state; the oracles' later states; the edge state
+    groups = 1 + (len(path) - 1)  # S; the oracles' later cells
     assert figures == pytest.approx({"beyond_agent/gigpo/anchor_groups": groups,
                                      "beyond_agent/gigpo/mean_group_size": turns / groups,
-                                     "beyond_agent/gigpo/singleton_fraction": 0.0})
+                                     "beyond_agent/gigpo/singleton_fraction": 0.0,
+                                     "beyond_agent/gigpo/text_anchor_fraction": 0.0})

@@ -35,7 +35,7 @@ def test_hand_worked_batch_with_gamma_one_half():
     assert found.step[2] == pytest.approx([0.0, -1 / math.sqrt(2), 0.0])
     assert found.turns[1] == pytest.approx([-2 / 3 / ROOT3 - 1.0, -2 / 3 / ROOT3])
     assert found.figures == pytest.approx({"anchor_groups": 5.0, "mean_group_size": 9 / 5,
-                                           "singleton_fraction": 2 / 9})
+                                           "singleton_fraction": 2 / 9, "text_anchor_fraction": 0.0})
 
 
 def test_equal_returns_give_zero_not_nan_with_the_default_epsilon():
@@ -78,7 +78,7 @@ def test_each_turn_s_advantage_lands_on_its_own_trained_tokens_only():
 
 
 def test_an_env_s_state_key_names_the_state_instead_of_the_observation_text():
-    from beyond_agent.rollout.dataflow import STATE_KEY, state_anchor
+    from beyond_agent.rollout.dataflow import STATE_KEY, TEXT_ANCHOR_PREFIX, state_anchor
 
     # Two texts of one state (e.g. the same room after different feedback) are one anchor when the env says so.
     assert state_anchor("You moved.\nSFFH", {STATE_KEY: "cell-4"}) == state_anchor("Nothing happens.\nSFFH",
@@ -86,3 +86,5 @@ def test_an_env_s_state_key_names_the_state_instead_of_the_observation_text():
     assert state_anchor("SFFH", {STATE_KEY: "cell-4"}) != state_anchor("SFFH", {STATE_KEY: "cell-5"})
     assert state_anchor("SFFH", {}) == state_anchor("SFFH", None) != state_anchor("SFFG", {})
     assert state_anchor("cell-4", {}) != state_anchor("other", {STATE_KEY: "cell-4"})  # a key never equals a text
+    assert state_anchor("SFFH", {}).startswith(TEXT_ANCHOR_PREFIX)  # GiGPO counts these turns
+    assert not state_anchor("SFFH", {STATE_KEY: "cell-4"}).startswith(TEXT_ANCHOR_PREFIX)
