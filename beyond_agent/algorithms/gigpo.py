@@ -8,7 +8,9 @@ Definitions, for the episodes i of one group G with returns R_i, and their turns
 
 - episode advantage  A^E_i = (R_i - mean_{j in G} R_j) / F_G, with F_G = std_{j in G} R_j + eps (`norm: std`)
   or 1 (`norm: mean`); 0 in a group of one;
-- step return  R_{i,t} = sum_{k >= t} gamma^(k - t) r_{i,k}, over the env's step rewards r from turn t on;
+- step return  R_{i,t} = sum_{k >= t} gamma^(k - t) r_{i,k}, over the env's step rewards r from turn t on, to
+  the episode's end (a per_call agent's episode trains as several rows, its segments: a segment's returns run on
+  through the later segments' turns, and the episode counts once in its group's A^E statistics);
 - anchor group  S(s) = the turns (i, t) of the episodes of G whose state before the turn is s (the exact
   observation text, or a key the env supplies instead); a state seen once is its own group;
 - step advantage  A^S_{i,t} = (R_{i,t} - mean_{S(s)} R) / F_{S(s)}, F as above; 0 in a group of one;
@@ -65,6 +67,9 @@ class EpisodeSteps:
     """The env's reward for each turn's action (0 where the env did not step, e.g. a turn cut by length)."""
     anchors: tuple[str, ...]
     """The state before each turn (one per turn): the observation the turn answered, or the env's own key."""
+    later_rewards: tuple[float, ...] = ()
+    """The step rewards of the episode's turns after these (a per_call agent's later segments): a turn's step
+    return runs on through them to the episode's end."""
 
 
 @dataclass
@@ -106,13 +111,19 @@ def normalized(values: Sequence[float], norm: str, epsilon: float = EPSILON) -> 
     return centred.tolist()
 
 
-def episode_advantages(rewards: Sequence[float], groups: Sequence[str], norm: str,
-                       epsilon: float = EPSILON) -> list[float]:
-    """A^E of every episode: its return against its group's."""
+def episode_advantages(rewards: Sequence[float], groups: Sequence[str], norm: str, epsilon: float = EPSILON,
+                       episodes: Sequence[str] | None = None) -> list[float]:
+    """A^E of every row: its episode's return against its group's. `episodes` names each row's episode where an
+    episode has several rows (a per_call agent's segments, which share its reward): each episode counts once in
+    its group's mean and std, and all its rows get its A^E. None: every row is an episode of its own."""
+    keys = list(episodes) if episodes is not None else list(range(len(rewards)))
     found = [0.0] * len(rewards)
     for members in _members(range(len(rewards)), lambda i: groups[i]).values():
-        for i, value in zip(members, normalized([rewards[i] for i in members], norm, epsilon)):
-            found[i] = value
+        firsts = _members(members, lambda i: keys[i])  # episode -> its rows, in first-seen order
+        values = normalized([rewards[rows[0]] for rows in firsts.values()], norm, epsilon)
+        for rows, value in zip(firsts.values(), values):
+            for i in rows:
+                found[i] = value
     return found
 
 
@@ -123,7 +134,7 @@ def step_advantages(episodes: Sequence[EpisodeSteps], gamma: float, norm: str,
         if len(episode.step_rewards) != len(episode.anchors):
             raise ValueError(f"episode {index}: {len(episode.step_rewards)} step rewards for "
                              f"{len(episode.anchors)} anchor states (one of each per turn)")
-    returns = [discounted_returns(e.step_rewards, gamma) for e in episodes]
+    returns = [discounted_returns(e.step_rewards + e.later_rewards, gamma)[:len(e.step_rewards)] for e in episodes]
     found = [[0.0] * len(e.step_rewards) for e in episodes]
     turns = [(i, t) for i, e in enumerate(episodes) for t in range(len(e.step_rewards))]
     anchor_groups = _members(turns, lambda turn: (episodes[turn[0]].group, episodes[turn[0]].anchors[turn[1]]))
@@ -158,7 +169,7 @@ def group_has_step_signal(results: Sequence[EpisodeResult], config: GiGPOConfig)
     of a group whose episode returns are all equal (rollout/dynamic_sampling.py), which GiGPO still trains on."""
     rows = [row for result in results for row in (*result.earlier_segments, result)]
     episodes = [EpisodeSteps(group="", reward=row.reward, step_rewards=tuple(row.step_rewards),
-                             anchors=tuple(row.anchors)) for row in rows]
+                             anchors=tuple(row.anchors), later_rewards=tuple(row.later_step_rewards)) for row in rows]
     step, _ = step_advantages(episodes, config.gamma, "mean")
     return any(abs(value) > STEP_SIGNAL_TOLERANCE for turns in step for value in turns)
 
@@ -224,17 +235,29 @@ def add_step_advantages(batch: Any, config: GiGPOConfig, norm: str) -> dict[str,
     """Add omega * A^S to `batch.batch["advantages"]` (which holds A^E from `compute_gigpo_episode_advantage`),
     turn by turn on each turn's trained tokens; the anchor-group figures as metrics (`beyond_agent/gigpo/...`).
 
-    Reads per row: verl's `uid` (the group), and from our rollout `anchors`, `turn_rewards` and `turn_ends`.
+    Reads per row: verl's `uid` (the group), and from our rollout `anchors`, `turn_rewards`, `turn_ends`,
+    `later_turn_rewards` and `episode_key`. Where one episode has several rows (a per_call agent's segments, which
+    verl's estimator counted as that many samples of the group), A^E is redone with each episode once.
     """
     rows = batch.non_tensor_batch
     missing = [key for key in ("uid", "anchors", "turn_rewards", "turn_ends") if key not in rows]
     if missing:
         raise ValueError(f"adv_estimator=gigpo needs the per-turn fields {missing} that BeyondAgent's rollout "
                          "writes; this batch comes from another rollout")
-    episodes = [EpisodeSteps(group=str(uid), reward=0.0, step_rewards=tuple(rewards), anchors=tuple(anchors))
-                for uid, rewards, anchors in zip(rows["uid"], rows["turn_rewards"], rows["anchors"])]
+    later = rows.get("later_turn_rewards", [()] * len(rows["uid"]))
+    episodes = [EpisodeSteps(group=str(uid), reward=0.0, step_rewards=tuple(rewards), anchors=tuple(anchors),
+                             later_rewards=tuple(after))
+                for uid, rewards, anchors, after in zip(rows["uid"], rows["turn_rewards"], rows["anchors"], later)]
     step, figures = step_advantages(episodes, config.gamma, norm)
     mask = batch.batch["response_mask"]
+    keys = rows.get("episode_key")
+    if keys is not None and len(set(zip(rows["uid"], keys))) < len(keys):
+        # Rule: an episode counts once in its group's statistics, however many rows its segments train on.
+        scores = batch.batch["token_level_rewards"].sum(dim=-1).tolist()
+        values = episode_advantages(scores, [str(uid) for uid in rows["uid"]], norm,
+                                    episodes=[f"{uid}|{key}" for uid, key in zip(rows["uid"], keys)])
+        batch.batch["advantages"] = (torch.tensor(values, dtype=batch.batch["advantages"].dtype).unsqueeze(-1)
+                                     * mask).to(batch.batch["advantages"].dtype)
     added = torch.stack([spread_over_turns(mask[row], rows["turn_ends"][row], step[row])
                          for row in range(len(episodes))]).to(batch.batch["advantages"].dtype)
     batch.batch["advantages"] = batch.batch["advantages"] + config.omega * added

@@ -405,6 +405,8 @@ class AgentDataflow:
             reward = float(self.spec.agent_task.reward(outcome))
         samples = [self._segment_result(recorded, index, session, termination, reward, success, score)
                    for index in range(len(recorded.segments))]
+        for index, sample in enumerate(samples):  # a segment's returns run on through the later segments' turns
+            sample.later_step_rewards = [r for later in samples[index + 1:] for r in later.step_rewards]
         head = samples[-1] if samples else EpisodeResult(spec=self.spec, episode=None, termination=termination)
         return dataclasses.replace(
             head, termination=termination, reward=reward, success=success, score=score, rounds=len(step_rewards),

@@ -131,6 +131,11 @@ def _result_rows(results: Sequence[EpisodeResult], excluded: set[int], pad_token
     # Rule: an excluded row has no turns to credit (its tokens are all mask 0, its step rewards dropped).
     batch.non_tensor_batch["anchors"] = object_array([() if i in excluded else tuple(r.anchors)
                                                       for i, r in enumerate(results)])
+    batch.non_tensor_batch["later_turn_rewards"] = object_array([() if i in excluded else tuple(r.later_step_rewards)
+                                                                 for i, r in enumerate(results)])
+    # An episode's rows (a per_call agent's segments) share its key: GiGPO counts the episode once in its group.
+    batch.non_tensor_batch["episode_key"] = np.array([f"{r.spec.group_id}/{r.spec.index}" for r in results],
+                                                     dtype=object)
     batch.non_tensor_batch["success"] = np.array([float(r.success) for r in results], dtype=np.float32)
     batch.non_tensor_batch["agent_task"] = np.array([r.spec.agent_task.label for r in results], dtype=object)
     batch.non_tensor_batch["multi_modal_inputs"] = np.array([{} for _ in results], dtype=object)

@@ -131,6 +131,9 @@ class EpisodeResult:
     agent_mode: str | None = None
     """For an episode played by a user's agent behind the gateway: "merged" (its calls formed one sample) or
     "per_call" (it rewrote its history); None for our own loop."""
+    later_step_rewards: list[float] = field(default_factory=list)
+    """For a segment of a per_call agent episode: the step rewards of the episode's turns after this segment's
+    (its later segments'), so that a turn's step return runs to the episode's end (GiGPO); empty otherwise."""
     earlier_segments: list["EpisodeResult"] = field(default_factory=list)
     """For a per_call agent episode: the samples its calls formed before the last one (this result's `episode`),
     each with its own tokens, step rewards and anchors and this episode's reward, termination and success. They

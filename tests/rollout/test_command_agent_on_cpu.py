@@ -91,6 +91,9 @@ def test_a_command_plays_its_episode_through_the_gateway_and_the_env_routes(play
     assert [len(s.step_rewards) for s in samples] == [len(s.anchors) for s in samples] == [1] * steps
     assert len({s.anchors[0] for s in samples}) == steps  # each call started from the state the last step left
     assert all(s.reward == result.reward and s.termination == result.termination for s in samples)
+    # Each sample carries the step rewards of the calls after its own, so that its returns run to the episode's end.
+    assert [len(s.later_step_rewards) for s in samples] == list(range(steps - 1, -1, -1))
+    assert samples[0].step_rewards + samples[0].later_step_rewards == [r for s in samples for r in s.step_rewards]
     assert "409" in seen["after"] and "the episode is over" in seen["after"]
 
 

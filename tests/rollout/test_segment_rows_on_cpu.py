@@ -11,10 +11,12 @@ GRPO on the grown batch must then give group g0's four samples their hand-worked
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from verl import DataProto
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
+from beyond_agent.algorithms.gigpo import GiGPOConfig, add_step_advantages, compute_gigpo_episode_advantage
 from beyond_agent.rollout.batch import add_segment_rows, segment_batch, training_batch
 from beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec
 from beyond_agent.rollout.handler import Episode
@@ -87,6 +89,34 @@ def test_earlier_segments_join_their_episodes_group_with_their_own_tokens_and_pa
     first_token = advantages[:, 0].tolist()
     assert np.allclose([first_token[i] for i in (0, 1, 4, 5)], [-1.5, 0.5, 0.5, 0.5])
     assert advantages[[2, 3, 6, 7]].abs().sum() == 0
+
+
+def test_gigpo_runs_a_segment_s_returns_to_the_episode_s_end_and_counts_each_episode_once():
+    """Group g0 under GiGPO (gamma 1/2, mean-only): row 0 (reward 0; one turn from s1, step reward 0) and row 1's
+    episode (reward 1) of three rows: turns from s0 (step reward 0.5), s1 (0) and s2 (0.25), in that order."""
+    results = episodes()
+    results[0] = sample("g0", 0, [1, 2], [1, 1], 0.0, anchors=("s1",))
+    row1 = results[1]
+    row1.earlier_segments[0].later_step_rewards = [0.0, 0.25]  # as the gateway sets them (test_command_agent)
+    row1.earlier_segments[1].later_step_rewards = [0.25]
+    batch = fit_batch(results)
+    add_segment_rows(batch, segment_batch(results, PAD, 4, 6, group_based=True), 4, PAD)
+    rewards = batch.batch["rm_scores"].float()
+    batch.batch["token_level_rewards"] = rewards
+    batch.batch["advantages"], _ = compute_gigpo_episode_advantage(rewards, batch.batch["response_mask"],
+                                                                   batch.non_tensor_batch["uid"],
+                                                                   {"norm_adv_by_std_in_grpo": False})
+    # verl's estimator sees g0 as four samples, 0, 1, 1, 1 (mean 0.75): row 0 gets -0.75.
+    assert batch.batch["advantages"][0, 0].item() == pytest.approx(-0.75)
+    add_step_advantages(batch, GiGPOConfig(gamma=0.5, omega=1.0), norm="mean")
+    advantages, mask = batch.batch["advantages"], batch.batch["response_mask"]
+    # Regression (#53): A^E counts each episode once: episodes 0 and 1 (mean 0.5) -> -0.5 and +0.5 on all of row 1's
+    # rows. s1's step group: row 0's turn (return 0) and row 1's second segment, whose return now runs on to the
+    # episode's end: 0 + 0.5 * 0.25 = 0.125 (it was 0) -> -0.0625 and +0.0625. s0 and s2 are alone: 0.
+    first = {row: advantages[row][mask[row] > 0].tolist() for row in (0, 1, 4, 5)}
+    assert first[0] == pytest.approx([-0.5 - 0.0625] * 2)
+    assert first[5] == pytest.approx([0.5 + 0.0625] * 3) and first[4] == pytest.approx([0.5] * 2)
+    assert first[1] == pytest.approx([0.5] * 2)
 
 
 def test_nothing_is_added_when_no_agent_rewrote_its_history_and_no_pad_when_the_rows_fit():
