@@ -111,20 +111,41 @@ def normalized(values: Sequence[float], norm: str, epsilon: float = EPSILON) -> 
     return centred.tolist()
 
 
-def episode_advantages(rewards: Sequence[float], groups: Sequence[str], norm: str, epsilon: float = EPSILON,
-                       episodes: Sequence[str] | None = None) -> list[float]:
-    """A^E of every row: its episode's return against its group's. `episodes` names each row's episode where an
-    episode has several rows (a per_call agent's segments, which share its reward): each episode counts once in
-    its group's mean and std, and all its rows get its A^E. None: every row is an episode of its own."""
-    keys = list(episodes) if episodes is not None else list(range(len(rewards)))
+def episode_advantages(rewards: Sequence[float], groups: Sequence[str], norm: str,
+                       epsilon: float = EPSILON) -> list[float]:
+    """A^E of every episode: its return against its group's."""
     found = [0.0] * len(rewards)
     for members in _members(range(len(rewards)), lambda i: groups[i]).values():
-        firsts = _members(members, lambda i: keys[i])  # episode -> its rows, in first-seen order
-        values = normalized([rewards[rows[0]] for rows in firsts.values()], norm, epsilon)
-        for rows, value in zip(firsts.values(), values):
-            for i in rows:
-                found[i] = value
+        for i, value in zip(members, normalized([rewards[i] for i in members], norm, epsilon)):
+            found[i] = value
     return found
+
+
+def count_each_episode_once(batch: Any, norm: str, epsilon: float = EPSILON) -> int:
+    """Redo the group-relative episode advantage (GiGPO's A^E, which is GRPO's advantage) of each group in which
+    an episode trains as several rows: a per_call agent's segments share its `uid` and reward, and verl's
+    estimator counted each as a sample of the group. Here each episode (our rollout's `episode_key`) counts once
+    in the group's mean and std, and all its rows get its value on their trained tokens. Groups without such an
+    episode, or of one episode, keep what they had. Returns how many groups were redone."""
+    rows = batch.non_tensor_batch
+    keys = rows.get("episode_key")
+    if keys is None:
+        return 0
+    uids = [str(uid) for uid in rows["uid"]]
+    scores = batch.batch["token_level_rewards"].sum(dim=-1).tolist()
+    advantages, mask = batch.batch["advantages"], batch.batch["response_mask"]
+    redone = 0
+    for members in _members(range(len(uids)), lambda i: uids[i]).values():
+        episodes = _members(members, lambda i: keys[i])  # episode -> its rows, in first-seen order
+        if len(episodes) == len(members) or len(episodes) < 2:
+            continue
+        # Rule: an episode counts once in its group's statistics, however many rows its segments train on.
+        values = normalized([scores[episode_rows[0]] for episode_rows in episodes.values()], norm, epsilon)
+        for episode_rows, value in zip(episodes.values(), values):
+            for row in episode_rows:
+                advantages[row] = value * mask[row].to(advantages.dtype)
+        redone += 1
+    return redone
 
 
 def step_advantages(episodes: Sequence[EpisodeSteps], gamma: float, norm: str,
@@ -237,7 +258,8 @@ def add_step_advantages(batch: Any, config: GiGPOConfig, norm: str) -> dict[str,
 
     Reads per row: verl's `uid` (the group), and from our rollout `anchors`, `turn_rewards`, `turn_ends`,
     `later_turn_rewards` and `episode_key`. Where one episode has several rows (a per_call agent's segments, which
-    verl's estimator counted as that many samples of the group), A^E is redone with each episode once.
+    verl's estimator counted as that many samples of the group), A^E is redone with each episode once
+    (`count_each_episode_once`).
     """
     rows = batch.non_tensor_batch
     missing = [key for key in ("uid", "anchors", "turn_rewards", "turn_ends") if key not in rows]
@@ -250,14 +272,7 @@ def add_step_advantages(batch: Any, config: GiGPOConfig, norm: str) -> dict[str,
                 for uid, rewards, anchors, after in zip(rows["uid"], rows["turn_rewards"], rows["anchors"], later)]
     step, figures = step_advantages(episodes, config.gamma, norm)
     mask = batch.batch["response_mask"]
-    keys = rows.get("episode_key")
-    if keys is not None and len(set(zip(rows["uid"], keys))) < len(keys):
-        # Rule: an episode counts once in its group's statistics, however many rows its segments train on.
-        scores = batch.batch["token_level_rewards"].sum(dim=-1).tolist()
-        values = episode_advantages(scores, [str(uid) for uid in rows["uid"]], norm,
-                                    episodes=[f"{uid}|{key}" for uid, key in zip(rows["uid"], keys)])
-        batch.batch["advantages"] = (torch.tensor(values, dtype=batch.batch["advantages"].dtype).unsqueeze(-1)
-                                     * mask).to(batch.batch["advantages"].dtype)
+    count_each_episode_once(batch, norm)
     added = torch.stack([spread_over_turns(mask[row], rows["turn_ends"][row], step[row])
                          for row in range(len(episodes))]).to(batch.batch["advantages"].dtype)
     batch.batch["advantages"] = batch.batch["advantages"] + config.omega * added

@@ -5,7 +5,8 @@ Two GRPO groups of two episodes, as verl's `fit()` holds them after joining the 
   g1: row 2 (an llm_error), row 3 (reward 1, per_call: one earlier segment).
 `add_segment_rows` must append rows 1's two segments and row 3's one (masked: its group has a failure) and one
 pad row to a multiple of 4, each segment row with its episode's input fields and its own tokens; verl's own
-GRPO on the grown batch must then give group g0's four samples their hand-worked advantages.
+GRPO on the grown batch must then give group g0's four samples their hand-worked advantages, and the trainer's
+recount (`count_each_episode_once`) each episode's.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import torch
 from verl import DataProto
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
-from beyond_agent.algorithms.gigpo import GiGPOConfig, add_step_advantages, compute_gigpo_episode_advantage
+from beyond_agent.algorithms.gigpo import (GiGPOConfig, add_step_advantages, compute_gigpo_episode_advantage,
+                                           count_each_episode_once)
 from beyond_agent.rollout.batch import add_segment_rows, segment_batch, training_batch
 from beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec
 from beyond_agent.rollout.handler import Episode
@@ -89,6 +91,14 @@ def test_earlier_segments_join_their_episodes_group_with_their_own_tokens_and_pa
     first_token = advantages[:, 0].tolist()
     assert np.allclose([first_token[i] for i in (0, 1, 4, 5)], [-1.5, 0.5, 0.5, 0.5])
     assert advantages[[2, 3, 6, 7]].abs().sum() == 0
+    # Regression (#53): so counted, row 1's episode weighs three times in g0's mean and std. The trainer then
+    # counts each episode once (g0: 0 and 1, mean 0.5, std sqrt(1/2) -> -+sqrt(1/2) on every row of each; g1, whose
+    # episode 3 has two rows too, is redone as well: its rows are masked, 0).
+    batch.batch["token_level_rewards"], batch.batch["advantages"] = batch.batch["rm_scores"].float(), advantages
+    assert count_each_episode_once(batch, "std") == 2
+    first_token = batch.batch["advantages"][:, 0].tolist()
+    assert np.allclose([first_token[i] for i in (0, 1, 4, 5)], [-np.sqrt(0.5)] + [np.sqrt(0.5)] * 3, atol=1e-5)
+    assert batch.batch["advantages"][[2, 3, 6, 7]].abs().sum() == 0
 
 
 def test_gigpo_runs_a_segment_s_returns_to_the_episode_s_end_and_counts_each_episode_once():
