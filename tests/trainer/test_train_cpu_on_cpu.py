@@ -278,10 +278,12 @@ def test_m2po_is_the_policy_loss(resumed_run):
 def test_gigpo_groups_every_turn_by_anchor_state(resumed_run):
     for step in RESUMED_STEPS:
         metrics = resumed_run.metrics[step]
-        # GiGPO's step part ran: every turn is in one anchor group (2 groups x 2 episodes x up to 3 rounds).
+        # GiGPO's step part ran: every turn is in one anchor group (2 groups x 2 episodes x up to 3 rounds); the
+        # anchors are BabyAI's state keys (#53), so a group's 6 turns may all start from one state.
         groups, size = metrics["beyond_agent/gigpo/anchor_groups"], metrics["beyond_agent/gigpo/mean_group_size"]
-        assert groups >= 1 and 1 <= size <= 4 and 2 <= groups * size <= 12, (groups, size)
+        assert groups >= 1 and 1 <= size <= 6 and 2 <= groups * size <= 12, (groups, size)
         assert 0 <= metrics["beyond_agent/gigpo/singleton_fraction"] <= 1
+        assert metrics["beyond_agent/gigpo/text_anchor_fraction"] == 0.0
 
 
 def test_async_dynamic_sampling_drops_one_group_a_step(resumed_run):
