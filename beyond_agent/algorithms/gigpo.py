@@ -132,13 +132,14 @@ def count_each_episode_once(batch: Any, norm: str, epsilon: float = EPSILON) -> 
     if keys is None:
         return 0
     uids = [str(uid) for uid in rows["uid"]]
-    scores = batch.batch["token_level_rewards"].sum(dim=-1).tolist()
     advantages, mask = batch.batch["advantages"], batch.batch["response_mask"]
+    scores: list[float] = []
     redone = 0
     for members in _members(range(len(uids)), lambda i: uids[i]).values():
         episodes = _members(members, lambda i: keys[i])  # episode -> its rows, in first-seen order
         if len(episodes) == len(members) or len(episodes) < 2:
             continue
+        scores = scores or batch.batch["token_level_rewards"].sum(dim=-1).tolist()
         # Rule: an episode counts once in its group's statistics, however many rows its segments train on.
         values = normalized([scores[episode_rows[0]] for episode_rows in episodes.values()], norm, epsilon)
         for episode_rows, value in zip(episodes.values(), values):

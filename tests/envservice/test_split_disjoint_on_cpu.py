@@ -285,7 +285,7 @@ def test_gymnasium_test_tasks_were_train_starts_and_now_are_new_ones() -> None:
     taxi = GymnasiumTextEnv.configure({**_TAXI, "splits": {"train": 200, "test": 50}})
     assert check_split_disjoint(taxi, samples=200)
     env = taxi()
-    assert env.reset(taxi.resolve_task(7, "train", 0, {}))[1] == {"reset_seed": 7}  # train tasks are unchanged
+    assert env.reset(taxi.resolve_task(7, "train", 0, {}))[1]["reset_seed"] == 7  # train tasks are unchanged
     assert env.reset(taxi.resolve_task(0, "test", 0, {}))[1]["reset_seed"] > 1_000_000
     default = GymnasiumTextEnv.configure(_TAXI)  # 1000 train seeds show 286 of Taxi's 300 starts
     with pytest.raises(EnvServiceError, match=r"Taxi-v4 \(make_kwargs \{\}\) has only 14 start states that no train "
@@ -296,7 +296,7 @@ def test_gymnasium_test_tasks_were_train_starts_and_now_are_new_ones() -> None:
 def test_a_gymnasium_game_with_one_start_has_no_held_out_split() -> None:
     lake = GymnasiumTextEnv.configure({"gym_id": "FrozenLake-v1", "make_kwargs": {"map_name": "4x4"},
                                        "action_names": ["left", "down", "right", "up"]})
-    assert lake().reset(lake.resolve_task(3, "train", 0, {}))[1] == {"reset_seed": 3}
+    assert lake().reset(lake.resolve_task(3, "train", 0, {}))[1]["reset_seed"] == 3
     with pytest.raises(EnvServiceError, match=r"FrozenLake-v1 .* has no start state that no train task has .*: its "
                                               r"test split cannot be held out; give config.splits a train split only"):
         lake().reset(lake.resolve_task(0, "test", 0, {}))
