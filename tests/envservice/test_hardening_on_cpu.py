@@ -340,7 +340,9 @@ def test_a_host_whose_bodies_are_costly_to_check_waits_for_its_share(make_client
         assert "has 30000 keys" in _error(response, 400, "bad_request").message
         return time.monotonic() - started
 
-    unlimited = second_answer_s(make_client(large_body_share=0))
+    # The least of three: the helper runs at nice 10, so beside busy test workers one check's wall time can be
+    # many times its CPU time (once 1.53 s), while the share charges CPU time.
+    unlimited = min(second_answer_s(make_client(large_body_share=0)) for _ in range(3))
     shared = second_answer_s(make_client(large_body_share=0.02))
     # unlimited: one check and the round trip; shared: 49 checks' time more (hand-worked: 3x holds while the
     # round trip costs under 23 checks)
