@@ -33,7 +33,7 @@ import textworld
 from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
 from textworld.envs.pddl import PddlEnv
 
-from envservice.envs.base import StepResult, Task, TextEnv, content_digest
+from envservice.envs.base import STATE_KEY, StepResult, Task, TextEnv, content_digest
 
 TASK_TYPES = (
     "pick_and_place_simple",
@@ -269,12 +269,19 @@ def game_data(game: Game) -> dict[str, Any]:
             "pddl_problem": game.pddl_problem, "solvable": True}
 
 
-def start_game(data: dict[str, Any], policy: bool = False) -> textworld.Environment:
-    """ALFWorld's TextWorld stack (PDDL env, name demangler, infos) loaded with a game."""
-    infos = textworld.EnvInfos(won=True, admissible_commands=True, policy_commands=policy)
+def start_game(data: dict[str, Any], policy: bool = False, facts: bool = False) -> textworld.Environment:
+    """ALFWorld's TextWorld stack (PDDL env, name demangler, infos) loaded with a game; `facts`: each state also
+    lists the game's true facts (for `state_key`)."""
+    infos = textworld.EnvInfos(won=True, admissible_commands=True, policy_commands=policy, facts=facts)
     env = AlfredInfos(AlfredDemangler(PddlEnv(infos), shuffle=False))
     env.load(data)
     return env
+
+
+def state_key(state: Any) -> str:
+    """The game's true facts (where the agent is, what is open, held, heated...): its state, which the observation
+    ("You arrive at ...", "Nothing happens.") only describes in part (see `STATE_KEY`)."""
+    return content_digest("alfworld-state", sorted(map(str, state["facts"])))
 
 
 def plan(data: dict[str, Any]) -> list[str]:
@@ -360,17 +367,18 @@ class AlfWorldEnv(TextEnv):
         """Load (or generate) the task's game and start it; info names the task and lists the valid commands."""
         data, info = load_official(task) if self.official else load_generated(task)
         self.close()
-        self._env = start_game(data)
+        self._env = start_game(data, facts=True)
         state = self._env.reset()
         self._won = False
         info.setdefault("goal", state.feedback.rsplit("Your task is to: ", 1)[-1].rstrip("."))
         info["admissible_commands"] = list(state["admissible_commands"])
+        info[STATE_KEY] = state_key(state)
         return state.feedback, info
     def step(self, action: str) -> StepResult:
         """Run one command ('Nothing happens.' for an invalid one); reward 1 when the task is done."""
         state, score, done = self._env.step(action.strip())
         self._won = self._won or bool(state["won"])
-        info = {"admissible_commands": list(state["admissible_commands"])}
+        info = {"admissible_commands": list(state["admissible_commands"]), STATE_KEY: state_key(state)}
         return state.feedback, float(score), bool(done), False, info
 
     def evaluate(self) -> tuple[float, bool]:

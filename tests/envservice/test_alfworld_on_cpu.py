@@ -8,6 +8,7 @@ import json
 import pytest
 
 import envservice
+from envservice.envs.base import STATE_KEY
 from envservice.envs.alfworld_env import (TASK_TYPES, AlfWorldEnv, generate_game, gold_actions, load_scene,
                                           scene_numbers)
 
@@ -43,10 +44,12 @@ def test_alfworld_text_and_invalid_command() -> None:
     observation, info = env.reset(_task(0))
     assert "You are in the middle of a room. Looking quickly around you, you see a cabinet" in observation
     assert info["goal"] == "put some pot on sinkbasin"
+    # A command that does nothing leaves the game's facts, hence its state key, as they were (#53).
     assert env.step("fly to the moon") == ("Nothing happens.", 0.0, False, False,
-                                           {"admissible_commands": info["admissible_commands"]})
-    observation, *_ = env.step("go to sinkbasin 1")
-    assert observation.startswith("You arrive at sinkbasin 1.")
+                                           {"admissible_commands": info["admissible_commands"],
+                                            STATE_KEY: info[STATE_KEY]})
+    observation, _, _, _, moved = env.step("go to sinkbasin 1")
+    assert observation.startswith("You arrive at sinkbasin 1.") and moved[STATE_KEY] != info[STATE_KEY]
     assert env.evaluate() == (0.0, False)
 
 
