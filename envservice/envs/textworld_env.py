@@ -25,7 +25,7 @@ import textworld
 from textworld import EnvInfos, GameOptions
 from textworld.generator import KnowledgeBase, compile_game, make_game
 
-from envservice.envs.base import Param, StepResult, Task, TextEnv, content_digest, draw_for_split
+from envservice.envs.base import STATE_KEY, Param, StepResult, Task, TextEnv, content_digest, draw_for_split
 from envservice.errors import EnvServiceError
 from envservice.protocol import ErrorCode
 
@@ -49,7 +49,8 @@ SIZE_PARAMS: dict[str, tuple[int, int, int]] = {
 """Game size params: (default, minimum, maximum)."""
 
 _BANNER_CHARS = set(" _|\\/$<>-")
-_REQUEST_INFOS = EnvInfos(policy_commands=True, won=True, lost=True, score=True, max_score=True, objective=True)
+_REQUEST_INFOS = EnvInfos(policy_commands=True, won=True, lost=True, score=True, max_score=True, objective=True,
+                          facts=True)
 _GENERATION_LOCKS: dict[str, threading.Lock] = {}
 _GENERATION_LOCKS_GUARD = threading.Lock()
 _SHARED_KB_LOCK = threading.Lock()
@@ -224,20 +225,27 @@ class TextWorldEnv(TextEnv):
             self._env = textworld.start(str(path), request_infos=_REQUEST_INFOS)
         self._state = self._env.reset()
         self._policy = list(self._state["policy_commands"])
-        info = {"game": task.name, "objective": self._state["objective"], "max_score": self._state["max_score"]}
+        info = {"game": task.name, "objective": self._state["objective"], "max_score": self._state["max_score"],
+                STATE_KEY: self._state_key()}
         return clean_text(self._state.feedback), info
 
     def step(self, action: str) -> StepResult:
         """Run one command; reward is the score gained over the game's maximum score."""
         command = game_command(action)
         if command is None:
-            info = {"won": bool(self._state["won"]), "lost": bool(self._state["lost"]), "invalid": True}
+            info = {"won": bool(self._state["won"]), "lost": bool(self._state["lost"]), "invalid": True,
+                    STATE_KEY: self._state_key()}
             return NOT_TEXT, 0.0, False, False, info
         before = self._state["score"]
         self._state, score, done = self._env.step(command)
         reward = (score - before) / max(1, self._state["max_score"])
-        info = {"won": bool(self._state["won"]), "lost": bool(self._state["lost"])}
+        info = {"won": bool(self._state["won"]), "lost": bool(self._state["lost"]), STATE_KEY: self._state_key()}
         return clean_text(self._state.feedback), float(reward), bool(done), False, info
+
+    def _state_key(self) -> str:
+        """The game's true facts (where the player and things are, what is open): its state, which the feedback
+        ("You open the locker.", "That's not a verb I recognise.") only describes in part (see `STATE_KEY`)."""
+        return content_digest("textworld-state", sorted(map(str, self._state["facts"])))
 
     def evaluate(self) -> tuple[float, bool]:
         """Score: the game's score over its maximum; success when the quest is won."""

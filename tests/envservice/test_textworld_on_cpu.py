@@ -8,6 +8,7 @@ import time
 import pytest
 
 import envservice
+from envservice.envs.base import STATE_KEY
 from envservice.envs.textworld_env import CACHE_ENV, TextWorldEnv, clean_text, game_path
 from envservice.errors import EnvServiceError
 
@@ -22,6 +23,20 @@ def game_cache(tmp_path_factory, monkeypatch):
 
 def _task(index: int, split: str = "train", **params):
     return TextWorldEnv.resolve_task(index, split, 0, params)
+
+
+@pytest.mark.timeout(120)
+def test_the_state_key_is_the_game_s_facts_not_the_feedback() -> None:
+    """#53: commands that change nothing ("look", an unknown verb, text that cannot be sent) keep the key while
+    their answers differ; the walkthrough's first command changes it."""
+    env = TextWorldEnv()
+    _, info = env.reset(_task(0))
+    start = info[STATE_KEY]
+    answers = [env.step(action) for action in ("look", "xyzzy", "\ud800")]
+    assert [answer[4][STATE_KEY] for answer in answers] == [start] * 3
+    assert len({answer[0] for answer in answers}) == 3
+    assert env.step(env.gold_actions()[0])[4][STATE_KEY] != start
+    env.close()
 
 
 @pytest.mark.timeout(120)
