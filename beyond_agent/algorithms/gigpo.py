@@ -31,6 +31,7 @@ from verl.trainer.ppo.core_algos import register_adv_est
 
 from beyond_agent.algorithms.estimators import declare_estimator
 from beyond_agent.rollout.dataflow import TEXT_ANCHOR_PREFIX, EpisodeResult
+from beyond_agent.rollout.dynamic_sampling import EQUAL_REWARD_TOLERANCE
 
 GIGPO_NORMS = ("std", "mean")
 """Normalisations: divide by the group's standard deviation, or only subtract its mean. Which one a run uses
@@ -181,10 +182,6 @@ def gigpo_advantages(episodes: Sequence[EpisodeSteps], config: GiGPOConfig, norm
     return GiGPOAdvantages(episode=episode, step=step, turns=turns, figures=figures)
 
 
-STEP_SIGNAL_TOLERANCE = 1e-9
-"""Step advantages closer to 0 than this count as none (as equal rewards do in dynamic sampling)."""
-
-
 def group_has_step_signal(results: Sequence[EpisodeResult], config: GiGPOConfig) -> bool:
     """Whether any turn of one group's episodes (a per_call agent's segments included) gets a non-zero step
     advantage A^S: turns that start from the same state with different step returns. Dynamic sampling asks this
@@ -193,7 +190,8 @@ def group_has_step_signal(results: Sequence[EpisodeResult], config: GiGPOConfig)
     episodes = [EpisodeSteps(group="", reward=row.reward, step_rewards=tuple(row.step_rewards),
                              anchors=tuple(row.anchors), later_rewards=tuple(row.later_step_rewards)) for row in rows]
     step, _ = step_advantages(episodes, config.gamma, "mean")
-    return any(abs(value) > STEP_SIGNAL_TOLERANCE for turns in step for value in turns)
+    # Step advantages closer to 0 than dynamic sampling's tolerance for equal rewards count as none.
+    return any(abs(value) > EQUAL_REWARD_TOLERANCE for turns in step for value in turns)
 
 
 def _members(items, key) -> dict:
