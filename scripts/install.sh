@@ -59,7 +59,10 @@ stamp_file="$venv/.beyond_install_stamp"
 stamp="$flavour $(cat pyproject.toml "$pin_file" scripts/install.sh scripts/cpu-overrides.txt \
   scripts/register_vllm_dist.py scripts/gpu/requirements.lock | sha256sum | cut -c1-16)"
 if [ "${BEYOND_FORCE_INSTALL:-0}" != 1 ] && [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$stamp" ] \
-   && "$venv/bin/python" -c "import verl, beyond_agent, recipe.multiturn_rl, envservice" 2>/dev/null; then
+   && "$venv/bin/python" -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in
+        ('verl', 'beyond_agent', 'recipe.multiturn_rl', 'envservice')))" 2>/dev/null; then
+  # (found, not imported: `import verl` alone takes 6-8 s, which every test run paid before its first test; the
+  # stamp already holds every pin, and the first test that imports verl names a broken one)
   echo "install.sh: $venv is up to date ($flavour, verl $verl_version)"
   exit 0
 fi
