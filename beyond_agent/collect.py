@@ -100,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--agent-task", default="env", choices=sorted(TASKS),
                         help="the registered AgentTask that prompts and scores the episodes (default: env)")
     parser.add_argument("--concurrency", type=int, default=32, help="episodes in flight")
-    parser.add_argument("--seed", type=int, default=0, help="task seed = seed + task index")
+    parser.add_argument("--seed", type=int, default=0, help="task seed = seed + task index; the sampling seeds "
+                        "derive from it too (collect again: sample alike)")
     parser.add_argument("--backend", choices=POLICY_BACKENDS, default="vllm",
                         help="vllm: a server (--vllm-url, or one we start); hf: the model in this process (CPU, small)")
     parser.add_argument("--vllm-url", action="append", help="use running vLLM server(s) instead of starting one")

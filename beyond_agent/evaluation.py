@@ -20,7 +20,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from beyond_agent.rollout.dataflow import DataflowConfig, EpisodeResult, EpisodeSpec, GenerateFn
+from beyond_agent.rollout.dataflow import DataflowConfig, EpisodeResult, EpisodeSpec, GenerateFn, place_seeds
 from beyond_agent.rollout.env_manager import ParallelEnvManager, RolloutMetrics
 from beyond_agent.tasks import AgentTask, EnvTask
 from envservice.contamination import TaskSet
@@ -41,7 +41,8 @@ class PolicyConfig:
     temperature: float = 1.0
     """Sampling temperature; 0 is greedy."""
     seed: int = 0
-    """torch seed set before in-process (hf) sampling, so sampled figures repeat."""
+    """The sampling seed, so sampled figures repeat: torch's before in-process (hf) sampling; on vLLM each
+    request's derives from it (`Policy.sampling_seed`)."""
     vllm_urls: tuple[str, ...] = ()
     """Running vLLM servers to use; empty: start one for `model` (and stop it after)."""
     served_model_name: str | None = None
@@ -70,6 +71,9 @@ class Policy:
     """Episodes worth playing at once: 1 in process, `max_in_flight` on vLLM."""
     llm: Any = None
     """The `AsyncLLMServerManager` behind `generate` on vLLM (its metrics), None in process."""
+    sampling_seed: int | None = None
+    """On vLLM, `PolicyConfig.seed`: each episode's turns sample with seeds from it and the episode's place
+    (`rollout.dataflow.place_seeds`); None in process, where `torch.manual_seed` seeds the sampling."""
 
 
 @contextlib.contextmanager
@@ -89,7 +93,7 @@ def serve_policy(config: PolicyConfig, log: Callable[[str], None] = print) -> It
             AsyncLLMServerManager(HttpVLLMBackend(list(urls), config.served_model_name or config.model),
                                   LLMManagerConfig(max_in_flight=config.max_in_flight)) as llm:
         yield Policy(llm.with_sampling(SamplingParams(temperature=config.temperature)),
-                     concurrency=config.max_in_flight, llm=llm)
+                     concurrency=config.max_in_flight, llm=llm, sampling_seed=config.seed)
 
 
 @contextlib.contextmanager
@@ -168,7 +172,8 @@ def evaluate(policy: Policy, env: Any, tasks: TaskSet, settings: EvaluationSetti
     `policy.concurrency` episodes at once, each through the rollout's Dataflow; the episodes and figures.
 
     With one episode at a time the episodes run in task order, so an in-process sampled policy draws the
-    same random numbers on every run (the seed is `PolicyConfig.seed`)."""
+    same random numbers on every run (the seed is `PolicyConfig.seed`); on vLLM each request has its own seed."""
     manager = ParallelEnvManager(env, policy.generate, tokenizer, settings.limits, max_workers=policy.concurrency)
-    output = manager.run(episode_specs(tasks, settings.samples, settings.agent_task), on_result=on_result)
+    specs = place_seeds(episode_specs(tasks, settings.samples, settings.agent_task), policy.sampling_seed, "evaluate")
+    output = manager.run(specs, on_result=on_result)
     return Evaluation(tasks, output.results, output.metrics)

@@ -41,7 +41,7 @@ from envservice.client import EnvClient
 from beyond_agent.multitask import VAL_PREFIX, task_name, task_names, task_rollout_figures
 from beyond_agent.rollout.async_pool import AsyncEpisodePool, PendingRow
 from beyond_agent.rollout.batch import SegmentRows, segment_batch, training_batch
-from beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec
+from beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec, place_seeds
 from beyond_agent.algorithms.gigpo import group_has_step_signal
 from beyond_agent.rollout.dynamic_sampling import GroupSieve, StepSignal
 from beyond_agent.gateway import Gateway, GatewayConfig
@@ -173,7 +173,9 @@ class BeyondAgentLoopManager:
         if not meta.get("validate") and ROW_KEY in prompts.non_tensor_batch:
             output = self._finished_output(prompts.non_tensor_batch[ROW_KEY])
         else:
-            specs = rows_to_episodes(prompts.non_tensor_batch, settings.env.env_id, settings.tasks)
+            specs = place_seeds(rows_to_episodes(prompts.non_tensor_batch, settings.env.env_id, settings.tasks),
+                                settings.sampling_seed, "validate" if meta.get("validate") else "step",
+                                int(meta.get("global_steps", 0)))
             manager = self._episode_manager(settings.sampling(meta), gated=self._pool is not None)
             output = manager.run(specs, max_rounds=self._max_rounds(meta))
         limits = (self.tokenizer.pad_token_id, settings.episode.max_prompt_length,
@@ -280,7 +282,9 @@ class BeyondAgentLoopManager:
         group = {name: [row.get(name)] * samples_per_row for name in ("extra_info", "raw_prompt", "task")
                  if name in row}
         group["uid"] = [key] * samples_per_row
-        return rows_to_episodes(group, self.settings.env.env_id, self.settings.tasks)
+        # Keys count the rows drawn (s1, s2... in sync mode, r1, r2... in async mode): a row's place in the run.
+        return place_seeds(rows_to_episodes(group, self.settings.env.env_id, self.settings.tasks),
+                           self.settings.sampling_seed, "row", key)
 
     def _play_rows_now(self) -> list[PlayedRow]:
         """Sync mode with dynamic sampling: play a batch of rows, and new rows in place of the groups the sieve

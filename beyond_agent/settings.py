@@ -108,6 +108,9 @@ class BeyondAgentSection:
     """Past it an episode ends with `timeout` (not reward)."""
     llm_request_timeout_s: float = 300.0
     """One generation request's deadline (past it: `timeout`, not reward)."""
+    sampling_seed: int | None = None
+    """The run's sampling seed: each request's seed derives from it and the request's place (step, row, sample,
+    turn), so one config run twice samples alike; None lets the LLM server draw them."""
     rollout_mode: str = "sync"
     """One of ROLLOUT_MODES: sync, or async (episodes played ahead while the actor trains)."""
     async_rollout: Mapping[str, Any] | None = None
@@ -156,6 +159,8 @@ class BeyondAgentSettings:
     """Whether the advantage estimator baselines each sample against its group (GRPO, RLOO, ...)."""
     adv_estimator: str = "grpo"
     """verl's `algorithm.adv_estimator` (gigpo: dynamic sampling also weighs the step-level advantages)."""
+    sampling_seed: int | None = None
+    """The run's sampling seed (`beyond_agent.sampling_seed`; None: the LLM server draws each request's)."""
     rollout_mode: str = "sync"
     """sync: each step plays its own episodes; async: episodes are played ahead while the actor trains."""
     async_rollout: AsyncRolloutSettings = AsyncRolloutSettings()
@@ -190,7 +195,7 @@ class BeyondAgentSettings:
                        request_timeout_s=float(section.llm_request_timeout_s)),
             tasks=TaskTable.from_config(section.tasks), trajectories=subsection["trajectories"],
             train_sampling=_sampling(config, validate=False), val_sampling=_sampling(config, validate=True),
-            group_based=group_based, adv_estimator=adv_estimator,
+            group_based=group_based, adv_estimator=adv_estimator, sampling_seed=_sampling_seed(section.sampling_seed),
             rollout_mode=_rollout_mode(config, section.rollout_mode), async_rollout=subsection["async_rollout"],
             weight_sync=subsection["weight_sync"], multitask=subsection["multitask"], gigpo=subsection["gigpo"],
             dynamic_sampling=subsection["dynamic_sampling"], agent=subsection["agent"],
@@ -233,6 +238,15 @@ def _sampling(config: Any, validate: bool) -> SamplingParams:
     if not _get(val, "do_sample", False):
         return SamplingParams(temperature=0.0)
     return _named(SamplingParams, temperature=float(_get(val, "temperature", 1.0)), top_p=float(_get(val, "top_p", 1.0)))
+
+
+def _sampling_seed(value: Any) -> int | None:
+    """`beyond_agent.sampling_seed`: an int, or None (null) for seeds the server draws."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"beyond_agent.sampling_seed must be an int or null; got {value!r}")
+    return value
 
 
 def _check_dynamic_sampling(config: Any, dynamic: DynamicSamplingConfig, group_based: bool) -> None:

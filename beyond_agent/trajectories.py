@@ -28,7 +28,7 @@ from typing import Any, Iterable, Iterator
 SCHEMA_VERSION = 1
 """Bumped whenever a field changes meaning or disappears (new optional fields keep the version)."""
 KINDS = ("train", "val")
-OPTIONAL_FIELDS = ("policy_version", "extra")
+OPTIONAL_FIELDS = ("policy_version", "sampling_seed", "extra")
 """Fields a reader fills with their defaults when a line lacks them."""
 FILE_PATTERN = re.compile(r"^(?P<prefix>val_)?step_(?P<step>\d+)\.jsonl$")
 
@@ -96,6 +96,8 @@ class TrajectoryRecord:
     policy_version: int | None = None
     """Version (verl global step) of the oldest weights that sampled it, when the rollout knows it
     (asynchronous rollout; `extra["turn_policy_versions"]` then has one version per assistant turn)."""
+    sampling_seed: int | None = None
+    """The seed its turns' sampling seeds derived from (`rollout.dataflow.seeded`; None: the server drew them)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Anything else a writer wants to keep; readers ignore what they do not know."""
 
@@ -147,7 +149,7 @@ def episode_record(result: Any, step: int, kind: str, policy_version: int | None
         rounds=result.rounds, termination=result.termination, error=result.error,
         env_time_s=round(result.env_time_s, 4), llm_time_s=round(result.llm_time_s, 4),
         wall_time_s=round(result.wall_time_s, 4), policy_version=policy_version,
-        extra=extra)
+        sampling_seed=getattr(spec, "sampling_seed", None), extra=extra)
 
 
 def dump_file_name(step: int, kind: str) -> str:

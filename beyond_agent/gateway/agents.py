@@ -51,7 +51,7 @@ from beyond_agent.sections import from_section
 from beyond_agent.gateway.episodes import MERGE_POLICIES, GatewayEpisode
 from beyond_agent.gateway.server import Gateway
 from beyond_agent.rollout.dataflow import (INFRA_FAILURES, DataflowConfig, EpisodeResult, EpisodeSpec, GenerateFn,
-                                           state_anchor)
+                                           seeded, state_anchor)
 from beyond_agent.rollout.env_manager import ParallelEnvManager
 from beyond_agent.tasks import EpisodeOutcome
 
@@ -443,9 +443,10 @@ class AgentEnvManager(ParallelEnvManager):
         self.gateway_socket = gateway_socket
 
     def dataflow(self, spec: EpisodeSpec, config: DataflowConfig | None = None) -> AgentDataflow:  # type: ignore[override]
-        """The AgentDataflow for one episode (sampled by this manager's `generate`)."""
+        """The AgentDataflow for one episode (sampled by this manager's `generate`; seeded in the order the agent's
+        calls reach the gateway, which is the episode's own order unless the agent calls in parallel)."""
         return AgentDataflow(spec, self.env_client, self.gateway, self.gateway_url, self.agent,
-                             config or self.config, self.generate, self.gateway_socket)
+                             config or self.config, seeded(self.generate, spec.sampling_seed), self.gateway_socket)
 
 
 async def _awaited(awaitable: Any) -> Any:

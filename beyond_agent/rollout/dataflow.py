@@ -23,7 +23,9 @@ Termination reasons (see `handler.TERMINATION_REASONS`):
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import itertools
 import logging
 import time
 import uuid
@@ -35,6 +37,7 @@ import requests
 from envservice.envs.base import STATE_KEY
 from envservice.errors import EnvServiceError, EnvTimeoutError
 from beyond_agent.rollout.handler import Episode, RolloutHandler
+from beyond_agent.rollout.llm import request_seed
 from beyond_agent.tasks import AgentTask, EnvTask, EpisodeOutcome
 from beyond_agent.trajectory_data import INFRA_TERMINATIONS
 
@@ -52,8 +55,23 @@ class GeneratedTurn(Protocol):
     logprobs: list[float] | None
 
 
-GenerateFn = Callable[[str, list[int], int], GeneratedTurn]
-"""generate(request_id, prompt_ids, max_tokens) -> GeneratedTurn; raises on an LLM failure."""
+GenerateFn = Callable[..., GeneratedTurn]
+"""generate(request_id, prompt_ids, max_tokens) -> GeneratedTurn; raises on an LLM failure. Episodes with a
+`sampling_seed` call it with a keyword `seed=` as well (`seeded`): the request's sampling seed."""
+
+
+def seeded(generate: GenerateFn, episode_seed: int | None) -> GenerateFn:
+    """`generate` with each call's sampling seed set: call k of the episode samples with
+    `request_seed(episode_seed, k)`, so an episode played again with the same seed samples the same turns (on the
+    same weights, up to the server's own arithmetic). `generate` itself when `episode_seed` is None."""
+    if episode_seed is None:
+        return generate
+    calls = itertools.count()  # an episode's calls come one after another: their order is the turn order
+
+    def generate_seeded(request_id: str, prompt_ids: list[int], max_tokens: int) -> GeneratedTurn:
+        return generate(request_id, prompt_ids, max_tokens, seed=request_seed(episode_seed, next(calls)))
+
+    return generate_seeded
 
 
 @dataclass
@@ -78,6 +96,18 @@ class EpisodeSpec:
     """How this episode is prompted, parsed and scored (the row's task; see beyond_agent/tasks.py)."""
     prompt: list[dict] | None = None
     """The dataset row's prompt messages, if it has any (`AgentTask.first_messages` uses them)."""
+    sampling_seed: int | None = None
+    """The seed its turns' sampling seeds derive from (`seeded`): the run's seed and the episode's place in it
+    (`place_seeds`); None lets the LLM server draw them."""
+
+
+def place_seeds(specs: Sequence[EpisodeSpec], run_seed: int | None, *place: object) -> list[EpisodeSpec]:
+    """The specs with their sampling seeds, from the run's seed, `place` (e.g. which step, which row) and each
+    spec's index (its row in the batch, or its sample in the row's group): the same in every run of one config.
+    The specs unchanged when `run_seed` is None."""
+    if run_seed is None:
+        return list(specs)
+    return [dataclasses.replace(spec, sampling_seed=request_seed(run_seed, *place, spec.index)) for spec in specs]
 
 
 @dataclass(frozen=True)

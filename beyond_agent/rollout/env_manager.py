@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from beyond_agent.rollout.dataflow import Dataflow, DataflowConfig, EpisodeResult, EpisodeSpec, GenerateFn
+from beyond_agent.rollout.dataflow import Dataflow, DataflowConfig, EpisodeResult, EpisodeSpec, GenerateFn, seeded
 
 
 @dataclass
@@ -95,7 +95,8 @@ class ParallelEnvManager:
 
     def dataflow(self, spec: EpisodeSpec, config: DataflowConfig | None = None) -> Dataflow:
         """The Dataflow for one episode."""
-        return Dataflow(spec, self.env_client, self.generate, self.tokenizer, config or self.config)
+        return Dataflow(spec, self.env_client, seeded(self.generate, spec.sampling_seed), self.tokenizer,
+                        config or self.config)
 
     def run(self, specs: Sequence[EpisodeSpec], max_rounds: int | None = None,
             on_result: Callable[[EpisodeResult], None] | None = None) -> RolloutOutput:

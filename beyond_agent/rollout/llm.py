@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
+import dataclasses
+import hashlib
 import threading
 import time
 from collections import OrderedDict
@@ -54,6 +55,19 @@ class LLMError(RuntimeError):
     def termination(self) -> str:
         """The episode termination reason this failure maps to."""
         return "timeout" if self.kind == "timeout" else "llm_error"
+
+
+SEED_RANGE = 2**53
+"""Request seeds are in [0, SEED_RANGE): vLLM takes any int64, but a JSON reader that reads numbers as doubles (the
+viewer's browser) keeps ints exact only below 2**53."""
+
+
+def request_seed(base: int, *place: object) -> int:
+    """The sampling seed of one request: the run's `base` seed mixed with the request's place (e.g. the step, the
+    row, the sample, the turn). The same place gets the same seed in every run and process (a hash of the values'
+    reprs, not Python's salted `hash`); neighbouring places get unrelated ones."""
+    digest = hashlib.blake2b(repr((int(base), *place)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % SEED_RANGE
 
 
 @dataclass(frozen=True)
@@ -310,8 +324,14 @@ class AsyncLLMServerManager:
         return err
 
     def with_sampling(self, sampling: SamplingParams):
-        """A dataflow's `generate(request_id, prompt_ids, max_tokens)` that samples with `sampling`."""
-        return functools.partial(self.generate, sampling=sampling)
+        """A dataflow's `generate(request_id, prompt_ids, max_tokens, seed=None)` that samples with `sampling`; a
+        `seed` replaces `sampling.seed` for that request (`rollout.dataflow.seeded` gives each turn its own)."""
+
+        def generate(request_id: str, prompt_ids: list[int], max_tokens: int, seed: int | None = None):
+            chosen = sampling if seed is None else dataclasses.replace(sampling, seed=seed)
+            return self.generate(request_id, prompt_ids, max_tokens, chosen)
+
+        return generate
 
     def metrics(self) -> LLMMetrics:
         """A consistent snapshot of the counters (safe from any thread)."""

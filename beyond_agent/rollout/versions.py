@@ -119,9 +119,9 @@ class PolicyVersionGate:
     def generate_fn(self, generate: GenerateFn) -> GenerateFn:
         """`generate` with every request held by this gate and its turn tagged with the version."""
 
-        def versioned_generate(request_id: str, prompt_ids: list[int], max_tokens: int) -> VersionedTurn:
+        def versioned_generate(request_id: str, prompt_ids: list[int], max_tokens: int, **options) -> VersionedTurn:
             with self.request() as version:
-                turn: GeneratedTurn = generate(request_id, prompt_ids, max_tokens)
+                turn: GeneratedTurn = generate(request_id, prompt_ids, max_tokens, **options)  # options: `seed`
             return VersionedTurn(list(turn.token_ids), turn.logprobs, version)
 
         return versioned_generate

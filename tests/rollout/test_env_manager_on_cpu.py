@@ -7,6 +7,7 @@ test_rollout_with_vllm_on_cpu.py; here the policy is scripted so outcomes are kn
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections import defaultdict
@@ -21,7 +22,7 @@ from envservice.server import Settings, create_app
 from beyond_agent.rollout.dataflow import DataflowConfig, EpisodeSpec
 from beyond_agent.rollout.batch import training_batch
 from beyond_agent.rollout.env_manager import ParallelEnvManager
-from beyond_agent.rollout.llm import GenerationResult, LLMError
+from beyond_agent.rollout.llm import GenerationResult, LLMError, request_seed
 from beyond_agent.tasks import AgentTask, EnvTask, StepRewardTask
 
 pytestmark = pytest.mark.timeout(300)
@@ -135,6 +136,32 @@ def test_oracle_solves_frozenlake_and_tokens_are_the_sampled_ids_and_the_rendere
         sequence = episode.prompt_ids + episode.response_ids
         assert rendered[: len(sequence)] == sequence
         assert chatml_tokenizer.decode(rendered[len(sequence):]) == "\n"  # the template's newline after the last turn
+
+
+def test_a_seeded_episode_gives_each_turn_its_own_seed_and_an_unseeded_one_asks_for_none(env_client, chatml_tokenizer):
+    """Turn k of an episode with a sampling seed samples with request_seed(its seed, k); an episode without one
+    calls generate as before, with no seed (a generate function that takes none keeps working)."""
+    script = ScriptedPolicy(chatml_tokenizer, frozenlake_oracle)
+    options: dict[str, list[dict]] = defaultdict(list)
+
+    def policy(request_id, prompt_ids, max_tokens, **given):
+        options[request_id.rsplit("-", 1)[0]].append(given)  # request id: group-index-<random suffix>
+        return script(request_id, prompt_ids, max_tokens)
+
+    specs = [dataclasses.replace(spec, sampling_seed=100 + spec.index) for spec in frozenlake_specs([0, 1], n=2)]
+    specs.append(EpisodeSpec("frozenlake", task_id=5, seed=0, group_id="map5", index=4))
+    output = make_manager(env_client, chatml_tokenizer, policy).run(specs)
+
+    assert all(r.termination == "done" and r.rounds > 1 for r in output.results)
+    seeds = []
+    for result in output.results:
+        given = options[f"{result.spec.group_id}-{result.spec.index}"]
+        if result.spec.sampling_seed is None:
+            assert given == [{}] * result.rounds
+        else:
+            assert given == [{"seed": request_seed(result.spec.sampling_seed, turn)} for turn in range(result.rounds)]
+            seeds += [call["seed"] for call in given]
+    assert len(set(seeds)) == len(seeds)  # no two turns of the call sample alike, within or across episodes
 
 
 def test_round_limit_ends_with_max_rounds_and_no_reward(env_client, chatml_tokenizer):

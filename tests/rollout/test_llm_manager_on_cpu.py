@@ -11,6 +11,8 @@ import contextlib
 import inspect
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -27,8 +29,10 @@ from beyond_agent.rollout.llm import (
     LLMManagerConfig,
     SamplingParams,
     StickyLeastLoadedRouter,
+    SEED_RANGE,
     VerlLLMServerBackend,
     parse_completion,
+    request_seed,
 )
 from envservice.childproc import free_port
 
@@ -68,6 +72,43 @@ def generate_in_threads(manager, num_threads: int, prompt_len: int = 3) -> list[
 
 
 # ------------------------------------------------------------------------------------- config and types
+
+
+class SamplingBackend:
+    """Answers at once; records the sampling of each request."""
+
+    def __init__(self):
+        self.sampling: list[SamplingParams] = []
+
+    async def generate(self, request_id, prompt_ids, max_tokens, sampling):
+        self.sampling.append(sampling)
+        return GenerationResult([1], [-0.5], "stop", 0.0)
+
+
+def test_a_seed_given_to_the_dataflow_s_generate_replaces_only_the_sampling_s_seed():
+    backend = SamplingBackend()
+    sampling = SamplingParams(temperature=0.7, top_p=0.9, stop_token_ids=[2])
+    with AsyncLLMServerManager(backend) as manager:
+        generate = manager.with_sampling(sampling)
+        generate("e-0", [1, 2], MAX_TOKENS)
+        generate("e-0", [1, 2], MAX_TOKENS, seed=12345)
+    assert backend.sampling == [sampling, SamplingParams(temperature=0.7, top_p=0.9, seed=12345, stop_token_ids=[2])]
+
+
+def test_request_seeds_are_the_same_in_every_process_and_differ_between_places():
+    """A seed hashes the values' reprs, not Python's `hash` (salted per process): another interpreter with another
+    hash seed derives the same one."""
+    places = [(42, "step", 3, 7, 0), (42, "row", "r12", 1, 2), (0, "validate", 1, 0)]
+    here = [request_seed(*place) for place in places]
+    code = ("import json, sys; from beyond_agent.rollout.llm import request_seed; "
+            f"print(json.dumps([request_seed(*place) for place in {places!r}]))")
+    there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={"PYTHONHASHSEED": "12345", "PATH": ""}).stdout
+    assert json.loads(there) == here
+    neighbours = [request_seed(42, "step", 3, row, turn) for row in range(8) for turn in range(8)]
+    assert len(set(neighbours)) == 64 and all(0 <= seed < SEED_RANGE for seed in neighbours)
+    assert SEED_RANGE == 2**53  # exact in a JSON reader that reads numbers as doubles (the viewer)
+    assert request_seed(42, "step", 3) != request_seed(43, "step", 3) != request_seed(42, "step", "3")
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ its actions are mostly invalid; the environments answer those with an observatio
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import defaultdict
 
@@ -19,7 +20,7 @@ from envservice.process import EnvServiceProcess
 from beyond_agent.rollout.dataflow import DataflowConfig, EpisodeSpec
 from beyond_agent.rollout.batch import training_batch
 from beyond_agent.rollout.env_manager import ParallelEnvManager
-from beyond_agent.rollout.llm import AsyncLLMServerManager, HttpVLLMBackend, SamplingParams
+from beyond_agent.rollout.llm import AsyncLLMServerManager, HttpVLLMBackend, SamplingParams, request_seed
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -32,8 +33,8 @@ class RecordingGenerate:
         self.sampled: dict[str, list[list[int]]] = defaultdict(list)
         self.lock = threading.Lock()
 
-    def __call__(self, request_id, prompt_ids, max_tokens):
-        turn = self.generate(request_id, prompt_ids, max_tokens)
+    def __call__(self, request_id, prompt_ids, max_tokens, **options):
+        turn = self.generate(request_id, prompt_ids, max_tokens, **options)
         with self.lock:
             self.sampled[request_id].append(list(turn.token_ids))
         return turn
@@ -92,9 +93,36 @@ def test_collect_cli_writes_one_line_per_episode(tiny_vllm_server, tiny_model_di
     # The env task parameters reached the env: FrozenLake's `around` line ends every first observation.
     assert all("Around you: " in record["messages"][1]["content"] for record in lines)
     assert [(r["task"], r["group"]) for r in lines] == [(0, "frozenlake:0")] * 2 + [(1, "frozenlake:1")] * 2
+    # Sampled on vLLM with seeds from --seed (0) and each episode's place: collect again, sample alike.
+    assert [r["sampling_seed"] for r in lines] == [request_seed(0, "evaluate", index) for index in range(4)]
     for record in lines:
         assert record["termination"] in ("done", "max_rounds", "length")
         assert len(record["response_ids"]) == len(record["response_mask"]) == len(record["response_logprobs"])
         assert record["messages"][0]["role"] == "system" and record["prompt_ids"]
     printed = capsys.readouterr().out
     assert "success rate" in printed and "episodes/s" in printed
+
+
+def test_seeded_episodes_sample_the_same_tokens_again_at_any_concurrency(tiny_vllm_server, tiny_model_dir,
+                                                                          envservice_url):
+    """The same seeded episodes played twice, six at once and then one at a time (other batches on the server),
+    sample the same tokens; the samples of one group differ; without seeds the server samples others."""
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    unseeded = [EpisodeSpec(env, task_id=task, seed=task, group_id=f"{env}:{task}", index=i)
+                for i, (env, task) in enumerate([("babyai", 0)] * 3 + [("textcraft", 3)] * 3)]
+    seeded = [dataclasses.replace(spec, sampling_seed=request_seed(42, "step", 1, spec.index)) for spec in unseeded]
+    config = DataflowConfig(max_rounds=3, max_prompt_length=1024, max_response_length=512, max_tokens_per_turn=24)
+
+    def play(specs, workers: int) -> list[list[int]]:
+        manager = ParallelEnvManager(env_client, generate, tokenizer, config, max_workers=workers)
+        results = manager.run(specs).results
+        assert not [r for r in results if r.infra_failure], [r.error for r in results]
+        return [r.episode.response_ids for r in results]
+
+    with EnvClient(envservice_url) as env_client, \
+            AsyncLLMServerManager(HttpVLLMBackend([tiny_vllm_server.base_url], tiny_vllm_server.config.model)) as llm:
+        generate = llm.with_sampling(SamplingParams(temperature=1.0))
+        first, again, unseeded_ids = play(seeded, 6), play(seeded, 1), play(unseeded, 6)
+    assert first == again
+    assert len({tuple(ids) for ids in first[:3]}) == 3 and len({tuple(ids) for ids in first[3:]}) == 3
+    assert all(ids != seeded_ids for ids, seeded_ids in zip(unseeded_ids, first))

@@ -32,6 +32,7 @@ def test_the_recipe_default_passes():
     (["beyond_agent.weight_sync.mode=delta", "actor_rollout_ref.rollout.free_cache_engine=true"],
      "weight_sync.mode=delta cannot run with actor_rollout_ref.rollout.free_cache_engine=true"),
     (["beyond_agent.weight_sync.mode=sparse"], "weight_sync.mode must be one of"),
+    (["beyond_agent.sampling_seed=true"], "beyond_agent.sampling_seed must be an int or null; got True"),
     (["actor_rollout_ref.model.lora_rank=8", "beyond_agent.weight_sync.mode=delta"],
      "LoRA \\(actor_rollout_ref.model.lora_rank=8\\) cannot run with beyond_agent.weight_sync.mode=delta"),
     (["beyond_agent.agent.function=no_such_agent_module:play"],

@@ -18,7 +18,7 @@ from beyond_agent.settings import SECTION_CLASSES, BeyondAgentSection, BeyondAge
 from beyond_agent.tasks import TaskTable
 
 YAML = Path(__file__).resolve().parents[2] / "recipe/multiturn_rl/config/beyond_agent_trainer.yaml"
-COMPUTED_IN_YAML = {"beyond_agent.trajectories.dir"}
+COMPUTED_IN_YAML = {"beyond_agent.trajectories.dir", "beyond_agent.sampling_seed"}
 """Keys whose YAML value is computed from another key (an interpolation), so not a literal default."""
 ALIASES = {"beyond_agent.rounds.steps_scaling_inter"}
 """Keys accepted under another project's name that the YAML shows under ours."""
@@ -55,6 +55,7 @@ def test_only_the_listed_keys_are_computed_in_the_yaml():
     section = yaml_section()
     interpolated = {f"beyond_agent.{key}.{name}" for key in SECTION_CLASSES for name, value in section[key].items()
                     if isinstance(value, str) and "${" in value}
+    interpolated |= {f"beyond_agent.{name}" for name, value in section.items() if isinstance(value, str) and "${" in value}
     assert interpolated == COMPUTED_IN_YAML
 
 
@@ -79,7 +80,8 @@ def test_a_config_that_leaves_every_section_out_reads_as_the_yaml_does():
                "data": {"max_prompt_length": 256, "max_response_length": 512},
                "actor_rollout_ref": {"rollout": {"temperature": 1.0}}}
     full = {**minimal, "beyond_agent": {**yaml_section(), "trajectories": {**yaml_section()["trajectories"],
-                                                                          "dir": "trajectories"}}}
+                                                                          "dir": "trajectories"},
+                                        "sampling_seed": None}}  # the YAML's follows actor_rollout_ref.rollout.seed
     assert BeyondAgentSettings.from_config(minimal).trajectories == BeyondAgentSettings.from_config(full).trajectories
     settings = BeyondAgentSettings.from_config(minimal)
     assert (settings.trajectories.every, settings.weight_sync.mode, settings.async_rollout.max_staleness) == (1, "full", 1)

@@ -19,7 +19,7 @@ from hydra import compose, initialize_config_dir
 
 from envservice.process import EnvServiceProcess
 from beyond_agent.data import write_task_files
-from beyond_agent.rollout.llm import AsyncLLMServerManager, HttpVLLMBackend
+from beyond_agent.rollout.llm import AsyncLLMServerManager, HttpVLLMBackend, request_seed
 from beyond_agent.rollout_manager import BeyondAgentLoopManager
 from beyond_agent.tasks import AgentTask
 from beyond_agent.trajectories import read_dump
@@ -128,6 +128,11 @@ def test_generate_sequences_feeds_verl_union_reward_grpo_and_metrics(
     assert [(r.step, r.kind, r.index) for r in records] == [(2, "train", row) for row in range(4)]
     for row, record in enumerate(records):  # the dump's mask is the batch's, unpadded
         assert output.batch["response_mask"][row, :len(record.response_mask)].tolist() == record.response_mask
+    # Each episode sampled with seeds from the run's (verl's rollout.seed by default) and its place: step and row.
+    run_seed = config.actor_rollout_ref.rollout.seed
+    assert config.beyond_agent.sampling_seed == run_seed
+    assert [r.sampling_seed for r in records] == [request_seed(run_seed, "step", 2, row) for row in range(4)]
+    assert [r.sampling_seed for r in val_dump] == [request_seed(run_seed, "validate", 2, 0)] * 2
 
 
 def test_a_batch_mixing_two_envs_gets_each_row_s_reward_from_its_own_task(

@@ -49,6 +49,7 @@ from safetensors.torch import load_file
 
 from beyond_agent.data import write_task_files
 from beyond_agent.export import export_checkpoint
+from beyond_agent.rollout.llm import request_seed
 
 pytestmark = [pytest.mark.slow, pytest.mark.training, pytest.mark.timeout(2400)]
 
@@ -302,6 +303,21 @@ def test_async_accounting_balances(resumed_run):
     assert accounting["dropped_no_signal"] == 6 and accounting["dropped_no_signal_rows"] == 3
     assert accounting["admitted"] == (accounting["trained"] + accounting["dropped_stale"] + accounting["dropped_no_signal"]
                                       + accounting["left_unfinished_at_end"] + accounting["left_finished_at_end"])
+
+
+RUN_SEED = 42
+"""verl's `actor_rollout_ref.rollout.seed` by default, which `beyond_agent.sampling_seed` follows (neither run sets
+it; tests/trainer/test_rollout_manager_on_cpu.py reads it from the composed config)."""
+
+
+def test_every_dumped_episode_names_the_sampling_seed_of_its_row_and_sample(lora_run, resumed_run):
+    # Both runs draw their rows through the loader (dynamic sampling; async): a row's seed comes from the run's and
+    # the row's key (its group: s1, s2... in sync mode, r1, r2... in async mode), a sample's from its index in it.
+    for run, steps, prefix in ((lora_run, (1, 2), "s"), (resumed_run, RESUMED_STEPS, "r")):
+        for step in steps:
+            for record in run.trajectories(step):
+                assert record["group"].startswith(prefix) and 0 <= record["index"] < 2, record["group"]
+                assert record["sampling_seed"] == request_seed(RUN_SEED, "row", record["group"], record["index"])
 
 
 def test_each_dumped_episode_names_the_versions_that_sampled_it(resumed_run):

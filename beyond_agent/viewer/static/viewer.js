@@ -213,6 +213,7 @@ function episodePane(episode, step, kind, shownLines) {
   if (episode.error) fact("error", episode.error);
   fact("time (env / llm / wall)", `${episode.env_time_s} / ${episode.llm_time_s} / ${episode.wall_time_s} s`);
   if (episode.policy_version !== null) fact("policy version", episode.policy_version);
+  if (episode.sampling_seed != null) fact("sampling seed", episode.sampling_seed);  // null or absent: the server's
   const extra = episode.extra || {};
   if (extra.agent_mode) {  // played by a user's agent behind the gateway (docs/gateway.md)
     fact("agent's samples", extra.agent_mode === "merged" ? "merged: all its calls in this one sample"
