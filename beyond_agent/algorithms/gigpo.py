@@ -122,12 +122,27 @@ def episode_advantages(rewards: Sequence[float], groups: Sequence[str], norm: st
     return found
 
 
-def count_each_episode_once(batch: Any, norm: str, epsilon: float = EPSILON) -> int:
-    """Redo the group-relative episode advantage (GiGPO's A^E, which is GRPO's advantage) of each group in which
-    an episode trains as several rows: a per_call agent's segments share its `uid` and reward, and verl's
-    estimator counted each as a sample of the group. Here each episode (our rollout's `episode_key`) counts once
-    in the group's mean and std, and all its rows get its value on their trained tokens. Groups without such an
+def leave_one_out(values: Sequence[float]) -> list[float]:
+    """RLOO's advantage over one group of two or more: each value less the mean of the others."""
+    if len(values) < 2:
+        raise ValueError(f"leave_one_out needs a group of two or more; got {len(values)}")
+    total, count = sum(values), len(values)
+    return [value - (total - value) / (count - 1) for value in values]
+
+
+RECOUNTED_ESTIMATORS = ("grpo", "gigpo", "rloo", "rloo_vectorized")
+"""verl estimators whose groups `count_each_episode_once` redoes (group mean and std for grpo and gigpo's A^E,
+leave-one-out for rloo); with other group-based estimators a per_call agent's segments each count."""
+
+
+def count_each_episode_once(batch: Any, norm: str, epsilon: float = EPSILON, estimator: str = "grpo") -> int:
+    """Redo the group-relative episode advantage (`estimator`'s: GRPO's, which is GiGPO's A^E, or RLOO's) of each
+    group in which an episode trains as several rows: a per_call agent's segments share its `uid` and reward, and
+    verl's estimator counted each as a sample of the group. Here each episode (our rollout's `episode_key`) counts
+    once in the group's statistics, and all its rows get its value on their trained tokens. Groups without such an
     episode, or of one episode, keep what they had. Returns how many groups were redone."""
+    if estimator not in RECOUNTED_ESTIMATORS:
+        raise ValueError(f"estimator must be one of {list(RECOUNTED_ESTIMATORS)}; got {estimator!r}")
     rows = batch.non_tensor_batch
     keys = rows.get("episode_key")
     if keys is None:
@@ -142,7 +157,9 @@ def count_each_episode_once(batch: Any, norm: str, epsilon: float = EPSILON) -> 
             continue
         scores = scores or batch.batch["token_level_rewards"].sum(dim=-1).tolist()
         # Rule: an episode counts once in its group's statistics, however many rows its segments train on.
-        values = normalized([scores[episode_rows[0]] for episode_rows in episodes.values()], norm, epsilon)
+        episode_scores = [scores[episode_rows[0]] for episode_rows in episodes.values()]
+        values = (leave_one_out(episode_scores) if estimator.startswith("rloo")
+                  else normalized(episode_scores, norm, epsilon))
         for episode_rows, value in zip(episodes.values(), values):
             for row in episode_rows:
                 advantages[row] = value * mask[row].to(advantages.dtype)

@@ -50,7 +50,7 @@ import torch
 from omegaconf import open_dict
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
-from beyond_agent.algorithms.gigpo import add_step_advantages, count_each_episode_once, norm_of
+from beyond_agent.algorithms.gigpo import RECOUNTED_ESTIMATORS, add_step_advantages, count_each_episode_once, norm_of
 from beyond_agent.multitask import apply_task_advantage_norm
 from beyond_agent.rollout.batch import add_segment_rows
 from beyond_agent.rollout_manager import ROW_KEY
@@ -195,7 +195,7 @@ class BeyondAgentTrainer(RayPPOTrainer):
 
     def _update_actor(self, batch: Any) -> Any:
         """verl's actor update; with `adv_estimator=gigpo` first GiGPO's step-level advantages are added (they need
-        each turn's anchor state, which verl's estimator seam does not pass), and with gigpo or grpo a per_call
+        each turn's anchor state, which verl's estimator seam does not pass), and with gigpo, grpo or rloo a per_call
         agent's episode counts once in its group (`count_each_episode_once`); on advantages normalised within
         each task when `multitask.task_advantage_norm`
         (before the batch reaches the workers); the normalisation's per-task figures and the step's
@@ -204,8 +204,8 @@ class BeyondAgentTrainer(RayPPOTrainer):
         step_figures = {}
         if self.config.algorithm.adv_estimator == "gigpo":  # verl computed A^E; the step part needs our turns
             step_figures = add_step_advantages(batch, self.beyond_settings.gigpo, norm_of(self.config.algorithm))
-        elif self.config.algorithm.adv_estimator == "grpo":  # a per_call agent's segment rows: each episode once
-            count_each_episode_once(batch, norm_of(self.config.algorithm))
+        elif self.config.algorithm.adv_estimator in RECOUNTED_ESTIMATORS:  # a per_call agent's segments: each episode once
+            count_each_episode_once(batch, norm_of(self.config.algorithm), estimator=self.config.algorithm.adv_estimator)
         task_figures = apply_task_advantage_norm(batch) if self.beyond_settings.multitask.task_advantage_norm else {}
         output = super()._update_actor(batch)
         output.meta_info["metrics"].update(self._take_rollout_figures())

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 from verl import DataProto
-from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, compute_rloo_outcome_advantage
 
 from beyond_agent.algorithms.gigpo import (GiGPOConfig, add_step_advantages, compute_gigpo_episode_advantage,
                                            count_each_episode_once)
@@ -99,6 +99,28 @@ def test_earlier_segments_join_their_episodes_group_with_their_own_tokens_and_pa
     first_token = batch.batch["advantages"][:, 0].tolist()
     assert np.allclose([first_token[i] for i in (0, 1, 4, 5)], [-np.sqrt(0.5)] + [np.sqrt(0.5)] * 3, atol=1e-5)
     assert batch.batch["advantages"][[2, 3, 6, 7]].abs().sum() == 0
+
+
+def test_rloo_counts_each_episode_once_against_the_others():
+    results = episodes()
+    batch = fit_batch(results)
+    add_segment_rows(batch, segment_batch(results, PAD, 4, 6, group_based=True), 4, PAD)
+    rewards = batch.batch["rm_scores"].float()
+    advantages, _ = compute_rloo_outcome_advantage(rewards, batch.batch["response_mask"],
+                                                   batch.non_tensor_batch["uid"])
+    # verl's RLOO sees g0 as four samples, 0, 1, 1, 1: row 0 gets 0 - 1 = -1, each of row 1's three rows
+    # 1 - 2/3 = 1/3 (against the mean of the other three, two of which are its own episode).
+    assert advantages[0, 0].item() == pytest.approx(-1.0)
+    assert [advantages[row, 0].item() for row in (1, 4, 5)] == pytest.approx([1 / 3] * 3)
+    batch.batch["token_level_rewards"], batch.batch["advantages"] = rewards, advantages
+    # Regression (#53): counted once, g0 holds episodes 0 and 1: -1 and +1 on every trained token of each.
+    assert count_each_episode_once(batch, "std", estimator="rloo") == 2
+    advantages, mask = batch.batch["advantages"], batch.batch["response_mask"]
+    assert advantages[0][mask[0] > 0].tolist() == [-1.0, -1.0]
+    assert [advantages[row][mask[row] > 0].tolist() for row in (1, 4, 5)] == [[1.0, 1.0], [1.0, 1.0], [1.0] * 3]
+    assert batch.batch["advantages"][[2, 3, 6, 7]].abs().sum() == 0
+    with pytest.raises(ValueError, match="estimator must be one of .*'rloo'.*; got 'opo'"):
+        count_each_episode_once(batch, "std", estimator="opo")
 
 
 def test_gigpo_runs_a_segment_s_returns_to_the_episode_s_end_and_counts_each_episode_once():
