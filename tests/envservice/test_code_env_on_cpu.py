@@ -12,6 +12,7 @@ import pytest
 
 import envservice.envs.code_env as code_env
 from envservice.client import EnvClient
+from envservice.envs.base import STATE_KEY
 from envservice.envs.code_env import CodeEnv, problems, program
 from envservice.server import Settings, create_app
 from sandbox import SandboxConfig, run_sandboxed
@@ -54,6 +55,25 @@ def test_the_splits_are_disjoint_by_problem_text():
     fingerprints = {split: {CodeEnv.task_fingerprint(code_env.Task(split, i, name, 0))
                             for i, name in enumerate(names)} for split, names in CodeEnv.splits.items()}
     assert not fingerprints["train"] & fingerprints["test"] and len(fingerprints["test"]) == len(test) > 0
+
+
+def test_the_state_key_is_the_solution_and_the_best_visible_share_it_passed():
+    """GiGPO's anchor (#53): what the next action starts from. A refused action, a run that passes no more tests and
+    another session writing the same code keep it or reach it; a write of other code or a better run change it."""
+    name = next(name for name in CodeEnv.splits["train"] if problems()[name].visible_check)
+    problem, task = problems()[name], CodeEnv.resolve_task(name, "train", 0, {})
+    env, other = CodeEnv(), CodeEnv()
+    start = env.reset(task)[1][STATE_KEY]
+    assert other.reset(task)[1][STATE_KEY] == start
+    assert env.step("just do it")[4][STATE_KEY] == start
+    stub = write(f"def {problem.entry_point}(*args):\n    return None")
+    written = env.step(stub)[4][STATE_KEY]
+    assert written != start and other.step(stub)[4][STATE_KEY] == written
+    assert env.step(json.dumps({"name": "run"}))[4][STATE_KEY] == written  # 0 passed: the best share stays 0
+    solved = env.step(write(problem.prompt + problem.canonical_solution))[4][STATE_KEY]
+    ran = env.step(json.dumps({"name": "run"}))
+    assert ran[0] == f"All {problem.visible_count} visible test(s) passed."
+    assert solved not in (start, written) and ran[4][STATE_KEY] not in (start, written, solved)
 
 
 @pytest.fixture(scope="module")

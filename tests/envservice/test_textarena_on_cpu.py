@@ -15,6 +15,7 @@ import pytest
 from envservice import registry
 from envservice.check import check_env
 from envservice.client import EnvClient
+from envservice.envs.base import STATE_KEY
 from envservice.envs.textarena_games import GuessTheNumberEnv, LightsOutEnv, MastermindEnv
 from envservice.errors import EnvServiceError
 from envservice.process import EnvServiceProcess
@@ -273,16 +274,43 @@ def test_moves_are_read_leniently(cls, action: str, move: str) -> None:
 @pytest.mark.parametrize("cls", [GuessTheNumberEnv, MastermindEnv, LightsOutEnv])
 def test_text_without_a_move_is_an_observation_and_does_not_touch_the_game(cls) -> None:
     env = cls()
-    env.reset(_task(cls, 2, seed=2))
+    start = env.reset(_task(cls, 2, seed=2))[1][STATE_KEY]
     before = repr(env.game.state.game_state)
     actions = ["hello", "", "[]", "[1 2]" if cls is not LightsOutEnv else "[1]", "[" + "9" * 5000 + "]",
                "x" * 100_000, "1 2 3 4 5 6 7 8 9 1 2 3"]
     for action in actions:
         observation, reward, terminated, truncated, info = env.step(action)
         assert observation.startswith("Invalid action ") and f"Valid actions: {cls.move_hint}." in observation
-        assert (reward, terminated, truncated, info) == (0.0, False, False, {"invalid": True})
+        assert (reward, terminated, truncated, info) == (0.0, False, False, {"invalid": True, STATE_KEY: start})
         assert len(observation) < 600
     assert repr(env.game.state.game_state) == before and env.game.state.turn == 0
+
+
+def _keys(cls, moves: list[str], index: int = 0) -> list[str]:
+    """The state key after the reset and after each move of a fresh game of `cls` (task `index`)."""
+    env = cls()
+    keys = [env.reset(_task(cls, index))[1][STATE_KEY]]
+    for move in moves:
+        _, _, terminated, _, info = env.step(move)
+        assert not terminated, move
+        keys.append(info[STATE_KEY])
+    return keys
+
+
+def test_the_state_key_is_the_moves_made_not_their_order_and_a_refused_move_keeps_it() -> None:
+    """GiGPO's anchor (#53): GuessTheNumber's and Mastermind's state is the set of guesses made (each hint follows
+    from its guess and the secret), LightsOut's the grid (a press undoes itself)."""
+    secret = GuessTheNumberEnv.draw_game(_task(GuessTheNumberEnv, 0))[0].game_number
+    a, b = [n for n in (3, 4, 5) if n != secret][:2]
+    forward = _keys(GuessTheNumberEnv, [f"[{a}]", f"[{b}]", f"[{a}]"])
+    backward = _keys(GuessTheNumberEnv, [f"[{b}]", f"[{a}]"])
+    assert len(set(forward[:3])) == 3 and forward[2] == backward[2] and forward[3] == forward[2]  # a repeat: refused
+    secret = MastermindEnv.draw_game(_task(MastermindEnv, 0))[0].state.game_state["secret_code"]
+    codes = [code for code in ("[1 2 3 4]", "[2 3 4 5]", "[3 4 5 6]") if code != f"[{' '.join(map(str, secret))}]"]
+    forward, backward = _keys(MastermindEnv, codes[:2]), _keys(MastermindEnv, codes[1::-1])
+    assert len(set(forward)) == 3 and forward[2] == backward[2]
+    pressed = _keys(LightsOutEnv, ["[0 0]", "[0 0]", "[1 1]"])
+    assert pressed[0] == pressed[2] != pressed[1] and pressed[3] not in pressed[:3]
 
 
 def test_illegal_moves_are_judged_by_the_game_rules() -> None:
