@@ -26,7 +26,8 @@ class TaskSet:
     name: str
     env_id: str
     split: str
-    tasks: tuple[tuple[int, int], ...]
+    tasks: tuple[tuple[int | str, int], ...]
+    """(task, seed) pairs: a task is the split's index or name (what an env's create request takes)."""
     params: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod

@@ -35,3 +35,27 @@ def test_the_data_writer_says_whether_validation_rows_are_held_out(test_envs) ->
     assert on_train.endswith("NOT held-out") and not on_train.startswith("0 of")
     assert validation_overlap("counting", [0], [0], 0, next(iter(test_envs["counting"].splits)), None).startswith(
         "validation rows not checked against the train rows: env 'counting' gives no task_fingerprint")
+
+
+LEVEL = "BabyAI-GoToRedBallNoDists-v0"
+
+
+def test_rows_of_one_named_task_differ_by_their_seeds_and_the_test_split_is_checked_by_layout(serve_app, tmp_path):
+    """`data --task NAME`: every row plays that BabyAI level, the task numbers pick the seeds (the layouts); the
+    test split's layouts are none of the train rows' (the level's name alone would say every row is the same)."""
+    import pandas as pd
+
+    from beyond_agent.data import validation_overlap, write_task_files
+    from envservice.server import Settings, create_app
+
+    with serve_app(create_app(Settings(env_ids=["babyai"]))) as url:
+        train, _ = write_task_files("babyai", tmp_path, [0, 1, 2], [0], seed=10, envservice_url=url, task_name=LEVEL)
+    rows = pd.read_parquet(train)
+    assert [(info["task_id"], info["seed"]) for info in rows["extra_info"]] == [(LEVEL, 10), (LEVEL, 11), (LEVEL, 12)]
+    assert all(prompt[0]["content"].startswith("Mission: go to the red ball.") for prompt in rows["prompt"])
+    layouts = fingerprints(TaskSet("rows", "babyai", "train", ((LEVEL, 10), (LEVEL, 11), (LEVEL, 12))))
+    assert len(set(layouts)) == 3  # three layouts (a first view may still look alike: the ball out of sight)
+    assert validation_overlap("babyai", list(range(64)), list(range(16)), 0, "test", None, LEVEL) == (
+        "0 of 16 validation rows have the content of a train row (16 distinct): held-out")
+    assert validation_overlap("babyai", list(range(64)), list(range(16)), 0, "train", None, LEVEL).startswith(
+        "16 of 16 validation rows")
