@@ -1,4 +1,5 @@
-"""Learning check on CPU: does RL through our recipe make the tiny model better on FrozenLake maps it never saw?
+"""Learning check on CPU: does RL through our recipe make the tiny model better on FrozenLake maps (or BabyAI
+layouts, `--env babyai`) it never saw?
 
     .venv/bin/python bench/learning_cpu.py [--seeds 0 1] [--rl grpo] [--rl-steps 20] [--json out.json]
     .venv/bin/python bench/learning_cpu.py --seeds 0 1 --offline sft dpo   # + SFT on own successes, + DPO
@@ -6,6 +7,11 @@
     .venv/bin/python bench/learning_cpu.py --rl rloo reinforce_plus_plus gae --rl-steps 15
     .venv/bin/python bench/learning_cpu.py --size 6 --rl grpo grpo_scaling m2po_async   # longer episodes
     .venv/bin/python bench/learning_cpu.py --size 6 --seeds 0 1 --reuse-warmup --rl gigpo grpo_dynamic grpo_adaptive
+    .venv/bin/python bench/learning_cpu.py --env babyai --seeds 0 1 2 --rl grpo gigpo  # BabyAI GoToRedBallNoDists
+
+`--env babyai` plays one BabyAI level, GoToRedBallNoDists, in place of FrozenLake: a "map" is then one of its
+layouts (task = the level, seed = the map's number; held-out layouts are the test split's, by content), the oracle
+is minigrid's BabyAI bot, and everything else below is the same.
 
 A random-weight 2-layer model never writes a valid action, so RL alone has nothing to work with. The
 check therefore has stages, each scored on two sets of maps (non-slippery, 4x4 unless `--size`, so a short
@@ -53,7 +59,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -65,6 +71,7 @@ import torch  # noqa: E402
 from envservice.client import EnvClient  # noqa: E402
 from envservice.contamination import TaskSet, contamination  # noqa: E402
 from envservice.envs.frozenlake import shortest_path_actions  # noqa: E402
+from envservice.protocol import CreateResponse  # noqa: E402
 from beyond_agent.evaluation import EvaluationSettings, Policy, evaluate  # noqa: E402
 from beyond_agent.rollout.dataflow import Dataflow, DataflowConfig, EpisodeSpec  # noqa: E402
 from beyond_agent.rollout.hf_policy import TransformersPolicy  # noqa: E402
@@ -72,7 +79,6 @@ from beyond_agent.rollout.scripted import ScriptedPolicy  # noqa: E402
 from beyond_agent.sft import FP32_TRAINING, hf_model_dir, run_sft  # noqa: E402
 from beyond_agent.trajectories import TrajectoryRecord, episode_record, write_dump  # noqa: E402
 
-ENV_ID = "frozenlake"
 WARMUP_FIRST_MAP = 500
 """Warm-up transcripts come from train maps 500.. ; the RL pool is train maps 0..499 (other indices, but maps repeat:
 the contamination report counts the maps they share; neither may share one with a held-out set)."""
@@ -109,6 +115,21 @@ class Lake:
     the side of its maps; warm-up, evaluation and RL all use them."""
 
     size: int = 4
+    env_id = "frozenlake"
+    task_name = None
+    """Maps are the split's tasks by number (each played with seed = its number)."""
+
+    @property
+    def title(self) -> str:
+        return f"FrozenLake {self.size}x{self.size}"
+
+    def task(self, number: int) -> tuple[int, int]:
+        """(task, seed) of map `number`."""
+        return number, number
+
+    def oracle_actions(self, created: CreateResponse) -> list[str]:
+        """A shortest path of the map a (task, seed) reset always gives."""
+        return shortest_path_actions(created.info["map"])
 
     @property
     def params(self) -> dict:
@@ -123,16 +144,20 @@ class Lake:
 
     def rl_overrides(self) -> list[str]:
         """The same limits for the recipe (bench/learning_cpu.yaml holds 4x4's)."""
-        limits = self.limits
-        return [f"beyond_agent.rounds.rounds={limits['max_rounds']}",
-                f"data.max_prompt_length={limits['max_prompt_length']}",
-                f"data.max_response_length={limits['max_response_length']}",
-                f"actor_rollout_ref.rollout.max_model_len={limits['max_prompt_length'] + limits['max_response_length']}"]
+        return limit_overrides(self.limits)
+
+
+def limit_overrides(limits: dict) -> list[str]:
+    """An episode's limits (`DataflowConfig` keyword arguments) as the recipe's overrides."""
+    return [f"beyond_agent.rounds.rounds={limits['max_rounds']}",
+            f"data.max_prompt_length={limits['max_prompt_length']}",
+            f"data.max_response_length={limits['max_response_length']}",
+            f"actor_rollout_ref.rollout.max_model_len={limits['max_prompt_length'] + limits['max_response_length']}"]
 
 
 @dataclass(frozen=True)
 class MapSet:
-    """A range of FrozenLake maps of one split; each map is played with seed = its index."""
+    """A range of maps of one split (FrozenLake maps, or BabyAI layouts: see `Game.task`)."""
 
     name: str
     split: str
@@ -142,9 +167,11 @@ class MapSet:
     def tasks(self) -> range:
         return range(self.first, self.first + self.count)
 
-    def task_set(self, lake: Lake) -> TaskSet:
-        """The maps as a `TaskSet` (for the contamination check), with the seeds and params the bench plays."""
-        return TaskSet.of(self.name, ENV_ID, self.split, self.tasks(), params=lake.params)
+    def task_set(self, game: Game) -> TaskSet:
+        """The maps as a `TaskSet` (for the contamination check and evaluation), with the tasks, seeds and params
+        the bench plays."""
+        return TaskSet(self.name, game.env_id, self.split, tuple(game.task(number) for number in self.tasks()),
+                       dict(game.params))
 
 
 # ----- what is held-out, checked by content ----------------------------------------------------------
@@ -164,8 +191,8 @@ def training_sets(args) -> list[MapSet]:
 def contamination_report(args) -> dict[str, dict]:
     """For each evaluated set (and verl's validation set during RL), how many of its maps a stage trained on."""
     evaluated = [*map_sets(args), *([MapSet("validation", "test", args.heldout_maps)] if args.rl else [])]
-    trained = [maps.task_set(args.lake) for maps in training_sets(args)]
-    return {maps.name: contamination(maps.task_set(args.lake), trained) for maps in evaluated}
+    trained = [maps.task_set(args.game) for maps in training_sets(args)]
+    return {maps.name: contamination(maps.task_set(args.game), trained) for maps in evaluated}
 
 
 HELDOUT_SETS = ("heldout", "validation")
@@ -183,18 +210,20 @@ def require_unseen(report: dict[str, dict]) -> None:
 # ----- warm-up data --------------------------------------------------------------------------------
 
 
-def oracle_record(client: EnvClient, tokenizer, task: int, lake: Lake) -> TrajectoryRecord:
-    """One train map played by the BFS oracle (its shortest path, each action plus end-of-turn, as the model
-    should write it) through the same Dataflow as rollouts, as a trajectory record."""
-    created = client.create(ENV_ID, task_id=task, seed=task, split="train", params=lake.params)
+def oracle_record(client: EnvClient, tokenizer, number: int, game: Game) -> TrajectoryRecord:
+    """One train map played by the oracle (FrozenLake: a shortest path; BabyAI: the bot; each action plus
+    end-of-turn, as the model should write it) through the same Dataflow as rollouts, as a trajectory record."""
+    task, seed = game.task(number)
+    created = client.create(game.env_id, task_id=task, seed=seed, split="train", params=game.params)
     try:
-        actions = shortest_path_actions(created.info["map"])  # the map a (task, seed) reset always gives
+        actions = game.oracle_actions(created)
     finally:
         client.release(created.session_id)
-    spec = EpisodeSpec(ENV_ID, task_id=task, seed=task, split="train", params=lake.params, group_id=f"oracle-{task}")
-    result = Dataflow(spec, client, ScriptedPolicy(actions, tokenizer), tokenizer, DataflowConfig(**lake.limits)).run()
+    spec = EpisodeSpec(game.env_id, task_id=task, seed=seed, split="train", params=dict(game.params),
+                       group_id=f"oracle-{number}")
+    result = Dataflow(spec, client, ScriptedPolicy(actions, tokenizer), tokenizer, DataflowConfig(**game.limits)).run()
     if not result.success:
-        raise RuntimeError(f"the oracle failed on train map {task}: {result.termination} {result.error}")
+        raise RuntimeError(f"the oracle failed on train map {number}: {result.termination} {result.error}")
     return episode_record(result, step=0, kind="train")
 
 
@@ -202,19 +231,19 @@ def oracle_record(client: EnvClient, tokenizer, task: int, lake: Lake) -> Trajec
 
 
 def play_maps(model, tokenizer, client: EnvClient, maps: MapSet, temperature: float, samples: int,
-              seed: int, lake: Lake) -> list:
+              seed: int, game: Game) -> list:
     """`samples` episodes of each map of the set, one at a time in map order, through the library's `evaluate`
     (the real Dataflow); an infra failure stops the bench: it is never a failed episode."""
     torch.manual_seed(seed)
     policy = Policy(TransformersPolicy(model, tokenizer.eos_token_id, temperature), concurrency=1)
-    settings = EvaluationSettings(DataflowConfig(**lake.limits), samples=samples)
-    return evaluate(policy, client, maps.task_set(lake), settings, tokenizer).require_complete().results
+    settings = EvaluationSettings(DataflowConfig(**game.limits), samples=samples)
+    return evaluate(policy, client, maps.task_set(game), settings, tokenizer).require_complete().results
 
 
 def success_rate(model, tokenizer, client: EnvClient, maps: MapSet, temperature: float, samples: int,
-                 seed: int, lake: Lake) -> float:
+                 seed: int, game: Game) -> float:
     """Mean success over `samples` episodes of each map of the set."""
-    results = play_maps(model, tokenizer, client, maps, temperature, samples, seed, lake)
+    results = play_maps(model, tokenizer, client, maps, temperature, samples, seed, game)
     return sum(result.success for result in results) / len(results)
 
 
@@ -227,8 +256,8 @@ def evaluate_stage(name: str, model_dir: Path, tokenizer, client: EnvClient, arg
     figures = {}
     for maps in map_sets(args):
         figures[maps.name] = {
-            "greedy": success_rate(model, tokenizer, client, maps, 0.0, 1, args.eval_seed, args.lake),
-            "sampled": success_rate(model, tokenizer, client, maps, 1.0, args.samples, args.eval_seed, args.lake),
+            "greedy": success_rate(model, tokenizer, client, maps, 0.0, 1, args.eval_seed, args.game),
+            "sampled": success_rate(model, tokenizer, client, maps, 1.0, args.samples, args.eval_seed, args.game),
         }
     held, train = figures["heldout"], figures["train"]
     print(f"[learning] {name:22s} held-out greedy {held['greedy']:6.1%} sampled {held['sampled']:6.1%}   "
@@ -251,7 +280,8 @@ def warmup_stage(base_dir: Path, out_dir: Path, tokenizer, client: EnvClient, ar
     beyond_agent/sft.py, verl's SFT trainer); the trained model's folder. A warm-up this folder already
     finished with the same settings is reused (`--reuse-warmup`), so a run can resume after it."""
     started = time.monotonic()
-    settings = {"size": args.size, "maps": args.warmup_maps, "steps": args.warmup_steps, "batch": args.warmup_batch,
+    settings = {**({"env": args.env} if args.env != "frozenlake" else {}),  # earlier runs' files: FrozenLake's
+                "size": args.size, "maps": args.warmup_maps, "steps": args.warmup_steps, "batch": args.warmup_batch,
                 "lr": args.warmup_lr, "seed": seed, "curve_every": args.warmup_curve_every}
     finished = out_dir / "warmup_settings.json"
     if args.reuse_warmup and finished.exists() and json.loads(finished.read_text()) == settings:
@@ -259,7 +289,7 @@ def warmup_stage(base_dir: Path, out_dir: Path, tokenizer, client: EnvClient, ar
         return hf_model_dir(out_dir)
     shutil.rmtree(out_dir, ignore_errors=True)  # an earlier run's checkpoints and metrics are not this one's
     maps = range(WARMUP_FIRST_MAP, WARMUP_FIRST_MAP + args.warmup_maps)
-    records = [oracle_record(client, tokenizer, task, args.lake) for task in maps]
+    records = [oracle_record(client, tokenizer, task, args.game) for task in maps]
     random.Random(seed).shuffle(records)  # the seed decides the order verl's (fixed-seed) sampler sees
     write_dump(out_dir / "oracle_trajectories", 0, "train", records)
     steps_per_epoch = len(records) // args.warmup_batch
@@ -315,7 +345,7 @@ def print_warmup_curve(out_dir: Path, tokenizer, client: EnvClient, args) -> dic
         if (folder / "huggingface" / "config.json").exists():
             model = AutoModelForCausalLM.from_pretrained(folder / "huggingface").eval()
             step = int(folder.name.rsplit("_", 1)[1])
-            curve[step] = success_rate(model, tokenizer, client, heldout, 0.0, 1, args.eval_seed, args.lake)
+            curve[step] = success_rate(model, tokenizer, client, heldout, 0.0, 1, args.eval_seed, args.game)
             print(f"[learning] warm-up step {step:4d}: held-out greedy {curve[step]:6.1%}", flush=True)
     (out_dir / "warmup_curve.json").write_text(json.dumps(curve))
     return curve
@@ -332,7 +362,7 @@ def own_episodes(warm_dir: Path, out_dir: Path, tokenizer, client: EnvClient, ar
     started = time.monotonic()
     model = AutoModelForCausalLM.from_pretrained(warm_dir).eval()
     maps = MapSet("own", "train", min(args.offline_maps, args.rl_maps))
-    results = play_maps(model, tokenizer, client, maps, 1.0, args.offline_samples, seed, args.lake)
+    results = play_maps(model, tokenizer, client, maps, 1.0, args.offline_samples, seed, args.game)
     folder = out_dir / "own_episodes"
     shutil.rmtree(folder, ignore_errors=True)
     write_dump(folder, 0, "train", [episode_record(result, step=0, kind="train") for result in results])
@@ -388,46 +418,102 @@ def offline_stage(method: str, warm_dir: Path, episodes: Path, out_dir: Path, ar
     return hf_model_dir(out_dir)
 
 
-def scaling_inter_overrides(steps: int, lake: Lake) -> list[str]:
+def scaling_inter_overrides(steps: int, game: Game) -> list[str]:
     """ScalingInter-RL: the horizon grows in three equal stages up to the fixed run's rounds R: R-2 -> R-1 -> R
     (4x4: 6 -> 7 -> 8; 6x6: 10 -> 11 -> 12).
 
     It starts at R-2, the fewest moves any map needs (2 * (side - 1)): a 4x4 first stage of 4 rounds (measured,
     2026-11-25) had 0% train success in each of its steps, so GRPO had no advantage to learn from for a third
     of the run."""
-    rounds = lake.limits["max_rounds"]
+    rounds = game.limits["max_rounds"]
     return ["beyond_agent.rounds.type=stepwise", f"beyond_agent.rounds.rounds=[{rounds - 2},{rounds - 1},{rounds}]",
             f"+beyond_agent.rounds.every={max(1, steps // 3)}", f"beyond_agent.val_max_rounds={rounds}"]
 
 
-def adaptive_overrides(steps: int, lake: Lake) -> list[str]:
+def adaptive_overrides(steps: int, game: Game) -> list[str]:
     """The adaptive horizon over ScalingInter's limits (R-2 -> R-1 -> R): the next limit once at most 30% of
     the episodes of the last 2 steps were cut by the current one, and never later than ScalingInter's stage."""
-    rounds = lake.limits["max_rounds"]
+    rounds = game.limits["max_rounds"]
     return ["beyond_agent.rounds.type=adaptive", f"beyond_agent.rounds.rounds=[{rounds - 2},{rounds - 1},{rounds}]",
             f"beyond_agent.rounds.every={max(1, steps // 3)}", "beyond_agent.rounds.signal=truncated",
             "beyond_agent.rounds.threshold=0.3", "beyond_agent.rounds.window=2", f"beyond_agent.val_max_rounds={rounds}"]
 
 
-def gae_overrides(steps: int, warm_dir: Path, lake: Lake) -> list[str]:
+BABYAI_LEVEL = "BabyAI-GoToRedBallNoDists-v0"
+BABYAI_LIMITS = (14, 256, 1280)
+"""(rounds, prompt tokens, response tokens) of a BabyAI episode. Why: the bot's path is at most 12 actions (mean 5.2
+on 50 train layouts), so 2 rounds to spare; a view is at most 58 tokens of the tiny model's tokenizer, the first
+observation 83, plus ~20 of chat template and action per turn (measured 2026-11-27)."""
+
+
+@dataclass(frozen=True)
+class Level:
+    """The BabyAI level a run plays (`--env babyai`): map `number` is the level's layout drawn from seed `number`;
+    the limits of its episodes. Same interface as `Lake`."""
+
+    env_id = "babyai"
+    task_name = BABYAI_LEVEL
+    params: dict = field(default_factory=dict)
+    title = "BabyAI GoToRedBallNoDists"
+
+    def task(self, number: int) -> tuple[str, int]:
+        """(task, seed) of layout `number`."""
+        return self.task_name, number
+
+    def oracle_actions(self, created: CreateResponse) -> list[str]:
+        """The BabyAI bot's actions, planned on a twin of the session's layout (`info["layout_seed"]`)."""
+        import gymnasium as gym
+        from minigrid.utils.baby_ai_bot import BabyAIBot
+
+        from envservice.envs.babyai import ACTIONS
+
+        twin = gym.make(self.task_name).unwrapped
+        twin.reset(seed=created.info["layout_seed"])
+        bot, actions = BabyAIBot(twin), []
+        for _ in range(twin.max_steps):
+            action = bot.replan()
+            actions.append(ACTIONS[int(action)])
+            _, reward, terminated, truncated, _ = twin.step(action)
+            if terminated or truncated:
+                break
+        if not (terminated and reward > 0):
+            raise RuntimeError(f"the BabyAI bot did not solve layout seed {created.info['layout_seed']}")
+        return actions
+
+    @property
+    def limits(self) -> dict:
+        """`DataflowConfig` keyword arguments."""
+        rounds, prompt, response = BABYAI_LIMITS
+        return dict(max_rounds=rounds, max_prompt_length=prompt, max_response_length=response, max_tokens_per_turn=6)
+
+    def rl_overrides(self) -> list[str]:
+        """The same limits for the recipe."""
+        return limit_overrides(self.limits)
+
+
+Game = Lake | Level
+"""What a run plays: FrozenLake maps or one BabyAI level's layouts."""
+
+
+def gae_overrides(steps: int, warm_dir: Path, game: Game) -> list[str]:
     """PPO with a critic: the value model starts from the warm model (verl adds a fresh value head)."""
     return ["algorithm.adv_estimator=gae", f"critic.model.path={warm_dir.resolve()}", "critic.optim.lr=1e-3",
             "critic.ppo_micro_batch_size_per_gpu=32", "critic.ppo_mini_batch_size=16"]
 
 
-RL_VARIANTS: dict[str, Callable[[int, Path, Lake], list[str]]] = {
-    "grpo": lambda steps, warm_dir, lake: [],
-    "grpo_scaling": lambda steps, warm_dir, lake: scaling_inter_overrides(steps, lake),
-    "rloo": lambda steps, warm_dir, lake: ["algorithm.adv_estimator=rloo"],
-    "reinforce_plus_plus": lambda steps, warm_dir, lake: ["algorithm.adv_estimator=reinforce_plus_plus"],
+RL_VARIANTS: dict[str, Callable[[int, Path, Game], list[str]]] = {
+    "grpo": lambda steps, warm_dir, game: [],
+    "grpo_scaling": lambda steps, warm_dir, game: scaling_inter_overrides(steps, game),
+    "rloo": lambda steps, warm_dir, game: ["algorithm.adv_estimator=rloo"],
+    "reinforce_plus_plus": lambda steps, warm_dir, game: ["algorithm.adv_estimator=reinforce_plus_plus"],
     "gae": gae_overrides,
-    "m2po_async": lambda steps, warm_dir, lake: [
+    "m2po_async": lambda steps, warm_dir, game: [
         "beyond_agent.rollout_mode=async", "beyond_agent.async_rollout.max_staleness=2",
         "actor_rollout_ref.actor.policy_loss.loss_mode=m2po", "actor_rollout_ref.rollout.free_cache_engine=false"],
-    "gigpo": lambda steps, warm_dir, lake: ["algorithm.adv_estimator=gigpo"],
-    "grpo_dynamic": lambda steps, warm_dir, lake: [
+    "gigpo": lambda steps, warm_dir, game: ["algorithm.adv_estimator=gigpo"],
+    "grpo_dynamic": lambda steps, warm_dir, game: [
         "beyond_agent.dynamic_sampling.drop=zero_variance", "beyond_agent.dynamic_sampling.max_extra_batches=1.0"],
-    "grpo_adaptive": lambda steps, warm_dir, lake: adaptive_overrides(steps, lake),
+    "grpo_adaptive": lambda steps, warm_dir, game: adaptive_overrides(steps, game),
 }
 """RL variants: the overrides each adds to bench/learning_cpu.yaml, given the step count, the warm model and the lake."""
 
@@ -450,7 +536,7 @@ def rl_stage(variant: str, warm_dir: Path, data_dir: Path, experiments: Path, ar
         f"actor_rollout_ref.rollout.n={args.group_size}", f"data.train_batch_size={args.maps_per_step}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={args.maps_per_step}",
         f"actor_rollout_ref.actor.entropy_coeff={args.entropy_coeff}",
-        *args.lake.rl_overrides(), *RL_VARIANTS[variant](steps, warm_dir, args.lake), *args.rl_override,
+        *args.game.rl_overrides(), *RL_VARIANTS[variant](steps, warm_dir, args.game), *args.rl_override,
     ]
     print(f"[learning] {variant} (seed {seed}): {' '.join(command)}", flush=True)
     started = time.monotonic()
@@ -465,42 +551,47 @@ def rl_stage(variant: str, warm_dir: Path, data_dir: Path, experiments: Path, ar
         raise SystemExit(f"[learning] no Hugging Face checkpoint at {hf_dir}")
     print(f"[learning] {variant} (seed {seed}): {steps} steps in {time.monotonic() - started:.0f} s ({folder})",
           flush=True)
-    print_training_curve(folder / "metrics.jsonl")
-    plot = plot_success(folder / "metrics.jsonl", folder / "success.png", f"FrozenLake: {variant}, seed {seed}")
+    print_training_curve(folder / "metrics.jsonl", args.game.env_id)
+    plot = plot_success(folder / "metrics.jsonl", folder / "success.png", f"{args.game.title}: {variant}, seed {seed}",
+                        args.game.env_id)
     print(f"[learning] success curve: {plot}", flush=True)
     return hf_dir
 
 
 TRAIN_SUCCESS = "beyond_agent/success_rate"
-HELDOUT_GREEDY = f"val-core/{ENV_ID}/reward/mean@1"
 
 
-def success_curve(metrics_path: Path) -> list[tuple[int, float | None, float | None]]:
+def heldout_greedy_key(env_id: str) -> str:
+    """verl's validation metric of an env's rows (greedy, held-out)."""
+    return f"val-core/{env_id}/reward/mean@1"
+
+
+def success_curve(metrics_path: Path, env_id: str) -> list[tuple[int, float | None, float | None]]:
     """(step, train success at T=1, held-out greedy validation) per logged step of a run's metrics.jsonl."""
     curve = []
     for line in metrics_path.read_text().splitlines():
         record = json.loads(line)  # verl's file tracker writes {"step": N, "data": {...}}
         metrics = record.get("data", {})
-        curve.append((int(record["step"]), metrics.get(TRAIN_SUCCESS), metrics.get(HELDOUT_GREEDY)))
+        curve.append((int(record["step"]), metrics.get(TRAIN_SUCCESS), metrics.get(heldout_greedy_key(env_id))))
     return curve
 
 
-def print_training_curve(metrics_path: Path) -> None:
+def print_training_curve(metrics_path: Path, env_id: str) -> None:
     """Per step: success of the sampled training episodes and verl's greedy validation on the held-out maps."""
     print("[learning] step  train success (T=1)  held-out validation (greedy, vLLM)")
-    for step, train, val in success_curve(metrics_path):
+    for step, train, val in success_curve(metrics_path, env_id):
         cells = [f"{train:.1%}" if train is not None else "-", f"{val:.1%}" if val is not None else "-"]
         print(f"[learning] {step:4d}  {cells[0]:>19s}  {cells[1]:>34s}")
 
 
-def plot_success(metrics_path: Path, out: Path, title: str) -> Path:
+def plot_success(metrics_path: Path, out: Path, title: str, env_id: str) -> Path:
     """success.png: train success per step (line) and held-out greedy validation (points)."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on a server
     import matplotlib.pyplot as plt
 
-    curve = success_curve(metrics_path)
+    curve = success_curve(metrics_path, env_id)
     figure, axis = plt.subplots(figsize=(7, 4))
     train = [(step, value) for step, value, _ in curve if value is not None]
     held = [(step, value) for step, _, value in curve if value is not None]
@@ -523,8 +614,9 @@ def write_rl_data(out: Path, service_url: str, args) -> Path:
 
     if args.rl_maps > WARMUP_FIRST_MAP:
         raise SystemExit(f"--rl-maps={args.rl_maps} would overlap the warm-up maps ({WARMUP_FIRST_MAP}..)")
-    write_task_files(ENV_ID, out, list(range(args.rl_maps)), list(range(args.heldout_maps)), seed=0,
-                     val_split="test", envservice_url=service_url, params=args.lake.params)
+    game = args.game
+    write_task_files(game.env_id, out, list(range(args.rl_maps)), list(range(args.heldout_maps)), seed=0,
+                     val_split="test", envservice_url=service_url, params=dict(game.params), task_name=game.task_name)
     return out
 
 
@@ -620,7 +712,7 @@ def main(argv: list[str] | None = None) -> int:
     contaminated = contamination_report(args)
     require_unseen(contaminated)
     print(f"[learning] contamination by content (maps a stage trains on): {json.dumps(contaminated)}", flush=True)
-    with EnvServiceProcess([ENV_ID]) as service:
+    with EnvServiceProcess([args.game.env_id]) as service:
         client = EnvClient(service.url)
         data_dir = write_rl_data(out / "data", service.url, args) if args.rl else out / "data"
         base = evaluate_stage("base", base_dir, tokenizer, client, args)  # the same random model for every seed
@@ -663,7 +755,7 @@ def summarize(per_seed: dict[int, dict]) -> dict:
 
 def print_table(summary: dict, args) -> None:
     """Mean over seeds, with the range [min, max] when there are several."""
-    print(f"\n[learning] FrozenLake {args.size}x{args.size}: held-out = {args.heldout_maps} test-split maps, none of them a map any "
+    print(f"\n[learning] {args.game.title}: held-out = {args.heldout_maps} test-split maps, none of them a map any "
           f"stage trained on (checked by content); train = {min(args.train_eval_maps, args.rl_maps)} maps of the RL "
           f"pool; sampled = {args.samples} "
           f"episodes per map at T=1; seeds {args.seeds}")
@@ -692,6 +784,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Options; the defaults are the figures quoted in the issue notes."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="one warm-up + RL run per seed")
+    parser.add_argument("--env", default="frozenlake", choices=("frozenlake", "babyai"),
+                        help="frozenlake (maps of --size) or babyai (layouts of GoToRedBallNoDists)")
     parser.add_argument("--size", type=int, default=4, choices=sorted(LAKE_LIMITS),
                         help="side of the maps (longer episodes: 6x6 needs 10 moves, 8x8 14)")
     parser.add_argument("--rl", nargs="*", default=["grpo"], choices=sorted(RL_VARIANTS),
@@ -727,7 +821,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "outputs" / "learning_cpu")
     parser.add_argument("--json", type=Path, default=None, help="also write every figure of the table here")
     args = parser.parse_args(argv)
-    args.lake = Lake(args.size)
+    args.game = Lake(args.size) if args.env == "frozenlake" else Level()
     return args
 
 

@@ -28,11 +28,14 @@ def bench():
     ["--seeds", "0", "1", "--rl", "grpo", "--offline", "sft", "dpo"],  # the two-seed table
     ["--rl", "grpo", "--rl-steps", "12", "--samples", "2"],            # the quickstart
     ["--size", "6", "--seeds", "0", "1", "--rl", "grpo", "grpo_scaling", "m2po_async"],  # the longer-horizon check
+    ["--env", "babyai", "--seeds", "0", "1", "2", "--rl", "grpo", "gigpo"],  # BabyAI layouts (#53)
 ])
 def test_the_bench_sets_called_held_out_share_no_map_with_any_training_set(bench, argv) -> None:
     args = bench.parse_args(argv)
     report = bench.contamination_report(args)
-    assert report["heldout"]["shared_any"] == 0 and report["heldout"]["distinct"] == args.heldout_maps == 64
+    assert report["heldout"]["shared_any"] == 0 and report["heldout"]["tasks"] == args.heldout_maps == 64
+    # FrozenLake's test maps are 64 distinct ones; 6 of 64 BabyAI layout seeds repeat a layout (evaluated twice)
+    assert report["heldout"]["distinct"] == (64 if args.env == "frozenlake" else 58)
     assert report["validation"] == report["heldout"]  # verl's validation during RL plays the same maps
     assert set(report["heldout"]["shared"]) == {"warm-up", "rl pool", *(["own episodes"] if args.offline else [])}
     # the train set is the RL pool's first maps: the check does see maps that were trained on
@@ -42,8 +45,25 @@ def test_the_bench_sets_called_held_out_share_no_map_with_any_training_set(bench
 
 def test_the_bench_refuses_a_held_out_set_that_was_trained_on(bench) -> None:
     args = bench.parse_args([])
-    trained = [maps.task_set(args.lake) for maps in bench.training_sets(args)]
+    trained = [maps.task_set(args.game) for maps in bench.training_sets(args)]
     pool_maps = bench.MapSet("heldout", "train", 8, first=100)  # 8 maps of the RL pool, called held-out
     with pytest.raises(SystemExit, match=r"the heldout set is not held-out: 8 of its 8 maps are trained on "
                                          r"\(\{'warm-up': \d+, 'rl pool': 8\}\)"):
-        bench.require_unseen({"heldout": contamination(pool_maps.task_set(args.lake), trained)})
+        bench.require_unseen({"heldout": contamination(pool_maps.task_set(args.game), trained)})
+
+
+def test_babyai_maps_are_layouts_of_one_level_and_the_bot_solves_them_through_the_dataflow(bench, serve_app,
+                                                                                          tiny_model_dir) -> None:
+    from transformers import AutoTokenizer
+
+    from envservice.client import EnvClient
+    from envservice.server import Settings, create_app
+
+    game = bench.parse_args(["--env", "babyai"]).game
+    assert bench.MapSet("heldout", "test", 3).task_set(game).tasks == tuple(
+        ("BabyAI-GoToRedBallNoDists-v0", seed) for seed in range(3))
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    with serve_app(create_app(Settings(env_ids=["babyai"]))) as url, EnvClient(url) as client:
+        records = [bench.oracle_record(client, tokenizer, number, game) for number in (500, 501, 502)]
+    assert all(record.success and record.termination == "done" for record in records)
+    assert all(record.rounds <= game.limits["max_rounds"] - 2 for record in records)
