@@ -75,7 +75,9 @@ class VLLMServer:
                "--host", cfg.host, "--port", str(self.port), "--dtype", dtype,
                "--max-model-len", str(cfg.max_model_len)]
         if self.device == "cpu":
-            cmd.append("--enforce-eager")
+            # No CUDA graphs; and no prefill split across engine steps: vLLM then rewinds a seeded request's
+            # generator (set_offset), which torch's CPU generator cannot do, and the engine dies.
+            cmd += ["--enforce-eager", "--no-enable-chunked-prefill"]
         return cmd + list(cfg.extra_args)
 
     def environment(self) -> dict[str, str]:

