@@ -59,7 +59,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -117,15 +117,11 @@ class Lake:
     size: int = 4
     env_id = "frozenlake"
     task_name = None
-    """Maps are the split's tasks by number (each played with seed = its number)."""
+    """Maps are the split's tasks by number (each played with seed = its number; `TaskSet.of`)."""
 
     @property
     def title(self) -> str:
         return f"FrozenLake {self.size}x{self.size}"
-
-    def task(self, number: int) -> tuple[int, int]:
-        """(task, seed) of map `number`."""
-        return number, number
 
     def oracle_actions(self, created: CreateResponse) -> list[str]:
         """A shortest path of the map a (task, seed) reset always gives."""
@@ -157,7 +153,7 @@ def limit_overrides(limits: dict) -> list[str]:
 
 @dataclass(frozen=True)
 class MapSet:
-    """A range of maps of one split (FrozenLake maps, or BabyAI layouts: see `Game.task`)."""
+    """A range of maps of one split (FrozenLake maps, or one BabyAI level's layouts: `Game.task_name`)."""
 
     name: str
     split: str
@@ -170,8 +166,8 @@ class MapSet:
     def task_set(self, game: Game) -> TaskSet:
         """The maps as a `TaskSet` (for the contamination check and evaluation), with the tasks, seeds and params
         the bench plays."""
-        return TaskSet(self.name, game.env_id, self.split, tuple(game.task(number) for number in self.tasks()),
-                       dict(game.params))
+        return TaskSet.of(self.name, game.env_id, self.split, self.tasks(), params=game.params,
+                          task_name=game.task_name)
 
 
 # ----- what is held-out, checked by content ----------------------------------------------------------
@@ -213,7 +209,7 @@ def require_unseen(report: dict[str, dict]) -> None:
 def oracle_record(client: EnvClient, tokenizer, number: int, game: Game) -> TrajectoryRecord:
     """One train map played by the oracle (FrozenLake: a shortest path; BabyAI: the bot; each action plus
     end-of-turn, as the model should write it) through the same Dataflow as rollouts, as a trajectory record."""
-    task, seed = game.task(number)
+    [(task, seed)] = MapSet("oracle", "train", 1, number).task_set(game).tasks
     created = client.create(game.env_id, task_id=task, seed=seed, split="train", params=game.params)
     try:
         actions = game.oracle_actions(created)
@@ -453,12 +449,12 @@ class Level:
 
     env_id = "babyai"
     task_name = BABYAI_LEVEL
-    params: dict = field(default_factory=dict)
     title = "BabyAI GoToRedBallNoDists"
 
-    def task(self, number: int) -> tuple[str, int]:
-        """(task, seed) of layout `number`."""
-        return self.task_name, number
+    @property
+    def params(self) -> dict:
+        """The level takes no task params."""
+        return {}
 
     def oracle_actions(self, created: CreateResponse) -> list[str]:
         """The BabyAI bot's actions, planned on a twin of the session's layout (`info["layout_seed"]`)."""
@@ -515,7 +511,7 @@ RL_VARIANTS: dict[str, Callable[[int, Path, Game], list[str]]] = {
         "beyond_agent.dynamic_sampling.drop=zero_variance", "beyond_agent.dynamic_sampling.max_extra_batches=1.0"],
     "grpo_adaptive": lambda steps, warm_dir, game: adaptive_overrides(steps, game),
 }
-"""RL variants: the overrides each adds to bench/learning_cpu.yaml, given the step count, the warm model and the lake."""
+"""RL variants: the overrides each adds to bench/learning_cpu.yaml, given the step count, the warm model and the game."""
 
 
 class RLRunFailed(RuntimeError):

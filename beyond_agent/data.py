@@ -28,10 +28,11 @@ def task_rows(client, env_id: str, split: str, tasks: list[int], seed: int, agen
     """One verl RL row per task number, with the first observation as the user prompt; `params` are the env's task
     parameters (e.g. FrozenLake's size), kept in extra_info so every episode of the row gets them. `task_name`:
     every row plays that task, the numbers only pick the seeds (seed + number)."""
+    from envservice.contamination import TaskSet
+
     rows = []
-    for index, number in enumerate(tasks):
-        task = number if task_name is None else task_name
-        created = client.create(env_id, task_id=task, seed=seed + number, split=split, params=params or {})
+    for index, (task, task_seed) in enumerate(TaskSet.of("rows", env_id, split, tasks, seed, params, task_name).tasks):
+        created = client.create(env_id, task_id=task, seed=task_seed, split=split, params=params or {})
         try:
             observation = created.observation
         finally:
@@ -41,7 +42,7 @@ def task_rows(client, env_id: str, split: str, tasks: list[int], seed: int, agen
             "prompt": [{"role": "user", "content": observation}],
             "ability": "agent",
             "reward_model": {"style": "env", "ground_truth": ""},
-            "extra_info": {"env_id": env_id, "task_id": task, "seed": seed + number, "split": split, "index": index,
+            "extra_info": {"env_id": env_id, "task_id": task, "seed": task_seed, "split": split, "index": index,
                            **({"task": agent_task} if agent_task else {}), **({"params": params} if params else {})},
         })
     return rows
@@ -80,14 +81,9 @@ def validation_overlap(env_id: str, train_tasks: list[int], val_tasks: list[int]
     from envservice.contamination import TaskSet, UnknownContent, contamination
     from envservice.errors import EnvServiceError
 
-    def task_set(name: str, split: str, numbers: list[int]) -> TaskSet:
-        if task_name is None:
-            return TaskSet.of(name, env_id, split, numbers, seed, params)
-        return TaskSet(name, env_id, split, tuple((task_name, seed + number) for number in numbers), dict(params or {}))
-
-    val = task_set("val", val_split, val_tasks)
+    val = TaskSet.of("val", env_id, val_split, val_tasks, seed, params, task_name)
     try:
-        report = contamination(val, [task_set("train", "train", train_tasks)])
+        report = contamination(val, [TaskSet.of("train", env_id, "train", train_tasks, seed, params, task_name)])
     except (UnknownContent, EnvServiceError) as error:  # e.g. an env only a remote service knows
         return f"validation rows not checked against the train rows: {error}"
     verdict = "held-out" if report["shared_any"] == 0 else "NOT held-out"

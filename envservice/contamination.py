@@ -32,10 +32,12 @@ class TaskSet:
 
     @classmethod
     def of(cls, name: str, env_id: str, split: str, indices: Iterable[int], seed_offset: int = 0,
-           params: Mapping[str, Any] | None = None) -> "TaskSet":
+           params: Mapping[str, Any] | None = None, task_name: str | None = None) -> "TaskSet":
         """The tasks `indices` of `split`, task i played with seed `seed_offset + i` (how recipe data and the
-        bench seed their episodes)."""
-        return cls(name, env_id, split, tuple((i, seed_offset + i) for i in indices), dict(params or {}))
+        bench seed their episodes); with `task_name` every task is that one of the split and i only picks its seed
+        (one BabyAI level, many layouts)."""
+        tasks = tuple((i if task_name is None else task_name, seed_offset + i) for i in indices)
+        return cls(name, env_id, split, tasks, dict(params or {}))
 
 
 def fingerprints(task_set: TaskSet) -> list[str]:

@@ -383,8 +383,8 @@ class LightsOutEnv(TextArenaGameEnv):
 
     def grid(self) -> list[list[bool]]:
         """The current lights (True: on), row by row."""
-        return [list(row) for row in self.game.state.game_state["grid"]]
+        return [[bool(light) for light in row] for row in self.game.state.game_state["grid"]]
 
     def state(self) -> Any:
         """The lights (the moves that led there do not matter: a press undoes itself)."""
-        return [[bool(light) for light in row] for row in self.game.state.game_state["grid"]]
+        return self.grid()
