@@ -43,7 +43,7 @@ from envservice.backends import DEFAULT_STEP_TIMEOUT_S, EnvBackend
 from envservice.body_check import LARGE_BODY_BYTES, LARGE_BODY_SHARE
 from envservice.host_slots import LOOP_SLOTS_PER_HOST
 from envservice.server import BODY_TIMEOUT_S, DEFAULT_MAX_REQUEST_BYTES, Settings, create_app
-from envservice.transport import HEAD_TIMEOUT_S, SPARE_FILE_DESCRIPTORS, server_options
+from envservice.transport import HEAD_TIMEOUT_S, KEEP_ALIVE_S, SPARE_FILE_DESCRIPTORS, server_options
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -72,6 +72,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         f"{SPARE_FILE_DESCRIPTORS})")
     parser.add_argument("--head-timeout", type=float, default=HEAD_TIMEOUT_S,
                         help="seconds a request head may take to arrive whole; slower ones get 408 and are closed")
+    parser.add_argument("--keep-alive", type=float, default=KEEP_ALIVE_S,
+                        help="seconds an idle keep-alive connection stays open; keep it above every client's idle "
+                             "expiry (EnvClient: 2 s; httpx and the openai SDK: 5 s)")
     parser.add_argument("--body-timeout", type=float, default=BODY_TIMEOUT_S,
                         help="seconds a request body may take once its head arrived; slower ones get 408")
     parser.add_argument("--loop-slots-per-host", type=int, default=LOOP_SLOTS_PER_HOST, metavar="N",
@@ -267,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
             args.latency.describe(), args.step_delay_seed)
     server = uvicorn.Server(uvicorn.Config(create_app(settings), log_level=args.log_level,
                                            **server_options(args.max_connections, args.head_timeout,
-                                                          args.loop_slots_per_host)))
+                                                          args.loop_slots_per_host, args.keep_alive)))
     announce = (server, f"http://{host}:{port}", env_ids, placement_text(backend, args.step_timeout))
     threading.Thread(target=announce_when_ready, args=announce, daemon=True).start()
     try:

@@ -6,6 +6,12 @@ repeating the call cannot apply an action twice: on 503 (the server refused befo
 connection that could not be opened, and, for the read-only or idempotent calls, on any connection error.
 An env call that ran past the service's `--step-timeout` raises `EnvTimeoutError` (code `env_timeout`,
 HTTP 504) and is never retried: the step may have been applied, and the service closed the session.
+
+A pooled connection idle for `IDLE_EXPIRY_S` is not reused (`IdleExpiringAdapter`): a server closes an idle
+keep-alive connection after its own timeout (uvicorn: 5 s by default, envservice: `transport.KEEP_ALIVE_S`), and a
+request sent at that moment meets the close and fails with "Connection reset by peer". A step cannot be retried
+(it may have been applied), so the episode ended as an `env_error`: 1 in 60 requests sent within +-10 ms of the
+server's timeout did. The client now gives up a connection well before any such server would.
 """
 
 from __future__ import annotations
@@ -15,7 +21,9 @@ from typing import Any, TypeVar
 
 import requests
 from pydantic import BaseModel, ValidationError
-from requests.adapters import HTTPAdapter
+from requests.adapters import DEFAULT_POOLBLOCK, HTTPAdapter
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from envservice.errors import EnvServiceError
 from envservice.protocol import (
@@ -36,6 +44,10 @@ from envservice.protocol import (
 
 M = TypeVar("M", bound=BaseModel)
 
+IDLE_EXPIRY_S = 2.0
+"""Seconds a pooled connection may stay idle and still be reused: below uvicorn's default keep-alive timeout (5 s)
+by more than any scheduling delay between the client's check and its send, so it holds for servers we do not run."""
+
 
 class EnvClient:
     """Client of one envservice instance; share one across threads (its connection pool is thread-safe).
@@ -48,6 +60,8 @@ class EnvClient:
         retries: extra attempts after a retryable failure.
         backoff_s: first retry delay; doubled each attempt.
         pool_size: connections kept per host (size it to the number of threads using the client).
+        idle_expiry_s: a pooled connection idle this long is replaced, not reused; keep it below the server's
+            keep-alive timeout (module docstring).
     """
 
     def __init__(
@@ -58,13 +72,15 @@ class EnvClient:
         retries: int = 3,
         backoff_s: float = 0.2,
         pool_size: int = 64,
+        idle_expiry_s: float = IDLE_EXPIRY_S,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self.retries = retries
         self.backoff_s = backoff_s
         self._http = requests.Session()
-        adapter = HTTPAdapter(pool_connections=4, pool_maxsize=pool_size, max_retries=0)
+        adapter = IdleExpiringAdapter(pool_connections=4, pool_maxsize=pool_size, max_retries=0,
+                                      idle_expiry_s=idle_expiry_s)
         self._http.mount("http://", adapter)
         self._http.mount("https://", adapter)
         if token:
@@ -156,6 +172,50 @@ class EnvClient:
                     return _parse(response, model)
             time.sleep(self.backoff_s * (2**attempt))
         raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+class _IdleExpiring:
+    """A urllib3 connection that reports itself dropped once idle for `idle_expiry_s`, so that its pool opens a
+    new one (the pool asks `is_connected` before it reuses a connection, and closes it when False)."""
+
+    idle_expiry_s: float = IDLE_EXPIRY_S
+    _answered_at: float | None = None
+
+    def getresponse(self):  # type: ignore[no-untyped-def]
+        response = super().getresponse()  # type: ignore[misc]
+        self._answered_at = time.monotonic()  # the server's idle timer starts about now (slightly before)
+        return response
+
+    @property
+    def is_connected(self) -> bool:
+        if self._answered_at is not None and time.monotonic() - self._answered_at >= self.idle_expiry_s:
+            return False
+        return super().is_connected  # type: ignore[misc]
+
+
+class IdleExpiringAdapter(HTTPAdapter):
+    """requests' `HTTPAdapter` whose pooled connections are not reused after `idle_expiry_s` seconds idle (module
+    docstring); every other argument is `HTTPAdapter`'s."""
+
+    __attrs__ = [*HTTPAdapter.__attrs__, "idle_expiry_s"]  # what a pickled adapter keeps (its pools are rebuilt)
+
+    def __init__(self, *args: Any, idle_expiry_s: float = IDLE_EXPIRY_S, **kwargs: Any) -> None:
+        if not idle_expiry_s > 0:
+            raise ValueError(f"idle_expiry_s must be > 0, got {idle_expiry_s}")
+        self.idle_expiry_s = idle_expiry_s
+        super().__init__(*args, **kwargs)
+
+    def init_poolmanager(self, connections: int, maxsize: int, block: bool = DEFAULT_POOLBLOCK,
+                         **pool_kwargs: Any) -> None:
+        super().init_poolmanager(connections, maxsize, block, **pool_kwargs)
+        expiry = {"idle_expiry_s": self.idle_expiry_s}
+        http = type("IdleExpiringHTTPConnection", (_IdleExpiring, HTTPConnection), expiry)
+        https = type("IdleExpiringHTTPSConnection", (_IdleExpiring, HTTPSConnection), expiry)
+        self.poolmanager.pool_classes_by_scheme = {
+            "http": type("IdleExpiringHTTPConnectionPool", (HTTPConnectionPool,), {"ConnectionCls": http}),
+            "https": type("IdleExpiringHTTPSConnectionPool", (HTTPSConnectionPool,), {"ConnectionCls": https}),
+        }
+
 
 
 def _plain(value: Any) -> Any:

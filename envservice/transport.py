@@ -15,7 +15,9 @@ descriptor; 300 of them made every honest `/healthz` fail under `ulimit -n 256`.
   slots taken, or it makes room for a light host) is not read until it may: one host's many connections cannot
   fill the event loop's queue in front of another host's request;
 - `server_options` caps the connections uvicorn serves at once below the process's file-descriptor limit (503
-  beyond it, from uvicorn) and bounds the graceful shutdown.
+  beyond it, from uvicorn), bounds the graceful shutdown, and keeps an idle connection open `KEEP_ALIVE_S`: well
+  past the idle expiry of the clients that reuse connections (ours: `client.IDLE_EXPIRY_S`; httpx's and so the
+  `openai` SDK's: 5 s, uvicorn's own timeout), so that a client never sends on a connection the server is closing.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ HEAD_TIMEOUT_S = 10.0
 """Seconds a request head may take to arrive whole (request line and headers)."""
 MAX_HEAD_BYTES = 64 * 1024
 """Largest request head (request line and headers); real clients send well under 8 KiB."""
+KEEP_ALIVE_S = 15.0
+"""Seconds an idle keep-alive connection stays open (uvicorn's default, 5 s, equals httpx's client-side expiry: a
+request sent at that moment was reset)."""
 GRACEFUL_SHUTDOWN_S = 10.0
 """How long a stopping service waits for requests in flight before it closes their connections."""
 SPARE_FILE_DESCRIPTORS = 128
@@ -41,18 +46,21 @@ SPARE_FILE_DESCRIPTORS = 128
 
 
 def server_options(max_connections: int | None = None, head_timeout_s: float = HEAD_TIMEOUT_S,
-                   loop_slots_per_host: int = LOOP_SLOTS_PER_HOST) -> dict[str, Any]:
+                   loop_slots_per_host: int = LOOP_SLOTS_PER_HOST,
+                   keep_alive_s: float = KEEP_ALIVE_S) -> dict[str, Any]:
     """uvicorn.Config options: the guarded protocol with this head deadline and this many loop slots per client
-    host (0: no limit), the connection cap (default: the file-descriptor limit less SPARE_FILE_DESCRIPTORS) and the
-    shutdown bound."""
+    host (0: no limit), the connection cap (default: the file-descriptor limit less SPARE_FILE_DESCRIPTORS), the
+    idle keep-alive timeout and the shutdown bound."""
     if not head_timeout_s > 0:
         raise ValueError(f"head_timeout_s must be > 0, got {head_timeout_s}")
+    if not keep_alive_s > 0:
+        raise ValueError(f"keep_alive_s must be > 0, got {keep_alive_s}")
     protocol = type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,),
                     {"head_timeout_s": head_timeout_s, "host_slots": HostSlots(loop_slots_per_host)})
     # ws "none": envservice has no WebSocket route, and an upgraded connection would leave this protocol without
     # ever closing it here, keeping its loop slot.
     return {"http": protocol, "ws": "none", "limit_concurrency": max_connections or default_max_connections(),
-            "timeout_graceful_shutdown": GRACEFUL_SHUTDOWN_S}
+            "timeout_keep_alive": keep_alive_s, "timeout_graceful_shutdown": GRACEFUL_SHUTDOWN_S}
 
 
 def default_max_connections() -> int:

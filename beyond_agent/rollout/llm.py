@@ -29,6 +29,8 @@ from typing import Any, Protocol
 
 import httpx
 
+from envservice.client import IDLE_EXPIRY_S
+
 STOP_REASONS = ("stop", "length", "aborted")
 """Why a generation ended: a stop/eos token, the `max_tokens` limit, or the server aborted it."""
 
@@ -458,7 +460,10 @@ class HttpVLLMBackend:
     async def _post(self, base_url: str, body: dict[str, Any]) -> Any:
         if self._client is None:  # created on the loop that uses it
             timeout = httpx.Timeout(None, connect=self.connect_timeout_s)
-            self._client = httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=None))
+            # A connection idle for vLLM's keep-alive timeout (5 s) is being closed by the server: httpx's own expiry is
+            # also 5 s, so a request could be sent on it as it closed (envservice.client's docstring).
+            limits = httpx.Limits(max_connections=None, keepalive_expiry=IDLE_EXPIRY_S)
+            self._client = httpx.AsyncClient(timeout=timeout, limits=limits)
         url = f"{base_url}/v1/completions"
         try:
             response = await self._client.post(url, json=body)

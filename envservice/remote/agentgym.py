@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import requests
-from requests.adapters import HTTPAdapter
 
+from envservice.client import IdleExpiringAdapter
 from envservice.envs.base import Param, StepResult, Task, TextEnv
 
 logger = logging.getLogger("envservice")
@@ -110,8 +110,9 @@ class _Pool:
 _POOLS: dict[str, _Pool] = {}
 _POOLS_LOCK = threading.Lock()
 _HTTP = requests.Session()
-_HTTP.mount("http://", HTTPAdapter(pool_connections=16, pool_maxsize=256))
-_HTTP.mount("https://", HTTPAdapter(pool_connections=16, pool_maxsize=256))
+# AgentGym's servers are uvicorn's with its 5 s keep-alive: a connection is replaced before that (envservice.client).
+_HTTP.mount("http://", IdleExpiringAdapter(pool_connections=16, pool_maxsize=256))
+_HTTP.mount("https://", IdleExpiringAdapter(pool_connections=16, pool_maxsize=256))
 _WARNED_NO_CLOSE: set[str] = set()
 
 

@@ -185,11 +185,17 @@ def test_no_limit_and_bad_counts() -> None:
 
 @pytest.fixture(scope="module")
 def two_slot_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A live service giving each client host 2 loop slots, with 2 s steps (for the pool test)."""
+    """A live service giving each client host 2 loop slots, with 2 s steps (for the pool test) and a 2 s keep-alive
+    timeout (for the third request's wait)."""
     log = tmp_path_factory.mktemp("slots") / "service.log"
-    with EnvServiceProcess(["frozenlake"], extra_args=["--loop-slots-per-host", "2", "--step-delay", "fixed:2"],
+    with EnvServiceProcess(["frozenlake"], extra_args=["--loop-slots-per-host", "2", "--step-delay", "fixed:2",
+                                                       "--keep-alive", str(KEPT_ALIVE_S)],
                            log_path=log, startup_timeout_s=60) as service:
         yield service.url
+
+
+KEPT_ALIVE_S = 2.0
+"""The keep-alive timeout of `two_slot_service`."""
 
 
 def _connect(url: str, source: str) -> socket.socket:
@@ -229,7 +235,7 @@ STEP_HEAD = b"POST /step HTTP/1.1\r\nHost: localhost\r\nContent-Type: applicatio
 def test_a_hosts_third_request_waits_unread_while_another_host_is_answered(two_slot_service: str) -> None:
     """Two half-sent bodies from one host hold its two slots: its third request is not read until one of them
     ends, while a request from another host is answered at once (before, the third was answered at once too).
-    The third waits on a kept-alive connection past uvicorn's 5 s keep-alive timeout, which must not close it."""
+    The third waits on a kept-alive connection past the service's keep-alive timeout, which must not close it."""
     holders = [_connect(two_slot_service, OTHER_HOST) for _ in range(2)]
     third = _connect(two_slot_service, OTHER_HOST)
     try:
@@ -239,7 +245,8 @@ def test_a_hosts_third_request_waits_unread_while_another_host_is_answered(two_s
             holder.sendall(STEP_HEAD % len(STEP_BODY) + STEP_BODY[:1])
         time.sleep(0.3)  # the two bodies are being read
         third.sendall(HEALTHZ)
-        assert _answered_within(third, 6.0) == b"", "the host's third request was read beside its two others"
+        unread = _answered_within(third, KEPT_ALIVE_S + 1) == b""
+        assert unread, "the host's third request was read beside its two others"
         assert EnvClient(two_slot_service, retries=0).health().status == "ok"  # 127.0.0.1: another host
         holders[0].sendall(STEP_BODY[1:])  # its body ends (an unknown session: 404) and its slot is free
         assert _answered_within(holders[0], 10).startswith(b"HTTP/1.1 404")

@@ -6,12 +6,15 @@ import threading
 import time
 
 import gymnasium as gym
+import httpx
+import psutil
 import pytest
 from minigrid.utils.baby_ai_bot import BabyAIBot
 
-from envservice.client import EnvClient
+from envservice.client import IDLE_EXPIRY_S, EnvClient
 from envservice.envs.babyai import ACTIONS
 from envservice.errors import EnvServiceError
+from envservice.transport import server_options
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -75,3 +78,39 @@ def test_client_retries_503_until_a_slot_frees(live_service) -> None:
         releaser.join()
         for session_id in held:
             client.release(session_id)
+
+
+def _ports_to(service_port: int) -> set[int]:
+    """This process's local ports of its open TCP connections to the service."""
+    return {conn.laddr.port for conn in psutil.Process().net_connections(kind="tcp")
+            if conn.raddr and conn.raddr.port == service_port and conn.status == psutil.CONN_ESTABLISHED}
+
+
+def test_a_connection_idle_past_the_expiry_is_replaced_not_reused(live_service) -> None:
+    """A server closes an idle keep-alive connection after its timeout, and a step sent at that moment was reset
+    ("Connection reset by peer", an env_error: 5 of 120 requests sent within +-10 ms of a 1 s timeout). The client
+    reuses a connection only while it is younger than its idle expiry, and opens a new one after."""
+    others = _ports_to(live_service["port"])  # earlier tests' clients, still open
+
+    def ours() -> set[int]:
+        return _ports_to(live_service["port"]) - others
+
+    with EnvClient(live_service["url"], idle_expiry_s=0.5) as client:
+        session = client.create("frozenlake", task_id=0).session_id
+        first = ours()
+        client.step(session, "right")
+        assert ours() == first and len(first) == 1, "a busy connection was not reused"
+        time.sleep(0.7)
+        client.step(session, "right")
+        after_idle = ours()
+        assert len(after_idle) == 1 and after_idle != first, "a connection idle past its expiry was reused"
+        client.release(session)
+
+
+def test_the_service_keeps_an_idle_connection_past_every_clients_expiry() -> None:
+    """envservice (and the gateway, with the same options) keeps an idle connection longer than our clients' and
+    httpx's (the `openai` SDK's) expiry: uvicorn's default, 5 s, equals httpx's, the race above."""
+    keep_alive = server_options()["timeout_keep_alive"]
+    assert keep_alive > IDLE_EXPIRY_S and keep_alive > httpx.Limits().keepalive_expiry
+    with pytest.raises(ValueError, match="keep_alive_s must be > 0"):
+        server_options(keep_alive_s=0)

@@ -1,7 +1,8 @@
 """Contract tests of every private method or attribute of verl and vLLM that our code overrides, replaces or calls,
-and of uvicorn's HTTP protocol class that envservice's transport subclasses (issue #54): each seam's upstream target must exist in the installed verl / vLLM, and where we override or replace a
-method, with the parameters our code is written against. A verl or vLLM upgrade that renames a hook or changes its
-parameters then fails here, naming the seam, instead of failing a training run minutes in.
+of uvicorn's HTTP protocol class that envservice's transport subclasses, and of the requests / urllib3 pool hooks
+its client uses (issue #54): each seam's upstream target must exist in the installed packages, and where we
+override or replace a method, with the parameters our code is written against. A verl or vLLM upgrade that renames
+a hook or changes its parameters then fails here, naming the seam, instead of failing a training run minutes in.
 
 SEAMS is the list of them, with the file that touches each and why upstream does not offer it; moving them into one
 seam module of the library is the rest of issue #54.
@@ -94,6 +95,18 @@ SEAMS += tuple(
                    "send_400_response")
 ) + (Seam(f"{HTTP_PROTOCOL}._unset_keepalive_if_required", None, "envservice/transport.py",
           "a refused request closes its connection as uvicorn's own refusals do"),)
+
+
+IDLE_EXPIRING = "envservice.client:IdleExpiringAdapter"
+SEAMS += (
+    Seam("requests.adapters:HTTPAdapter.init_poolmanager", f"{IDLE_EXPIRING}.init_poolmanager", "envservice/client.py",
+         "requests' hook for subclasses; ours sets the pool manager's `pool_classes_by_scheme` to pools of connections "
+         "that expire when idle (neither requests nor urllib3 has an idle expiry)"),
+    Seam("urllib3.connection:HTTPConnection.getresponse", "envservice.client:_IdleExpiring.getresponse",
+         "envservice/client.py", "when a connection was last answered, for its idle expiry"),
+    Seam("urllib3.util.connection:is_connection_dropped", None, "envservice/client.py",
+         "how a urllib3 pool asks a connection's `is_connected` before reusing it, which ours answers False once idle"),
+)
 
 
 def resolve(path: str):
