@@ -7,6 +7,10 @@ they are tabulated in `VARIATIONS` so listing tasks needs no JVM (a test checks 
 Every instance starts its own JVM (py4j gateway) with a capped heap and stops it in `close()`. The
 package's reward is the change of a 0..100 score; here it is scaled to 0..1. The package's own step limit
 is disabled: the service enforces `max_steps` and reports it as truncation.
+
+The state an observation shows (`STATE_KEY`) is the room as the simulator's free `look` describes it, the
+inventory and the score (the look and the inventory consume no simulated time): not the answer to the last
+command ("The door is now open.", "No known action matches that input.").
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import Any, Iterator
 
 from scienceworld import ScienceWorldEnv
 
-from envservice.envs.base import Param, StepResult, Task, TextEnv, content_digest
+from envservice.envs.base import STATE_KEY, Param, StepResult, Task, TextEnv, content_digest
 from envservice.errors import EnvServiceError
 from envservice.protocol import ErrorCode
 
@@ -195,16 +199,25 @@ class ScienceWorldTextEnv(TextEnv):
         self._score, self._completed = 0, False
         observation = self._run("look around")
         description = self._sim.get_task_description()
-        return f"{description}\n\n{observation}", {"task": name, "variation": variation, "task_description": description}
+        return f"{description}\n\n{observation}", {"task": name, "variation": variation, "task_description": description,
+                                                    STATE_KEY: self.state_key()}
+
+    def state_key(self) -> str:
+        """The free look, the inventory and the score (module docstring)."""
+        server = self._sim.server
+        return content_digest("sciworld-state", self._sim.taskName, self._sim.variationIdx,
+                              str(server.freeActionLook()), str(server.freeActionInventory()), self._score)
 
     def step(self, action: str) -> StepResult:
         """Run one command; reward is the score change / 100; the episode ends when the task does (or fails)."""
         command = action.strip()
         if not _is_utf8(command):
-            return NOT_TEXT, 0.0, False, False, {"score": self._score / 100.0, "invalid": True}
+            return NOT_TEXT, 0.0, False, False, {"score": self._score / 100.0, "invalid": True,
+                                                 STATE_KEY: self.state_key()}
         before = self._score
         observation = self._run(command)
-        return observation, (self._score - before) / 100.0, self._completed, False, {"score": self._score / 100.0}
+        return (observation, (self._score - before) / 100.0, self._completed, False,
+                {"score": self._score / 100.0, STATE_KEY: self.state_key()})
 
     def _run(self, command: str) -> str:
         """One simulator step through the JVM interface, updating score and completion.

@@ -5,6 +5,9 @@ and companies with relations (born in, works for, headquartered in, located in, 
 passage per entity. Every question needs two hops (e.g. "In which country is the city where Mira Taldor was
 born?": find Mira Taldor's passage, then the city's). Actions: `search[query]` returns the top-k passages;
 `answer[text]` ends the episode with exact-match reward (case, punctuation, articles and spaces ignored).
+
+The state an observation shows (`STATE_KEY`) is the question and the passages found so far, as a set: what the
+agent knows when it acts next. A search that finds nothing new, in whatever words, leaves it as it was.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 
 import bm25s
 
-from envservice.envs.base import Param, StepResult, Task, TextEnv
+from envservice.envs.base import STATE_KEY, Param, StepResult, Task, TextEnv
 from envservice.envs.base import clip_text, content_digest
 from envservice.errors import EnvServiceError
 from envservice.protocol import ErrorCode
@@ -201,28 +204,37 @@ class SearchQAEnv(TextEnv):
         self._question: Question | None = None
         self._top_k = DEFAULT_TOP_K
         self._correct = False
+        self._found: set[str] = set()
+        """Titles of the passages the episode's searches returned."""
 
     def reset(self, task: Task) -> tuple[str, dict[str, Any]]:
         """Pose the task's question."""
         self._top_k = _top_k(task)
         self._question = split_questions(task.split)[task.index]
         self._correct = False
+        self._found = set()
         Retriever.shared()
         observation = f"Question: {self._question.text}\n{ACTION_HELP}"
-        return observation, {"question": self._question.text}
+        return observation, {"question": self._question.text, STATE_KEY: self.state_key}
+
+    @property
+    def state_key(self) -> str:
+        """The question and the passages found so far, in any order (module docstring)."""
+        return content_digest("search-state", self._question.text, sorted(self._found))
 
     def step(self, action: str) -> StepResult:
         """Run a search (reward 0) or take the answer (ends the episode; reward 1 on exact match)."""
         match = ACTION_RE.match(action)
         if match is None:
-            return f"Invalid action {clip_text(action)!r}. {ACTION_HELP}", 0.0, False, False, {"invalid": True}
+            return (f"Invalid action {clip_text(action)!r}. {ACTION_HELP}", 0.0, False, False,
+                    {"invalid": True, STATE_KEY: self.state_key})
         kind, argument = match.group(1).lower(), match.group(2).strip()
         if kind == "search":
-            return self._search(argument), 0.0, False, False, {}
+            return self._search(argument), 0.0, False, False, {STATE_KEY: self.state_key}
         self._correct = normalize_answer(argument) == normalize_answer(self._question.answer)
         verdict = "correct" if self._correct else "incorrect"
         observation = f"Your answer {clip_text(argument)!r} is {verdict}."
-        return observation, float(self._correct), True, False, {"correct": self._correct}
+        return observation, float(self._correct), True, False, {"correct": self._correct, STATE_KEY: self.state_key}
 
     def evaluate(self) -> tuple[float, bool]:
         """Score 1 for an exactly matching answer, else 0."""
@@ -235,6 +247,7 @@ class SearchQAEnv(TextEnv):
 
     def _search(self, query: str) -> str:
         results = Retriever.shared().search(query, self._top_k)
+        self._found.update(title for title, _ in results)
         if not results:
             return f"No passage matches {clip_text(query)!r}."
         return "\n".join(f"[{i}] {title}: {text}" for i, (title, text) in enumerate(results, 1))

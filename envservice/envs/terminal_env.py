@@ -10,10 +10,17 @@ holds over the workspace then. `evaluate` checks the workspace as it is, submitt
 The checks read the workspace from the service's side, so they never follow a link (a command could point
 `answer.txt` at a file outside) and read at most `MAX_CHECK_BYTES` of a file. A workspace that grows past
 `MAX_WORKSPACE_MB` ends the episode with reward 0 (each file is also capped by the sandbox's file-size limit).
+
+The state an observation shows (`STATE_KEY`) is the workspace: every entry's path, kind, permission bits and
+content (a file's size and bytes; a link's target, never followed). A command that only reads (`ls`, `cat`, a
+failing `grep`) leaves it as it was, as does a refused action. Its cost is bounded: `MAX_STATE_BYTES` of file
+content are read per step at most (past them a file counts by its size and modification time) and
+`MAX_STATE_ENTRIES` entries are described (past them only their number counts).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import stat
@@ -22,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from envservice.envs.base import (StepResult, Task, TextEnv, content_digest, content_split, parse_tool_call,
-                                   passable_as_argument)
+from envservice.envs.base import (STATE_KEY, StepResult, Task, TextEnv, content_digest, content_split,
+                                   parse_tool_call, passable_as_argument)
 from sandbox import SandboxConfig, run_sandboxed
 
 COMMAND_TIMEOUT_S = 10.0
@@ -36,6 +43,10 @@ MAX_CHECK_BYTES = 1 << 20
 """Most a check reads of one file."""
 MAX_WORKSPACE_MB = 64
 """A workspace past this size ends the episode (reward 0)."""
+MAX_STATE_ENTRIES = 2_000
+"""Entries of the workspace the state key describes one by one (past them, only their number counts)."""
+MAX_STATE_BYTES = 4 << 20
+"""File content the state key reads per step at most (the tasks' files are a few hundred bytes)."""
 COMMAND_SANDBOX = dict(memory_mb=1024, cpu_s=10, processes=32, file_size_mb=16, open_files=128, scratch_mb=32,
                        output_kb=16)
 """What one command may use (the workspace is added as its writable folder)."""
@@ -212,6 +223,45 @@ def run_command(command: str, workspace: Path) -> tuple[int | None, str, str]:
     return done.returncode, output, done.ended
 
 
+def workspace_state(root: Path) -> str:
+    """The digest of what the workspace holds (module docstring): the same files, modes and contents, the same key,
+    whatever commands made them."""
+    digest, entries, budget = hashlib.sha256(), 0, [MAX_STATE_BYTES]
+    for folder, folders, files in os.walk(root):
+        folders.sort()  # os.walk visits the folders in this order: the same walk in every process
+        for name in sorted(folders + files):
+            entries += 1
+            if entries > MAX_STATE_ENTRIES:
+                continue
+            path = os.path.join(folder, name)
+            entry = f"{os.path.relpath(path, root)}\0{_entry_state(path, budget)}\0"
+            digest.update(entry.encode("utf-8", "surrogateescape"))
+    digest.update(f"entries {entries}".encode())
+    return digest.hexdigest()[:20]
+
+
+def _entry_state(path: str, budget: list[int]) -> str:
+    """One entry's kind, mode and content, read without following a link; `budget[0]`: the bytes still to read."""
+    try:
+        info = os.lstat(path)
+        mode = f"{stat.S_IMODE(info.st_mode):o}"
+        if stat.S_ISLNK(info.st_mode):
+            return f"link -> {os.readlink(path)}"
+        if stat.S_ISDIR(info.st_mode):
+            return f"folder {mode}"
+        if not stat.S_ISREG(info.st_mode):
+            return f"special {stat.S_IFMT(info.st_mode):o} {mode}"
+        if info.st_size > budget[0]:
+            return f"file {mode} {info.st_size} modified {info.st_mtime_ns}"
+        budget[0] -= info.st_size
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(descriptor, "rb") as handle:
+            content = hashlib.sha256(handle.read(info.st_size)).hexdigest()
+        return f"file {mode} {info.st_size} {content}"
+    except OSError as error:  # unreadable (mode 000) or gone: still an entry, named by what stopped the read
+        return f"unreadable {error.errno}"
+
+
 def _size_mb(root: Path) -> float:
     total = 0
     for folder, _, files in os.walk(root):
@@ -251,10 +301,14 @@ class TerminalEnv(TextEnv):
         listing = sorted(str(p.relative_to(self._root)) for p in self._root.rglob("*") if p.is_file())
         files = ", ".join(listing) if listing else "(empty)"
         return (f"Task: {self._task.instruction}\nYour working directory holds: {files}.\n{HELP}",
-                {"task": self._task.name})
+                {"task": self._task.name, STATE_KEY: workspace_state(self._root)})
 
     def step(self, action: str) -> StepResult:
         """Run one command, or `submit` (module docstring)."""
+        observation, reward, terminated, truncated, info = self._answer(action)
+        return observation, reward, terminated, truncated, {**info, STATE_KEY: workspace_state(self._root)}
+
+    def _answer(self, action: str) -> StepResult:
         command = action.strip()
         if command.startswith("{"):
             call = parse_tool_call(command)

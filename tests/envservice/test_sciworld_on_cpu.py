@@ -9,6 +9,7 @@ import psutil
 import pytest
 
 import envservice
+from envservice.envs.base import STATE_KEY
 from envservice.envs import sciworld
 from envservice.envs.sciworld import VARIATIONS, ScienceWorldTextEnv, parse_task_name
 from envservice.errors import EnvServiceError
@@ -45,6 +46,20 @@ def test_gold_path_reaches_success(sciworld_env: ScienceWorldTextEnv) -> None:
 
 
 @pytest.mark.timeout(120)
+def test_the_state_key_is_the_room_the_inventory_and_the_score(sciworld_env: ScienceWorldTextEnv) -> None:
+    """GiGPO's anchor (#53): not the answer to the last command. Looking again keeps it, the same variation starts
+    from the same key, a move to another room changes it, and coming back to the unchanged hallway returns to it."""
+    task = ScienceWorldTextEnv.resolve_task("boil:0", "train", 0, {})
+    start = sciworld_env.reset(task)[1][STATE_KEY]
+    assert sciworld_env.step("look around")[4][STATE_KEY] == start
+    assert sciworld_env.reset(task)[1][STATE_KEY] == start
+    opened = sciworld_env.step("open door to kitchen")[4][STATE_KEY]
+    moved = sciworld_env.step("go to kitchen")[4][STATE_KEY]
+    assert len({start, opened, moved}) == 3
+    assert sciworld_env.step("go to hallway")[4][STATE_KEY] == opened
+
+
+@pytest.mark.timeout(120)
 def test_split_table_matches_the_package(sciworld_env: ScienceWorldTextEnv) -> None:
     sim = sciworld_env._sim
     assert sorted(sim.get_task_names()) == sorted(VARIATIONS)
@@ -65,9 +80,9 @@ def test_splits_hold_every_variation_once() -> None:
 
 @pytest.mark.timeout(120)
 def test_unknown_action_and_bad_simplification(sciworld_env: ScienceWorldTextEnv) -> None:
-    sciworld_env.reset(ScienceWorldTextEnv.resolve_task("melt:0", "train", 0, {}))
+    start = sciworld_env.reset(ScienceWorldTextEnv.resolve_task("melt:0", "train", 0, {}))[1][STATE_KEY]
     assert sciworld_env.step("fly to the moon") == (
-        "No known action matches that input.", 0.0, False, False, {"score": 0.0})
+        "No known action matches that input.", 0.0, False, False, {"score": 0.0, STATE_KEY: start})
     bad = ScienceWorldTextEnv.resolve_task("melt:0", "train", 0, {"simplifications": "easy,warp"})
     with pytest.raises(EnvServiceError, match=r"params.simplifications='easy,warp' has unknown simplification\(s\) "
                                               r"\['warp'\]") as failure:

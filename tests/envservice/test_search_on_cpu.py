@@ -7,6 +7,7 @@ import pytest
 
 import envservice
 from envservice.envs import search
+from envservice.envs.base import STATE_KEY
 from envservice.envs.search import Retriever, SearchQAEnv, knowledge_base, normalize_answer, split_questions
 from envservice.errors import EnvServiceError
 
@@ -50,8 +51,31 @@ def test_wrong_answer_ends_without_reward_and_invalid_action_is_explained() -> N
     observation, reward, terminated, truncated, info = env.step("look around")
     assert observation == "Invalid action 'look around'. " + search.ACTION_HELP and not terminated and info["invalid"]
     assert env.step("search[qqqq zzzz]")[0] == "No passage matches 'qqqq zzzz'."
-    assert env.step("answer[Atlantis]") == ("Your answer 'Atlantis' is incorrect.", 0.0, True, False, {"correct": False})
+    observation, reward, terminated, truncated, info = env.step("answer[Atlantis]")
+    assert (observation, reward, terminated, truncated) == ("Your answer 'Atlantis' is incorrect.", 0.0, True, False)
+    assert info["correct"] is False
     assert env.evaluate() == (0.0, False)
+
+
+def test_the_state_key_is_the_question_and_the_passages_found_in_any_order() -> None:
+    """GiGPO's anchor (#53): what the agent knows when it acts next. A refused action, a search that finds nothing
+    and a search that finds the same passages in other words keep it; both hops found in either order reach one
+    key; another question starts from another key."""
+    env, other = SearchQAEnv(), SearchQAEnv()
+    task = _task(7)
+    start = env.reset(task)[1][STATE_KEY]
+    assert other.reset(task)[1][STATE_KEY] == start
+    assert other.reset(_task(8))[1][STATE_KEY] != start
+    other.reset(task)
+    assert env.step("look around")[4][STATE_KEY] == start
+    assert env.step("search[qqqq zzzz]")[4][STATE_KEY] == start
+    first, second = split_questions("train")[7].hops
+    one_hop = env.step(f"search[{first}]")[4][STATE_KEY]
+    assert one_hop != start and env.step(f"search[  {first.upper()} ]")[4][STATE_KEY] == one_hop
+    both = env.step(f"search[{second}]")[4][STATE_KEY]
+    assert both not in (start, one_hop)
+    assert other.step(f"search[{second}]")[4][STATE_KEY] not in (start, one_hop, both)
+    assert other.step(f"search[{first}]")[4][STATE_KEY] == both
 
 
 def test_knowledge_base_is_deterministic_and_splits_are_disjoint() -> None:

@@ -14,6 +14,7 @@ import envservice
 from envservice import registry
 from envservice.client import EnvClient
 from envservice.envs import tau2_env
+from envservice.envs.base import STATE_KEY
 from envservice.envs.tau2_env import GO_AHEAD, GOODBYE, MAX_CUSTOMER_TURNS, ScriptedCustomer, load_domain
 from envservice.server import Settings, create_app
 
@@ -31,18 +32,23 @@ def call(name: str, arguments: dict) -> str:
 
 
 def play(env, cls, task_id: str, actions: list[dict], message: str):
-    """Reset `task_id`, call `actions`, then tell the customer `message` until the conversation ends."""
+    """Reset `task_id`, call `actions`, then tell the customer `message` until the conversation ends: the reward and
+    the last info (without the state key)."""
     split = "train" if task_id in cls.splits["train"] else "test"
     env.reset(cls.resolve_task(task_id, split, 0, {}))
     for action in actions:
         observation, reward, terminated, truncated, info = env.step(call(action["name"], action["arguments"]))
         if terminated:
-            return reward, info
+            return reward, _scored(info)
     for _ in range(MAX_CUSTOMER_TURNS + 1):
         observation, reward, terminated, truncated, info = env.step(message)
         if terminated:
-            return reward, info
+            return reward, _scored(info)
     raise AssertionError(f"the conversation of task {task_id} never ended")
+
+
+def _scored(info: dict) -> dict:
+    return {name: value for name, value in info.items() if name != STATE_KEY}
 
 
 def summary(task: dict) -> str:
@@ -130,6 +136,33 @@ def test_a_deleted_or_added_record_is_seen_by_the_comparison():
     assert len(second["t"]) == 2 and not tau2_env.same_database(first, second)
     with pytest.raises(KeyError):
         first["t"]["a"]
+
+
+def test_the_state_key_is_the_changes_the_replies_and_the_answers_seen():
+    """GiGPO's anchor (#53) on retail task 0: a refused action and a lookup made again keep the key; the same
+    lookups in either order reach one key; the write (an exchange) and the customer's reply change it, and two
+    episodes that did the same reach the same key."""
+    cls, env = env_for("retail")
+    _, other = env_for("retail")
+    gold = load_domain("retail").tasks["0"]["evaluation_criteria"]["actions"]
+    lookups = [call(action["name"], action["arguments"]) for action in gold[1:3]]
+    exchange = call(gold[-1]["name"], gold[-1]["arguments"])
+    task = cls.resolve_task("0", "train" if "0" in cls.splits["train"] else "test", 0, {})
+    start = env.reset(task)[1][STATE_KEY]
+    assert other.reset(task)[1][STATE_KEY] == start
+    assert env.step('{"name": 5}')[4][STATE_KEY] == start
+    first = env.step(lookups[0])[4][STATE_KEY]
+    assert first != start and env.step(lookups[0])[4][STATE_KEY] == first
+    both = env.step(lookups[1])[4][STATE_KEY]
+    assert other.step(lookups[1])[4][STATE_KEY] not in (start, first, both)
+    assert other.step(lookups[0])[4][STATE_KEY] == both
+    exchanged = env.step(exchange)[4][STATE_KEY]
+    assert exchanged != both and other.step(exchange)[4][STATE_KEY] == exchanged
+    replied = env.step("Is there anything else?")[4][STATE_KEY]
+    assert replied != exchanged and other.step("Is there anything else?")[4][STATE_KEY] == replied
+    table = tau2_env.CopyOnAccess({"a": {"x": 1}, "b": {"x": 2}})
+    table["a"], table["b"]["x"] = table["a"], 3  # a read (copied, unchanged) and a write
+    assert table.changed() == ["b"]
 
 
 def test_the_scripted_customer_follows_its_script():

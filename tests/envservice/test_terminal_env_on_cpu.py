@@ -13,7 +13,7 @@ import pytest
 
 import envservice.envs.terminal_env as terminal_env
 from envservice.client import EnvClient
-from envservice.envs.base import Task
+from envservice.envs.base import STATE_KEY, Task
 from envservice.envs.terminal_env import TASKS, TerminalEnv
 from envservice.server import Settings, create_app
 
@@ -42,6 +42,29 @@ def test_the_splits_are_disjoint_by_instruction():
     fingerprints = {split: {TerminalEnv.task_fingerprint(Task(split, 0, name, 0)) for name in names}
                     for split, names in TerminalEnv.splits.items()}
     assert not fingerprints["train"] & fingerprints["test"]
+
+
+def test_the_state_key_is_the_workspace_whatever_commands_made_it():
+    """GiGPO's anchor (#53): what the next command starts from. Reading commands, a failing one and a refused action
+    keep it; the same files made by other commands reach the same key; a mode change or an emptied file changes
+    it; a link counts by its target, never followed."""
+    env, other = TerminalEnv(), TerminalEnv()
+    task = Task(split_of("unique-sorted"), 0, "unique-sorted", 0)
+    try:
+        start = env.reset(task)[1][STATE_KEY]
+        assert other.reset(task)[1][STATE_KEY] == start
+        for command in ("ls -la", "cat words.txt", "grep -c kiwi words.txt", json.dumps({"name": "rm"})):
+            assert env.step(command)[4][STATE_KEY] == start, command
+        made = env.step("sort -u words.txt > unique.txt")[4][STATE_KEY]
+        assert made != start
+        assert other.step("printf 'apple\\nbanana\\ncherry\\n' > unique.txt")[4][STATE_KEY] == made
+        assert other.step("chmod 600 unique.txt")[4][STATE_KEY] != made
+        assert env.step(": > unique.txt")[4][STATE_KEY] not in (start, made)
+        linked = env.step("ln -s /etc/passwd link")[4][STATE_KEY]
+        assert env.step("rm link && ln -s /etc/hostname link")[4][STATE_KEY] != linked
+    finally:
+        env.close()
+        other.close()
 
 
 @pytest.fixture(scope="module")
