@@ -235,5 +235,7 @@ register("search", "envservice.envs.search:SearchQAEnv", max_steps=10, max_sessi
 register("appworld", "envservice.envs.appworld_env:AppWorldEnv", max_steps=50, max_sessions=64, origin="built-in")
 register("code", "envservice.envs.code_env:CodeEnv", max_steps=16, max_sessions=256, origin="built-in")
 register("terminal", "envservice.envs.terminal_env:TerminalEnv", max_steps=20, max_sessions=256, origin="built-in")
+register("tictactoe", "envservice.envs.two_player:TicTacToeEnv", max_steps=40, max_sessions=16384,
+         origin="built-in")
 for _domain in ("retail", "airline"):
     register(f"tau2_{_domain}", "envservice.envs.tau2_env:Tau2Env", origin="built-in", config={"domain": _domain})

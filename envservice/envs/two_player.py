@@ -1,0 +1,241 @@
+"""Two-player TextArena games (textarena 0.7.4) as service environments: TicTacToe from unseen starting positions,
+against a scripted opponent or with both seats played by clients (self-play).
+
+**Seats.** A game has two seats, 0 and 1 (TextArena's player ids). Every create and step answer names, in
+`info["seat"]` (`SEAT`), the seat whose turn it is; the observation is that seat's view (TextArena's messages to
+that player since its last turn: the opponent's move, the board, the moves it may make), and the next action is
+that seat's move. When the game ends, `info["seat_rewards"]` (`SEAT_REWARDS`) holds each seat's outcome,
+zero-sum: 1 for a win, -1 for a loss, 0 for both in a draw; the step's own reward is the outcome of the seat that
+moved. `evaluate` scores seat 0 (score (outcome + 1) / 2, success on a win); a client playing another seat reads
+its outcome from `seat_rewards`.
+
+**Opponents.** `params.opponent` says who plays the seat the client does not: `none` (nobody: the client plays
+both seats, one policy per seat, e.g. the same model in self-play), `random` (a free cell drawn from the task's
+seed), `first` (the lowest free cell) or `perfect` (minimax: never loses). With an opponent, the client plays the
+seat to move after the opening, and the env plays the other seat inside `step`, so the client only ever sees its
+own turns; `info["opponent"]` names the opponent in every answer.
+
+**Tasks** are starting positions: the board after `params.opening_moves` (0..4, default 3) random moves, drawn
+from the task's split, index and seed. A position's content is its board up to the board's 8 symmetries
+(rotations and reflections: the same game), so no test position is a train position turned or mirrored.
+
+**Moves** are a cell number 0-8 ('[4]', '4', 'I take [4]'); text with no cell in it is answered by the wrapper
+with the move format and never reaches the game (the seat moves again). A move TextArena refuses (an occupied
+cell) is the game's own rule: one warning, then the game is lost.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import random
+from typing import Any, Mapping
+
+from envservice.envs.base import STATE_KEY, Param, StepResult, Task, TextEnv, clip_text, content_digest, draw_for_split
+from envservice.envs.textarena_games import _bracketed_or_whole, _int_param
+from envservice.errors import EnvServiceError
+from envservice.protocol import ErrorCode
+
+SEAT = "seat"
+"""The `info` key naming the seat whose turn it is (an int from 0): the observation is that seat's view, and the
+next action is that seat's move. Absent once the game is over."""
+SEAT_REWARDS = "seat_rewards"
+"""The `info` key of a finished game's outcome per seat, by seat number as text: {"0": 1.0, "1": -1.0}."""
+OPPONENTS = ("none", "random", "first", "perfect")
+"""Who plays the seat the client does not (module docstring)."""
+MOVE_HINT = "a cell number 0-8 in square brackets, e.g. [4]"
+
+Board = tuple[str, ...]
+"""Nine cells, row by row: "X", "O" or "" (free)."""
+
+_LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
+_SYMMETRIES = (
+    (0, 1, 2, 3, 4, 5, 6, 7, 8), (6, 3, 0, 7, 4, 1, 8, 5, 2), (8, 7, 6, 5, 4, 3, 2, 1, 0),
+    (2, 5, 8, 1, 4, 7, 0, 3, 6), (2, 1, 0, 5, 4, 3, 8, 7, 6), (6, 7, 8, 3, 4, 5, 0, 1, 2),
+    (0, 3, 6, 1, 4, 7, 2, 5, 8), (8, 5, 2, 7, 4, 1, 6, 3, 0),
+)
+"""The board's 8 symmetries as cell permutations: new cell i holds old cell p[i] (turns by 0/90/180/270 degrees,
+then the four mirror images)."""
+
+
+def canonical(board: Board) -> Board:
+    """The least of the board's 8 symmetric images: one representative per position up to turning and mirroring."""
+    return min(tuple(board[i] for i in permutation) for permutation in _SYMMETRIES)
+
+
+def winner(board: Board) -> str:
+    """"X" or "O" when that mark holds a line, else ""."""
+    for a, b, c in _LINES:
+        if board[a] and board[a] == board[b] == board[c]:
+            return board[a]
+    return ""
+
+
+def free_cells(board: Board) -> list[int]:
+    """The free cells, lowest first."""
+    return [cell for cell, mark in enumerate(board) if not mark]
+
+
+@functools.lru_cache(maxsize=None)
+def minimax_value(board: Board, mark: str) -> int:
+    """The value for `mark`, to move on `board`, of perfect play by both: 1 win, 0 draw, -1 loss."""
+    other = "O" if mark == "X" else "X"
+    if winner(board):
+        return -1  # the previous mover (`other`) completed a line
+    cells = free_cells(board)
+    if not cells:
+        return 0
+    return max(-minimax_value(board[:cell] + (mark,) + board[cell + 1:], other) for cell in cells)
+
+
+def perfect_move(board: Board, mark: str) -> int:
+    """The lowest cell among those of best minimax value for `mark` (deterministic)."""
+    other = "O" if mark == "X" else "X"
+    return max(free_cells(board), key=lambda cell: (-minimax_value(board[:cell] + (mark,) + board[cell + 1:], other),
+                                                    -cell))
+
+
+class TicTacToeEnv(TextEnv):
+    """TextArena TicTacToe for two seats, from a starting position, against an opponent or self-play (module
+    docstring)."""
+
+    description = ("TextArena TicTacToe for two seats from unseen starting positions: against a scripted opponent "
+                   "(random, first, perfect) or both seats played by clients (self-play); move: [cell 0-8].")
+    splits = {"train": [f"position-{i}" for i in range(1000)], "test": [f"position-{i}" for i in range(200)]}
+    params = {
+        "opponent": Param(f"Who plays the other seat: one of {', '.join(OPPONENTS)} (default random).", str),
+        "opening_moves": Param("Random moves made before the first turn, 0..4 (default 3).", int),
+    }
+    max_steps = 40
+
+    def __init__(self) -> None:
+        """An instance without a game; `reset` starts one."""
+        self.game: Any = None
+        self.opponent = "random"
+        self._rng = random.Random(0)
+        self._client_seat = 0
+
+    @staticmethod
+    def opponent_of(params: Mapping[str, Any]) -> str:
+        """`params.opponent`, checked against `OPPONENTS` (a `bad_request` naming the valid choices otherwise)."""
+        opponent = params.get("opponent", "random")
+        if opponent not in OPPONENTS:
+            raise EnvServiceError(ErrorCode.bad_request, f"params.opponent={clip_text(repr(opponent))} is not an "
+                                  f"opponent; valid choices: {list(OPPONENTS)}", valid_choices=list(OPPONENTS))
+        return opponent
+
+    @classmethod
+    def resolve_task(cls, task_id: int | str | None, split: str, seed: int | None,
+                     params: Mapping[str, Any]) -> Task:
+        """The base checks, then the params (a bad value fails at create time)."""
+        task = super().resolve_task(task_id, split, seed, params)
+        cls.opponent_of(task.params)
+        _int_param(task.params, "opening_moves", 3, 0, 4)
+        return task
+
+    @classmethod
+    def opening(cls, task: Task) -> tuple[tuple[int, ...], str]:
+        """(the opening's cells in the order played, its fingerprint): the first of a seeded series of random
+        openings whose position belongs to the task's split."""
+        moves = _int_param(task.params, "opening_moves", 3, 0, 4)
+        rng = random.Random(f"tictactoe:{task.split}:{task.index}:{task.seed}")
+        openings = (tuple(rng.sample(range(9), moves)) for _ in itertools.count())
+        return draw_for_split(task.split, openings,
+                              lambda cells: content_digest("tictactoe", canonical(_board_after(cells))),
+                              f"TicTacToe with params.opening_moves={moves}")
+
+    @classmethod
+    def task_fingerprint(cls, task: Task) -> str:
+        """The starting position up to the board's symmetries."""
+        return cls.opening(task)[1]
+
+    def reset(self, task: Task) -> tuple[str, dict[str, Any]]:
+        """A game from the task's starting position; the observation is the seat to move's view."""
+        from textarena.envs.TicTacToe.env import TicTacToeEnv as Game
+
+        self.opponent = self.opponent_of(task.params)
+        self._rng = random.Random(f"tictactoe-opponent:{task.split}:{task.index}:{task.seed}")
+        self.game = Game()
+        self.game.reset(num_players=2)
+        for cell in self.opening(task)[0]:
+            self.game.step(f"[{cell}]")
+        self._client_seat = self.seat_to_move()
+        return self._observation(), self._info()
+
+    def step(self, action: str) -> StepResult:
+        """The move of the seat to move; with an opponent, then the opponent's reply (module docstring)."""
+        if self.game is None or self.game.state.done:
+            return "The game is over; reset to play again.", 0.0, True, False, {"invalid": True}
+        move = _bracketed_or_whole(action, r"\d")
+        if move is None:
+            return (f"Invalid action {clip_text(action)!r}. Valid actions: {MOVE_HINT}.", 0.0, False, False,
+                    {**self._info(), "invalid": True})
+        mover = self.seat_to_move()
+        self.game.step(f"[{move.group(1)}]")
+        while self.opponent != "none" and not self.game.state.done and self.seat_to_move() != self._client_seat:
+            self.game.get_observation()  # the opponent's view: the scripted player reads the board instead
+            self.game.step(f"[{self._opponent_move()}]")
+        if not self.game.state.done:
+            return self._observation(), 0.0, False, False, self._info()
+        outcome = {str(seat): float(reward) for seat, reward in sorted(self.game.state.rewards.items())}
+        reason = self.game.state.game_info[mover].get("reason") or "the game ended"
+        info = {STATE_KEY: self.state_key, SEAT_REWARDS: outcome, "opponent": self.opponent,
+                "invalid_move": bool(self.game.state.game_info[mover].get("invalid_move", False))}
+        return f"{self._observation()}\nGame over: {reason}".strip(), outcome[str(mover)], True, False, info
+
+    def evaluate(self) -> tuple[float, bool]:
+        """Seat 0's outcome as a score: (outcome + 1) / 2 (0.5 for a draw or an unfinished game); success on a
+        win. With an opponent, the client's seat instead."""
+        if self.game is None or not self.game.state.done:
+            return 0.5 if self.game is not None else 0.0, False
+        seat = self._client_seat if self.opponent != "none" else 0
+        outcome = float(self.game.state.rewards[seat])
+        return (outcome + 1) / 2, outcome == 1
+
+    def close(self) -> None:
+        """Drop the game."""
+        self.game = None
+
+    # ---- the board ---------------------------------------------------------------------------------
+
+    def seat_to_move(self) -> int:
+        """TextArena's current player."""
+        return int(self.game.state.current_player_id)
+
+    def board(self) -> Board:
+        """The nine cells, row by row."""
+        return tuple(mark for row in self.game.state.game_state["board"] for mark in row)
+
+    @property
+    def state_key(self) -> str:
+        """The board and the seat to move (`STATE_KEY`); a refused action leaves both as they were."""
+        return content_digest("tictactoe-state", self.board(), None if self.game.state.done else self.seat_to_move())
+
+    def _opponent_move(self) -> int:
+        board, mark = self.board(), _mark_of(self.seat_to_move())
+        if self.opponent == "random":
+            return self._rng.choice(free_cells(board))
+        if self.opponent == "first":
+            return free_cells(board)[0]
+        return perfect_move(board, mark)
+
+    def _observation(self) -> str:
+        """The messages to the seat to move since its last turn, without the echo of raw actions."""
+        _, messages = self.game.get_observation()
+        return "\n".join(text for _, text, kind in messages if kind.name != "PLAYER_ACTION")
+
+    def _info(self) -> dict[str, Any]:
+        return {SEAT: self.seat_to_move(), STATE_KEY: self.state_key, "opponent": self.opponent}
+
+
+def _mark_of(seat: int) -> str:
+    """TextArena's TicTacToe gives player 1 'X' and player 0 'O'."""
+    return "X" if seat == 1 else "O"
+
+
+def _board_after(cells: tuple[int, ...]) -> Board:
+    """The board after `cells` were played in turn from player 0."""
+    board = [""] * 9
+    for turn, cell in enumerate(cells):
+        board[cell] = _mark_of(turn % 2)
+    return tuple(board)
