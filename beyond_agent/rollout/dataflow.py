@@ -99,6 +99,9 @@ class EpisodeSpec:
     sampling_seed: int | None = None
     """The seed its turns' sampling seeds derive from (`seeded`): the run's seed and the episode's place in it
     (`place_seeds`); None lets the LLM server draw them."""
+    seat: int | None = None
+    """In a game with several seats (`beyond_agent/rollout/seats.py`), the seat this episode played; None in a
+    one-player episode."""
 
 
 def place_seeds(specs: Sequence[EpisodeSpec], run_seed: int | None, *place: object) -> list[EpisodeSpec]:

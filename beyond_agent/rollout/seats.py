@@ -1,0 +1,203 @@
+"""One game with a policy per seat: one env session, one conversation per seat (issue #57).
+
+An env with several seats names the seat to move in every answer (`info["seat"]`, envservice/envs/two_player.py)
+and shows that seat's view. `SeatedDataflow` keeps one `Dataflow` per seat, all on the same session: the seat to
+move adds the observation to its own conversation, its own policy writes its move (the same model in self-play, an
+earlier checkpoint or a scripted player as an opponent), and the env's answer says who moves next. So each seat's
+conversation holds only its own view and its own sampled tokens, with the ids, masks and log-probs a one-player
+episode has, and trains as an episode of its own.
+
+How a game ends for its seats:
+- the env ends it (`terminated`): every seat's termination is `done`, and its outcome is its entry in
+  `info["seat_rewards"]` (zero-sum: 1, 0, -1). A seat's score is (outcome + 1) / 2 (win 1, draw 0.5, loss 0) and
+  its success a win; its reward is its `AgentTask`'s reward of that outcome (the default task: the score). The
+  mover's last step reward is the env's reward for its move, which is its outcome; every other seat's last move
+  gets its own outcome as its step reward too, so that step-level credit (GiGPO) sees the result of the game on
+  each seat's last move alike.
+- a limit cuts it (a seat's round limit, the env's own step limit, a seat's response length): the game has no
+  result, and every seat scores as in a draw (outcome 0); the seat that hit the length limit ends with `length`,
+  the others with the reason that stopped the game for everyone (`max_rounds`, `truncated`).
+- an infrastructure failure of any seat (`env_error`, `llm_error`, `timeout`) voids the game: every seat with a
+  policy ends with it (a result without an episode for a seat that had not moved yet), and none is trained
+  (`EpisodeResult.infra_failure`).
+A seat that never moved in a game the env ended (it ended before that seat's first turn, or an opponent inside the
+env played that seat: `params.opponent` other than `none`) has no conversation and no result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Mapping
+
+from envservice.envs.two_player import SEAT, SEAT_REWARDS
+from beyond_agent.rollout.dataflow import (Dataflow, DataflowConfig, EpisodeResult, EpisodeSpec, GenerateFn,
+                                           _EpisodeFailure, seeded, state_anchor)
+from beyond_agent.rollout.handler import RolloutHandler
+
+CUT_OUTCOME = 0.0
+"""The outcome of every seat of a game a limit cut before its end: a draw."""
+
+
+class _LastAnswer:
+    """The env client, keeping its last create or step answer: the seat to move is in its info."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.info: Mapping[str, Any] = {}
+
+    def create(self, *args: Any) -> Any:
+        answer = self.client.create(*args)
+        self.info = getattr(answer, "info", None) or {}
+        return answer
+
+    def step(self, *args: Any) -> Any:
+        answer = self.client.step(*args)
+        self.info = getattr(answer, "info", None) or {}
+        return answer
+
+    def evaluate(self, *args: Any) -> Any:
+        return self.client.evaluate(*args)
+
+    def release(self, *args: Any) -> Any:
+        return self.client.release(*args)
+
+
+@dataclasses.dataclass
+class _Seat:
+    """One seat's episode in progress: its Dataflow (rounds, step rewards, anchors, timings) and conversation."""
+
+    flow: Dataflow
+    handler: RolloutHandler | None = None
+    termination: str | None = None
+
+
+class SeatedDataflow:
+    """Plays one game of `spec` with `policies[seat]` writing each seat's moves; see the module docstring.
+
+    Args:
+        spec: the game (env, task, params; `params.opponent: none` for a game whose every seat is played here).
+            Each seat's result carries a copy with `seat` set and `group_id` suffixed `/seat<k>`: GRPO then
+            compares a seat's episodes with the same seat's in other games of the task (a seat's outcome is
+            the negative of its opponent's, so a group of both seats would only learn who moved first).
+        env_client: the envservice client.
+        policies: seat -> its generate function; every seat the env may name must have one.
+        tokenizer, config: as for `Dataflow` (the round limit counts each seat's turns).
+    """
+
+    def __init__(self, spec: EpisodeSpec, env_client: Any, policies: Mapping[int, GenerateFn], tokenizer: Any,
+                 config: DataflowConfig) -> None:
+        self.spec = spec
+        self.env = _LastAnswer(env_client)
+        self.config = config
+        self.seats = {seat: _Seat(Dataflow(self._seat_spec(seat), self.env, seeded(generate, self._seed(seat)),
+                                           tokenizer, config))
+                      for seat, generate in sorted(policies.items())}
+
+    def run(self) -> list[EpisodeResult]:
+        """Play the game; one result per seat that moved, in seat order. Never raises; releases the session."""
+        started = time.monotonic()
+        for seat in self.seats.values():
+            seat.flow._deadline = started + self.config.episode_timeout_s
+        opener, session_id = next(iter(self.seats.values())).flow, None
+        try:
+            session_id, observation = opener._create_session()
+            outcomes = self._play(session_id, observation)
+            results = [self._scored(seat, outcomes) for seat in self._moved()]
+        except _EpisodeFailure as failure:  # every seat is accounted for, with or without a move
+            results = [seat.flow._result(seat.handler, failure.termination, error=str(failure))
+                       for seat in self.seats.values()]
+        finally:
+            opener._release(session_id)
+        for result in results:
+            result.wall_time_s = time.monotonic() - started
+        return results
+
+    # ---- the game ----------------------------------------------------------------------------------
+
+    def _play(self, session_id: str, observation: str) -> dict[int, float]:
+        """Seats move in the order the env names them until the game ends; each seat's outcome."""
+        while True:
+            number = self._seat_to_move()
+            seat = self.seats[number]
+            seat.flow._state = state_anchor(observation, self.env.info)
+            if seat.handler is None:
+                seat.handler = seat.flow._new_handler(observation)
+            else:
+                seat.handler.add_observation(observation)
+            stop = self._limit(seat)
+            if stop is not None:
+                return self._cut(number, stop)
+            seat.flow._rounds += 1
+            turn = seat.flow._generate(seat.handler)
+            seat.handler.add_assistant(turn.token_ids, turn.logprobs, getattr(turn, "policy_version", None))
+            seat.flow._anchors.append(seat.flow._state)
+            if seat.handler.done:  # the reply hit max_response_length: the env does not step
+                seat.flow._step_rewards.append(0.0)
+                return self._cut(number, "length")
+            observation, ended = seat.flow._act(session_id, turn.token_ids)
+            if ended == "done":
+                return self._finish(number)
+            if ended is not None:  # the env's own step limit
+                return self._cut(number, ended)
+
+    def _limit(self, seat: _Seat) -> str | None:
+        """Why `seat` cannot take another turn, or None."""
+        if seat.handler.done or seat.handler.remaining_response_length <= 0:
+            return "length"  # the observation filled the response
+        if seat.flow._rounds >= self.config.max_rounds:
+            return "max_rounds"
+        return None
+
+    def _seat_to_move(self) -> int:
+        seat = self.env.info.get(SEAT)
+        if seat not in self.seats:
+            raise _EpisodeFailure("env_error", f"the env named seat {seat!r} to move; this game has policies for "
+                                  f"seats {sorted(self.seats)} (a one-player env, or params.opponent not `none`?)")
+        return seat
+
+    def _finish(self, mover: int) -> dict[int, float]:
+        """The env ended the game: each seat's outcome, also as its last move's step reward."""
+        rewards = self.env.info.get(SEAT_REWARDS)
+        try:
+            outcomes = {int(seat): float(value) for seat, value in rewards.items()}
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise _EpisodeFailure("env_error", f"a finished game's info[{SEAT_REWARDS!r}] must map each seat to "
+                                  f"its outcome; got {rewards!r}") from exc
+        missing = [number for number in self._moved_numbers() if number not in outcomes]
+        if missing:
+            raise _EpisodeFailure("env_error", f"info[{SEAT_REWARDS!r}] has no outcome for seats {missing}")
+        for number, seat in self.seats.items():
+            seat.termination = "done"
+            if seat.handler is not None and number != mover:
+                seat.flow._step_rewards[-1] = outcomes[number]
+        return outcomes
+
+    def _cut(self, stopped_by: int, reason: str) -> dict[int, float]:
+        """A limit ended the game: `reason` for the seat it stopped, `max_rounds` / `truncated` for the others."""
+        for number, seat in self.seats.items():
+            seat.termination = reason if number == stopped_by or reason != "length" else "truncated"
+        return {number: CUT_OUTCOME for number in self.seats}
+
+    def _scored(self, seat: _Seat, outcomes: dict[int, float]) -> EpisodeResult:
+        number = seat.flow.spec.seat
+        outcome = outcomes[number]
+        seat.handler.finish(seat.termination)
+        return seat.flow._scored_result(seat.handler, (outcome + 1) / 2, outcome == 1)
+
+    def _moved(self) -> list[_Seat]:
+        return [seat for seat in self.seats.values() if seat.handler is not None]
+
+    def _moved_numbers(self) -> list[int]:
+        return [number for number, seat in self.seats.items() if seat.handler is not None]
+
+    # ---- each seat's spec --------------------------------------------------------------------------
+
+    def _seat_spec(self, seat: int) -> EpisodeSpec:
+        return dataclasses.replace(self.spec, seat=seat, group_id=f"{self.spec.group_id}/seat{seat}")
+
+    def _seed(self, seat: int) -> int | None:
+        """Each seat's sampling seed: the game's, and the seat (two seats of one model must not sample alike)."""
+        from beyond_agent.rollout.llm import request_seed
+
+        return None if self.spec.sampling_seed is None else request_seed(self.spec.sampling_seed, "seat", seat)

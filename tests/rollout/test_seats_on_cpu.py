@@ -1,0 +1,146 @@
+"""SeatedDataflow (beyond_agent/rollout/seats.py): one TicTacToe game, a policy per seat, against a real envservice
+over loopback with the tiny model's tokenizer. Each seat's episode holds only its own view and exactly the ids its
+policy wrote; outcomes, step rewards, groups, seeds and every way a game can end are checked by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from envservice.client import EnvClient
+from envservice.envs.two_player import SEAT_REWARDS
+from envservice.server import Settings, create_app
+from beyond_agent.rollout.dataflow import DataflowConfig, EpisodeSpec
+from beyond_agent.rollout.llm import GenerationResult, LLMError, request_seed
+from beyond_agent.rollout.seats import SeatedDataflow
+
+pytestmark = pytest.mark.timeout(120)
+LIMITS = dict(max_rounds=9, max_prompt_length=1024, max_response_length=2048, max_tokens_per_turn=16)
+
+
+class Moves:
+    """A seat's policy: writes the given replies in turn (the tokenizer's ids plus end-of-turn), recording the ids,
+    the prompts it was shown and the seeds it was asked to sample with."""
+
+    def __init__(self, tokenizer, replies: list[str], fail_at: int | None = None):
+        self.tokenizer, self.replies, self.fail_at = tokenizer, replies, fail_at
+        self.sampled: list[list[int]] = []
+        self.prompts: list[str] = []
+        self.seeds: list[int | None] = []
+
+    def __call__(self, request_id: str, prompt_ids: list[int], max_tokens: int, seed: int | None = None):
+        if len(self.sampled) == self.fail_at:
+            raise LLMError("connection", "server went away (scripted)")
+        ids = (self.tokenizer.encode(self.replies[len(self.sampled)], add_special_tokens=False)
+               + [self.tokenizer.eos_token_id])[:max_tokens]
+        self.sampled.append(ids)
+        self.prompts.append(self.tokenizer.decode(prompt_ids))
+        self.seeds.append(seed)
+        return GenerationResult(token_ids=ids, logprobs=[-0.25] * len(ids), stop_reason="stop", latency_s=0.0)
+
+
+@pytest.fixture(scope="module")
+def service_url(serve_app):
+    with serve_app(create_app(Settings(env_ids=["tictactoe", "frozenlake"], max_sessions=16))) as url:
+        yield url
+
+
+@pytest.fixture
+def client(service_url):
+    with EnvClient(service_url, timeout=10, retries=0) as client:
+        yield client
+    with EnvClient(service_url) as probe:
+        assert probe.health().sessions == 0  # every game released its session
+
+
+def game(opening_moves: int = 0, **fields) -> EpisodeSpec:
+    return EpisodeSpec("tictactoe", task_id=0, seed=0, params={"opponent": "none", "opening_moves": opening_moves},
+                       group_id="pos0", **fields)
+
+
+def play(client, tokenizer, seat0, seat1, spec=None, **limits):
+    policies = {0: Moves(tokenizer, seat0[0], **seat0[1]), 1: Moves(tokenizer, seat1[0], **seat1[1])}
+    results = SeatedDataflow(spec or game(), client, policies, tokenizer,
+                             DataflowConfig(**{**LIMITS, **limits})).run()
+    return results, policies
+
+
+def trained_ids(result) -> list[int]:
+    episode = result.episode
+    return [token for token, mask in zip(episode.response_ids, episode.response_mask) if mask]
+
+
+def test_each_seat_trains_on_its_own_moves_and_sees_its_own_view(client, chatml_tokenizer):
+    """Seat 0 (O) takes 0, 1, 2 and wins; seat 1 (X) took 3 and 4 and loses. Each seat's masked ids are exactly
+    what its policy wrote; each seat's prompts show the opponent's moves, never the opponent's raw text."""
+    results, policies = play(client, chatml_tokenizer, (["[0]", "I take [1]", "[2]"], {}),
+                             (["[3]", "my move: [4]"], {}))
+    assert [r.spec.seat for r in results] == [0, 1] and [r.spec.group_id for r in results] == ["pos0/seat0", "pos0/seat1"]
+    assert [r.termination for r in results] == ["done", "done"]
+    assert [(r.score, r.success, r.reward) for r in results] == [(1.0, True, 1.0), (0.0, False, 0.0)]
+    assert [r.rounds for r in results] == [3, 2]
+    assert results[0].step_rewards == [0.0, 0.0, 1.0] and results[1].step_rewards == [0.0, -1.0]
+    for result, policy in zip(results, policies.values()):
+        assert trained_ids(result) == [token for ids in policy.sampled for token in ids]
+        assert {lp for lp, m in zip(result.episode.response_logprobs, result.episode.response_mask) if m} == {-0.25}
+    assert "Player 1 placed their symbol (X) in cell 3." in policies[0].prompts[1]
+    assert "my move" not in policies[0].prompts[2] and "I take" not in policies[1].prompts[1]
+    assert "Player 0 placed their symbol (O) in cell 1." in policies[1].prompts[1]
+    assert len(set(results[0].anchors)) == 3 and not set(results[0].anchors) & set(results[1].anchors)
+
+
+def test_a_seats_reply_without_a_move_is_answered_to_that_seat_alone(client, chatml_tokenizer):
+    """Seat 1's 'hmm' holds no cell: the wrapper answers seat 1, which moves again; seat 0 never sees it. A draw
+    (0 -> 4 -> 8 -> 2 -> 6 -> 3 -> 5 -> 7 -> 1) scores both seats 0.5."""
+    results, policies = play(client, chatml_tokenizer, (["[0]", "[8]", "[6]", "[5]", "[1]"], {}),
+                             (["hmm", "[4]", "[2]", "[3]", "[7]"], {}))
+    assert [r.termination for r in results] == ["done", "done"] and [r.score for r in results] == [0.5, 0.5]
+    assert "Invalid action 'hmm'" in policies[1].prompts[1] and not any("hmm" in p for p in policies[0].prompts)
+    assert results[1].step_rewards == [0.0, 0.0, 0.0, 0.0, 0.0] and results[0].step_rewards[-1] == 0.0
+    assert [r.rounds for r in results] == [5, 5]
+
+
+def test_the_round_limit_cuts_the_game_as_a_draw_for_every_seat(client, chatml_tokenizer):
+    results, _ = play(client, chatml_tokenizer, (["[0]", "[1]", "[5]"], {}), (["[4]", "[8]", "[6]"], {}),
+                      max_rounds=2)
+    assert [r.termination for r in results] == ["max_rounds", "max_rounds"]
+    assert [(r.score, r.success, r.rounds) for r in results] == [(0.5, False, 2), (0.5, False, 2)]
+
+
+def test_an_llm_failure_of_one_seat_voids_the_game_for_both(client, chatml_tokenizer):
+    results, _ = play(client, chatml_tokenizer, (["[0]", "[1]"], {}), (["[4]", "[8]"], {"fail_at": 1}))
+    assert [r.termination for r in results] == ["llm_error", "llm_error"]
+    assert all(r.infra_failure and r.reward == 0.0 for r in results)
+
+
+def test_a_seat_without_a_policy_or_a_one_player_env_is_an_env_error_for_every_seat(client, chatml_tokenizer):
+    """Seat 0 is to move and only seat 1 has a policy; FrozenLake names no seat. Each game is void, and every seat
+    with a policy is accounted for with a result that has no episode."""
+    policies = {1: Moves(chatml_tokenizer, ["[4]"])}
+    [result] = SeatedDataflow(game(), client, policies, chatml_tokenizer, DataflowConfig(**LIMITS)).run()
+    assert (result.termination, result.episode, result.spec.seat) == ("env_error", None, 1)
+    assert "the env named seat 0 to move; this game has policies for seats [1]" in result.error
+    results, _ = play(client, chatml_tokenizer, (["left"], {}), (["right"], {}),
+                      spec=EpisodeSpec("frozenlake", task_id=0, seed=0, group_id="map0"))
+    assert [(r.termination, r.spec.seat) for r in results] == [("env_error", 0), ("env_error", 1)]
+    assert "the env named seat None to move" in results[0].error
+
+
+def test_against_an_opponent_inside_the_env_only_the_clients_seat_plays(client, chatml_tokenizer):
+    """`first` plays seat 1 (X) inside each step (the lowest free cell): O takes 4, 8, 2 and wins on 2-4-6 while X
+    took 0, 1, 3. Only seat 0 moved, so it alone has a result."""
+    spec = EpisodeSpec("tictactoe", task_id=0, seed=0, params={"opponent": "first", "opening_moves": 0},
+                       group_id="pos0")
+    results, policies = play(client, chatml_tokenizer, (["[4]", "[8]", "[2]", "[6]"], {}), (["[5]"], {}), spec=spec)
+    assert [(r.spec.seat, r.termination, r.success, r.rounds) for r in results] == [(0, "done", True, 4)]
+    assert policies[1].sampled == []
+
+
+def test_each_seat_samples_with_its_own_seeds(client, chatml_tokenizer):
+    """A seeded game gives seat k's turn t the seed request_seed(request_seed(game seed, 'seat', k), t): two seats of
+    one model never sample alike."""
+    results, policies = play(client, chatml_tokenizer, (["[0]", "[1]", "[2]"], {}), (["[3]", "[4]"], {}),
+                             spec=game(sampling_seed=7))
+    for seat, policy in policies.items():
+        seat_seed = request_seed(7, "seat", seat)
+        assert policy.seeds == [request_seed(seat_seed, turn) for turn in range(len(policy.sampled))]
+    assert results[0].spec.sampling_seed == 7
