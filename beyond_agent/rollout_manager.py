@@ -50,6 +50,7 @@ from beyond_agent.gateway.server import GatewayServer
 from beyond_agent.rollout.env_manager import ParallelEnvManager, RolloutOutput, summarize
 from beyond_agent.rollout.llm import AsyncLLMServerManager, VerlLLMServerBackend
 from beyond_agent.rollout.rounds import Horizon
+from beyond_agent.rollout.seats import SelfPlayEnvManager, seat_figures
 from beyond_agent.rollout.versions import PolicyVersionGate
 from beyond_agent.run_folder import METRICS_PREFIX
 from beyond_agent.settings import BeyondAgentSettings
@@ -124,6 +125,7 @@ def rollout_figures(output: RolloutOutput, llm_busy_s: float, tasks: list[str]) 
             sum(result.agent_mode == "per_call" for result in played_by_agent))
         figures[f"{METRICS_PREFIX}agent/earlier_segments"] = float(
             sum(len(result.earlier_segments) for result in played_by_agent))
+    figures.update(seat_figures(output.results, prefix=METRICS_PREFIX))  # games of several seats: each seat's
     return figures
 
 
@@ -231,6 +233,9 @@ class BeyondAgentLoopManager:
             return AgentEnvManager(self.env_client, generate, self.tokenizer, self.settings.episode, gateway.gateway,
                                    gateway.url, self._agent, max_workers=self.settings.concurrency,
                                    gateway_socket=gateway.socket_path)
+        if self.settings.self_play.active:  # the policy plays every seat of each game
+            return SelfPlayEnvManager(self.env_client, generate, self.tokenizer, self.settings.episode,
+                                      self.settings.self_play, max_workers=self.settings.concurrency)
         return ParallelEnvManager(self.env_client, generate, self.tokenizer, self.settings.episode,
                                   max_workers=self.settings.concurrency)
 
@@ -376,7 +381,8 @@ class BeyondAgentLoopManager:
         # verl validates in as many batches as data.val_batch_size makes: the first batch of a step starts
         # its file, later ones add to it, all of them together up to max_per_step episodes.
         written = self._dumped.get((step, kind), 0) if kind == "val" else 0
-        kept = results[: max(self.settings.trajectories.max_per_step - written, 0)]
+        every_seat = [seat for result in results for seat in (result, *result.other_seats)]  # self-play: each seat's
+        kept = every_seat[: max(self.settings.trajectories.max_per_step - written, 0)]
         if written and not kept:
             return
         write_dump(Path(self.settings.trajectories.dir), step, kind,

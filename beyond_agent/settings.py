@@ -25,6 +25,7 @@ from beyond_agent.gateway.agents import AgentConfig
 from beyond_agent.rollout.dynamic_sampling import DynamicSamplingConfig
 from beyond_agent.rollout.llm import LLMManagerConfig, SamplingParams
 from beyond_agent.rollout.rounds import RoundScheduler
+from beyond_agent.rollout.seats import SelfPlayConfig
 from beyond_agent.sections import from_section, section_keys
 from beyond_agent.tasks import TaskTable
 from beyond_agent.weights.delta import WeightSyncConfig
@@ -125,13 +126,15 @@ class BeyondAgentSection:
     """`DynamicSamplingConfig`: groups without learning signal dropped and replaced."""
     agent: Mapping[str, Any] | None = None
     """`AgentConfig`: episodes played by a user's agent behind the OpenAI-compatible gateway."""
+    self_play: Mapping[str, Any] | None = None
+    """`SelfPlayConfig`: episodes played as games with the policy in every seat."""
     trajectories: Mapping[str, Any] | None = None
     """`TrajectoryDump`: which sampled episodes are written to disk."""
 
 
 SECTION_CLASSES = {"env": EnvSettings, "trajectories": TrajectoryDump, "async_rollout": AsyncRolloutSettings,
                    "weight_sync": WeightSyncConfig, "multitask": MultitaskConfig, "gigpo": GiGPOConfig,
-                   "dynamic_sampling": DynamicSamplingConfig, "agent": AgentConfig}
+                   "dynamic_sampling": DynamicSamplingConfig, "agent": AgentConfig, "self_play": SelfPlayConfig}
 """The sub-sections read by a dataclass of their own (`from_section`), by key of `beyond_agent:`."""
 
 
@@ -175,6 +178,8 @@ class BeyondAgentSettings:
     """Which groups a training step drops for lack of signal, and how many it replaces."""
     agent: AgentConfig = AgentConfig()
     """A user's agent that plays the episodes behind the gateway (`beyond_agent.agent`; off by default)."""
+    self_play: SelfPlayConfig = SelfPlayConfig()
+    """Games whose every seat the policy plays (`beyond_agent.self_play`; off by default)."""
 
     @classmethod
     def from_config(cls, config: Any) -> "BeyondAgentSettings":
@@ -188,6 +193,9 @@ class BeyondAgentSettings:
         adv_estimator = str(_get(_get(config, "algorithm"), "adv_estimator") or "grpo")
         group_based = is_group_based(adv_estimator)
         _check_dynamic_sampling(config, subsection["dynamic_sampling"], group_based)
+        if subsection["self_play"].active and subsection["agent"].active:
+            raise ValueError("beyond_agent.self_play and beyond_agent.agent cannot be on together: a user's agent plays "
+                             "one seat's episodes behind the gateway, self-play plays every seat with our own loop")
         return cls(
             env=subsection["env"], rounds=rounds, val_max_rounds=_val_max_rounds(section.val_max_rounds),
             episode=_named(DataflowConfig, max_rounds=rounds.max_rounds(0), **_episode_limits(config, section)),
@@ -199,6 +207,7 @@ class BeyondAgentSettings:
             rollout_mode=_rollout_mode(config, section.rollout_mode), async_rollout=subsection["async_rollout"],
             weight_sync=subsection["weight_sync"], multitask=subsection["multitask"], gigpo=subsection["gigpo"],
             dynamic_sampling=subsection["dynamic_sampling"], agent=subsection["agent"],
+            self_play=subsection["self_play"],
         )
 
     @property

@@ -5,8 +5,9 @@
   episode reward as `rm_scores` and the per-turn env rewards as `step_rewards`.
 - `training_batch` is what the rollout manager returns: infrastructure failures kept out of training
   (`excluded_rows`), collated, with the input rows' non-tensor fields and our own (`success`, `agent_task`).
-- `segment_batch` and `add_segment_rows`: a per_call agent episode's earlier samples, as rows verl's
-  training batch gets after `fit()` joined it with the rollout's (the trainer adds them).
+- `segment_batch` and `add_segment_rows`: a per_call agent episode's earlier samples, and the other seats of a
+  self-play game, as rows verl's training batch gets after `fit()` joined it with the rollout's (the trainer adds
+  them).
 
 Infrastructure failures (`env_error`, `llm_error`, `timeout`) are not reward. Their rows stay (verl's
 `fit()` needs every row back, in order) but get response mask 0 and no reward; with a group-based
@@ -46,48 +47,52 @@ def training_batch(results: Sequence[EpisodeResult], inputs: Any, pad_token_id: 
 
 @dataclass
 class SegmentRows:
-    """The earlier segments of a rollout's per_call agent episodes, as rows to add to verl's training batch."""
+    """The earlier segments of a rollout's per_call agent episodes, and the other seats of its self-play games, as
+    rows to add to verl's training batch."""
 
     origins: list[int]
     """Per row: the row of the episode it belongs to in the rollout batch (whose input fields, GRPO group
-    included, it shares)."""
+    included, it shares; a seat's row then moves to its seat's group: `add_segment_rows`)."""
     rows: DataProto
     """Their tensors and our non-tensor fields, collated like the rollout batch."""
 
 
 def segment_batch(results: Sequence[EpisodeResult], pad_token_id: int, max_prompt_length: int,
                   max_response_length: int, group_based: bool) -> SegmentRows | None:
-    """The rows of every `EpisodeResult.earlier_segments` of `results` (a rollout batch's episodes, in row order),
-    or None when no episode has any (the agent never rewrote its history, or our own loop played them).
+    """The rows of every `EpisodeResult.earlier_segments` and `other_seats` of `results` (a rollout batch's
+    episodes, in row order), or None when no episode has any (our own loop played one-player episodes).
 
     Verl's `fit()` joins the rollout's rows one to one with its input rows, so these cannot come back from
     `generate_sequences`; the trainer adds them to the batch afterwards (`add_segment_rows`).
     """
-    origins = [row for row, result in enumerate(results) for _ in result.earlier_segments]
-    if not origins:
+    added = [(row, extra) for row, result in enumerate(results)
+             for extra in (*result.earlier_segments, *result.other_seats)]
+    if not added:
         return None
-    segments = [segment for result in results for segment in result.earlier_segments]
+    origins = [row for row, _ in added]
     excluded_episodes = excluded_rows(results, group_based)
     # Rule: a segment of an excluded episode (an infrastructure failure, or in a group with one) is excluded
-    # with it: it is the same episode, and its group's baseline would lack the failed episodes.
+    # with it: it is the same episode, and its group's baseline would lack the failed episodes. The same holds for
+    # the other seats of a game: a failure voids every seat, and the row's groups go together.
     excluded = {i for i, origin in enumerate(origins) if origin in excluded_episodes}
-    return SegmentRows(origins, _result_rows(segments, excluded, pad_token_id, max_prompt_length,
-                                             max_response_length))
+    return SegmentRows(origins, _result_rows([extra for _, extra in added], excluded, pad_token_id,
+                                             max_prompt_length, max_response_length))
 
 
 def add_segment_rows(batch: DataProto, segments: SegmentRows | None, rows_multiple: int,
                      pad_token_id: int) -> dict[str, int]:
-    """Grow verl's training batch in place (fit() holds the object): the segment rows after the episodes' rows,
+    """Grow verl's training batch in place (fit() holds the object): the added rows after the episodes' rows,
     then pad rows until the row count is a multiple of `rows_multiple` (verl's mini-batch in rows, which also
     divides by the data-parallel size); returns how many of each were added.
 
-    A segment row copies every field of its episode's row (`uid`, so it joins the episode's GRPO group;
+    An added row copies every field of its episode's row (`uid`, so a segment joins the episode's GRPO group;
     `data_source`, `extra_info`, ...) and takes its own tokens and rollout fields. A pad row is one pad token
-    of prompt and of response and has a `uid` of its own.
+    of prompt and of response and has a `uid` of its own. Then every row of a seat gets its seat's group.
     """
-    parts = [batch]
+    parts, seat_rows = [batch], 0
     if segments is not None:
         parts.append(_rows_of(batch, segments.origins, segments.rows))
+        seat_rows = int(sum(seat >= 0 for seat in segments.rows.non_tensor_batch["seat"]))
     episodes, size = len(batch), sum(len(part) for part in parts)
     pads = -size % rows_multiple
     if pads:
@@ -103,7 +108,23 @@ def add_segment_rows(batch: DataProto, segments: SegmentRows | None, rows_multip
 
         grown = DataProto.concat(parts)
         batch.batch, batch.non_tensor_batch = grown.batch, grown.non_tensor_batch
-    return {"segment_rows": size - episodes, "pad_rows": pads}
+    _group_by_seat(batch)
+    return {"segment_rows": size - episodes - seat_rows, "seat_rows": seat_rows, "pad_rows": pads}
+
+
+def _group_by_seat(batch: DataProto) -> None:
+    """Move every seat's row into its seat's group: uid `<row uid>/seat<k>`.
+
+    Rule: in a zero-sum game a seat's outcome is the negative of its opponent's, so a group of both seats' episodes
+    would only learn which seat won; GRPO compares a seat's episode with the same seat's in the other games of the
+    same row."""
+    seats = batch.non_tensor_batch.get("seat")
+    if seats is None:
+        return
+    uids = batch.non_tensor_batch["uid"]
+    for i, seat in enumerate(seats):
+        if seat >= 0:
+            uids[i] = f"{uids[i]}/seat{seat}"
 
 
 def _rows_of(batch: DataProto, origins: list[int], rows: DataProto) -> DataProto:
@@ -138,6 +159,9 @@ def _result_rows(results: Sequence[EpisodeResult], excluded: set[int], pad_token
                                                      dtype=object)
     batch.non_tensor_batch["success"] = np.array([float(r.success) for r in results], dtype=np.float32)
     batch.non_tensor_batch["agent_task"] = np.array([r.spec.agent_task.label for r in results], dtype=object)
+    # The seat each row played in a game of several seats (-1: a one-player episode); `add_segment_rows` groups by it.
+    batch.non_tensor_batch["seat"] = np.array([-1 if r.spec.seat is None else r.spec.seat for r in results],
+                                              dtype=np.int64)
     batch.non_tensor_batch["multi_modal_inputs"] = np.array([{} for _ in results], dtype=object)
     return batch
 

@@ -171,6 +171,10 @@ class EpisodeResult:
     """For a per_call agent episode: the samples its calls formed before the last one (this result's `episode`),
     each with its own tokens, step rewards and anchors and this episode's reward, termination and success. They
     train as rows of their own, beside this episode's row (`rollout.batch.segment_batch`)."""
+    other_seats: list["EpisodeResult"] = field(default_factory=list)
+    """For a game whose every seat the policy played (`beyond_agent/rollout/seats.py`, self-play): the episodes of
+    the seats after this result's, each with its own tokens, reward and `spec.seat`. They train as rows of their
+    own, in their seat's group (`rollout.batch.segment_batch`)."""
 
     @property
     def infra_failure(self) -> bool:

@@ -22,17 +22,25 @@ How a game ends for its seats:
   (`EpisodeResult.infra_failure`).
 A seat that never moved in a game the env ended (it ended before that seat's first turn, or an opponent inside the
 env played that seat: `params.opponent` other than `none`) has no conversation and no result.
+
+**Self-play in training** (`beyond_agent.self_play.envs: [tictactoe]`): `SelfPlayEnvManager` plays each episode of
+those envs as such a game with the trained policy in every seat (other envs of a multi-task run play as usual). Verl joins the rollout's rows one to one with its
+input rows, so a game comes back as one result, its first seat's, carrying the others in `other_seats`; the
+trainer adds those as rows of their own (`rollout.batch.add_segment_rows`), and every seat's row is grouped with
+the same seat's rows of the same dataset row (uid `<row uid>/seat<k>`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from envservice.envs.two_player import SEAT, SEAT_REWARDS
 from beyond_agent.rollout.dataflow import (Dataflow, DataflowConfig, EpisodeResult, EpisodeSpec, GenerateFn,
                                            _EpisodeFailure, seeded, state_anchor)
+from beyond_agent.rollout.env_manager import ParallelEnvManager
 from beyond_agent.rollout.handler import RolloutHandler
 
 CUT_OUTCOME = 0.0
@@ -201,3 +209,85 @@ class SeatedDataflow:
         from beyond_agent.rollout.llm import request_seed
 
         return None if self.spec.sampling_seed is None else request_seed(self.spec.sampling_seed, "seat", seat)
+
+
+# ---- self-play in training ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SelfPlayConfig:
+    """`beyond_agent.self_play`: play the episodes of some envs as games whose every seat is the trained policy."""
+
+    envs: tuple[str, ...] = field(default_factory=list)  # type: ignore[assignment]  # a tuple once checked
+    """Env ids whose episodes are such games (the env must name the seat to move, `info["seat"]`: e.g. `tictactoe`
+    with `params.opponent: none`); the run's other envs play as usual. Empty: off."""
+    seats: int = 2
+    """Seats of those games, every one played by the policy."""
+
+    def __post_init__(self) -> None:
+        envs = self.envs
+        if isinstance(envs, str) or not all(isinstance(env, str) and env for env in envs):
+            raise ValueError(f"beyond_agent.self_play.envs must be a list of env ids, got {envs!r}")
+        object.__setattr__(self, "envs", tuple(envs))
+        if isinstance(self.seats, bool) or not isinstance(self.seats, int) or self.seats < 2:
+            raise ValueError(f"beyond_agent.self_play.seats must be an integer >= 2, got {self.seats!r}")
+
+    @property
+    def active(self) -> bool:
+        """Whether some env's episodes are played as games of several seats."""
+        return bool(self.envs)
+
+
+class SelfPlayDataflow:
+    """One dataset row's episode as a game of `SeatedDataflow`, returned as one result: the first seat's that has
+    one, carrying the others in `other_seats` (module docstring)."""
+
+    def __init__(self, game: SeatedDataflow) -> None:
+        self.game = game
+
+    def run(self) -> EpisodeResult:
+        """Play the game (never raises)."""
+        results = self.game.run()
+        if not results:  # cannot happen: a failure gives every seat a result, a game ends on some seat's move
+            raise RuntimeError("a game ended without any seat's result")
+        first, *others = results
+        first.other_seats = others
+        return first
+
+
+class SelfPlayEnvManager(ParallelEnvManager):
+    """A `ParallelEnvManager` whose episodes of `self_play.envs` are games with the policy in every seat."""
+
+    def __init__(self, env_client: Any, generate: GenerateFn, tokenizer: Any, config: DataflowConfig,
+                 self_play: SelfPlayConfig, max_workers: int = 64) -> None:
+        super().__init__(env_client, generate, tokenizer, config, max_workers=max_workers)
+        self.self_play = self_play
+
+    def dataflow(self, spec: EpisodeSpec, config: DataflowConfig | None = None) -> Dataflow | SelfPlayDataflow:
+        """The game of one episode spec of a self-play env (each seat samples with its own seeds:
+        `SeatedDataflow`); any other env's episode as usual."""
+        if spec.env_id not in self.self_play.envs:
+            return super().dataflow(spec, config)
+        policies = {seat: self.generate for seat in range(self.self_play.seats)}
+        return SelfPlayDataflow(SeatedDataflow(spec, self.env_client, policies, self.tokenizer, config or self.config))
+
+
+def seat_figures(results: list[EpisodeResult], prefix: str = "") -> dict[str, float]:
+    """Each seat's figures over a rollout's games (`other_seats` included): `seat<k>/episodes`, and the shares of
+    `win`, `draw` and `loss` among its games the env ended and of `cut` (a limit ended it); infrastructure
+    failures count in `episodes` only. {} when no result played a seat."""
+    by_seat: dict[int, list[EpisodeResult]] = {}
+    for result in results:
+        for seat_result in (result, *result.other_seats):
+            if seat_result.spec.seat is not None:
+                by_seat.setdefault(seat_result.spec.seat, []).append(seat_result)
+    figures = {}
+    for seat, played in sorted(by_seat.items()):
+        scored = [result for result in played if not result.infra_failure]
+        ended = [result for result in scored if result.termination == "done"]
+        name = f"{prefix}seat{seat}/"
+        figures[f"{name}episodes"] = float(len(played))
+        for outcome, score in (("win", 1.0), ("draw", 0.5), ("loss", 0.0)):
+            figures[f"{name}{outcome}"] = sum(result.score == score for result in ended) / max(len(scored), 1)
+        figures[f"{name}cut"] = (len(scored) - len(ended)) / max(len(scored), 1)
+    return figures

@@ -86,8 +86,8 @@ def prepare_verl_config(config: Any, settings: BeyondAgentSettings) -> LoraPlan 
         agent = config.actor_rollout_ref.rollout.agent
         if not agent.get("agent_loop_manager_class"):
             agent.agent_loop_manager_class = MANAGER_CLASS
-        if settings.agent.active:  # fit() calls _balance_batch only when it is on: our segment rows join there
-            config.trainer.balance_batch = True
+        if settings.agent.active or settings.self_play.active:  # fit() calls _balance_batch only when it is on:
+            config.trainer.balance_batch = True  # our segment and seat rows join there
     lora = configure_lora(config, settings.weight_sync.mode)
     configure_weight_sync(config, settings.weight_sync)
     return lora
@@ -150,9 +150,11 @@ class BeyondAgentTrainer(RayPPOTrainer):
         to a whole number of mini-batches (`rollout.batch.add_segment_rows`; their counts are logged as
         `beyond_agent/agent/segment_rows` and `pad_rows`); then verl's reordering if the user asked for it."""
         take = getattr(self.async_rollout_manager, "take_segment_rows", None)  # another manager: none
-        if self.beyond_settings.agent.active and take is not None:
+        settings = self.beyond_settings
+        if (settings.agent.active or settings.self_play.active) and take is not None:
             added = add_segment_rows(batch, take(), self._mini_batch_rows(), self.tokenizer.pad_token_id)
-            metrics.update({f"beyond_agent/agent/{key}": float(value) for key, value in added.items()})
+            section = "agent" if settings.agent.active else "self_play"
+            metrics.update({f"beyond_agent/{section}/{key}": float(value) for key, value in added.items()})
         if self.reorders_rows:
             super()._balance_batch(batch, metrics, logging_prefix=logging_prefix, keep_minibatch=keep_minibatch)
 

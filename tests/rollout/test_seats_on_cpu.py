@@ -11,7 +11,9 @@ from envservice.envs.two_player import SEAT_REWARDS
 from envservice.server import Settings, create_app
 from beyond_agent.rollout.dataflow import DataflowConfig, EpisodeSpec
 from beyond_agent.rollout.llm import GenerationResult, LLMError, request_seed
-from beyond_agent.rollout.seats import SeatedDataflow
+from beyond_agent.trajectories import episode_record
+from beyond_agent.rollout.seats import (SeatedDataflow, SelfPlayConfig, SelfPlayDataflow, SelfPlayEnvManager,
+                                        seat_figures)
 
 pytestmark = pytest.mark.timeout(120)
 LIMITS = dict(max_rounds=9, max_prompt_length=1024, max_response_length=2048, max_tokens_per_turn=16)
@@ -144,3 +146,62 @@ def test_each_seat_samples_with_its_own_seeds(client, chatml_tokenizer):
         seat_seed = request_seed(7, "seat", seat)
         assert policy.seeds == [request_seed(seat_seed, turn) for turn in range(len(policy.sampled))]
     assert results[0].spec.sampling_seed == 7
+
+
+def test_each_seats_figures_count_its_wins_draws_losses_and_cut_games(client, chatml_tokenizer):
+    """Three self-play games through SelfPlayEnvManager: seat 0 wins (0, 1, 2 against 3, 4), a draw, and a game cut
+    by the round limit of 2. Seat 0: 1 win, 1 draw, 1 cut of 3; seat 1: 1 loss, 1 draw, 1 cut."""
+    scripts = {"A": (["[0]", "[1]", "[2]"], ["[3]", "[4]"]),
+               "B": (["[0]", "[8]", "[6]", "[5]", "[1]"], ["[4]", "[2]", "[3]", "[7]"]),
+               "C": (["[0]", "[1]", "[5]"], ["[4]", "[8]", "[6]"])}
+    results = []
+    for name, (seat0, seat1) in scripts.items():
+        policies = {0: Moves(chatml_tokenizer, seat0), 1: Moves(chatml_tokenizer, seat1)}
+        limits = {**LIMITS, "max_rounds": 2 if name == "C" else 9}
+        first = SelfPlayDataflow(SeatedDataflow(game(), client, policies, chatml_tokenizer,
+                                                DataflowConfig(**limits))).run()
+        assert first.spec.seat == 0 and [other.spec.seat for other in first.other_seats] == [1]
+        results.append(first)
+    figures = seat_figures(results, prefix="beyond_agent/")
+    third = pytest.approx(1 / 3)
+    assert figures == {"beyond_agent/seat0/episodes": 3.0, "beyond_agent/seat0/win": third,
+                       "beyond_agent/seat0/draw": third, "beyond_agent/seat0/loss": 0.0, "beyond_agent/seat0/cut": third,
+                       "beyond_agent/seat1/episodes": 3.0, "beyond_agent/seat1/win": 0.0,
+                       "beyond_agent/seat1/draw": third, "beyond_agent/seat1/loss": third, "beyond_agent/seat1/cut": third}
+    assert seat_figures([]) == {}
+
+
+class FirstFreeCell:
+    """One policy for every seat: the first move TextArena lists as available in the prompt's last board."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.seeds = tokenizer, []
+
+    def __call__(self, request_id: str, prompt_ids: list[int], max_tokens: int, seed: int | None = None):
+        self.seeds.append(seed)
+        available = self.tokenizer.decode(prompt_ids).rsplit("Available Moves: ", 1)[1]
+        ids = self.tokenizer.encode(available.split(",")[0].strip("'"), add_special_tokens=False)
+        ids.append(self.tokenizer.eos_token_id)
+        return GenerationResult(token_ids=ids, logprobs=[-0.1] * len(ids), stop_reason="stop", latency_s=0.0)
+
+
+def test_the_self_play_manager_plays_each_spec_as_a_game_of_the_policy_against_itself(client, chatml_tokenizer):
+    """Two seeded specs of one row, the policy in both seats: each comes back as seat 0's result with seat 1's in
+    `other_seats`; on the empty board 'first free cell' against itself fills 0..6 and seat 0 wins on 2-4-6."""
+    policy = FirstFreeCell(chatml_tokenizer)
+    manager = SelfPlayEnvManager(client, policy, chatml_tokenizer, DataflowConfig(**LIMITS),
+                                 SelfPlayConfig(envs=("tictactoe",)), max_workers=2)
+    specs = [game(index=index, sampling_seed=request_seed(3, index)) for index in range(2)]
+    output = manager.run(specs + [EpisodeSpec("frozenlake", task_id=0, seed=0, group_id="map0", index=2)])
+    assert output.results[2].spec.seat is None and output.results[2].other_seats == []  # a one-player env: as usual
+    output.results = output.results[:2]
+    for result in output.results:
+        assert (result.spec.seat, result.termination, result.success, result.rounds) == (0, "done", True, 4), result.error
+        [other] = result.other_seats
+        assert (other.spec.seat, other.spec.group_id, other.score, other.rounds) == (1, "pos0/seat1", 0.0, 3)
+        assert episode_record(other, 1, "train").extra["seat"] == 1 and episode_record(other, 1, "train").group == "pos0/seat1"
+    seeds = [seed for seed in policy.seeds if seed is not None]  # FrozenLake's episode is not seeded
+    assert len(seeds) == 14 and len(set(seeds)) == 14  # each game's seats sample with seeds of their own
+    with pytest.raises(ValueError, match="self_play.seats must be an integer >= 2, got 1"):
+        SelfPlayConfig(envs=("tictactoe",), seats=1)
+    assert not SelfPlayConfig().active and SelfPlayConfig(envs=["tictactoe"]).envs == ("tictactoe",)

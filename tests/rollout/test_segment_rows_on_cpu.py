@@ -64,7 +64,7 @@ def test_earlier_segments_join_their_episodes_group_with_their_own_tokens_and_pa
     batch = fit_batch(results)
     added = add_segment_rows(batch, segment_batch(results, PAD, 4, 6, group_based=True), 4, PAD)
 
-    assert added == {"segment_rows": 3, "pad_rows": 1} and len(batch) == 8
+    assert added == {"segment_rows": 3, "seat_rows": 0, "pad_rows": 1} and len(batch) == 8
     assert list(batch.non_tensor_batch["uid"]) == ["g0", "g0", "g1", "g1", "g0", "g0", "g1", "pad-0"]
     # A segment row keeps every input field of its episode's row (the verl tensor included)...
     assert list(batch.non_tensor_batch["data_source"][4:7]) == ["source-1", "source-1", "source-3"]
@@ -155,8 +155,49 @@ def test_nothing_is_added_when_no_agent_rewrote_its_history_and_no_pad_when_the_
     plain = [sample("g0", 0, [1], [1], 0.0), sample("g0", 1, [2], [1], 1.0)]
     assert segment_batch(plain, PAD, 4, 6, group_based=True) is None
     batch = fit_batch(plain)
-    assert add_segment_rows(batch, None, 2, PAD) == {"segment_rows": 0, "pad_rows": 0} and len(batch) == 2
-    assert add_segment_rows(batch, None, 4, PAD) == {"segment_rows": 0, "pad_rows": 2} and len(batch) == 4
+    assert add_segment_rows(batch, None, 2, PAD) == {"segment_rows": 0, "seat_rows": 0, "pad_rows": 0}
+    assert len(batch) == 2
+    assert add_segment_rows(batch, None, 4, PAD) == {"segment_rows": 0, "seat_rows": 0, "pad_rows": 2}
+    assert len(batch) == 4
+
+
+def seat(game: EpisodeResult, number: int, response: list[int], score: float) -> EpisodeResult:
+    """A game's result for one seat (what SeatedDataflow returns): the game's spec with the seat set."""
+    result = sample(f"{game.spec.group_id}/seat{number}", game.spec.index, response, [1] * len(response), score)
+    result.spec.seat = number
+    return result
+
+
+def test_the_other_seats_of_self_play_games_train_in_their_seats_groups():
+    """One dataset row g0 played twice as a two-seat game: A (seat 0 wins: scores 1 and 0) and B (a draw: 0.5 and
+    0.5); row g1's game failed (an llm_error voids both seats). Each game comes back as its seat 0's result with
+    seat 1's in `other_seats` (SelfPlayDataflow). After `add_segment_rows`, GRPO compares seat 0 of A with seat 0
+    of B (1 vs 0.5: +-1/sqrt(2)) and seat 1 of A with seat 1 of B (0 vs 0.5: -+1/sqrt(2)); g1's rows are masked."""
+    games = []
+    for index, (first, second) in enumerate(((1.0, 0.0), (0.5, 0.5))):
+        primary = seat(sample("g0", index, [1], [1], 0.0), 0, [index + 1, 7], first)
+        primary.other_seats = [seat(primary, 1, [index + 3], second)]
+        primary.spec.group_id, primary.other_seats[0].spec.group_id = "g0/seat0", "g0/seat1"
+        games.append(primary)
+    failed = EpisodeResult(spec=EpisodeSpec(env_id="tictactoe", group_id="g1/seat0", index=2, seat=0), episode=None,
+                           termination="llm_error")
+    failed.other_seats = [EpisodeResult(spec=EpisodeSpec(env_id="tictactoe", group_id="g1/seat1", index=2, seat=1),
+                                        episode=None, termination="llm_error")]
+    results = games + [failed]
+    inputs = DataProto.from_dict(tensors={"dummy_tensor": torch.arange(3).unsqueeze(1)},
+                                 non_tensors={"uid": np.array(["g0", "g0", "g1"], dtype=object)})
+    batch = inputs.union(training_batch(results, inputs, PAD, 4, 6, group_based=True))
+    added = add_segment_rows(batch, segment_batch(results, PAD, 4, 6, group_based=True), 2, PAD)
+    assert added == {"segment_rows": 0, "seat_rows": 3, "pad_rows": 0} and len(batch) == 6
+    assert list(batch.non_tensor_batch["uid"]) == ["g0/seat0", "g0/seat0", "g1/seat0", "g0/seat1", "g0/seat1",
+                                                   "g1/seat1"]
+    assert list(batch.non_tensor_batch["seat"]) == [0, 0, 0, 1, 1, 1]
+    assert batch.batch["responses"][3].tolist() == [3, PAD, PAD, PAD, PAD, PAD]
+    assert batch.batch["response_mask"][[2, 5]].sum() == 0 and batch.batch["rm_scores"][[2, 5]].abs().sum() == 0
+    advantages, _ = compute_grpo_outcome_advantage(batch.batch["rm_scores"], batch.batch["response_mask"],
+                                                   batch.non_tensor_batch["uid"])
+    last_token = [advantages[row][batch.batch["response_mask"][row] > 0][-1].item() for row in (0, 1, 3, 4)]
+    assert last_token == pytest.approx([2 ** -0.5, -(2 ** -0.5), -(2 ** -0.5), 2 ** -0.5], abs=1e-5)
 
     results = episodes()
     batch = fit_batch(results)

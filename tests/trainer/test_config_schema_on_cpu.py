@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 
 from beyond_agent.rollout.rounds import RoundsSection
 from beyond_agent.sections import from_section, section_defaults, section_keys
+from beyond_agent.rollout.seats import SelfPlayConfig
 from beyond_agent.settings import SECTION_CLASSES, BeyondAgentSection, BeyondAgentSettings
 from beyond_agent.tasks import TaskTable
 
@@ -93,3 +94,21 @@ def test_unknown_keys_are_refused_naming_the_valid_ones():
         from_section(SECTION_CLASSES["trajectories"], {"evry": 2}, "beyond_agent.trajectories")
     with pytest.raises(ValueError, match=r"beyond_agent\.env\.url is required"):
         from_section(SECTION_CLASSES["env"], {}, "beyond_agent.env")
+
+
+def test_self_play_is_read_from_its_section_and_refused_beside_a_users_agent():
+    config = {"beyond_agent": {"env": {"url": "http://127.0.0.1:8000"}, "self_play": {"envs": ["tictactoe"]}},
+              "data": {"max_prompt_length": 256, "max_response_length": 512},
+              "actor_rollout_ref": {"rollout": {"temperature": 1.0}}}
+    settings = BeyondAgentSettings.from_config(config)
+    assert settings.self_play.active and settings.self_play == SelfPlayConfig(envs=("tictactoe",), seats=2)
+    config["beyond_agent"]["agent"] = {"command": "python my_agent.py"}
+    with pytest.raises(ValueError, match="beyond_agent.self_play and beyond_agent.agent cannot be on together"):
+        BeyondAgentSettings.from_config(config)
+    config["beyond_agent"].pop("agent")
+    config["beyond_agent"]["self_play"] = {"envs": ["tictactoe"], "seats": True}
+    with pytest.raises(ValueError, match=r"self_play.seats must be an integer >= 2, got True"):
+        BeyondAgentSettings.from_config(config)
+    config["beyond_agent"]["self_play"] = {"envs": "tictactoe"}
+    with pytest.raises(ValueError, match=r"self_play.envs must be a list of env ids, got 'tictactoe'"):
+        BeyondAgentSettings.from_config(config)
