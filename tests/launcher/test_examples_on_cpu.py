@@ -32,7 +32,7 @@ def example_id(path: Path) -> str:
 
 def test_every_environment_has_a_yaml_and_a_script():
     for env in ("babyai", "textcraft", "frozenlake", "sciworld", "alfworld", "textworld", "search", "appworld",
-                "webshop", "webarena", "code", "terminal"):
+                "webshop", "webarena", "code", "terminal", "tictactoe"):
         assert (REPO_ROOT / "examples" / env / f"{env}.yaml").exists()
         assert (REPO_ROOT / "examples" / env / f"run_{env}.sh").exists()
     for domain in ("retail", "airline"):  # τ²-bench's two domains share a folder

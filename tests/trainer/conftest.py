@@ -111,11 +111,11 @@ def training_run(tiny_model_dir: Path):
 
 @pytest.fixture(scope="session")
 def trainer_envservice(tmp_path_factory: pytest.TempPathFactory):
-    """One envservice (BabyAI, FrozenLake and `code`) for every shared training run of the session."""
+    """One envservice (BabyAI, FrozenLake, `code` and TicTacToe) for every shared training run of the session."""
     from envservice.process import EnvServiceProcess
 
     log = tmp_path_factory.mktemp("trainer_envservice") / "envservice.log"
-    with EnvServiceProcess(["babyai", "frozenlake", "code"], log_path=log) as service:
+    with EnvServiceProcess(["babyai", "frozenlake", "code", "tictactoe"], log_path=log) as service:
         yield service
 
 
