@@ -137,7 +137,7 @@ def episode_record(result: Any, step: int, kind: str, policy_version: int | None
     if getattr(result, "agent_mode", None) is not None:  # played by a user's agent behind the gateway
         extra.update(agent_mode=result.agent_mode, earlier_segments=len(result.earlier_segments))
     if getattr(spec, "seat", None) is not None:  # one seat of a game of several (rollout/seats.py)
-        extra["seat"] = spec.seat
+        extra.update(seat=spec.seat, opponent=spec.opponent)
     return TrajectoryRecord(
         schema=SCHEMA_VERSION, step=step, kind=kind, index=spec.index, env=spec.env_id, task=spec.task_id,
         split=spec.split, seed=spec.seed, agent_task=spec.agent_task.label, group=spec.group_id,

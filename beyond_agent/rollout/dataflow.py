@@ -102,6 +102,8 @@ class EpisodeSpec:
     seat: int | None = None
     """In a game with several seats (`beyond_agent/rollout/seats.py`), the seat this episode played; None in a
     one-player episode."""
+    opponent: str | None = None
+    """In such a game, who played the other seats: `self` (the policy) or a scripted opponent's name."""
 
 
 def place_seeds(specs: Sequence[EpisodeSpec], run_seed: int | None, *place: object) -> list[EpisodeSpec]:

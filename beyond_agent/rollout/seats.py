@@ -33,6 +33,7 @@ the same seat's rows of the same dataset row (uid `<row uid>/seat<k>`).
 from __future__ import annotations
 
 import dataclasses
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -42,9 +43,16 @@ from beyond_agent.rollout.dataflow import (Dataflow, DataflowConfig, EpisodeResu
                                            _EpisodeFailure, seeded, state_anchor)
 from beyond_agent.rollout.env_manager import ParallelEnvManager
 from beyond_agent.rollout.handler import RolloutHandler
+from beyond_agent.rollout.llm import request_seed
 
 CUT_OUTCOME = 0.0
 """The outcome of every seat of a game a limit cut before its end: a draw."""
+
+SELF = "self"
+"""The opponent that is the policy itself: every seat of the game is the policy's, and every seat trains."""
+OPPONENT_PARAM = "opponent"
+"""The task param by which a seated env is told who plays the seats no client plays: `none` (clients play every
+seat), or the name of one of its scripted opponents (envservice/envs/two_player.py)."""
 
 
 class _LastAnswer:
@@ -202,12 +210,12 @@ class SeatedDataflow:
     # ---- each seat's spec --------------------------------------------------------------------------
 
     def _seat_spec(self, seat: int) -> EpisodeSpec:
-        return dataclasses.replace(self.spec, seat=seat, group_id=f"{self.spec.group_id}/seat{seat}")
+        opponent = self.spec.params.get(OPPONENT_PARAM)  # `none`: clients (here: these policies) play every seat
+        return dataclasses.replace(self.spec, seat=seat, group_id=f"{self.spec.group_id}/seat{seat}",
+                                   opponent=SELF if opponent in (None, "none") else str(opponent))
 
     def _seed(self, seat: int) -> int | None:
         """Each seat's sampling seed: the game's, and the seat (two seats of one model must not sample alike)."""
-        from beyond_agent.rollout.llm import request_seed
-
         return None if self.spec.sampling_seed is None else request_seed(self.spec.sampling_seed, "seat", seat)
 
 
@@ -216,13 +224,19 @@ class SeatedDataflow:
 
 @dataclass(frozen=True)
 class SelfPlayConfig:
-    """`beyond_agent.self_play`: play the episodes of some envs as games whose every seat is the trained policy."""
+    """`beyond_agent.self_play`: play the episodes of some envs as games against the policy itself or a pool of
+    opponents."""
 
     envs: tuple[str, ...] = field(default_factory=list)  # type: ignore[assignment]  # a tuple once checked
-    """Env ids whose episodes are such games (the env must name the seat to move, `info["seat"]`: e.g. `tictactoe`
-    with `params.opponent: none`); the run's other envs play as usual. Empty: off."""
+    """Env ids whose episodes are such games (the env must name the seat to move, `info["seat"]`, and take
+    `params.opponent`: e.g. `tictactoe`); the run's other envs play as usual. Empty: off."""
     seats: int = 2
-    """Seats of those games, every one played by the policy."""
+    """Seats of those games."""
+    opponents: Mapping[str, float] = field(default_factory=lambda: {SELF: 1.0})
+    """The pool, opponent name -> weight: `self` (the policy in every seat, every seat trained) or a scripted
+    opponent the env plays inside its steps (tictactoe: `random`, `first`, `perfect`; only the policy's seat
+    trains). Each dataset row's games all face one opponent (so a GRPO group compares like with like), drawn by
+    weight from a hash of the row's group id; each episode records it."""
 
     def __post_init__(self) -> None:
         envs = self.envs
@@ -231,11 +245,29 @@ class SelfPlayConfig:
         object.__setattr__(self, "envs", tuple(envs))
         if isinstance(self.seats, bool) or not isinstance(self.seats, int) or self.seats < 2:
             raise ValueError(f"beyond_agent.self_play.seats must be an integer >= 2, got {self.seats!r}")
+        opponents = self.opponents
+        if not isinstance(opponents, Mapping) or not opponents or not all(
+                isinstance(name, str) and name and name != "none" and isinstance(weight, (int, float))
+                and not isinstance(weight, bool) and weight > 0 for name, weight in opponents.items()):
+            raise ValueError(f"beyond_agent.self_play.opponents must map opponent names ({SELF!r} or the env's "
+                             f"scripted opponents) to weights > 0, e.g. {{self: 2, random: 1}}; got {opponents!r}")
+        object.__setattr__(self, "opponents", dict(opponents))
 
     @property
     def active(self) -> bool:
         """Whether some env's episodes are played as games of several seats."""
         return bool(self.envs)
+
+    def opponent_for(self, group_id: str) -> str:
+        """The opponent of a dataset row's games: drawn by weight from a hash of its group id (the same for all of
+        the row's games, and in every process)."""
+        names = sorted(self.opponents)
+        draw = random.Random(request_seed(0, "opponent", group_id)).random() * sum(self.opponents.values())
+        for name in names:
+            draw -= self.opponents[name]
+            if draw < 0:
+                return name
+        return names[-1]
 
 
 class SelfPlayDataflow:
@@ -264,30 +296,34 @@ class SelfPlayEnvManager(ParallelEnvManager):
         self.self_play = self_play
 
     def dataflow(self, spec: EpisodeSpec, config: DataflowConfig | None = None) -> Dataflow | SelfPlayDataflow:
-        """The game of one episode spec of a self-play env (each seat samples with its own seeds:
-        `SeatedDataflow`); any other env's episode as usual."""
+        """The game of one episode spec of a self-play env against its row's opponent (each seat samples with its
+        own seeds: `SeatedDataflow`); any other env's episode as usual."""
         if spec.env_id not in self.self_play.envs:
             return super().dataflow(spec, config)
+        opponent = self.self_play.opponent_for(spec.group_id)
+        # Against a scripted opponent the env plays the other seats inside its steps and names only the policy's.
+        game = dataclasses.replace(spec, params={**spec.params, OPPONENT_PARAM: "none" if opponent == SELF else opponent})
         policies = {seat: self.generate for seat in range(self.self_play.seats)}
-        return SelfPlayDataflow(SeatedDataflow(spec, self.env_client, policies, self.tokenizer, config or self.config))
+        return SelfPlayDataflow(SeatedDataflow(game, self.env_client, policies, self.tokenizer, config or self.config))
 
 
 def seat_figures(results: list[EpisodeResult], prefix: str = "") -> dict[str, float]:
-    """Each seat's figures over a rollout's games (`other_seats` included): `seat<k>/episodes`, and the shares of
-    `win`, `draw` and `loss` among its games the env ended and of `cut` (a limit ended it); infrastructure
-    failures count in `episodes` only. {} when no result played a seat."""
-    by_seat: dict[int, list[EpisodeResult]] = {}
+    """Each seat's and each opponent's figures over a rollout's games (`other_seats` included): `seat<k>/...` and
+    `opponent/<name>/...`: `episodes`, and the shares of `win`, `draw` and `loss` among the games the env ended and
+    of `cut` (a limit ended it), over the episodes that are not infrastructure failures. {} when no result played a
+    seat."""
+    seats: dict[str, list[EpisodeResult]] = {}
     for result in results:
         for seat_result in (result, *result.other_seats):
             if seat_result.spec.seat is not None:
-                by_seat.setdefault(seat_result.spec.seat, []).append(seat_result)
+                seats.setdefault(f"seat{seat_result.spec.seat}/", []).append(seat_result)
+                seats.setdefault(f"opponent/{seat_result.spec.opponent}/", []).append(seat_result)
     figures = {}
-    for seat, played in sorted(by_seat.items()):
+    for name, played in sorted(seats.items()):
         scored = [result for result in played if not result.infra_failure]
         ended = [result for result in scored if result.termination == "done"]
-        name = f"{prefix}seat{seat}/"
-        figures[f"{name}episodes"] = float(len(played))
+        figures[f"{prefix}{name}episodes"] = float(len(played))
         for outcome, score in (("win", 1.0), ("draw", 0.5), ("loss", 0.0)):
-            figures[f"{name}{outcome}"] = sum(result.score == score for result in ended) / max(len(scored), 1)
-        figures[f"{name}cut"] = (len(scored) - len(ended)) / max(len(scored), 1)
+            figures[f"{prefix}{name}{outcome}"] = sum(result.score == score for result in ended) / max(len(scored), 1)
+        figures[f"{prefix}{name}cut"] = (len(scored) - len(ended)) / max(len(scored), 1)
     return figures

@@ -4,6 +4,8 @@ policy wrote; outcomes, step rewards, groups, seeds and every way a game can end
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from envservice.client import EnvClient
@@ -163,11 +165,15 @@ def test_each_seats_figures_count_its_wins_draws_losses_and_cut_games(client, ch
         assert first.spec.seat == 0 and [other.spec.seat for other in first.other_seats] == [1]
         results.append(first)
     figures = seat_figures(results, prefix="beyond_agent/")
-    third = pytest.approx(1 / 3)
+    third, sixth = pytest.approx(1 / 3), pytest.approx(1 / 6)
     assert figures == {"beyond_agent/seat0/episodes": 3.0, "beyond_agent/seat0/win": third,
                        "beyond_agent/seat0/draw": third, "beyond_agent/seat0/loss": 0.0, "beyond_agent/seat0/cut": third,
                        "beyond_agent/seat1/episodes": 3.0, "beyond_agent/seat1/win": 0.0,
-                       "beyond_agent/seat1/draw": third, "beyond_agent/seat1/loss": third, "beyond_agent/seat1/cut": third}
+                       "beyond_agent/seat1/draw": third, "beyond_agent/seat1/loss": third, "beyond_agent/seat1/cut": third,
+                       # Against itself: both seats of the three games, 6 episodes.
+                       "beyond_agent/opponent/self/episodes": 6.0, "beyond_agent/opponent/self/win": sixth,
+                       "beyond_agent/opponent/self/draw": third, "beyond_agent/opponent/self/loss": sixth,
+                       "beyond_agent/opponent/self/cut": third}
     assert seat_figures([]) == {}
 
 
@@ -205,3 +211,26 @@ def test_the_self_play_manager_plays_each_spec_as_a_game_of_the_policy_against_i
     with pytest.raises(ValueError, match="self_play.seats must be an integer >= 2, got 1"):
         SelfPlayConfig(envs=("tictactoe",), seats=1)
     assert not SelfPlayConfig().active and SelfPlayConfig(envs=["tictactoe"]).envs == ("tictactoe",)
+
+
+def test_each_rows_games_face_one_opponent_of_the_pool_drawn_by_weight(client, chatml_tokenizer):
+    """The pool {self: 1, first: 1}: every game of a row faces the same opponent, about half the rows each. Against
+    `first` the env plays seat 1 inside its steps: on the empty board 'first free cell' (O) takes 0, 2, 4, 6 while
+    X takes 1, 3, 5, and wins alone, its episode recording the opponent."""
+    pool = SelfPlayConfig(envs=("tictactoe",), opponents={"self": 1.0, "first": 1.0})
+    drawn = [pool.opponent_for(f"row{i}") for i in range(2000)]
+    assert drawn == [pool.opponent_for(f"row{i}") for i in range(2000)] and 900 < drawn.count("self") < 1100
+    assert {SelfPlayConfig(envs=("t",), opponents={"perfect": 3}).opponent_for(f"row{i}") for i in range(50)} == {
+        "perfect"}
+    row = next(f"row{i}" for i, name in enumerate(drawn) if name == "first")
+    policy = FirstFreeCell(chatml_tokenizer)
+    manager = SelfPlayEnvManager(client, policy, chatml_tokenizer, DataflowConfig(**LIMITS), pool, max_workers=2)
+    results = manager.run([dataclasses.replace(game(index=index), group_id=row) for index in range(2)]).results
+    for result in results:
+        assert (result.spec.seat, result.success, result.rounds, result.other_seats) == (0, True, 4, [])
+        assert result.spec.params["opponent"] == "first" and episode_record(result, 1, "train").extra == {
+            "seat": 0, "opponent": "first"}
+    assert seat_figures(results)["opponent/first/win"] == 1.0
+    for bad in ({}, {"self": 0}, {"none": 1.0}, {"self": True}):
+        with pytest.raises(ValueError, match="self_play.opponents must map opponent names"):
+            SelfPlayConfig(envs=("tictactoe",), opponents=bad)

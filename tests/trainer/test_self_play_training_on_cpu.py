@@ -83,6 +83,7 @@ def test_each_seat_is_an_episode_of_its_own_view_and_group(run):
             assert seats and set(seats) <= {0, 1}
             for number, record in seats.items():
                 assert record["group"] == f"{row}/seat{number}" and record["env"] == "tictactoe"
+                assert record["extra"]["opponent"] == "self"
                 trained = [t for t, m in zip(record["response_ids"], record["response_mask"]) if m]
                 assert trained and record["rounds"] >= 1
             if len(seats) == 2:
