@@ -8,10 +8,14 @@ layouts, `--env babyai`) it never saw?
     .venv/bin/python bench/learning_cpu.py --size 6 --rl grpo grpo_scaling m2po_async   # longer episodes
     .venv/bin/python bench/learning_cpu.py --size 6 --seeds 0 1 --reuse-warmup --rl gigpo grpo_dynamic grpo_adaptive
     .venv/bin/python bench/learning_cpu.py --env babyai --seeds 0 1 2 --rl grpo gigpo  # BabyAI GoToRedBallNoDists
+    .venv/bin/python bench/learning_cpu.py --env tictactoe --seeds 0 1 2 --rl grpo    # TicTacToe vs random, wins
 
 `--env babyai` plays one BabyAI level, GoToRedBallNoDists, in place of FrozenLake: a "map" is then one of its
 layouts (task = the level, seed = the map's number; held-out layouts are the test split's, by content), the oracle
-is minigrid's BabyAI bot, and everything else below is the same.
+is minigrid's BabyAI bot, and everything else below is the same. `--env tictactoe` plays TicTacToe against the env's
+`random` player (issue #57): a "map" is a starting position (the board after 4 random moves; held-out positions are
+the test split's, by content up to the board's symmetries), success is a win, and the oracle is minimax, which
+the warm-up follows in the games it wins.
 
 A random-weight 2-layer model never writes a valid action, so RL alone has nothing to work with. The
 check therefore has stages, each scored on two sets of maps (non-slippery, 4x4 unless `--size`, so a short
@@ -54,6 +58,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import statistics
 import subprocess
@@ -123,9 +128,15 @@ class Lake:
     def title(self) -> str:
         return f"FrozenLake {self.size}x{self.size}"
 
+    oracle_may_lose = False
+
     def oracle_actions(self, created: CreateResponse) -> list[str]:
         """A shortest path of the map a (task, seed) reset always gives."""
         return shortest_path_actions(created.info["map"])
+
+    def oracle_policy(self, client: EnvClient, tokenizer, spec: EpisodeSpec) -> ScriptedPolicy:
+        """The shortest path, planned on the map's first observation."""
+        return scripted_oracle(client, tokenizer, spec, self.oracle_actions)
 
     @property
     def params(self) -> dict:
@@ -206,21 +217,27 @@ def require_unseen(report: dict[str, dict]) -> None:
 # ----- warm-up data --------------------------------------------------------------------------------
 
 
-def oracle_record(client: EnvClient, tokenizer, number: int, game: Game) -> TrajectoryRecord:
-    """One train map played by the oracle (FrozenLake: a shortest path; BabyAI: the bot; each action plus
-    end-of-turn, as the model should write it) through the same Dataflow as rollouts, as a trajectory record."""
+def oracle_record(client: EnvClient, tokenizer, number: int, game: Game) -> TrajectoryRecord | None:
+    """One train map played by the oracle (FrozenLake: a shortest path; BabyAI: the bot; TicTacToe: minimax; each
+    action plus end-of-turn, as the model should write it) through the same Dataflow as rollouts, as a trajectory
+    record; None for a game the oracle did not win (TicTacToe: a random opening may be lost or drawn already)."""
     [(task, seed)] = MapSet("oracle", "train", 1, number).task_set(game).tasks
-    created = client.create(game.env_id, task_id=task, seed=seed, split="train", params=game.params)
-    try:
-        actions = game.oracle_actions(created)
-    finally:
-        client.release(created.session_id)
     spec = EpisodeSpec(game.env_id, task_id=task, seed=seed, split="train", params=dict(game.params),
                        group_id=f"oracle-{number}")
-    result = Dataflow(spec, client, ScriptedPolicy(actions, tokenizer), tokenizer, DataflowConfig(**game.limits)).run()
-    if not result.success:
+    policy = game.oracle_policy(client, tokenizer, spec)
+    result = Dataflow(spec, client, policy, tokenizer, DataflowConfig(**game.limits)).run()
+    if result.infra_failure or not (result.success or game.oracle_may_lose):
         raise RuntimeError(f"the oracle failed on train map {number}: {result.termination} {result.error}")
-    return episode_record(result, step=0, kind="train")
+    return episode_record(result, step=0, kind="train") if result.success else None
+
+
+def scripted_oracle(client: EnvClient, tokenizer, spec: EpisodeSpec, actions_of) -> ScriptedPolicy:
+    """The oracle's actions for the map `spec` resets to, planned before the episode (`actions_of(created)`)."""
+    created = client.create(spec.env_id, task_id=spec.task_id, seed=spec.seed, split=spec.split, params=spec.params)
+    try:
+        return ScriptedPolicy(actions_of(created), tokenizer)
+    finally:
+        client.release(created.session_id)
 
 
 # ----- evaluation ----------------------------------------------------------------------------------
@@ -285,7 +302,7 @@ def warmup_stage(base_dir: Path, out_dir: Path, tokenizer, client: EnvClient, ar
         return hf_model_dir(out_dir)
     shutil.rmtree(out_dir, ignore_errors=True)  # an earlier run's checkpoints and metrics are not this one's
     maps = range(WARMUP_FIRST_MAP, WARMUP_FIRST_MAP + args.warmup_maps)
-    records = [oracle_record(client, tokenizer, task, args.game) for task in maps]
+    records = [record for task in maps if (record := oracle_record(client, tokenizer, task, args.game)) is not None]
     random.Random(seed).shuffle(records)  # the seed decides the order verl's (fixed-seed) sampler sees
     write_dump(out_dir / "oracle_trajectories", 0, "train", records)
     steps_per_epoch = len(records) // args.warmup_batch
@@ -450,6 +467,11 @@ class Level:
     env_id = "babyai"
     task_name = BABYAI_LEVEL
     title = "BabyAI GoToRedBallNoDists"
+    oracle_may_lose = False
+
+    def oracle_policy(self, client: EnvClient, tokenizer, spec: EpisodeSpec) -> ScriptedPolicy:
+        """The bot's actions, planned on a twin of the layout."""
+        return scripted_oracle(client, tokenizer, spec, self.oracle_actions)
 
     @property
     def params(self) -> dict:
@@ -487,8 +509,55 @@ class Level:
         return limit_overrides(self.limits)
 
 
-Game = Lake | Level
-"""What a run plays: FrozenLake maps or one BabyAI level's layouts."""
+TICTACTOE_PARAMS = {"opponent": "random", "opening_moves": 4, "view": "compact"}
+"""TicTacToe against the env's `random` player, from the board after 4 random opening moves (108 positions up to
+symmetry, 21 of them test positions), in the compact view (a first prompt of at most 141 tokens of the tiny model's
+tokenizer instead of ~1 000)."""
+TICTACTOE_LIMITS = (5, 192, 768)
+"""(rounds, prompt tokens, response tokens). Why: after 4 opening moves the model moves at most 3 times (5 free
+cells, it moves first), 2 rounds to spare for replies that are no cell; a later view is at most 116 tokens plus
+~20 of chat template and the move (measured on 100 train positions, 2026-11-27)."""
+BOARD_ROWS = re.compile(r"You are ([XO])\..*Board \(cells 0-8, row by row\):\n([XO.]{3})\n([XO.]{3})\n([XO.]{3})", re.S)
+
+
+@dataclass(frozen=True)
+class Board:
+    """TicTacToe against a fixed scripted opponent (`--env tictactoe`): map `number` is the starting position drawn
+    from seed `number`, success a win. Same interface as `Lake`."""
+
+    env_id = "tictactoe"
+    task_name = None
+    title = "TicTacToe vs random"
+    oracle_may_lose = True
+    """Minimax from a random opening does not always win (the opening may be lost or drawn already): the warm-up
+    keeps the games it won."""
+
+    @property
+    def params(self) -> dict:
+        return dict(TICTACTOE_PARAMS)
+
+    def oracle_policy(self, client: EnvClient, tokenizer, spec: EpisodeSpec):
+        """Minimax on the board of each prompt's last view (the random opponent's replies are not known before)."""
+        from envservice.envs.two_player import perfect_move
+
+        def move(request_id: str, prompt_ids: list[int], max_tokens: int, seed: int | None = None):
+            *_, last = BOARD_ROWS.finditer(tokenizer.decode(prompt_ids))
+            board = tuple("" if mark == "." else mark for mark in "".join(last.groups()[1:]))
+            return ScriptedPolicy([f"[{perfect_move(board, last.group(1))}]"], tokenizer)(request_id, prompt_ids,
+                                                                                     max_tokens)
+        return move
+
+    @property
+    def limits(self) -> dict:
+        rounds, prompt, response = TICTACTOE_LIMITS
+        return dict(max_rounds=rounds, max_prompt_length=prompt, max_response_length=response, max_tokens_per_turn=6)
+
+    def rl_overrides(self) -> list[str]:
+        return limit_overrides(self.limits)
+
+
+Game = Lake | Level | Board
+"""What a run plays: FrozenLake maps, one BabyAI level's layouts, or TicTacToe positions against a fixed opponent."""
 
 
 def gae_overrides(steps: int, warm_dir: Path, game: Game) -> list[str]:
@@ -780,8 +849,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Options; the defaults are the figures quoted in the issue notes."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="one warm-up + RL run per seed")
-    parser.add_argument("--env", default="frozenlake", choices=("frozenlake", "babyai"),
-                        help="frozenlake (maps of --size) or babyai (layouts of GoToRedBallNoDists)")
+    parser.add_argument("--env", default="frozenlake", choices=("frozenlake", "babyai", "tictactoe"),
+                        help="frozenlake (maps of --size), babyai (layouts of GoToRedBallNoDists) or tictactoe "
+                             "(positions against the random player; success: a win)")
     parser.add_argument("--size", type=int, default=4, choices=sorted(LAKE_LIMITS),
                         help="side of the maps (longer episodes: 6x6 needs 10 moves, 8x8 14)")
     parser.add_argument("--rl", nargs="*", default=["grpo"], choices=sorted(RL_VARIANTS),
@@ -817,7 +887,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "outputs" / "learning_cpu")
     parser.add_argument("--json", type=Path, default=None, help="also write every figure of the table here")
     args = parser.parse_args(argv)
-    args.game = Lake(args.size) if args.env == "frozenlake" else Level()
+    args.game = {"frozenlake": Lake(args.size), "babyai": Level(), "tictactoe": Board()}[args.env]
     return args
 
 

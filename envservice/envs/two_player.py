@@ -19,6 +19,11 @@ own turns; `info["opponent"]` names the opponent in every answer.
 from the task's split, index and seed. A position's content is its board up to the board's 8 symmetries
 (rotations and reflections: the same game), so no test position is a train position turned or mirrored.
 
+**Views.** By default a seat sees TextArena's own messages (its rules, each move described, the board drawn with
+its free cells numbered). `params.view: compact` shows instead only the seat's mark, the opponent's last move, the
+board as three rows of `X`, `O` and `.` and the free cells (~40 tokens of a small tokenizer instead of ~1 000 for
+the first view): what a small model on CPU can read (bench/learning_cpu.py).
+
 **Moves** are a cell number 0-8 ('[4]', '4', 'I take [4]'); text with no cell in it is answered by the wrapper
 with the move format and never reaches the game (the seat moves again). A move TextArena refuses (an occupied
 cell) is the game's own rule: one warning, then the game is lost.
@@ -44,6 +49,8 @@ SEAT_REWARDS = "seat_rewards"
 OPPONENTS = ("none", "random", "first", "perfect")
 """Who plays the seat the client does not (module docstring)."""
 MOVE_HINT = "a cell number 0-8 in square brackets, e.g. [4]"
+VIEWS = ("textarena", "compact")
+"""What a seat sees (module docstring)."""
 
 Board = tuple[str, ...]
 """Nine cells, row by row: "X", "O" or "" (free)."""
@@ -105,6 +112,7 @@ class TicTacToeEnv(TextEnv):
     params = {
         "opponent": Param(f"Who plays the other seat: one of {', '.join(OPPONENTS)} (default random).", str),
         "opening_moves": Param("Random moves made before the first turn, 0..4 (default 3).", int),
+        "view": Param(f"What a seat sees: one of {', '.join(VIEWS)} (default textarena).", str),
     }
     max_steps = 40
 
@@ -114,6 +122,15 @@ class TicTacToeEnv(TextEnv):
         self.opponent = "random"
         self._rng = random.Random(0)
         self._client_seat = 0
+
+    @staticmethod
+    def view_of(params: Mapping[str, Any]) -> str:
+        """`params.view`, checked against `VIEWS`."""
+        view = params.get("view", "textarena")
+        if view not in VIEWS:
+            raise EnvServiceError(ErrorCode.bad_request, f"params.view={clip_text(repr(view))} is not a view; valid "
+                                  f"choices: {list(VIEWS)}", valid_choices=list(VIEWS))
+        return view
 
     @staticmethod
     def opponent_of(params: Mapping[str, Any]) -> str:
@@ -130,6 +147,7 @@ class TicTacToeEnv(TextEnv):
         """The base checks, then the params (a bad value fails at create time)."""
         task = super().resolve_task(task_id, split, seed, params)
         cls.opponent_of(task.params)
+        cls.view_of(task.params)
         _int_param(task.params, "opening_moves", 3, 0, 4)
         return task
 
@@ -153,7 +171,8 @@ class TicTacToeEnv(TextEnv):
         """A game from the task's starting position; the observation is the seat to move's view."""
         from textarena.envs.TicTacToe.env import TicTacToeEnv as Game
 
-        self.opponent = self.opponent_of(task.params)
+        self.opponent, self.view = self.opponent_of(task.params), self.view_of(task.params)
+        self._last_move: dict[int, int] = {}  # seat -> the cell of its last move (for the compact view)
         self._rng = random.Random(f"tictactoe-opponent:{task.split}:{task.index}:{task.seed}")
         self.game = Game()
         self.game.reset(num_players=2)
@@ -171,17 +190,18 @@ class TicTacToeEnv(TextEnv):
             return (f"Invalid action {clip_text(action)!r}. Valid actions: {MOVE_HINT}.", 0.0, False, False,
                     {**self._info(), "invalid": True})
         mover = self.seat_to_move()
-        self.game.step(f"[{move.group(1)}]")
+        self._play(mover, int(move.group(1)))
         while self.opponent != "none" and not self.game.state.done and self.seat_to_move() != self._client_seat:
             self.game.get_observation()  # the opponent's view: the scripted player reads the board instead
-            self.game.step(f"[{self._opponent_move()}]")
+            self._play(self.seat_to_move(), self._opponent_move())
         if not self.game.state.done:
             return self._observation(), 0.0, False, False, self._info()
         outcome = {str(seat): float(reward) for seat, reward in sorted(self.game.state.rewards.items())}
         reason = self.game.state.game_info[mover].get("reason") or "the game ended"
         info = {STATE_KEY: self.state_key, SEAT_REWARDS: outcome, "opponent": self.opponent,
                 "invalid_move": bool(self.game.state.game_info[mover].get("invalid_move", False))}
-        return f"{self._observation()}\nGame over: {reason}".strip(), outcome[str(mover)], True, False, info
+        ended = self._observation(seat=self._client_seat if self.opponent != "none" else mover)
+        return f"{ended}\nGame over: {reason}".strip(), outcome[str(mover)], True, False, info
 
     def evaluate(self) -> tuple[float, bool]:
         """Seat 0's outcome as a score: (outcome + 1) / 2 (0.5 for a draw or an unfinished game); success on a
@@ -219,10 +239,30 @@ class TicTacToeEnv(TextEnv):
             return free_cells(board)[0]
         return perfect_move(board, mark)
 
-    def _observation(self) -> str:
-        """The messages to the seat to move since its last turn, without the echo of raw actions."""
-        _, messages = self.game.get_observation()
-        return "\n".join(text for _, text, kind in messages if kind.name != "PLAYER_ACTION")
+    def _play(self, seat: int, cell: int) -> None:
+        """`seat` moves to `cell` in TextArena's game (which judges it)."""
+        before = self.board()
+        self.game.step(f"[{cell}]")
+        if self.board() != before:
+            self._last_move[seat] = cell
+
+    def _observation(self, seat: int | None = None) -> str:
+        """The messages to the seat to move since its last turn, without the echo of raw actions; or the compact
+        view (module docstring) of `seat` (default: the seat to move)."""
+        to_move, messages = self.game.get_observation()
+        seat = to_move if seat is None else seat
+        if self.view == "textarena":
+            return "\n".join(text for _, text, kind in messages if kind.name != "PLAYER_ACTION")
+        refused = any("attempted an invalid move" in text for _, text, _ in messages)
+        board = self.board()
+        rows = "\n".join("".join(mark or "." for mark in board[row:row + 3]) for row in (0, 3, 6))
+        opponent = self._last_move.get(1 - seat)
+        lines = [f"You are {_mark_of(seat)}." + (f" The opponent took cell {opponent}." if opponent is not None else ""),
+                 *(["Your last move was refused: that cell is taken (once more and you lose)."] if refused else []),
+                 f"Board (cells 0-8, row by row):\n{rows}",
+                 f"Free cells: {' '.join(map(str, free_cells(board)))}. Answer with one, e.g. [{free_cells(board)[0]}]."
+                 if free_cells(board) else "The board is full."]
+        return "\n".join(lines)
 
     def _info(self) -> dict[str, Any]:
         return {SEAT: self.seat_to_move(), STATE_KEY: self.state_key, "opponent": self.opponent}

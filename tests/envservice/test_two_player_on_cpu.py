@@ -126,9 +126,27 @@ def test_positions_are_split_by_content_up_to_turning_and_mirroring():
     assert env.reset(_task(5, "test"))[1][STATE_KEY] == info[STATE_KEY]
 
 
+def test_the_compact_view_shows_the_mark_the_opponents_move_the_board_and_the_free_cells():
+    env, _ = _started(opponent="none", view="compact")
+    assert env.reset(_task(0, opening_moves=0, opponent="none", view="compact"))[0] == (
+        "You are O.\nBoard (cells 0-8, row by row):\n...\n...\n...\n"
+        "Free cells: 0 1 2 3 4 5 6 7 8. Answer with one, e.g. [0].")
+    assert env.step("[4]")[0] == ("You are X. The opponent took cell 4.\nBoard (cells 0-8, row by row):\n...\n.O.\n...\n"
+                                  "Free cells: 0 1 2 3 5 6 7 8. Answer with one, e.g. [0].")
+    refused = env.step("[4]")[0]
+    assert refused.splitlines()[1] == "Your last move was refused: that cell is taken (once more and you lose)."
+    for cell in (0, 1, 3, 2):
+        env.step(f"[{cell}]")
+    observation, reward, terminated, _, _ = env.step("[6]")  # X: 0, 3, 6
+    assert terminated and reward == 1.0 and observation == (
+        "You are X. The opponent took cell 2.\nBoard (cells 0-8, row by row):\nXOO\nXO.\nX..\n"
+        "Free cells: 5 7 8. Answer with one, e.g. [5].\nGame over: Player 1 has won!")
+
+
 @pytest.mark.parametrize("params, says", [
     ({"opponent": "grandmaster"}, "params.opponent='grandmaster' is not an opponent; valid choices: ['none', 'random'"),
     ({"opening_moves": 5}, "params.opening_moves=5 must be an integer from 0 to 4"),
+    ({"view": "pretty"}, "params.view='pretty' is not a view; valid choices: ['textarena', 'compact']"),
     ({"opening_moves": True}, "params.opening_moves=True must be a JSON integer, not a boolean"),
 ])
 def test_bad_params_name_the_field_and_the_choices(params, says):

@@ -29,13 +29,15 @@ def bench():
     ["--rl", "grpo", "--rl-steps", "12", "--samples", "2"],            # the quickstart
     ["--size", "6", "--seeds", "0", "1", "--rl", "grpo", "grpo_scaling", "m2po_async"],  # the longer-horizon check
     ["--env", "babyai", "--seeds", "0", "1", "2", "--rl", "grpo", "gigpo"],  # BabyAI layouts (#53)
+    ["--env", "tictactoe", "--seeds", "0", "1", "2", "--rl", "grpo"],  # TicTacToe positions (#57)
 ])
 def test_the_bench_sets_called_held_out_share_no_map_with_any_training_set(bench, argv) -> None:
     args = bench.parse_args(argv)
     report = bench.contamination_report(args)
     assert report["heldout"]["shared_any"] == 0 and report["heldout"]["tasks"] == args.heldout_maps == 64
-    # FrozenLake's test maps are 64 distinct ones; 6 of 64 BabyAI layout seeds repeat a layout (evaluated twice)
-    assert report["heldout"]["distinct"] == (64 if args.env == "frozenlake" else 58)
+    # FrozenLake's test maps are 64 distinct ones; 6 of 64 BabyAI layout seeds repeat a layout (evaluated twice);
+    # TicTacToe has 21 test positions up to symmetry (of 108 after 4 moves), each evaluated about 3 times
+    assert report["heldout"]["distinct"] == {"frozenlake": 64, "babyai": 58, "tictactoe": 21}[args.env]
     assert report["validation"] == report["heldout"]  # verl's validation during RL plays the same maps
     assert set(report["heldout"]["shared"]) == {"warm-up", "rl pool", *(["own episodes"] if args.offline else [])}
     # the train set is the RL pool's first maps: the check does see maps that were trained on
@@ -67,3 +69,24 @@ def test_babyai_maps_are_layouts_of_one_level_and_the_bot_solves_them_through_th
         records = [bench.oracle_record(client, tokenizer, number, game) for number in (500, 501, 502)]
     assert all(record.success and record.termination == "done" for record in records)
     assert all(record.rounds <= game.limits["max_rounds"] - 2 for record in records)
+
+
+def test_tictactoe_positions_are_won_by_minimax_through_the_dataflow_in_the_compact_view(bench, serve_app,
+                                                                                       tiny_model_dir) -> None:
+    """The warm-up's oracle reads each view's board and plays minimax against the random player: it wins these
+    positions within the limits, every move a free cell of the board it was shown."""
+    from transformers import AutoTokenizer
+
+    from envservice.client import EnvClient
+    from envservice.server import Settings, create_app
+
+    game = bench.parse_args(["--env", "tictactoe"]).game
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    with serve_app(create_app(Settings(env_ids=["tictactoe"]))) as url, EnvClient(url) as client:
+        records = [bench.oracle_record(client, tokenizer, number, game) for number in range(500, 510)]
+    assert all(record is not None and record.success and record.termination == "done" for record in records)
+    assert all(record.rounds <= 3 and len(record.prompt_ids) <= game.limits["max_prompt_length"] for record in records)
+    for record in records:
+        for view, move in zip(record.messages[1::2], record.messages[2::2]):
+            assert move["role"] == "assistant" and move["content"].strip("[]") in view["content"].split(
+                "Free cells: ")[1].split(".")[0].split()
