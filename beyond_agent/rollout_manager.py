@@ -50,7 +50,7 @@ from beyond_agent.gateway.server import GatewayServer
 from beyond_agent.rollout.env_manager import ParallelEnvManager, RolloutOutput, summarize
 from beyond_agent.rollout.llm import AsyncLLMServerManager, VerlLLMServerBackend
 from beyond_agent.rollout.rounds import Horizon
-from beyond_agent.rollout.seats import SelfPlayEnvManager, seat_figures
+from beyond_agent.rollout.seats import OpponentModels, SelfPlayEnvManager, seat_figures
 from beyond_agent.rollout.versions import PolicyVersionGate
 from beyond_agent.run_folder import METRICS_PREFIX
 from beyond_agent.settings import BeyondAgentSettings
@@ -147,6 +147,8 @@ class BeyondAgentLoopManager:
                                     timeout=self.settings.env.timeout_s, pool_size=self.settings.concurrency)
         self.gate = PolicyVersionGate(partial_rollout=self.settings.async_rollout.partial_rollout)
         """Weight versions of generated turns; the trainer's weight sync goes through it in async mode."""
+        self.opponents = OpponentModels(self.settings.self_play.endpoints)
+        """The self-play pool's frozen models (their LLM fronts open on first use and last the run)."""
         self.horizon = Horizon(self.settings.rounds, record_dir=config.trainer.get("default_local_dir"))
         """The round limit of each step (adaptive: raised by the agent's episodes; kept in horizon.json)."""
         self._pool: AsyncEpisodePool | None = None
@@ -235,7 +237,8 @@ class BeyondAgentLoopManager:
                                    gateway_socket=gateway.socket_path)
         if self.settings.self_play.active:  # the policy plays every seat of each game
             return SelfPlayEnvManager(self.env_client, generate, self.tokenizer, self.settings.episode,
-                                      self.settings.self_play, max_workers=self.settings.concurrency)
+                                      self.settings.self_play, max_workers=self.settings.concurrency,
+                                      models=self.opponents)
         return ParallelEnvManager(self.env_client, generate, self.tokenizer, self.settings.episode,
                                   max_workers=self.settings.concurrency)
 

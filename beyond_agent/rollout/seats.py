@@ -79,6 +79,16 @@ class _LastAnswer:
         return self.client.release(*args)
 
 
+@dataclass(frozen=True)
+class SeatOrder:
+    """Policies by the order of play instead of by seat number: `first` plays the seat the env names to move first
+    (known once the game is created: after a random opening, either seat), `rest` every other seat."""
+
+    first: GenerateFn
+    rest: GenerateFn
+    seats: int = 2
+
+
 @dataclasses.dataclass
 class _Seat:
     """One seat's episode in progress: its Dataflow (rounds, step rewards, anchors, timings) and conversation."""
@@ -101,14 +111,18 @@ class SeatedDataflow:
         tokenizer, config: as for `Dataflow` (the round limit counts each seat's turns).
     """
 
-    def __init__(self, spec: EpisodeSpec, env_client: Any, policies: Mapping[int, GenerateFn], tokenizer: Any,
-                 config: DataflowConfig) -> None:
+    def __init__(self, spec: EpisodeSpec, env_client: Any, policies: Mapping[int, GenerateFn] | SeatOrder,
+                 tokenizer: Any, config: DataflowConfig) -> None:
         self.spec = spec
         self.env = _LastAnswer(env_client)
         self.config = config
+        self.order = policies if isinstance(policies, SeatOrder) else None
+        by_seat = {seat: self.order.rest for seat in range(self.order.seats)} if self.order else dict(policies)
         self.seats = {seat: _Seat(Dataflow(self._seat_spec(seat), self.env, seeded(generate, self._seed(seat)),
                                            tokenizer, config))
-                      for seat, generate in sorted(policies.items())}
+                      for seat, generate in sorted(by_seat.items())}
+        self.first_seat: int | None = None
+        """The seat the env named to move first (set once the game is created)."""
 
     def run(self) -> list[EpisodeResult]:
         """Play the game; one result per seat that moved, in seat order. Never raises; releases the session."""
@@ -118,6 +132,10 @@ class SeatedDataflow:
         opener, session_id = next(iter(self.seats.values())).flow, None
         try:
             session_id, observation = opener._create_session()
+            self.first_seat = self._seat_to_move()
+            if self.order is not None:  # the first mover's policy, now that the env has named it
+                first = self.seats[self.first_seat].flow
+                first.generate = seeded(self.order.first, self._seed(self.first_seat))
             outcomes = self._play(session_id, observation)
             results = [self._scored(seat, outcomes) for seat in self._moved()]
         except _EpisodeFailure as failure:  # every seat is accounted for, with or without a move
@@ -212,7 +230,7 @@ class SeatedDataflow:
     def _seat_spec(self, seat: int) -> EpisodeSpec:
         opponent = self.spec.params.get(OPPONENT_PARAM)  # `none`: clients (here: these policies) play every seat
         return dataclasses.replace(self.spec, seat=seat, group_id=f"{self.spec.group_id}/seat{seat}",
-                                   opponent=SELF if opponent in (None, "none") else str(opponent))
+                                   opponent=self.spec.opponent or (SELF if opponent in (None, "none") else str(opponent)))
 
     def _seed(self, seat: int) -> int | None:
         """Each seat's sampling seed: the game's, and the seat (two seats of one model must not sample alike)."""
@@ -238,6 +256,11 @@ class SelfPlayConfig:
     trains). Each dataset row's games all face one opponent (so a GRPO group compares like with like), drawn by
     weight from a hash of the row's group id; each episode records it."""
 
+    endpoints: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Opponents that are frozen models (an earlier checkpoint of the policy, say), by name: `{url, model,
+    temperature}` of a vLLM server (OpenAI-compatible `/v1/completions` with token ids; the same tokenizer as the
+    policy's). In a game against one, the policy plays the seat to move first and alone trains."""
+
     def __post_init__(self) -> None:
         envs = self.envs
         if isinstance(envs, str) or not all(isinstance(env, str) and env for env in envs):
@@ -252,6 +275,17 @@ class SelfPlayConfig:
             raise ValueError(f"beyond_agent.self_play.opponents must map opponent names ({SELF!r} or the env's "
                              f"scripted opponents) to weights > 0, e.g. {{self: 2, random: 1}}; got {opponents!r}")
         object.__setattr__(self, "opponents", dict(opponents))
+        if not isinstance(self.endpoints, Mapping):
+            raise ValueError(f"beyond_agent.self_play.endpoints must map names to {{url, model}}, got {self.endpoints!r}")
+        for name, endpoint in self.endpoints.items():
+            where = f"beyond_agent.self_play.endpoints.{name}"
+            if name == SELF or not isinstance(endpoint, Mapping):
+                raise ValueError(f"{where} must be a mapping {{url, model, temperature}} under a name other than "
+                                 f"{SELF!r}; got {endpoint!r}")
+            unknown = sorted(set(endpoint) - {"url", "model", "temperature"})
+            if unknown or not all(isinstance(endpoint.get(key), str) and endpoint.get(key) for key in ("url", "model")):
+                raise ValueError(f"{where} needs url and model (strings) and takes temperature; got {dict(endpoint)!r}")
+        object.__setattr__(self, "endpoints", {name: dict(endpoint) for name, endpoint in self.endpoints.items()})
 
     @property
     def active(self) -> bool:
@@ -278,9 +312,12 @@ class SelfPlayDataflow:
         self.game = game
 
     def run(self) -> EpisodeResult:
-        """Play the game (never raises)."""
+        """Play the game (never raises). Against a frozen model (`SeatOrder`) only the policy's seat, the first to
+        move, is a result: the model's moves are not the policy's to train on."""
         results = self.game.run()
-        if not results:  # cannot happen: a failure gives every seat a result, a game ends on some seat's move
+        if self.game.order is not None and self.game.first_seat is not None:
+            results = [result for result in results if result.spec.seat == self.game.first_seat]
+        if not results:  # cannot happen: a failure gives every seat a result, the first mover always moves
             raise RuntimeError("a game ended without any seat's result")
         first, *others = results
         first.other_seats = others
@@ -291,9 +328,11 @@ class SelfPlayEnvManager(ParallelEnvManager):
     """A `ParallelEnvManager` whose episodes of `self_play.envs` are games with the policy in every seat."""
 
     def __init__(self, env_client: Any, generate: GenerateFn, tokenizer: Any, config: DataflowConfig,
-                 self_play: SelfPlayConfig, max_workers: int = 64) -> None:
+                 self_play: SelfPlayConfig, max_workers: int = 64, models: "OpponentModels | None" = None) -> None:
         super().__init__(env_client, generate, tokenizer, config, max_workers=max_workers)
         self.self_play = self_play
+        self.models = models or OpponentModels(self_play.endpoints)
+        """The frozen models of the pool (pass the run's own, so that their connections last across steps)."""
 
     def dataflow(self, spec: EpisodeSpec, config: DataflowConfig | None = None) -> Dataflow | SelfPlayDataflow:
         """The game of one episode spec of a self-play env against its row's opponent (each seat samples with its
@@ -301,10 +340,37 @@ class SelfPlayEnvManager(ParallelEnvManager):
         if spec.env_id not in self.self_play.envs:
             return super().dataflow(spec, config)
         opponent = self.self_play.opponent_for(spec.group_id)
+        frozen = opponent in self.self_play.endpoints
         # Against a scripted opponent the env plays the other seats inside its steps and names only the policy's.
-        game = dataclasses.replace(spec, params={**spec.params, OPPONENT_PARAM: "none" if opponent == SELF else opponent})
-        policies = {seat: self.generate for seat in range(self.self_play.seats)}
+        env_plays = "none" if opponent == SELF or frozen else opponent
+        game = dataclasses.replace(spec, params={**spec.params, OPPONENT_PARAM: env_plays}, opponent=opponent)
+        policies: Mapping[int, GenerateFn] | SeatOrder = (
+            SeatOrder(self.generate, self.models.generate(opponent), self.self_play.seats) if frozen
+            else {seat: self.generate for seat in range(self.self_play.seats)})
         return SelfPlayDataflow(SeatedDataflow(game, self.env_client, policies, self.tokenizer, config or self.config))
+
+
+class OpponentModels:
+    """The pool's frozen models (`SelfPlayConfig.endpoints`): one LLM front per endpoint, opened on first use."""
+
+    def __init__(self, endpoints: Mapping[str, Mapping[str, Any]]) -> None:
+        self.endpoints = endpoints
+        self._fronts: dict[str, Any] = {}
+
+    def generate(self, name: str) -> GenerateFn:
+        """The generate function of the endpoint `name` at its temperature (default 1)."""
+        from beyond_agent.rollout.llm import AsyncLLMServerManager, HttpVLLMBackend, SamplingParams
+
+        endpoint = self.endpoints[name]
+        if name not in self._fronts:
+            self._fronts[name] = AsyncLLMServerManager(HttpVLLMBackend([endpoint["url"]], endpoint["model"]))
+        return self._fronts[name].with_sampling(SamplingParams(temperature=float(endpoint.get("temperature", 1.0))))
+
+    def close(self) -> None:
+        """Close every front opened."""
+        for front in self._fronts.values():
+            front.close()
+        self._fronts.clear()
 
 
 def seat_figures(results: list[EpisodeResult], prefix: str = "") -> dict[str, float]:

@@ -5,14 +5,18 @@ policy wrote; outcomes, step rewards, groups, seeds and every way a game can end
 from __future__ import annotations
 
 import dataclasses
+import re
+import zlib
 
 import pytest
 
 from envservice.client import EnvClient
 from envservice.envs.two_player import SEAT_REWARDS
 from envservice.server import Settings, create_app
+from beyond_agent.actions import ParsedAction
 from beyond_agent.rollout.dataflow import DataflowConfig, EpisodeSpec
 from beyond_agent.rollout.llm import GenerationResult, LLMError, request_seed
+from beyond_agent.tasks import AgentTask
 from beyond_agent.trajectories import episode_record
 from beyond_agent.rollout.seats import (SeatedDataflow, SelfPlayConfig, SelfPlayDataflow, SelfPlayEnvManager,
                                         seat_figures)
@@ -234,3 +238,37 @@ def test_each_rows_games_face_one_opponent_of_the_pool_drawn_by_weight(client, c
     for bad in ({}, {"self": 0}, {"none": 1.0}, {"self": True}):
         with pytest.raises(ValueError, match="self_play.opponents must map opponent names"):
             SelfPlayConfig(envs=("tictactoe",), opponents=bad)
+
+
+class AnyCell(AgentTask):
+    """A reply `[k]` is that cell; any other reply the cell crc32(reply) mod 9 (the tiny model writes no cells)."""
+
+    def parse(self, text: str) -> ParsedAction:
+        cell = re.fullmatch(r"\[(\d)\]", text.strip())
+        return ParsedAction(action=f"[{cell.group(1) if cell else zlib.crc32(text.encode()) % 9}]", error=None)
+
+
+def test_against_a_frozen_model_the_policy_plays_the_first_seat_and_alone_trains(client, chatml_tokenizer,
+                                                                                  tiny_vllm_server):
+    """The pool's only opponent is a frozen model behind a real vLLM server (the tiny model). After 3 opening moves
+    seat 1 moves first: the policy plays it, the model seat 0, and the game's one result is the policy's."""
+    endpoint = {"url": tiny_vllm_server.base_url, "model": tiny_vllm_server.config.model, "temperature": 1.0}
+    pool = SelfPlayConfig(envs=("tictactoe",), opponents={"ckpt": 1.0}, endpoints={"ckpt": endpoint})
+    policy = FirstFreeCell(chatml_tokenizer)
+    manager = SelfPlayEnvManager(client, policy, chatml_tokenizer, DataflowConfig(**LIMITS), pool, max_workers=2)
+    spec = EpisodeSpec("tictactoe", task_id=0, seed=0, params={"opening_moves": 3}, group_id="pos0",
+                       agent_task=AnyCell())
+    try:
+        [result] = manager.run([spec]).results
+        model = manager.models._fronts["ckpt"].metrics()
+    finally:
+        manager.models.close()
+    assert (result.spec.seat, result.spec.opponent, result.other_seats) == (1, "ckpt", [])
+    assert result.termination in ("done", "max_rounds") and not result.infra_failure
+    assert len(policy.seeds) == result.rounds >= 1  # the scripted policy played seat 1's turns, and only those
+    assert model.requests >= result.rounds - 1 and model.failures == 0  # the frozen model played seat 0's
+    assert episode_record(result, 1, "train").extra == {"seat": 1, "opponent": "ckpt"}
+    for bad in ({"ckpt": {"url": "http://h:1"}}, {"self": {"url": "http://h:1", "model": "m"}},
+                {"ckpt": {"url": "http://h:1", "model": "m", "top_k": 3}}):
+        with pytest.raises(ValueError, match="beyond_agent.self_play.endpoints"):
+            SelfPlayConfig(envs=("tictactoe",), endpoints=bad)
