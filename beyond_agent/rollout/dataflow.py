@@ -156,6 +156,9 @@ class EpisodeResult:
     """One per assistant turn: the env's reward for that turn's action (0.0 where it did not step)."""
     anchors: list[str] = field(default_factory=list)
     """One per assistant turn: the env state the turn started from (`state_anchor`), GiGPO's anchor states."""
+    refused_turns: int = 0
+    """Assistant turns whose reply the task could not read as an action, or that the env refused (its step's
+    `info["invalid"]`): the invalid or illegal moves."""
     rounds: int = 0
     messages: list[dict] = field(default_factory=list)
     error: str | None = None
@@ -217,6 +220,7 @@ class Dataflow:
         self._step_rewards: list[float] = []
         self._anchors: list[str] = []  # one per turn, beside _step_rewards
         self._state = ""  # the env state the next turn starts from (`state_anchor`)
+        self._refused = 0  # turns whose reply was no action, or an action the env refused
 
     def run(self) -> EpisodeResult:
         """Play the episode; always returns a result and always releases the session."""
@@ -272,9 +276,11 @@ class Dataflow:
         parsed = self.task.parse(text)
         if parsed.action is None:
             self._step_rewards.append(0.0)  # no action, no env step
+            self._refused += 1
             return parsed.error, None  # the model sees why its reply was not an action
         step = self._env_call(self.env.step, session_id, parsed.action)
         self._step_rewards.append(float(step.reward))
+        self._refused += bool((getattr(step, "info", None) or {}).get("invalid"))
         self._state = state_anchor(step.observation, getattr(step, "info", None))  # no action: unchanged
         if step.terminated:
             return step.observation, "done"
@@ -363,7 +369,8 @@ class Dataflow:
             episode.termination = termination  # an infra failure after a length stop is still a failure
         return EpisodeResult(
             spec=self.spec, episode=episode, termination=termination, reward=reward, success=success, score=score,
-            step_rewards=list(self._step_rewards), anchors=list(self._anchors), rounds=self._rounds,
+            step_rewards=list(self._step_rewards), anchors=list(self._anchors), refused_turns=self._refused,
+            rounds=self._rounds,
             messages=list(handler.messages) if handler else [], error=error,
             env_time_s=self._env_time, llm_time_s=self._llm_time,
         )

@@ -376,7 +376,8 @@ class OpponentModels:
 def seat_figures(results: list[EpisodeResult], prefix: str = "") -> dict[str, float]:
     """Each seat's and each opponent's figures over a rollout's games (`other_seats` included): `seat<k>/...` and
     `opponent/<name>/...`: `episodes`, and the shares of `win`, `draw` and `loss` among the games the env ended and
-    of `cut` (a limit ended it), over the episodes that are not infrastructure failures. {} when no result played a
+    of `cut` (a limit ended it), and `refused_turns` (replies that were no move or an illegal one, per episode), over
+    the episodes that are not infrastructure failures. {} when no result played a
     seat."""
     seats: dict[str, list[EpisodeResult]] = {}
     for result in results:
@@ -392,4 +393,5 @@ def seat_figures(results: list[EpisodeResult], prefix: str = "") -> dict[str, fl
         for outcome, score in (("win", 1.0), ("draw", 0.5), ("loss", 0.0)):
             figures[f"{prefix}{name}{outcome}"] = sum(result.score == score for result in ended) / max(len(scored), 1)
         figures[f"{prefix}{name}cut"] = (len(scored) - len(ended)) / max(len(scored), 1)
+        figures[f"{prefix}{name}refused_turns"] = sum(r.refused_turns for r in scored) / max(len(scored), 1)
     return figures

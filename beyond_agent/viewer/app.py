@@ -187,6 +187,7 @@ def create_app(folder: Path, tokenizer: str | None = None, hosts: tuple[str, ...
         store = state.refreshed_episodes()
         record = store.record(step, kind, line)
         view = episode_view(record, state.texts())
-        return {**view, "line": line, "group_lines": store.group_lines(step, kind, record.group)}
+        return {**view, "line": line, "group_lines": store.group_lines(step, kind, record.group),
+                "game_lines": store.game_lines(step, kind, record.group, record.index)}
 
     return app

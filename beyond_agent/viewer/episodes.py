@@ -168,3 +168,12 @@ class EpisodeStore:
         return [summary["line"] for _, summary in self._summaries(self._file(step, kind))
                 if summary["group"] == group]
 
+    def game_lines(self, step: int, kind: str, group: str, index: int) -> list[int]:
+        """Lines of a step's dump holding the seats of one game (groups `<row>/seat<k>` of one row, the same
+        sample index: beyond_agent/rollout/seats.py); [] for an episode of no game."""
+        row, seat_mark, _ = group.rpartition("/seat")
+        if not seat_mark:
+            return []
+        return [summary["line"] for _, summary in self._summaries(self._file(step, kind))
+                if summary["group"].rpartition("/seat")[0] == row and summary["index"] == index]
+

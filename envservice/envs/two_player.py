@@ -189,13 +189,14 @@ class TicTacToeEnv(TextEnv):
         if move is None:
             return (f"Invalid action {clip_text(action)!r}. Valid actions: {MOVE_HINT}.", 0.0, False, False,
                     {**self._info(), "invalid": True})
-        mover = self.seat_to_move()
+        mover, before = self.seat_to_move(), self.board()
         self._play(mover, int(move.group(1)))
+        refused = self.board() == before and not self.game.state.done  # TextArena's warning: the seat moves again
         while self.opponent != "none" and not self.game.state.done and self.seat_to_move() != self._client_seat:
             self.game.get_observation()  # the opponent's view: the scripted player reads the board instead
             self._play(self.seat_to_move(), self._opponent_move())
         if not self.game.state.done:
-            return self._observation(), 0.0, False, False, self._info()
+            return self._observation(), 0.0, False, False, {**self._info(), **({"invalid": True} if refused else {})}
         outcome = {str(seat): float(reward) for seat, reward in sorted(self.game.state.rewards.items())}
         reason = self.game.state.game_info[mover].get("reason") or "the game ended"
         info = {STATE_KEY: self.state_key, SEAT_REWARDS: outcome, "opponent": self.opponent,

@@ -186,6 +186,14 @@ def test_unparseable_reply_is_shown_to_the_model_and_not_sent_to_the_env(env_cli
     result = output.results[0]
     assert result.termination == "max_rounds"
     assert result.messages[3]["content"].startswith("Your reply was empty.")
+    assert result.refused_turns == 2  # both replies were no action
+
+
+def test_an_action_the_env_refuses_counts_as_a_refused_turn(env_client, chatml_tokenizer):
+    """FrozenLake answers a word that is not a move with `info["invalid"]`; a move into a wall is a legal move."""
+    policy = ScriptedPolicy(chatml_tokenizer, lambda rid: ["jump", "left", "left"])
+    result = make_manager(env_client, chatml_tokenizer, policy).run(frozenlake_specs([0], n=1), max_rounds=3).results[0]
+    assert result.messages[3]["content"].startswith("Invalid action") and result.refused_turns == 1
 
 
 def test_env_crash_and_llm_failure_end_only_their_episodes_and_are_not_reward(env_client, chatml_tokenizer):

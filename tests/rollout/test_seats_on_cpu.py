@@ -104,6 +104,7 @@ def test_a_seats_reply_without_a_move_is_answered_to_that_seat_alone(client, cha
     assert [r.termination for r in results] == ["done", "done"] and [r.score for r in results] == [0.5, 0.5]
     assert "Invalid action 'hmm'" in policies[1].prompts[1] and not any("hmm" in p for p in policies[0].prompts)
     assert results[1].step_rewards == [0.0, 0.0, 0.0, 0.0, 0.0] and results[0].step_rewards[-1] == 0.0
+    assert [r.refused_turns for r in results] == [0, 1]  # 'hmm' is no move
     assert [r.rounds for r in results] == [5, 5]
 
 
@@ -155,9 +156,9 @@ def test_each_seat_samples_with_its_own_seeds(client, chatml_tokenizer):
 
 
 def test_each_seats_figures_count_its_wins_draws_losses_and_cut_games(client, chatml_tokenizer):
-    """Three self-play games through SelfPlayEnvManager: seat 0 wins (0, 1, 2 against 3, 4), a draw, and a game cut
-    by the round limit of 2. Seat 0: 1 win, 1 draw, 1 cut of 3; seat 1: 1 loss, 1 draw, 1 cut."""
-    scripts = {"A": (["[0]", "[1]", "[2]"], ["[3]", "[4]"]),
+    """Three self-play games: seat 0 wins (0, 1, 2 against 3, 4, after seat 1's refused [0]), a draw, and a game cut
+    by the round limit of 2. Seat 0: 1 win, 1 draw, 1 cut of 3; seat 1: 1 loss, 1 draw, 1 cut, 1 refused turn."""
+    scripts = {"A": (["[0]", "[1]", "[2]"], ["[0]", "[3]", "[4]"]),  # seat 1's [0]: an occupied cell, refused
                "B": (["[0]", "[8]", "[6]", "[5]", "[1]"], ["[4]", "[2]", "[3]", "[7]"]),
                "C": (["[0]", "[1]", "[5]"], ["[4]", "[8]", "[6]"])}
     results = []
@@ -174,10 +175,11 @@ def test_each_seats_figures_count_its_wins_draws_losses_and_cut_games(client, ch
                        "beyond_agent/seat0/draw": third, "beyond_agent/seat0/loss": 0.0, "beyond_agent/seat0/cut": third,
                        "beyond_agent/seat1/episodes": 3.0, "beyond_agent/seat1/win": 0.0,
                        "beyond_agent/seat1/draw": third, "beyond_agent/seat1/loss": third, "beyond_agent/seat1/cut": third,
+                       "beyond_agent/seat0/refused_turns": 0.0, "beyond_agent/seat1/refused_turns": third,
                        # Against itself: both seats of the three games, 6 episodes.
                        "beyond_agent/opponent/self/episodes": 6.0, "beyond_agent/opponent/self/win": sixth,
                        "beyond_agent/opponent/self/draw": third, "beyond_agent/opponent/self/loss": sixth,
-                       "beyond_agent/opponent/self/cut": third}
+                       "beyond_agent/opponent/self/cut": third, "beyond_agent/opponent/self/refused_turns": sixth}
     assert seat_figures([]) == {}
 
 

@@ -123,3 +123,5 @@ def test_each_seats_figures_are_logged(run):
             assert metrics[prefix + "episodes"] == sum(seat in seats for seats in by_game.values())
             shares = [metrics[prefix + outcome] for outcome in ("win", "draw", "loss", "cut")]
             assert sum(shares) == pytest.approx(1.0) and all(0.0 <= share <= 1.0 for share in shares)
+            assert metrics[prefix + "refused_turns"] >= 0.0
+        assert metrics["beyond_agent/opponent/self/episodes"] == sum(len(seats) for seats in by_game.values())

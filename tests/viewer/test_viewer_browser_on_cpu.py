@@ -157,3 +157,29 @@ def test_an_agent_episode_says_whether_its_calls_merged(page, viewer_url: str, r
     assert "agent's samples" in facts and "per call: it rewrote its history" in facts and "(2 earlier, each trained as a sample of its own)" in facts
     open_route(page, viewer_url, "#/episode?step=1&kind=train&line=2")  # our own loop's episode: no such line
     assert "agent's samples" not in page.locator(".episode-pane .facts").inner_text()
+
+
+def test_a_seat_of_a_game_names_its_opponent_and_links_the_games_other_seats(page, viewer_url: str,
+                                                                             run_folder: Path):
+    """Self-play (issue #57) dumps every seat of a game as a record of its own group (`<row>/seat<k>`): the page
+    names the seat and the opponent, and links the game's other seat (same row, same sample index)."""
+    dump = run_folder / TRAJECTORIES / "step_1.jsonl"
+    original = dump.read_text()
+    lines = original.splitlines()
+    seats = [json.loads(line) for line in lines[:2]]
+    for number, record in enumerate(seats):
+        record.update(group=f"row-7/seat{number}", index=3)
+        record["extra"] = {**record.get("extra", {}), "seat": number, "opponent": "self"}
+    dump.write_text("\n".join([*map(json.dumps, seats), *lines[2:]]) + "\n")
+    try:
+        open_route(page, viewer_url, "#/episode?step=1&kind=train&line=1")
+        facts = page.locator(".episode-pane .facts").inner_text()
+        assert "seat" in facts and "0, against the policy itself" in facts
+        page.click(".seat-link[data-line='2']")
+        page.wait_for_function("() => document.querySelectorAll('.episode-pane').length === 2", timeout=LOAD_MS)
+        assert "1, against the policy itself" in page.locator(".episode-pane").nth(1).locator(".facts").inner_text()
+        open_route(page, viewer_url, "#/episode?step=1&kind=train&line=3")  # an episode of no game: no seat, no links
+        assert page.locator(".game-links").count() == 0
+        assert "against" not in page.locator(".episode-pane .facts").inner_text()
+    finally:
+        dump.write_text(original)  # the other tests' episodes as they were

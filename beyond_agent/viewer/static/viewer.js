@@ -219,11 +219,26 @@ function episodePane(episode, step, kind, shownLines) {
     fact("agent's samples", extra.agent_mode === "merged" ? "merged: all its calls in this one sample"
       : `per call: it rewrote its history; this is its last call's sample (${extra.earlier_segments} earlier, each trained as a sample of its own)`);
   }
+  if (extra.seat != null) {  // one seat of a game of several (docs/self_play.md)
+    fact("seat", `${extra.seat}, against ${extra.opponent === "self" ? "the policy itself" : extra.opponent}`);
+  }
   pane.append(facts);
   pane.append(groupLinks(episode, step, kind, shownLines));
+  if (extra.seat != null) pane.append(gameLinks(episode, step, kind, shownLines));
   pane.append(el("h4", {text: "Turns"}), turns(episode));
   pane.append(el("h4", {text: "Tokens"}), tokenLegend(episode), tokens(episode));
   return pane;
+}
+
+function gameLinks(episode, step, kind, shownLines) {
+  const others = (episode.game_lines || []).filter(line => String(line) !== String(episode.line));
+  const holder = el("p", {class: "game-links", text: others.length ? "The game's other seats: " : "No other seat of this game was dumped."});
+  for (const line of others) {
+    const params = new URLSearchParams({step, kind, line: shownLines[0], compare: line});
+    holder.append(el("a", {href: `#/episode?${params}`, class: "seat-link", "data-line": line,
+                            text: `line ${line} side by side`}), " ");
+  }
+  return holder;
 }
 
 function groupLinks(episode, step, kind, shownLines) {
