@@ -114,8 +114,25 @@ moves (every map here: 6, 10, 14), so 2 rounds to spare; an observation after a 
 tokens of the tiny model's tokenizer (measured on 50 train maps) plus ~20 of chat template and action per turn."""
 
 
+class EpisodeLimits:
+    """What every game shares: its episode limits from `episode_limits` (rounds, prompt tokens, response tokens),
+    as `DataflowConfig` keyword arguments and as the recipe's overrides."""
+
+    episode_limits: tuple[int, int, int]
+
+    @property
+    def limits(self) -> dict:
+        """`DataflowConfig` keyword arguments."""
+        rounds, prompt, response = self.episode_limits
+        return dict(max_rounds=rounds, max_prompt_length=prompt, max_response_length=response, max_tokens_per_turn=6)
+
+    def rl_overrides(self) -> list[str]:
+        """The same limits for the recipe (bench/learning_cpu.yaml holds 4x4 FrozenLake's)."""
+        return limit_overrides(self.limits)
+
+
 @dataclass(frozen=True)
-class Lake:
+class Lake(EpisodeLimits):
     """The FrozenLake a run plays (non-slippery, with the `around` line) and the episode limits that follow from
     the side of its maps; warm-up, evaluation and RL all use them."""
 
@@ -144,14 +161,9 @@ class Lake:
         return {**ENV_PARAMS, **({"size": self.size} if self.size != 4 else {})}
 
     @property
-    def limits(self) -> dict:
-        """`DataflowConfig` keyword arguments."""
-        rounds, prompt, response = LAKE_LIMITS[self.size]
-        return dict(max_rounds=rounds, max_prompt_length=prompt, max_response_length=response, max_tokens_per_turn=6)
-
-    def rl_overrides(self) -> list[str]:
-        """The same limits for the recipe (bench/learning_cpu.yaml holds 4x4's)."""
-        return limit_overrides(self.limits)
+    def episode_limits(self) -> tuple[int, int, int]:  # type: ignore[override]
+        """The side's limits (`LAKE_LIMITS`)."""
+        return LAKE_LIMITS[self.size]
 
 
 def limit_overrides(limits: dict) -> list[str]:
@@ -460,7 +472,7 @@ observation 83, plus ~20 of chat template and action per turn (measured 2026-11-
 
 
 @dataclass(frozen=True)
-class Level:
+class Level(EpisodeLimits):
     """The BabyAI level a run plays (`--env babyai`): map `number` is the level's layout drawn from seed `number`;
     the limits of its episodes. Same interface as `Lake`."""
 
@@ -468,6 +480,7 @@ class Level:
     task_name = BABYAI_LEVEL
     title = "BabyAI GoToRedBallNoDists"
     oracle_may_lose = False
+    episode_limits = BABYAI_LIMITS
 
     def oracle_policy(self, client: EnvClient, tokenizer, spec: EpisodeSpec) -> ScriptedPolicy:
         """The bot's actions, planned on a twin of the layout."""
@@ -498,15 +511,6 @@ class Level:
             raise RuntimeError(f"the BabyAI bot did not solve layout seed {created.info['layout_seed']}")
         return actions
 
-    @property
-    def limits(self) -> dict:
-        """`DataflowConfig` keyword arguments."""
-        rounds, prompt, response = BABYAI_LIMITS
-        return dict(max_rounds=rounds, max_prompt_length=prompt, max_response_length=response, max_tokens_per_turn=6)
-
-    def rl_overrides(self) -> list[str]:
-        """The same limits for the recipe."""
-        return limit_overrides(self.limits)
 
 
 TICTACTOE_PARAMS = {"opponent": "random", "opening_moves": 4, "view": "compact"}
@@ -521,13 +525,14 @@ BOARD_ROWS = re.compile(r"You are ([XO])\..*Board \(cells 0-8, row by row\):\n([
 
 
 @dataclass(frozen=True)
-class Board:
+class Board(EpisodeLimits):
     """TicTacToe against a fixed scripted opponent (`--env tictactoe`): map `number` is the starting position drawn
     from seed `number`, success a win. Same interface as `Lake`."""
 
     env_id = "tictactoe"
     task_name = None
     title = "TicTacToe vs random"
+    episode_limits = TICTACTOE_LIMITS
     oracle_may_lose = True
     """Minimax from a random opening does not always win (the opening may be lost or drawn already): the warm-up
     keeps the games it won."""
@@ -547,13 +552,6 @@ class Board:
                                                                                      max_tokens)
         return move
 
-    @property
-    def limits(self) -> dict:
-        rounds, prompt, response = TICTACTOE_LIMITS
-        return dict(max_rounds=rounds, max_prompt_length=prompt, max_response_length=response, max_tokens_per_turn=6)
-
-    def rl_overrides(self) -> list[str]:
-        return limit_overrides(self.limits)
 
 
 Game = Lake | Level | Board

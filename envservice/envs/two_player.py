@@ -125,21 +125,13 @@ class TicTacToeEnv(TextEnv):
 
     @staticmethod
     def view_of(params: Mapping[str, Any]) -> str:
-        """`params.view`, checked against `VIEWS`."""
-        view = params.get("view", "textarena")
-        if view not in VIEWS:
-            raise EnvServiceError(ErrorCode.bad_request, f"params.view={clip_text(repr(view))} is not a view; valid "
-                                  f"choices: {list(VIEWS)}", valid_choices=list(VIEWS))
-        return view
+        """`params.view`, one of `VIEWS`."""
+        return _choice(params, "view", "textarena", VIEWS, "a view")
 
     @staticmethod
     def opponent_of(params: Mapping[str, Any]) -> str:
-        """`params.opponent`, checked against `OPPONENTS` (a `bad_request` naming the valid choices otherwise)."""
-        opponent = params.get("opponent", "random")
-        if opponent not in OPPONENTS:
-            raise EnvServiceError(ErrorCode.bad_request, f"params.opponent={clip_text(repr(opponent))} is not an "
-                                  f"opponent; valid choices: {list(OPPONENTS)}", valid_choices=list(OPPONENTS))
-        return opponent
+        """`params.opponent`, one of `OPPONENTS`."""
+        return _choice(params, "opponent", "random", OPPONENTS, "an opponent")
 
     @classmethod
     def resolve_task(cls, task_id: int | str | None, split: str, seed: int | None,
@@ -267,6 +259,15 @@ class TicTacToeEnv(TextEnv):
 
     def _info(self) -> dict[str, Any]:
         return {SEAT: self.seat_to_move(), STATE_KEY: self.state_key, "opponent": self.opponent}
+
+
+def _choice(params: Mapping[str, Any], name: str, default: str, choices: tuple[str, ...], what: str) -> str:
+    """`params[name]` (or `default`), which must be one of `choices` (a `bad_request` naming them otherwise)."""
+    value = params.get(name, default)
+    if value not in choices:
+        raise EnvServiceError(ErrorCode.bad_request, f"params.{name}={clip_text(repr(value))} is not {what}; valid "
+                              f"choices: {list(choices)}", valid_choices=list(choices))
+    return value
 
 
 def _mark_of(seat: int) -> str:

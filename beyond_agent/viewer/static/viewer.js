@@ -231,22 +231,24 @@ function episodePane(episode, step, kind, shownLines) {
 }
 
 function gameLinks(episode, step, kind, shownLines) {
-  const others = (episode.game_lines || []).filter(line => String(line) !== String(episode.line));
-  const holder = el("p", {class: "game-links", text: others.length ? "The game's other seats: " : "No other seat of this game was dumped."});
-  for (const line of others) {
-    const params = new URLSearchParams({step, kind, line: shownLines[0], compare: line});
-    holder.append(el("a", {href: `#/episode?${params}`, class: "seat-link", "data-line": line,
-                            text: `line ${line} side by side`}), " ");
-  }
-  return holder;
+  return compareLinks(episode.game_lines || [], episode, step, kind, shownLines,
+                      {holder: "game-links", link: "seat-link", lead: "The game's other seats: ",
+                       none: "No other seat of this game was dumped."});
 }
 
 function groupLinks(episode, step, kind, shownLines) {
-  const others = episode.group_lines.filter(line => String(line) !== String(episode.line));
-  const holder = el("p", {class: "group-links", text: others.length ? "Same group: " : "No other episode of this group was dumped."});
+  return compareLinks(episode.group_lines, episode, step, kind, shownLines,
+                      {holder: "group-links", link: "compare-link", lead: "Same group: ",
+                       none: "No other episode of this group was dumped."});
+}
+
+// Links that open each of `lines` (but the episode's own) side by side with the episodes shown.
+function compareLinks(lines, episode, step, kind, shownLines, names) {
+  const others = lines.filter(line => String(line) !== String(episode.line));
+  const holder = el("p", {class: names.holder, text: others.length ? names.lead : names.none});
   for (const line of others) {
     const params = new URLSearchParams({step, kind, line: shownLines[0], compare: line});
-    holder.append(el("a", {href: `#/episode?${params}`, class: "compare-link", "data-line": line,
+    holder.append(el("a", {href: `#/episode?${params}`, class: names.link, "data-line": line,
                             text: `line ${line} side by side`}), " ");
   }
   return holder;
