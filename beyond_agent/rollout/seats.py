@@ -17,17 +17,19 @@ How a game ends for its seats:
 - a limit cuts it (a seat's round limit, the env's own step limit, a seat's response length): the game has no
   result, and every seat scores as in a draw (outcome 0); the seat that hit the length limit ends with `length`,
   the others with the reason that stopped the game for everyone (`max_rounds`, `truncated`).
-- an infrastructure failure of any seat (`env_error`, `llm_error`, `timeout`) voids the game: every seat with a
-  policy ends with it (a result without an episode for a seat that had not moved yet), and none is trained
+- an infrastructure failure of any seat (`env_error`, `llm_error`, `timeout`) voids the game: every seat that moved
+  ends with it (or, when none had, the seat to move, with a result without an episode), and none is trained
   (`EpisodeResult.infra_failure`).
 A seat that never moved in a game the env ended (it ended before that seat's first turn, or an opponent inside the
 env played that seat: `params.opponent` other than `none`) has no conversation and no result.
 
-**Self-play in training** (`beyond_agent.self_play.envs: [tictactoe]`): `SelfPlayEnvManager` plays each episode of
-those envs as such a game with the trained policy in every seat (other envs of a multi-task run play as usual). Verl joins the rollout's rows one to one with its
-input rows, so a game comes back as one result, its first seat's, carrying the others in `other_seats`; the
-trainer adds those as rows of their own (`rollout.batch.add_segment_rows`), and every seat's row is grouped with
-the same seat's rows of the same dataset row (uid `<row uid>/seat<k>`).
+**Self-play in training** (`beyond_agent.self_play`, `SelfPlayConfig`): `SelfPlayEnvManager` plays each episode of
+the listed envs as such a game against the row's opponent from a pool: the policy itself in every seat, a frozen
+model behind a vLLM endpoint (the policy plays the seat to move first: `SeatOrder`), or a scripted player inside
+the env; other envs of a multi-task run play as usual. Verl joins the rollout's rows one to one with its input
+rows, so a game comes back as one result, its first seat's, carrying the other seats the policy played in
+`other_seats`; the trainer adds those as rows of their own (`rollout.batch.add_segment_rows`), and every seat's row
+is grouped with the same seat's rows of the same dataset row (uid `<row uid>/seat<k>`).
 """
 
 from __future__ import annotations
@@ -103,11 +105,11 @@ class SeatedDataflow:
 
     Args:
         spec: the game (env, task, params; `params.opponent: none` for a game whose every seat is played here).
-            Each seat's result carries a copy with `seat` set and `group_id` suffixed `/seat<k>`: GRPO then
-            compares a seat's episodes with the same seat's in other games of the task (a seat's outcome is
-            the negative of its opponent's, so a group of both seats would only learn who moved first).
+            Each seat's result carries a copy with `seat` and `opponent` set and `group_id` suffixed `/seat<k>`:
+            GRPO then compares a seat's episodes with the same seat's in other games of the task (a seat's
+            outcome is the negative of its opponent's, so a group of both seats would only learn which seat won).
         env_client: the envservice client.
-        policies: seat -> its generate function; every seat the env may name must have one.
+        policies: seat -> its generate function (every seat the env may name must have one), or a `SeatOrder`.
         tokenizer, config: as for `Dataflow` (the round limit counts each seat's turns).
     """
 
@@ -138,9 +140,9 @@ class SeatedDataflow:
                 first.generate = seeded(self.order.first, self._seed(self.first_seat))
             outcomes = self._play(session_id, observation)
             results = [self._scored(seat, outcomes) for seat in self._moved()]
-        except _EpisodeFailure as failure:  # every seat is accounted for, with or without a move
-            results = [seat.flow._result(seat.handler, failure.termination, error=str(failure))
-                       for seat in self.seats.values()]
+        except _EpisodeFailure as failure:  # the seats that moved, or the one to move: the game is accounted for
+            failed = self._moved() or [self.seats[self.first_seat if self.first_seat is not None else min(self.seats)]]
+            results = [seat.flow._result(seat.handler, failure.termination, error=str(failure)) for seat in failed]
         finally:
             opener._release(session_id)
         for result in results:

@@ -119,18 +119,20 @@ def test_an_llm_failure_of_one_seat_voids_the_game_for_both(client, chatml_token
     results, _ = play(client, chatml_tokenizer, (["[0]", "[1]"], {}), (["[4]", "[8]"], {"fail_at": 1}))
     assert [r.termination for r in results] == ["llm_error", "llm_error"]
     assert all(r.infra_failure and r.reward == 0.0 for r in results)
+    results, _ = play(client, chatml_tokenizer, (["[0]"], {"fail_at": 0}), (["[4]"], {}))  # before seat 1 moved
+    assert [(r.termination, r.spec.seat) for r in results] == [("llm_error", 0)]
 
 
-def test_a_seat_without_a_policy_or_a_one_player_env_is_an_env_error_for_every_seat(client, chatml_tokenizer):
-    """Seat 0 is to move and only seat 1 has a policy; FrozenLake names no seat. Each game is void, and every seat
-    with a policy is accounted for with a result that has no episode."""
+def test_a_seat_without_a_policy_or_a_one_player_env_is_an_env_error_before_any_move(client, chatml_tokenizer):
+    """Seat 0 is to move and only seat 1 has a policy; FrozenLake names no seat. Each game is void before any seat
+    moved, and is accounted for by one result without an episode."""
     policies = {1: Moves(chatml_tokenizer, ["[4]"])}
     [result] = SeatedDataflow(game(), client, policies, chatml_tokenizer, DataflowConfig(**LIMITS)).run()
     assert (result.termination, result.episode, result.spec.seat) == ("env_error", None, 1)
     assert "the env named seat 0 to move; this game has policies for seats [1]" in result.error
     results, _ = play(client, chatml_tokenizer, (["left"], {}), (["right"], {}),
                       spec=EpisodeSpec("frozenlake", task_id=0, seed=0, group_id="map0"))
-    assert [(r.termination, r.spec.seat) for r in results] == [("env_error", 0), ("env_error", 1)]
+    assert [(r.termination, r.spec.seat, r.episode) for r in results] == [("env_error", 0, None)]
     assert "the env named seat None to move" in results[0].error
 
 
