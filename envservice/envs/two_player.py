@@ -119,9 +119,11 @@ class TicTacToeEnv(TextEnv):
     def __init__(self) -> None:
         """An instance without a game; `reset` starts one."""
         self.game: Any = None
-        self.opponent = "random"
+        self.opponent, self.view = "random", "textarena"
         self._rng = random.Random(0)
         self._client_seat = 0
+        self._last_move: dict[int, int] = {}
+        """Seat -> the cell of its last move (the compact view names the opponent's)."""
 
     @staticmethod
     def view_of(params: Mapping[str, Any]) -> str:
@@ -164,7 +166,7 @@ class TicTacToeEnv(TextEnv):
         from textarena.envs.TicTacToe.env import TicTacToeEnv as Game
 
         self.opponent, self.view = self.opponent_of(task.params), self.view_of(task.params)
-        self._last_move: dict[int, int] = {}  # seat -> the cell of its last move (for the compact view)
+        self._last_move = {}
         self._rng = random.Random(f"tictactoe-opponent:{task.split}:{task.index}:{task.seed}")
         self.game = Game()
         self.game.reset(num_players=2)
