@@ -26,12 +26,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from beyond_agent.algorithms.gigpo import EpisodeSteps, step_advantages  # noqa: E402
 from beyond_agent.rollout.dataflow import state_anchor  # noqa: E402
-from envservice.envs import babyai, frozenlake, sokoban  # noqa: E402
+from envservice.envs import babyai, frozenlake, sokoban, terminal_env, two_player  # noqa: E402
 
+TERMINAL_COMMANDS = ("ls", "cat *.txt", "wc -l *", "echo done > out.txt", "rm -f out.txt", "mkdir -p tmp",
+                     "touch notes.txt", "sort words.txt > unique.txt")
+"""The terminal's random policy: reads, and writes that later commands undo or repeat."""
 ENVS: dict[str, tuple[Any, tuple[str, ...]]] = {
     "frozenlake": (frozenlake.FrozenLakeEnv, frozenlake.ACTIONS),
     "sokoban": (sokoban.SokobanEnv, sokoban.ACTIONS),
     "babyai": (babyai.BabyAIEnv, babyai.ACTIONS),
+    "tictactoe": (two_player.TicTacToeEnv, tuple(f"[{cell}]" for cell in range(9))),  # against its random player
+    "terminal": (terminal_env.TerminalEnv, TERMINAL_COMMANDS),
 }
 NOT_AN_ACTION = "I think I should look around first."
 
