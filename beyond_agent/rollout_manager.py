@@ -180,7 +180,8 @@ class BeyondAgentLoopManager:
             specs = place_seeds(rows_to_episodes(prompts.non_tensor_batch, settings.env.env_id, settings.tasks),
                                 settings.sampling_seed, "validate" if meta.get("validate") else "step",
                                 int(meta.get("global_steps", 0)))
-            manager = self._episode_manager(settings.sampling(meta), gated=self._pool is not None)
+            manager = self._episode_manager(settings.sampling(meta), gated=self._pool is not None,
+                                            validate=bool(meta.get("validate")))
             output = manager.run(specs, max_rounds=self._max_rounds(meta))
         limits = (self.tokenizer.pad_token_id, settings.episode.max_prompt_length,
                   settings.episode.max_response_length)
@@ -224,9 +225,10 @@ class BeyondAgentLoopManager:
             return self.settings.val_max_rounds
         return self.horizon.max_rounds(int(meta.get("global_steps", 0)), validate=bool(meta.get("validate")))
 
-    def _episode_manager(self, sampling: Any, gated: bool) -> ParallelEnvManager:
+    def _episode_manager(self, sampling: Any, gated: bool, validate: bool = False) -> ParallelEnvManager:
         """Episodes with this sampling; `gated`: through the version gate (async mode), so that weight syncs
-        wait for requests in flight and every turn records its version."""
+        wait for requests in flight and every turn records its version; `validate`: validation's (self-play games
+        then face `self_play.validation_opponent`)."""
         generate = self.llm.with_sampling(sampling)
         if gated:
             generate = self.gate.generate_fn(generate)
@@ -236,9 +238,9 @@ class BeyondAgentLoopManager:
                                    gateway.url, self._agent, max_workers=self.settings.concurrency,
                                    gateway_socket=gateway.socket_path)
         if self.settings.self_play.active:  # the policy plays every seat of each game
-            return SelfPlayEnvManager(self.env_client, generate, self.tokenizer, self.settings.episode,
-                                      self.settings.self_play, max_workers=self.settings.concurrency,
-                                      models=self.opponents)
+            self_play = self.settings.self_play.for_validation() if validate else self.settings.self_play
+            return SelfPlayEnvManager(self.env_client, generate, self.tokenizer, self.settings.episode, self_play,
+                                      max_workers=self.settings.concurrency, models=self.opponents)
         return ParallelEnvManager(self.env_client, generate, self.tokenizer, self.settings.episode,
                                   max_workers=self.settings.concurrency)
 

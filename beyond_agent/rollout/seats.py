@@ -258,6 +258,9 @@ class SelfPlayConfig:
     trains). Each dataset row's games all face one opponent (so a GRPO group compares like with like), drawn by
     weight from a hash of the row's group id; each episode records it."""
 
+    validation_opponent: str | None = None
+    """The opponent of every validation game (e.g. `random` or `perfect`: a fixed player, so that validation
+    measures the policy against the same opponent at every step); None: drawn from the pool like training's."""
     endpoints: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """Opponents that are frozen models (an earlier checkpoint of the policy, say), by name: `{url, model,
     temperature}` of a vLLM server (OpenAI-compatible `/v1/completions` with token ids; the same tokenizer as the
@@ -277,6 +280,10 @@ class SelfPlayConfig:
             raise ValueError(f"beyond_agent.self_play.opponents must map opponent names ({SELF!r} or the env's "
                              f"scripted opponents) to weights > 0, e.g. {{self: 2, random: 1}}; got {opponents!r}")
         object.__setattr__(self, "opponents", dict(opponents))
+        if self.validation_opponent is not None and (not isinstance(self.validation_opponent, str)
+                                                     or self.validation_opponent in ("", "none")):
+            raise ValueError(f"beyond_agent.self_play.validation_opponent must be an opponent's name ({SELF!r}, an "
+                             f"endpoint's or the env's scripted one) or null; got {self.validation_opponent!r}")
         if not isinstance(self.endpoints, Mapping):
             raise ValueError(f"beyond_agent.self_play.endpoints must map names to {{url, model}}, got {self.endpoints!r}")
         for name, endpoint in self.endpoints.items():
@@ -293,6 +300,12 @@ class SelfPlayConfig:
     def active(self) -> bool:
         """Whether some env's episodes are played as games of several seats."""
         return bool(self.envs)
+
+    def for_validation(self) -> "SelfPlayConfig":
+        """The pool validation games draw from: `validation_opponent` alone, when set."""
+        if self.validation_opponent is None:
+            return self
+        return dataclasses.replace(self, opponents={self.validation_opponent: 1.0}, validation_opponent=None)
 
     def opponent_for(self, group_id: str) -> str:
         """The opponent of a dataset row's games: drawn by weight from a hash of its group id (the same for all of

@@ -242,6 +242,12 @@ def test_each_rows_games_face_one_opponent_of_the_pool_drawn_by_weight(client, c
     for bad in ({}, {"self": 0}, {"none": 1.0}, {"self": True}):
         with pytest.raises(ValueError, match="self_play.opponents must map opponent names"):
             SelfPlayConfig(envs=("tictactoe",), opponents=bad)
+    validated = dataclasses.replace(pool, validation_opponent="perfect").for_validation()
+    assert validated.opponents == {"perfect": 1.0} and {validated.opponent_for(f"row{i}") for i in range(20)} == {
+        "perfect"}
+    assert pool.for_validation() is pool
+    with pytest.raises(ValueError, match="validation_opponent must be an opponent's name"):
+        SelfPlayConfig(envs=("tictactoe",), validation_opponent="none")
 
 
 class AnyCell(AgentTask):

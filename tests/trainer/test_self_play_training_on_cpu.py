@@ -11,6 +11,7 @@ rows to verl's batch, and every seat's rows form their own GRPO groups. ~2 min o
 
 from __future__ import annotations
 
+import json
 import math
 from collections import defaultdict
 
@@ -51,6 +52,7 @@ def run(training_run, trainer_envservice, tmp_path_factory):
         "trainer.logger=[console,file]", f"beyond_agent.env.url={trainer_envservice.url}",
         "beyond_agent.max_tokens_per_turn=8", "beyond_agent.rounds.rounds=4",
         "beyond_agent.self_play.envs=[tictactoe]", "+beyond_agent.tasks.tictactoe._target_=user_tasks.AnyCell",
+        "beyond_agent.self_play.validation_opponent=random", f"trainer.test_freq={STEPS}",
     ], env={"PYTHONPATH": str(workdir)})
 
 
@@ -125,3 +127,13 @@ def test_each_seats_figures_are_logged(run):
             assert sum(shares) == pytest.approx(1.0) and all(0.0 <= share <= 1.0 for share in shares)
             assert metrics[prefix + "refused_turns"] >= 0.0
         assert metrics["beyond_agent/opponent/self/episodes"] == sum(len(seats) for seats in by_game.values())
+
+
+def test_validation_plays_the_held_out_position_against_the_fixed_opponent(run):
+    """At step 2 only, the validation game faces `random` inside the env: one seat, the policy's, recorded so."""
+    logged = run.tracked()
+    assert "val-core/tictactoe/reward/mean@1" in logged[STEPS] and not any(k.startswith("val-") for k in logged[1])
+    [record] = [json.loads(line) for line in (run.run_dir / "trajectories" / f"val_step_{STEPS}.jsonl").read_text()
+                .splitlines()]
+    assert record["split"] == "test" and record["extra"]["opponent"] == "random" and record["group"].endswith(
+        f"/seat{record['extra']['seat']}")
