@@ -10,8 +10,9 @@ HTTP 504) and is never retried: the step may have been applied, and the service 
 A pooled connection idle for `IDLE_EXPIRY_S` is not reused (`IdleExpiringAdapter`): a server closes an idle
 keep-alive connection after its own timeout (uvicorn: 5 s by default, envservice: `transport.KEEP_ALIVE_S`), and a
 request sent at that moment meets the close and fails with "Connection reset by peer". A step cannot be retried
-(it may have been applied), so the episode ended as an `env_error`: 1 in 60 requests sent within +-10 ms of the
-server's timeout did. The client now gives up a connection well before any such server would.
+(it may have been applied), so the episode ended as an `env_error`: 5 of 120 requests sent within +-10 ms of a
+1 s server timeout were reset, 0 of 120 with the expiry. The client gives up a connection well before any such
+server would.
 """
 
 from __future__ import annotations
@@ -215,7 +216,6 @@ class IdleExpiringAdapter(HTTPAdapter):
             "http": type("IdleExpiringHTTPConnectionPool", (HTTPConnectionPool,), {"ConnectionCls": http}),
             "https": type("IdleExpiringHTTPSConnectionPool", (HTTPSConnectionPool,), {"ConnectionCls": https}),
         }
-
 
 
 def _plain(value: Any) -> Any:
