@@ -287,7 +287,7 @@ def test_an_llm_customer_talks_through_a_real_vllm_server(tiny_vllm_server, monk
         assert observation == f"Customer: {said or GOODBYE}" and played.messages[-2]["content"].startswith("Could")
         if terminated:
             break
-    assert terminated and turn <= MAX_CUSTOMER_TURNS and set(info) == {"db_match", "communicated"}
+    assert terminated and turn <= MAX_CUSTOMER_TURNS and set(info) == {"db_match", "communicated", STATE_KEY}
     down = Tau2Env.configure({"domain": "retail", "customer": {**customer, "base_url": "http://127.0.0.1:9/v1"}})
     import openai
 
