@@ -280,8 +280,9 @@ class Dataflow:
             return parsed.error, None  # the model sees why its reply was not an action
         step = self._env_call(self.env.step, session_id, parsed.action)
         self._step_rewards.append(float(step.reward))
-        self._refused += bool((getattr(step, "info", None) or {}).get("invalid"))
-        self._state = state_anchor(step.observation, getattr(step, "info", None))  # no action: unchanged
+        info = getattr(step, "info", None) or {}
+        self._refused += bool(info.get("invalid"))
+        self._state = state_anchor(step.observation, info)  # no action: unchanged
         if step.terminated:
             return step.observation, "done"
         if step.truncated:

@@ -200,7 +200,7 @@ class SeatedDataflow:
         except (AttributeError, TypeError, ValueError) as exc:
             raise _EpisodeFailure("env_error", f"a finished game's info[{SEAT_REWARDS!r}] must map each seat to "
                                   f"its outcome; got {rewards!r}") from exc
-        missing = [number for number in self._moved_numbers() if number not in outcomes]
+        missing = [seat.flow.spec.seat for seat in self._moved() if seat.flow.spec.seat not in outcomes]
         if missing:
             raise _EpisodeFailure("env_error", f"info[{SEAT_REWARDS!r}] has no outcome for seats {missing}")
         for number, seat in self.seats.items():
@@ -223,9 +223,6 @@ class SeatedDataflow:
 
     def _moved(self) -> list[_Seat]:
         return [seat for seat in self.seats.values() if seat.handler is not None]
-
-    def _moved_numbers(self) -> list[int]:
-        return [number for number, seat in self.seats.items() if seat.handler is not None]
 
     # ---- each seat's spec --------------------------------------------------------------------------
 
