@@ -1,21 +1,25 @@
 """Rollout throughput on one GPU: our env manager against verl 0.9's own agent loop, on the same vLLM server.
 
-    python bench/gpu_rollout.py [--sizes 0.5b 1.5b] [--rows 32] [--n 2] [--rounds 4] [--tokens-per-turn 64]
-                                [--repeats 2] [--out DIR]
-    BEYOND_GPU_CHECKS_ON_CPU=1 .venv/bin/python bench/gpu_rollout.py --sizes tiny --rows 2 --repeats 1   # rehearsal
+    python bench/gpu_rollout.py [--sizes 0.5b 1.5b] [--rows 32] [--n 2] [--rounds 4] [--tokens-per-turn 256]
+                                [--stop-at-eos] [--repeats 2] [--out DIR]
+    BEYOND_GPU_CHECKS_ON_CPU=1 .venv/bin/python bench/gpu_rollout.py --sizes tiny --rows 2 --repeats 1 \
+        --tokens-per-turn 64 --out /tmp/gpu-bench      # the CPU rehearsal (~5 min on 2 cores)
 
 For each size: a random-initialised Qwen2 with Qwen2.5-<size>-Instruct's shape (hidden size, layers, heads,
-MLP; the vocabulary is the offline tokenizer's ~1k entries, not Qwen's 152k, so the output layer is far
-smaller than the real model's), envservice serving BabyAI, and verl's standalone vLLM server (one replica on
-the one GPU, verl's LLMServerManager) with one client. Then the same rows (BabyAI tasks, `--n` episodes each,
-at most `--rounds` replies of at most `--tokens-per-turn` tokens; the random model's replies are rarely
-actions, so nearly every episode plays all its rounds) are played by
+MLP; built on the machine, nothing downloaded; the vocabulary is the offline tokenizer's ~1k entries, not Qwen's
+152k, so the output layer is far smaller than the real model's), envservice serving BabyAI, and verl's standalone
+vLLM server (one replica on the one GPU, verl's LLMServerManager) with one client. Then the same rows (BabyAI
+tasks, `--n` episodes each, at most `--rounds` replies of `--tokens-per-turn` tokens: verl's server ignores the eos
+token (`rollout.ignore_eos`) unless `--stop-at-eos`, so every reply has an agent's length rather than a random
+model's; its replies are rarely actions, so nearly every episode plays all its rounds) are played by
   (a) ours: BeyondAgentLoopManager, i.e. ParallelEnvManager with `--rows x --n` episodes in flight, and
   (b) verl's: AgentLoopManager with one AgentLoopWorker and bench/verl_envservice_loop.py's turn loop,
 first once each to warm up, then `--repeats` times each, alternating. Per manager it prints generated tokens/s,
-episodes/s, the GPU's busy fraction (NVML's utilisation, sampled every 50 ms while the manager plays) and, for
-ours, rollout wall / LLM busy (time with a request in flight, as our manager counts it). Figures of one run;
-compare ratios. One JSON per size in --out (default outputs/gpu-bench), skipped when present.
+episodes/s, seconds per reply (each episode's time waiting for its replies over the replies), the GPU's busy
+fraction (utilisation sampled every 50 ms while the manager plays, from NVML or nvidia-smi) and, for ours, rollout
+wall / LLM busy (time with a request in flight, as our manager counts it). Figures of one run; compare ratios.
+One JSON per size in --out (default outputs/gpu-bench), skipped when present: `scripts/gpu/checks.sh bench-0.5b`
+and `bench-1.5b` run one size each, so each fits beside another check in one device call (docs/gpus.md).
 The training step's breakdown in full and delta sync modes is not measured here (tests/gpu's runs log it).
 """
 
@@ -24,7 +28,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -72,6 +78,8 @@ def compose_config(args: argparse.Namespace, model_dir: Path, env_url: str, loop
         f"actor_rollout_ref.rollout.max_model_len={prompt + response}",
         f"actor_rollout_ref.rollout.gpu_memory_utilization={args.gpu_memory_utilization}",
         "actor_rollout_ref.rollout.dtype=bfloat16", "actor_rollout_ref.rollout.temperature=1.0",
+        # verl's vLLM server applies it to every request, of both managers: each reply is max_tokens long
+        f"actor_rollout_ref.rollout.ignore_eos={str(not args.stop_at_eos).lower()}",
         "actor_rollout_ref.rollout.agent.num_workers=1",
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loop_config}",
         f"actor_rollout_ref.rollout.agent.default_agent_loop={AGENT_NAME}",
@@ -108,23 +116,32 @@ def rows_batch(rows: list[dict], n: int) -> Any:
 
 
 class GpuBusy:
-    """The GPU's utilisation (NVML, percent of time a kernel ran) sampled every 50 ms; None without NVML."""
+    """The GPU's utilisation (percent of time a kernel ran), sampled every 50 ms while in the `with` block: from
+    NVML when pynvml is installed, else from `nvidia-smi --loop-ms` (the lent machine's image has the driver's
+    tool but not pynvml); None on a machine with neither (a CPU rehearsal)."""
 
     def __init__(self) -> None:
+        self._samples: list[float] = []
+        self._stop = threading.Event()
+        self._read: Callable[[], float] | None = None
+        self._smi: subprocess.Popen | None = None
         try:
             import pynvml
 
             pynvml.nvmlInit()
-            self._read = lambda: pynvml.nvmlDeviceGetUtilizationRates(pynvml.nvmlDeviceGetHandleByIndex(0)).gpu
-        except Exception:  # noqa: BLE001 - no NVML (CPU rehearsal): the figure is left out
+            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+            self._read = lambda: pynvml.nvmlDeviceGetUtilizationRates(handle).gpu
+        except Exception:  # noqa: BLE001 - no NVML: nvidia-smi below, or the figure is left out
             self._read = None
-        self._samples: list[float] = []
-        self._stop = threading.Event()
 
     def __enter__(self) -> "GpuBusy":
         if self._read:
             self._thread = threading.Thread(target=self._sample, daemon=True)
             self._thread.start()
+        elif shutil.which("nvidia-smi"):
+            self._smi = subprocess.Popen(["nvidia-smi", "--id=0", "--query-gpu=utilization.gpu",
+                                          "--format=csv,noheader,nounits", "--loop-ms=50"],
+                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         return self
 
     def _sample(self) -> None:
@@ -133,25 +150,34 @@ class GpuBusy:
 
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()
+        if self._smi is not None:
+            self._smi.terminate()
+            output, _ = self._smi.communicate(timeout=10)
+            self._samples = [float(line) / 100.0 for line in output.split() if line.strip().isdigit()]
 
     @property
     def fraction(self) -> float | None:
         return statistics.fmean(self._samples) if self._samples else None
 
 
-def play(generate: Callable[[Any], Any], batch: Any, busy_of: Callable[[], float] | None) -> dict[str, Any]:
-    """One rollout of the batch through a manager's generate_sequences: throughput figures."""
+def play(generate: Callable[[Any], Any], batch: Any, llm_figures: Callable[[Any, float], dict[str, float]]
+         ) -> dict[str, Any]:
+    """One rollout of the batch through a manager's generate_sequences: throughput figures, and the manager's own
+    (`llm_figures(output, wall)`: its mean seconds per reply, and ours its wall / LLM busy)."""
     with GpuBusy() as gpu:
         started = time.perf_counter()
         output = generate(batch)
         wall = time.perf_counter() - started
     generated = int(output.batch["response_mask"].sum())  # the policy's tokens only, for both managers
-    figures = {"wall_s": wall, "episodes": len(output), "episodes_per_s": len(output) / wall,
-               "generated_tokens": generated, "generated_tokens_per_s": generated / wall,
-               "gpu_busy_fraction": gpu.fraction}
-    if busy_of:
-        figures["wall_over_llm_busy"] = wall / busy_of()
-    return figures
+    return {"wall_s": wall, "episodes": len(output), "episodes_per_s": len(output) / wall,
+            "generated_tokens": generated, "generated_tokens_per_s": generated / wall,
+            "gpu_busy_fraction": gpu.fraction, **llm_figures(output, wall)}
+
+
+def verl_llm_figures(output: Any, wall: float) -> dict[str, float]:
+    """bench/verl_envservice_loop.py's per-episode fields: seconds waiting for replies, and replies."""
+    replies = int(sum(output.non_tensor_batch["replies"]))
+    return {"replies": replies, "seconds_per_reply": float(sum(output.non_tensor_batch["llm_s"])) / max(replies, 1)}
 
 
 def bench_size(args: argparse.Namespace, size: str) -> dict[str, Any]:
@@ -173,10 +199,6 @@ def bench_size(args: argparse.Namespace, size: str) -> dict[str, Any]:
         config = compose_config(args, model_dir, service.url, loop_config)
         # verl's workers import bench/verl_envservice_loop.py: Ray's processes inherit this environment.
         os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])
-        if REHEARSE_ON_CPU:
-            from verl_cpu.overrides import CPU_ENV
-
-            os.environ.update(CPU_ENV)
         ray.init(num_gpus=1 if REHEARSE_ON_CPU else None, include_dashboard=False)
         try:
             from beyond_agent.rollout_manager import BeyondAgentLoopManager
@@ -190,18 +212,25 @@ def bench_size(args: argparse.Namespace, size: str) -> dict[str, Any]:
             ours = BeyondAgentLoopManager.create(config=config, llm_client=client)
             result: dict[str, Any] = {"size": size, "shape_of": SIZES[size], "rows": args.rows, "n": args.n,
                                       "rounds": args.rounds, "tokens_per_turn": args.tokens_per_turn,
+                                      "ignore_eos": not args.stop_at_eos,
                                       "startup_s": time.perf_counter() - started, "ours": [], "verl": []}
 
-            def ours_busy() -> float:
-                return ours.take_step_figures()["beyond_agent/llm_busy_s"]
+            def ours_llm_figures(output: Any, wall: float) -> dict[str, float]:
+                # The rollout's figures (beyond_agent/...): episodes, mean rounds (= replies), the seconds every
+                # episode waited for replies, and the time the server had a request of ours in flight.
+                figures = ours.take_step_figures()
+                replies = round(figures["beyond_agent/mean_rounds"] * figures["beyond_agent/episodes"])
+                return {"replies": replies, "seconds_per_reply": figures["beyond_agent/llm_time_s"] / max(replies, 1),
+                        "wall_over_llm_busy": wall / figures["beyond_agent/llm_busy_s"]}
 
-            managers = {"ours": (ours.generate_sequences, ours_busy), "verl": (verl_manager.generate_sequences, None)}
-            for name, (generate, busy_of) in managers.items():  # warm-up: first requests, connections, envs
-                result[f"{name}_warmup"] = play(generate, rows_batch(rows, args.n), busy_of)
+            managers = {"ours": (ours.generate_sequences, ours_llm_figures),
+                        "verl": (verl_manager.generate_sequences, verl_llm_figures)}
+            for name, (generate, llm_figures) in managers.items():  # warm-up: first requests, connections, envs
+                result[f"{name}_warmup"] = play(generate, rows_batch(rows, args.n), llm_figures)
             for repeat in range(args.repeats):
                 for name in (("ours", "verl") if repeat % 2 == 0 else ("verl", "ours")):
-                    generate, busy_of = managers[name]
-                    result[name].append(play(generate, rows_batch(rows, args.n), busy_of))
+                    generate, llm_figures = managers[name]
+                    result[name].append(play(generate, rows_batch(rows, args.n), llm_figures))
                     print(f"[gpu_rollout] {size} {name} #{repeat + 1}: {json.dumps(result[name][-1])}", flush=True)
             return result
         finally:
@@ -215,12 +244,15 @@ def summary(result: dict[str, Any]) -> str:
         return statistics.fmean(values) if values else None
 
     lines = [f"{result['size']}: {result['rows']} rows x n={result['n']}, {result['rounds']} rounds x "
-             f"{result['tokens_per_turn']} tokens; start-up {result['startup_s']:.0f} s",
-             "| manager | generated tokens/s | episodes/s | GPU busy | wall / LLM busy |", "|---|---|---|---|---|"]
+             f"{result['tokens_per_turn']} tokens{' (eos ignored)' if result.get('ignore_eos') else ''}; "
+             f"start-up {result['startup_s']:.0f} s",
+             "| manager | generated tokens/s | episodes/s | s per reply | GPU busy | wall / LLM busy |",
+             "|---|---|---|---|---|---|"]
     for name in ("ours", "verl"):
-        busy, ratio = mean(name, "gpu_busy_fraction"), mean(name, "wall_over_llm_busy")
+        busy, ratio, latency = (mean(name, key) for key in ("gpu_busy_fraction", "wall_over_llm_busy", "seconds_per_reply"))
         lines.append(f"| {name} | {mean(name, 'generated_tokens_per_s'):.0f} | {mean(name, 'episodes_per_s'):.2f} | "
-                     f"{'-' if busy is None else f'{busy:.2f}'} | {'-' if ratio is None else f'{ratio:.3f}'} |")
+                     f"{'-' if latency is None else f'{latency:.3f}'} | {'-' if busy is None else f'{busy:.2f}'} | "
+                     f"{'-' if ratio is None else f'{ratio:.3f}'} |")
     lines.append(f"ours / verl: generated tokens/s {mean('ours', 'generated_tokens_per_s') / mean('verl', 'generated_tokens_per_s'):.2f}x, "
                  f"episodes/s {mean('ours', 'episodes_per_s') / mean('verl', 'episodes_per_s'):.2f}x")
     return "\n".join(lines)
@@ -232,13 +264,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=32, help="BabyAI tasks per rollout")
     parser.add_argument("--n", type=int, default=2, help="episodes per task")
     parser.add_argument("--rounds", type=int, default=4, help="replies per episode at most")
-    parser.add_argument("--tokens-per-turn", type=int, default=64, help="new tokens per reply at most")
+    parser.add_argument("--tokens-per-turn", type=int, default=256, help="new tokens per reply")
+    parser.add_argument("--stop-at-eos", action="store_true",
+                        help="let replies end at the eos token (default: every reply is --tokens-per-turn tokens, "
+                             "since a random-weight model's replies would otherwise end at random lengths)")
     parser.add_argument("--repeats", type=int, default=2, help="timed rollouts per manager, after one warm-up")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     parser.add_argument("--out", default=str(REPO_ROOT / "outputs/gpu-bench"), help="the JSONs and logs")
     parser.add_argument("--models", default=str(REPO_ROOT / "outputs/gpu-bench/models"),
                         help="where the random models are built (GBs: keep it out of a device call's $OUT)")
     args = parser.parse_args(argv)
+    if REHEARSE_ON_CPU:  # before anything imports verl: its plugin registers the CPU platform at import
+        from verl_cpu.overrides import CPU_ENV
+
+        os.environ.update(CPU_ENV)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     for size in args.sizes:
         path = Path(args.out) / f"bench_gpu_rollout_{size}.json"

@@ -17,6 +17,7 @@ the workers' PYTHONPATH (bench/gpu_rollout.py sets it before Ray starts).
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,7 @@ class EnvServiceTurnsLoop(AgentLoopBase):
             created = await self._env(env.create, env_id, info.get("task_id"), info.get("seed"),
                                       info.get("split") or "train", dict(info.get("params") or {}))
         replies = observations = 0
+        llm_s = 0.0  # seconds waiting for replies, this episode's own (verl's timing reaches the batch as min/mean/max)
         try:
             prompt_ids = await self.apply_chat_template(task.first_messages(created.observation,
                                                                              list(kwargs.get("raw_prompt") or [])))
@@ -82,9 +84,11 @@ class EnvServiceTurnsLoop(AgentLoopBase):
                 if room <= 0:
                     break
                 params = {**sampling_params, "max_tokens": min(self.max_tokens_per_turn, room)}
+                started = time.perf_counter()
                 with simple_timer("generate_sequences", metrics):
                     out = await self.server_manager.generate(request_id=request_id, prompt_ids=ids,
                                                              sampling_params=params)
+                llm_s += time.perf_counter() - started
                 replies += 1
                 ids += out.token_ids
                 mask += [1] * len(out.token_ids)  # sampled by the policy: trained on
@@ -116,7 +120,7 @@ class EnvServiceTurnsLoop(AgentLoopBase):
             prompt_ids=prompt_ids, response_ids=ids[len(prompt_ids):][: self.response_length],
             response_mask=mask[: self.response_length], response_logprobs=logprobs[: self.response_length],
             reward_score=score, num_turns=replies + observations + 1, metrics=metrics,
-            extra_fields={"replies": replies})
+            extra_fields={"replies": replies, "llm_s": llm_s})
 
 
 def write_agent_loop_config(path: Path, max_rounds: int, max_tokens_per_turn: int, concurrency: int) -> Path:

@@ -64,6 +64,10 @@ def test_chunks_travel_join_and_install(kit, tmp_path):
     assert sorted(path.name for path in chunks.iterdir()) == ["c1", "c2", "c3"]  # 2.4 MB in 1 MiB chunks
     assert all((chunks / f"c{n}" / "PARTS").read_text().endswith("parts 3\n") for n in (1, 2, 3))
     assert f'run(command="bash scripts/gpu/device/stash.sh {chunks}/c2", carry=["{chunks}/c2"])' in built.stdout
+    # The check set in two calls, each carrying the last chunk (the second finds the wheels installed).
+    assert [line.strip() for line in built.stdout.splitlines() if "run.sh" in line] == [
+        f'run(command="bash scripts/gpu/device/run.sh {chunks}/c3 -- bash scripts/gpu/checks.sh {checks}", '
+        f'carry=["{chunks}/c3"], timeout_s=600)' for checks in ("async bench-0.5b", "quickstart bench-1.5b")]
     sums = Path(kit["GPU_WHEEL_LIST"]).with_suffix(".sha256").read_text()
     assert "kit_alpha-1.0-py3-none-any.whl" in sums and "kit_beta-1.0-py3-none-any.whl" in sums
 
@@ -80,6 +84,13 @@ def test_chunks_travel_join_and_install(kit, tmp_path):
     assert "values 1 2 None" in done.stdout  # installed, and the CPU platform's setting unset
     assert "values 1 2 None" in (Path(kit["OUT"]) / "log").read_text()
     assert (Path(kit["OUT"]) / "machine.txt").read_text().strip()
+    # The second call of the set, on the still-warm machine: the command runs on the installed wheels, which are
+    # not installed again (the install would replace the site folder and its marker).
+    (marker,) = (Path(kit["DEVICE_HOME"]) / "site").glob(".installed-*")
+    installed_at = marker.stat().st_mtime_ns
+    again = run(final, {**kit, "VERL_PLATFORM": "cpu"})
+    assert again.returncode == 0 and "values 1 2 None" in again.stdout, again.stdout + again.stderr
+    assert marker.stat().st_mtime_ns == installed_at
 
     # A part of another build: the joined tar's sha256 is not the one its PARTS names.
     for installed in (Path(kit["DEVICE_HOME"]) / "site").glob(".installed-*"):
@@ -127,3 +138,11 @@ def test_the_served_dtype_is_read_from_either_report_of_it():
     unrelated = "(WorkerDict pid=9) tensor([0.5000], dtype=torch.float32)\n(WorkerDict pid=9) param_dtype=torch.float32\n"
     assert served_dtypes(unrelated) == set()
     assert served_dtypes(unrelated + SERVER_ARGUMENTS.format(dtype="bfloat16")) == {"bfloat16"}
+
+
+def test_the_checks_script_names_its_checks():
+    refused = subprocess.run(["bash", "scripts/gpu/checks.sh", "quickstart-bf16"], cwd=REPO_ROOT, capture_output=True,
+                             text=True, env={**os.environ, "OUT": "/tmp/unused-gpu-checks"}, timeout=60)
+    assert refused.returncode == 2
+    assert refused.stderr.strip() == ("checks.sh: unknown check 'quickstart-bf16' "
+                                      "(valid: quickstart, async, bench, bench-0.5b, bench-1.5b)")
