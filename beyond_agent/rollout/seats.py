@@ -15,8 +15,10 @@ How a game ends for its seats:
   gets its own outcome as its step reward too, so that step-level credit (GiGPO) sees the result of the game on
   each seat's last move alike.
 - a limit cuts it (a seat's round limit, the env's own step limit, a seat's response length): the game has no
-  result, and every seat scores as in a draw (outcome 0); the seat that hit the length limit ends with `length`,
-  the others with the reason that stopped the game for everyone (`max_rounds`, `truncated`).
+  result; the seat the limit stopped forfeits it (outcome -1, as TextArena's rule loses a game for a seat that does
+  not move) and every other seat wins it (1). Scored as a draw for all, a cut paid a seat that was losing to stall
+  (envservice/envs/two_player.py tells how a policy learnt to). The seat that hit the length limit ends with
+  `length`, the others with the reason that stopped the game for everyone (`max_rounds`, `truncated`).
 - an infrastructure failure of any seat (`env_error`, `llm_error`, `timeout`) voids the game: every seat that moved
   ends with it (or, when none had, the seat to move, with a result without an episode), and none is trained
   (`EpisodeResult.infra_failure`).
@@ -47,8 +49,8 @@ from beyond_agent.rollout.env_manager import ParallelEnvManager
 from beyond_agent.rollout.handler import RolloutHandler
 from beyond_agent.rollout.llm import request_seed
 
-CUT_OUTCOME = 0.0
-"""The outcome of every seat of a game a limit cut before its end: a draw."""
+FORFEIT, WALKOVER = -1.0, 1.0
+"""The outcomes of a game a limit cut before its end: the seat the limit stopped loses, every other seat wins."""
 
 SELF = "self"
 """The opponent that is the policy itself: every seat of the game is the policy's, and every seat trains."""
@@ -210,10 +212,14 @@ class SeatedDataflow:
         return outcomes
 
     def _cut(self, stopped_by: int, reason: str) -> dict[int, float]:
-        """A limit ended the game: `reason` for the seat it stopped, `max_rounds` / `truncated` for the others."""
+        """A limit ended the game: `reason` for the seat it stopped, `max_rounds` / `truncated` for the others; that
+        seat forfeits the game."""
+        outcomes = {number: FORFEIT if number == stopped_by else WALKOVER for number in self.seats}
         for number, seat in self.seats.items():
             seat.termination = reason if number == stopped_by or reason != "length" else "truncated"
-        return {number: CUT_OUTCOME for number in self.seats}
+            if seat.handler is not None and seat.flow._step_rewards:  # as when the env ends it: on the last move
+                seat.flow._step_rewards[-1] = outcomes[number]
+        return outcomes
 
     def _scored(self, seat: _Seat, outcomes: dict[int, float]) -> EpisodeResult:
         number = seat.flow.spec.seat

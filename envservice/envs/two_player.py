@@ -24,9 +24,12 @@ its free cells numbered). `params.view: compact` shows instead only the seat's m
 board as three rows of `X`, `O` and `.` and the free cells (~40 tokens of a small tokenizer instead of ~1 000 for
 the first view): what a small model on CPU can read (bench/learning_cpu.py).
 
-**Moves** are a cell number 0-8 ('[4]', '4', 'I take [4]'); text with no cell in it is answered by the wrapper
-with the move format and never reaches the game (the seat moves again). A move TextArena refuses (an occupied
-cell) is the game's own rule: one warning, then the game is lost.
+**Moves** are a cell number 0-8 ('[4]', '4', 'I take [4]'). An answer the game refuses, an occupied cell or text
+with no cell in it, is judged by TextArena's own rule: a warning and the same seat moves again; a second refusal
+in a row loses the game for that seat. A game a limit cuts before it ends (the client's rounds or tokens) has no
+result, and `evaluate` scores it 0, as a loss: scored as a draw, a stalling policy beat one that played and lost
+(bench/learning_cpu.py's TicTacToe RL, 2026-11-28: a warm model learnt within 7 steps to answer without a cell
+until the round limit, for a score of 0.5 on every game).
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ SEAT_REWARDS = "seat_rewards"
 OPPONENTS = ("none", "random", "first", "perfect")
 """Who plays the seat the client does not (module docstring)."""
 MOVE_HINT = "a cell number 0-8 in square brackets, e.g. [4]"
+NO_MOVE = "(no cell named)"
+"""What the game is told when a client's answer names no cell: TextArena's TicTacToe refuses it as out of format."""
 VIEWS = ("textarena", "compact")
 """What a seat sees (module docstring)."""
 
@@ -180,11 +185,11 @@ class TicTacToeEnv(TextEnv):
         if self.game is None or self.game.state.done:
             return "The game is over; reset to play again.", 0.0, True, False, {"invalid": True}
         move = _bracketed_or_whole(action, r"\d")
-        if move is None:
-            return (f"Invalid action {clip_text(action)!r}. Valid actions: {MOVE_HINT}.", 0.0, False, False,
-                    {**self._info(), "invalid": True})
         mover, before = self.seat_to_move(), self.board()
-        self._play(mover, int(move.group(1)))
+        if move is None:  # no cell: the game's own rule judges it, as an answer out of format (warned, then lost)
+            self.game.step(NO_MOVE)
+        else:
+            self._play(mover, int(move.group(1)))
         refused = self.board() == before and not self.game.state.done  # TextArena's warning: the seat moves again
         while self.opponent != "none" and not self.game.state.done and self.seat_to_move() != self._client_seat:
             self.game.get_observation()  # the opponent's view: the scripted player reads the board instead
@@ -199,10 +204,10 @@ class TicTacToeEnv(TextEnv):
         return f"{ended}\nGame over: {reason}".strip(), outcome[str(mover)], True, False, info
 
     def evaluate(self) -> tuple[float, bool]:
-        """Seat 0's outcome as a score: (outcome + 1) / 2 (0.5 for a draw or an unfinished game); success on a
-        win. With an opponent, the client's seat instead."""
-        if self.game is None or not self.game.state.done:
-            return 0.5 if self.game is not None else 0.0, False
+        """Seat 0's outcome as a score: (outcome + 1) / 2 (0.5 for a draw, 0 for a game that did not end); success
+        on a win. With an opponent, the client's seat instead."""
+        if self.game is None or not self.game.state.done:  # a limit cut it: no result (not a draw, see above)
+            return 0.0, False
         seat = self._client_seat if self.opponent != "none" else 0
         outcome = float(self.game.state.rewards[seat])
         return (outcome + 1) / 2, outcome == 1
@@ -248,12 +253,13 @@ class TicTacToeEnv(TextEnv):
         seat = to_move if seat is None else seat
         if self.view == "textarena":
             return "\n".join(text for _, text, kind in messages if kind.name != "PLAYER_ACTION")
-        refused = any("attempted an invalid move" in text for _, text, _ in messages)
+        refusal = next((text for _, text, _ in messages if "attempted an invalid move" in text), None)
         board = self.board()
         rows = "\n".join("".join(mark or "." for mark in board[row:row + 3]) for row in (0, 3, 6))
         opponent = self._last_move.get(1 - seat)
         lines = [f"You are {_mark_of(seat)}." + (f" The opponent took cell {opponent}." if opponent is not None else ""),
-                 *(["Your last move was refused: that cell is taken (once more and you lose)."] if refused else []),
+                 *([f"Your last answer was refused: {_refusal_reason(refusal)} Once more and you lose."]
+                   if refusal else []),
                  f"Board (cells 0-8, row by row):\n{rows}",
                  f"Free cells: {' '.join(map(str, free_cells(board)))}. Answer with one, e.g. [{free_cells(board)[0]}]."
                  if free_cells(board) else "The board is full."]
@@ -270,6 +276,13 @@ def _choice(params: Mapping[str, Any], name: str, default: str, choices: tuple[s
         raise EnvServiceError(ErrorCode.bad_request, f"params.{name}={clip_text(repr(value))} is not {what}; valid "
                               f"choices: {list(choices)}", valid_choices=list(choices))
     return value
+
+
+def _refusal_reason(message: str) -> str:
+    """TextArena's reason out of its refusal message ('... Reason: cell 4 is already occupied. Please resubmit...')."""
+    reason = message.split("Reason:", 1)[-1].split("Please resubmit", 1)[0].strip()
+    return "that cell is taken." if reason.startswith("cell ") and reason.endswith("occupied.") else \
+        "it named no free cell." if reason else "it was no move."
 
 
 def _mark_of(seat: int) -> str:

@@ -58,19 +58,31 @@ def test_a_draw_gives_both_seats_zero():
     assert env.evaluate() == (0.5, False)
 
 
-def test_text_without_a_cell_never_reaches_the_game_and_an_occupied_cell_is_the_games_rule():
-    """The wrapper answers text with no cell (the same seat moves again, the state key unchanged); TextArena warns
-    once on an occupied cell, and the second loses the game for that seat."""
+def test_text_without_a_cell_and_an_occupied_cell_are_the_games_rule_and_an_unended_game_scores_zero():
+    """An answer with no cell and an occupied cell are both TextArena's invalid move: a warning (the same seat moves
+    again, the state key unchanged), and a second refusal in a row loses the game for that seat. An unended game
+    scores 0 (a draw's 0.5 paid stalling, module docstring). The compact view names the refusal's reason."""
     env, info = _started(opponent="none")
     env.step("[4]")
     before = env.state_key
+    assert env.evaluate() == (0.0, False)  # not ended: no result
     observation, reward, terminated, _, info = env.step("the middle one")
-    assert observation.startswith("Invalid action 'the middle one'. Valid actions: a cell number 0-8")
+    assert "Player 1 attempted an invalid move. Reason: The submitted move does not follow the correct format." \
+        in observation
     assert (reward, terminated, info[SEAT], info[STATE_KEY], info["invalid"]) == (0.0, False, 1, before, True)
+    env.step("[0]")  # a valid move clears the warning
     observation, _, terminated, _, info = env.step("[4]")
-    assert not terminated and info[SEAT] == 1 and "attempted an invalid move" in observation and info["invalid"]
-    _, reward, terminated, _, info = env.step("[4]")
-    assert terminated and reward == -1.0 and info[SEAT_REWARDS] == {"0": 1.0, "1": -1.0} and info["invalid_move"]
+    assert not terminated and info[SEAT] == 0 and "cell 4 is already occupied" in observation and info["invalid"]
+    _, reward, terminated, _, info = env.step("my move is the corner")
+    assert terminated and reward == -1.0 and info[SEAT_REWARDS] == {"0": -1.0, "1": 1.0} and info["invalid_move"]
+    assert env.evaluate() == (0.0, False)
+
+    compact, _ = _started(opponent="none", view="compact")
+    compact.step("[4]")
+    observation = compact.step("hmm")[0]
+    assert "Your last answer was refused: it named no free cell. Once more and you lose." in observation
+    compact.step("[0]")
+    assert "Your last answer was refused: that cell is taken. Once more and you lose." in compact.step("[0]")[0]
 
 
 def test_the_first_and_random_opponents_answer_inside_the_step():
@@ -134,7 +146,7 @@ def test_the_compact_view_shows_the_mark_the_opponents_move_the_board_and_the_fr
     assert env.step("[4]")[0] == ("You are X. The opponent took cell 4.\nBoard (cells 0-8, row by row):\n...\n.O.\n...\n"
                                   "Free cells: 0 1 2 3 5 6 7 8. Answer with one, e.g. [0].")
     refused = env.step("[4]")[0]
-    assert refused.splitlines()[1] == "Your last move was refused: that cell is taken (once more and you lose)."
+    assert refused.splitlines()[1] == "Your last answer was refused: that cell is taken. Once more and you lose."
     for cell in (0, 1, 3, 2):
         env.step(f"[{cell}]")
     observation, reward, terminated, _, _ = env.step("[6]")  # X: 0, 3, 6

@@ -97,22 +97,26 @@ def test_each_seat_trains_on_its_own_moves_and_sees_its_own_view(client, chatml_
 
 
 def test_a_seats_reply_without_a_move_is_answered_to_that_seat_alone(client, chatml_tokenizer):
-    """Seat 1's 'hmm' holds no cell: the wrapper answers seat 1, which moves again; seat 0 never sees it. A draw
+    """Seat 1's 'hmm' holds no cell: the game warns seat 1, which moves again; seat 0 never sees it. A draw
     (0 -> 4 -> 8 -> 2 -> 6 -> 3 -> 5 -> 7 -> 1) scores both seats 0.5."""
     results, policies = play(client, chatml_tokenizer, (["[0]", "[8]", "[6]", "[5]", "[1]"], {}),
                              (["hmm", "[4]", "[2]", "[3]", "[7]"], {}))
     assert [r.termination for r in results] == ["done", "done"] and [r.score for r in results] == [0.5, 0.5]
-    assert "Invalid action 'hmm'" in policies[1].prompts[1] and not any("hmm" in p for p in policies[0].prompts)
+    assert "Player 1 attempted an invalid move" in policies[1].prompts[1]
+    assert not any("hmm" in p or "invalid move" in p for p in policies[0].prompts)
     assert results[1].step_rewards == [0.0, 0.0, 0.0, 0.0, 0.0] and results[0].step_rewards[-1] == 0.0
     assert [r.refused_turns for r in results] == [0, 1]  # 'hmm' is no move
     assert [r.rounds for r in results] == [5, 5]
 
 
-def test_the_round_limit_cuts_the_game_as_a_draw_for_every_seat(client, chatml_tokenizer):
+def test_the_round_limit_cuts_the_game_and_the_seat_it_stopped_forfeits(client, chatml_tokenizer):
+    """Two rounds each, then seat 0 is to move with none left: it loses the game and seat 1 wins it, also on each
+    seat's last move (a draw for both would pay a losing seat to stall)."""
     results, _ = play(client, chatml_tokenizer, (["[0]", "[1]", "[5]"], {}), (["[4]", "[8]", "[6]"], {}),
                       max_rounds=2)
     assert [r.termination for r in results] == ["max_rounds", "max_rounds"]
-    assert [(r.score, r.success, r.rounds) for r in results] == [(0.5, False, 2), (0.5, False, 2)]
+    assert [(r.score, r.success, r.rounds) for r in results] == [(0.0, False, 2), (1.0, True, 2)]
+    assert [r.step_rewards for r in results] == [[0.0, -1.0], [0.0, 1.0]]
 
 
 def test_an_llm_failure_of_one_seat_voids_the_game_for_both(client, chatml_tokenizer):

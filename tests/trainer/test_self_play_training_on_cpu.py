@@ -98,8 +98,8 @@ def test_each_seat_is_an_episode_of_its_own_view_and_group(run):
 
 def test_each_seat_scores_its_own_outcome_zero_sum(run):
     """A game the env ended scores its seats 1 and 0 (a win) or 0.5 each (a draw), both `done`; a game a limit cut
-    (a seat's round or response-length limit: `length` for that seat, `truncated` for the other) scores both as a
-    draw."""
+    (a seat's round or response-length limit: `length` for that seat, `truncated` for the other) is forfeited by the
+    seat the limit stopped: it scores 0, the other 1."""
     ended = cut = 0
     for step in range(1, STEPS + 1):
         for seats in games(run, step).values():
@@ -113,7 +113,8 @@ def test_each_seat_scores_its_own_outcome_zero_sum(run):
                 assert {seats[0]["score"], seats[1]["score"]} in ({0.0, 1.0}, {0.5})
             else:
                 cut += 1
-                assert seats[0]["score"] == seats[1]["score"] == 0.5
+                assert {seats[0]["score"], seats[1]["score"]} == {0.0, 1.0}
+                assert all(seats[k]["score"] == 0.0 for k in (0, 1) if seats[k]["termination"] == "length")
     assert ended >= 1
 
 
