@@ -44,8 +44,7 @@ import torch
 from omegaconf import open_dict
 
 from verl.checkpoint_engine.base import CheckpointEngine, CheckpointEngineManager, CheckpointEngineRegistry
-from verl.utils.device import set_expandable_segments
-from verl.utils.memory_utils import aggressive_empty_cache
+from verl.utils.device import get_torch_device, set_expandable_segments
 from verl.utils.ray_utils import auto_await
 
 from beyond_agent.gpu_plan import GIB, ModelShape, model_shape
@@ -170,13 +169,16 @@ class DeltaCheckpointEngine(CheckpointEngine):
                                f"actor_rollout_ref.rollout.checkpoint_manager_class={MANAGER_CLASS} "
                                "(configure_weight_sync does)")
         # As verl's naive branch around the same transfer: its bucket is shared by CUDA IPC, which the
-        # allocator's expandable segments would break; the cache is emptied so the bucket finds room.
+        # allocator's expandable segments would break; the cache is emptied so the bucket finds room. Unlike that
+        # branch, without a garbage-collector pass (verl's aggressive_empty_cache): one pass over the trainer
+        # worker's ~880 000 objects took 0.45-0.9 s on the 2-core CPU machine, it ran twice a sync and freed
+        # nothing the bucket needs, and verl's sender makes its own pass (and empties the cache) when the transfer
+        # ends (docs/benchmarks.md, "Where a weight sync's seconds go").
         set_expandable_segments(False)
-        aggressive_empty_cache(force_sync=True)
+        release_cached_memory()
         try:
             sync, named, header_bytes, transfer_s, refusal = await self._encode_and_stream(weights, global_steps)
         finally:
-            aggressive_empty_cache(force_sync=True)
             set_expandable_segments(True)
         metrics = {**sync.metrics,
                    METRIC_PREFIX + "header_bytes": float(header_bytes),
@@ -226,6 +228,11 @@ class DeltaCheckpointEngine(CheckpointEngine):
 
     async def receive_weights(self, global_steps: int | None = None):
         raise NotImplementedError(f"{BACKEND} is received by the vLLM worker extension {WORKER_EXTENSION_CLASS}")
+
+
+def release_cached_memory() -> None:
+    """Return the allocator's cached, unused device memory (no garbage-collector pass: see send_weights)."""
+    get_torch_device().empty_cache()
 
 
 def _torch_dtype(name: str | None) -> torch.dtype | None:
