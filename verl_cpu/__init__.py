@@ -2,8 +2,10 @@
 
 - ``platform.py``: a verl platform registered as ``"cpu"`` (selected with ``VERL_PLATFORM=cpu``) plus the
   ``torch.cuda``-style device-module shim verl calls.
-- ``verl_plugin.py``: the ``verl.plugins`` entry point; registers the platform and the critic's engine in
-  every process that imports verl, and only when ``VERL_PLATFORM=cpu``.
+- ``verl_plugin.py``: the ``verl.plugins`` entry point; registers the platform and the actor's and critic's
+  engines in every process that imports verl, and only when ``VERL_PLATFORM=cpu``.
+- ``actor_engine.py``: verl's FSDP language-model engine without the garbage-collector pass (~0.5 s) it makes
+  at each change of mode on a device named ``cpu`` although nothing moves.
 - ``value_engine.py``: verl's FSDP value-model engine (the critic, for GAE) loading the model with the
   configured attention instead of verl's hard-coded flash-attn; chosen by verl's ``EngineRegistry`` for
   this platform's vendor only.

@@ -29,13 +29,10 @@ from typing import Callable, Iterator
 from verl.workers.engine.base import EngineRegistry
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithValueHead
 
+from verl_cpu.actor_engine import ENGINE_DEVICES, FSDP_BACKENDS, NoIdleCollect
 from verl_cpu.platform import PLATFORM_NAME
 
 VALUE_MODEL = "value_model"
-FSDP_BACKENDS = ["fsdp", "fsdp2"]
-# The devices verl's engine lookup may see on our platform: "cuda" when VERL_ENGINE_DEVICE=cuda (as
-# verl_cpu.overrides.CPU_ENV sets), else the platform's own "cpu".
-ENGINE_DEVICES = ["cuda", PLATFORM_NAME]
 
 
 def load_value_model(local_path, torch_dtype, model_config, trust_remote_code):
@@ -70,8 +67,9 @@ def value_model_loader(loader: Callable) -> Iterator[None]:
         verl_model.load_valuehead_model = original
 
 
-class CPUValueHeadEngine(FSDPEngineWithValueHead):
-    """verl's FSDP value-model engine whose module is loaded with the configured attention (sdpa on CPU)."""
+class CPUValueHeadEngine(NoIdleCollect, FSDPEngineWithValueHead):
+    """verl's FSDP value-model engine whose module is loaded with the configured attention (sdpa on CPU), without
+    the idle garbage-collector pass of a mode change (``actor_engine.NoIdleCollect``)."""
 
     def _build_module(self):
         with value_model_loader(load_value_model):

@@ -52,6 +52,10 @@ flat, indices, cu_seqlens, *_ = unpad_input(ids.unsqueeze(-1), mask)
 seen["unpadded"] = flat.flatten().tolist()
 seen["cu_seqlens"] = cu_seqlens.tolist()
 seen["repadded"] = pad_input(flat, indices, 2, 3).squeeze(-1).tolist()
+from verl.workers.engine.base import EngineRegistry
+seen["engines"] = [EngineRegistry.get_engine_cls(kind, "fsdp2").__name__ for kind in ("language_model", "value_model")]
+os.environ["VERL_ENGINE_DEVICE"] = "cuda"  # as verl_cpu.overrides.CPU_ENV sets it for a CPU run
+seen["engines"] += [EngineRegistry.get_engine_cls(kind, "fsdp").__name__ for kind in ("language_model", "value_model")]
 print(json.dumps(seen))
 """
 
@@ -74,6 +78,34 @@ def test_verl_padding_helpers_work_without_flash_attn(verl_cpu_seen):
     assert verl_cpu_seen["unpadded"] == [7, 8, 9, 5]
     assert verl_cpu_seen["cu_seqlens"] == [0, 2, 4]
     assert verl_cpu_seen["repadded"] == [[0, 7, 8], [9, 5, 0]]
+
+
+def test_the_actor_and_critic_get_the_cpu_engines(verl_cpu_seen):
+    assert verl_cpu_seen["engines"] == ["CPULanguageModelEngine", "CPUValueHeadEngine"] * 2
+
+
+def test_a_mode_change_that_moves_nothing_makes_no_garbage_collector_pass(monkeypatch):
+    """verl's FSDP engine would end `to("cpu", model=False, optimizer=False)` with gc.collect() on this platform
+    (verl_cpu/actor_engine.py); ours returns after verl's argument check. A call that moves something is verl's."""
+    import gc
+
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
+
+    from verl_cpu.actor_engine import CPULanguageModelEngine
+    from verl_cpu.value_engine import CPUValueHeadEngine
+
+    calls = []
+    monkeypatch.setattr(gc, "collect", lambda *args: calls.append("gc"))
+    monkeypatch.setattr(FSDPEngine, "to", lambda self, device, **moved: calls.append(("verl", device, moved)))
+    for engine_cls in (CPULanguageModelEngine, CPUValueHeadEngine):
+        engine = engine_cls.__new__(engine_cls)  # `to` reads no state on this path
+        engine.to("cpu", model=False, optimizer=False, grad=False)
+        assert calls == []
+        with pytest.raises(AssertionError, match="Gradient buffers must be moved"):  # verl's own check still runs
+            engine.to("cpu", model=False, optimizer=False, grad=True)
+        engine.to("cpu", model=True, optimizer=False, grad=True)
+        assert calls == [("verl", "cpu", {"model": True, "optimizer": False, "grad": True})]
+        calls.clear()
 
 
 def test_entry_point_registers_nothing_without_verl_platform_cpu():

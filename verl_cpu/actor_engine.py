@@ -1,0 +1,55 @@
+"""The actor's engine on CPU: verl's FSDP language-model engine without the garbage-collector pass it makes each
+time the actor changes mode although nothing moves.
+
+Why: verl 0.9's engine context (``BaseEngineCtx._context_switch``) returns early only when the target device is
+not named ``"cpu"`` and nothing is offloaded; on our platform the device *is* named ``"cpu"``, so every switch to
+train or eval mode calls ``FSDPEngine.to("cpu", model=False, optimizer=False)``, which takes verl's "load back to
+the device" branch and ends it with ``gc.collect()``. Nothing was offloaded, so nothing loads: the pass is all it
+does, over the trainer worker's ~880 000 objects, 0.45-0.7 s each, four times a training step (timed on the
+2-core CPU machine, 2026-11-28: about 2 s of a 6-9 s step; docs/benchmarks.md, "Where a weight sync's seconds
+go"). GPU runs never reach that branch without something to move.
+
+How: :class:`NoIdleCollect` skips ``to`` when it is asked to move neither the model nor the optimizer (verl's own
+argument check still runs); any call that moves something is verl's. :class:`CPULanguageModelEngine` is verl's
+``FSDPEngineWithLMHead`` with it, registered like the critic's engine (``value_engine.py``) for this platform's
+vendor only, so a run without ``VERL_PLATFORM=cpu`` keeps verl's engine.
+"""
+
+from __future__ import annotations
+
+from verl.workers.engine.base import BaseEngine, EngineRegistry
+from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+
+from verl_cpu.platform import PLATFORM_NAME
+
+LANGUAGE_MODEL = "language_model"
+FSDP_BACKENDS = ["fsdp", "fsdp2"]
+# The devices verl's engine lookup may see on our platform: "cuda" when VERL_ENGINE_DEVICE=cuda (as
+# verl_cpu.overrides.CPU_ENV sets), else the platform's own "cpu".
+ENGINE_DEVICES = ["cuda", PLATFORM_NAME]
+
+
+class NoIdleCollect:
+    """Mixin for verl's FSDP engines on CPU: a ``to`` that moves nothing does nothing (module docstring)."""
+
+    def to(self, device: str, model: bool = True, optimizer: bool = True, grad: bool = True):
+        if not model and not optimizer:
+            return BaseEngine.to(self, device, model=model, optimizer=optimizer, grad=grad)  # its argument check
+        return super().to(device, model=model, optimizer=optimizer, grad=grad)
+
+
+class CPULanguageModelEngine(NoIdleCollect, FSDPEngineWithLMHead):
+    """verl's FSDP language-model engine (actor, reference) with :class:`NoIdleCollect`."""
+
+
+_registered = False
+
+
+def register_cpu_actor_engine() -> type[CPULanguageModelEngine]:
+    """Register :class:`CPULanguageModelEngine` for the actor on our CPU platform's vendor (idempotent)."""
+    global _registered
+    if not _registered:
+        EngineRegistry.register(model_type=LANGUAGE_MODEL, backend=FSDP_BACKENDS, device=ENGINE_DEVICES,
+                                vendor=PLATFORM_NAME)(CPULanguageModelEngine)
+        _registered = True
+    return CPULanguageModelEngine
