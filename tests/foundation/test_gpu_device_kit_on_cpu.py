@@ -67,7 +67,7 @@ def test_chunks_travel_join_and_install(kit, tmp_path):
     # The check set in two calls, each carrying the last chunk (the second finds the wheels installed).
     assert [line.strip() for line in built.stdout.splitlines() if "run.sh" in line] == [
         f'run(command="bash scripts/gpu/device/run.sh {chunks}/c3 -- bash scripts/gpu/checks.sh {checks}", '
-        f'carry=["{chunks}/c3"], timeout_s=600)' for checks in ("async bench-0.5b", "quickstart bench-1.5b")]
+        f'carry=["{chunks}/c3"], timeout_s=600)' for checks in ("training", "bench")]
     sums = Path(kit["GPU_WHEEL_LIST"]).with_suffix(".sha256").read_text()
     assert "kit_alpha-1.0-py3-none-any.whl" in sums and "kit_beta-1.0-py3-none-any.whl" in sums
 
@@ -145,4 +145,4 @@ def test_the_checks_script_names_its_checks():
                              text=True, env={**os.environ, "OUT": "/tmp/unused-gpu-checks"}, timeout=60)
     assert refused.returncode == 2
     assert refused.stderr.strip() == ("checks.sh: unknown check 'quickstart-bf16' "
-                                      "(valid: quickstart, async, bench, bench-0.5b, bench-1.5b)")
+                                      "(valid: training, bench, bench-0.5b, bench-1.5b)")

@@ -1,8 +1,8 @@
 """Fixtures of the GPU checks: run an example launcher YAML on a real GPU, as a user would, and keep its output.
 
 The checks need CUDA and are skipped without it (the reason names what to run instead). On the lent GPU machine
-they run through `bash scripts/gpu/checks.sh` (docs/gpus.md, "Running the GPU checks on a machine without
-network"); on a GPU node with `bash scripts/install.sh --gpu` done, `.venv/bin/python -m pytest tests/gpu`.
+they run through `bash scripts/gpu/checks.sh training` (docs/gpus.md, "Running the GPU checks on a machine
+without network"); on a GPU node with `bash scripts/install.sh --gpu` done, `.venv/bin/python -m pytest tests/gpu`.
 
 Where flash-attn is not installed (the lent machine has only scripts/gpu/device/shim/flash_attn), the runs use
 PyTorch's sdpa attention and no remove-padding, since both of verl's defaults call flash-attn kernels.
@@ -70,7 +70,7 @@ def machine_overrides() -> list[str]:
     return overrides + shlex.split(os.environ.get("BEYOND_GPU_OVERRIDES", ""))
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def rehearsing() -> bool:
     """Whether this is a CPU rehearsal (BEYOND_GPU_CHECKS_ON_CPU=1): vLLM then serves float32, not bf16."""
     return REHEARSE_ON_CPU
@@ -88,9 +88,11 @@ class LaunchedRun:
     """step -> {metric key -> value}, from the folder's metrics files (run_folder.MetricsLog)."""
 
 
-@pytest.fixture
-def launch(tmp_path: Path):
-    """launch(name, yaml, overrides) -> LaunchedRun; fails with the output's tail on a non-zero exit."""
+@pytest.fixture(scope="module")
+def launch(tmp_path_factory: pytest.TempPathFactory):
+    """launch(name, yaml, overrides) -> LaunchedRun; fails with the output's tail on a non-zero exit. Module-scoped:
+    a module's runs are shared by its tests (one start-up, many checks)."""
+    tmp_path = tmp_path_factory.mktemp("gpu-runs")
     report_dir = Path(os.environ.get("BEYOND_GPU_REPORT_DIR") or tmp_path)
     report_dir.mkdir(parents=True, exist_ok=True)
 

@@ -102,6 +102,6 @@ for n in $(seq 1 $((last - 1))); do
 done
 # The check set in two calls of at most 9 minutes (docs/gpus.md has each part's measured or expected time); the
 # second call carries the last chunk again and finds the wheels installed.
-for checks in "async bench-0.5b" "quickstart bench-1.5b"; do
+for checks in training bench; do
   echo "  run(command=\"bash scripts/gpu/device/run.sh $out/c$last -- bash scripts/gpu/checks.sh $checks\", carry=[\"$out/c$last\"], timeout_s=600)"
 done
