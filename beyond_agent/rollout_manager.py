@@ -213,11 +213,14 @@ class BeyondAgentLoopManager:
 
     def take_validation_figures(self) -> dict[str, float]:
         """Per-task figures of the validation episodes played since the last call
-        (`val-aux/beyond_agent/task/<name>/...`); verl validates in several batches, this sums them up.
-        Rows verl added to pad a batch to a multiple of agent.num_workers are counted too."""
+        (`val-aux/beyond_agent/task/<name>/...`), and for games of several seats each seat's and each opponent's
+        (`val-aux/beyond_agent/opponent/<name>/win`: the win rate against a fixed player); verl validates in several
+        batches, this sums them up. Rows verl added to pad a batch to a multiple of agent.num_workers are counted
+        too."""
         tasks, results = zip(*self._validation) if self._validation else ((), ())
         self._validation = []
-        return task_rollout_figures(tasks, results, prefix=VAL_PREFIX)
+        return {**task_rollout_figures(tasks, results, prefix=VAL_PREFIX),
+                **seat_figures(list(results), prefix=f"val-aux/{METRICS_PREFIX}")}
 
     def _max_rounds(self, meta: dict) -> int:
         """The round limit of one rollout call: the horizon's at verl's global step (validation may fix it)."""

@@ -15,6 +15,7 @@ import json
 import math
 from collections import defaultdict
 
+import httpx
 import pytest
 
 from beyond_agent.data import write_task_files
@@ -38,22 +39,36 @@ BATCH, N, STEPS = 2, 2, 2
 MINI_BATCH_ROWS = BATCH * N  # ppo_mini_batch_size x rollout.n: the batch is padded to a multiple of it
 
 
+def served_requests(server) -> float:
+    """How many requests the vLLM server finished so far (its Prometheus counter, summed over finish reasons)."""
+    text = httpx.get(f"{server.base_url}/metrics", timeout=30).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:request_success_total"))
+
+
 @pytest.fixture(scope="module")
-def run(training_run, trainer_envservice, tmp_path_factory):
-    """The shared run: two GRPO steps of 2 rows x 2 self-play games, 4 rounds a seat at most."""
+def run(training_run, trainer_envservice, tiny_vllm_server, tmp_path_factory):
+    """The shared run: two GRPO steps of 2 rows x 2 self-play games, 4 rounds a seat at most; validation at step 2
+    against a frozen model: the session's vLLM server (the untrained tiny model) named `frozen` in the pool's
+    endpoints. `run.frozen_requests`: what that server answered during the run."""
     workdir = tmp_path_factory.mktemp("self_play")
     (workdir / "user_tasks.py").write_text(USER_TASKS)
     train, val = write_task_files("tictactoe", workdir / "data", [0, 1, 2, 3], [0], params={"opponent": "none"},
                                   envservice_url=trainer_envservice.url)
-    return training_run(workdir / "run", [
+    frozen = f"{{url:'{tiny_vllm_server.base_url}',model:'{tiny_vllm_server.config.model}',temperature:1.0}}"
+    served_before = served_requests(tiny_vllm_server)
+    trained = training_run(workdir / "run", [
         f"data.train_files={train}", f"data.val_files={val}", f"data.train_batch_size={BATCH}",
         "data.max_response_length=384", f"actor_rollout_ref.actor.ppo_mini_batch_size={BATCH}",
         "actor_rollout_ref.actor.entropy_coeff=0.01", f"trainer.total_training_steps={STEPS}",
         "trainer.logger=[console,file]", f"beyond_agent.env.url={trainer_envservice.url}",
         "beyond_agent.max_tokens_per_turn=8", "beyond_agent.rounds.rounds=4",
         "beyond_agent.self_play.envs=[tictactoe]", "+beyond_agent.tasks.tictactoe._target_=user_tasks.AnyCell",
-        "beyond_agent.self_play.validation_opponent=random", f"trainer.test_freq={STEPS}",
+        f"+beyond_agent.self_play.endpoints.frozen={frozen}", "beyond_agent.self_play.validation_opponent=frozen",
+        f"trainer.test_freq={STEPS}",
     ], env={"PYTHONPATH": str(workdir)})
+    trained.frozen_requests = served_requests(tiny_vllm_server) - served_before
+    return trained
 
 
 def games(run, step: int) -> dict[int, dict[int, dict]]:
@@ -130,11 +145,17 @@ def test_each_seats_figures_are_logged(run):
         assert metrics["beyond_agent/opponent/self/episodes"] == sum(len(seats) for seats in by_game.values())
 
 
-def test_validation_plays_the_held_out_position_against_the_fixed_opponent(run):
-    """At step 2 only, the validation game faces `random` inside the env: one seat, the policy's, recorded so."""
+def test_validation_plays_the_held_out_position_against_a_frozen_model(run):
+    """At step 2 only, the validation game faces the frozen model behind its vLLM endpoint: the policy plays the
+    first seat to move (after the 3 opening moves, seat 1) and alone is recorded; the frozen seat's replies came
+    from the other server."""
     logged = run.tracked()
     assert "val-core/tictactoe/reward/mean@1" in logged[STEPS] and not any(k.startswith("val-") for k in logged[1])
     [record] = [json.loads(line) for line in (run.run_dir / "trajectories" / f"val_step_{STEPS}.jsonl").read_text()
                 .splitlines()]
-    assert record["split"] == "test" and record["extra"]["opponent"] == "random" and record["group"].endswith(
-        f"/seat{record['extra']['seat']}")
+    assert record["split"] == "test" and record["extra"]["opponent"] == "frozen"
+    assert record["extra"]["seat"] == 1 and record["group"].endswith("/seat1")
+    assert logged[STEPS]["val-aux/beyond_agent/opponent/frozen/episodes"] == 1.0
+    # The policy moved first, so the frozen seat answered unless the policy's first reply ended the game (two
+    # refused moves in a row); training never asks that server: only validation's frozen seat does.
+    assert run.frozen_requests >= 1 or (record["termination"] == "done" and record["rounds"] <= 2)
