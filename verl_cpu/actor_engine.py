@@ -42,14 +42,18 @@ class CPULanguageModelEngine(NoIdleCollect, FSDPEngineWithLMHead):
     """verl's FSDP language-model engine (actor, reference) with :class:`NoIdleCollect`."""
 
 
-_registered = False
+_registered: set[str] = set()
+
+
+def register_on_cpu(model_type: str, engine_cls: type) -> type:
+    """Register `engine_cls` for `model_type` (verl's FSDP backends) on our CPU platform's vendor, once a process."""
+    if model_type not in _registered:
+        EngineRegistry.register(model_type=model_type, backend=FSDP_BACKENDS, device=ENGINE_DEVICES,
+                                vendor=PLATFORM_NAME)(engine_cls)
+        _registered.add(model_type)
+    return engine_cls
 
 
 def register_cpu_actor_engine() -> type[CPULanguageModelEngine]:
-    """Register :class:`CPULanguageModelEngine` for the actor on our CPU platform's vendor (idempotent)."""
-    global _registered
-    if not _registered:
-        EngineRegistry.register(model_type=LANGUAGE_MODEL, backend=FSDP_BACKENDS, device=ENGINE_DEVICES,
-                                vendor=PLATFORM_NAME)(CPULanguageModelEngine)
-        _registered = True
-    return CPULanguageModelEngine
+    """Register :class:`CPULanguageModelEngine` for the actor (and reference) on our CPU platform's vendor."""
+    return register_on_cpu(LANGUAGE_MODEL, CPULanguageModelEngine)

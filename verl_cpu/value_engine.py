@@ -26,11 +26,9 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
-from verl.workers.engine.base import EngineRegistry
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithValueHead
 
-from verl_cpu.actor_engine import ENGINE_DEVICES, FSDP_BACKENDS, NoIdleCollect
-from verl_cpu.platform import PLATFORM_NAME
+from verl_cpu.actor_engine import NoIdleCollect, register_on_cpu
 
 VALUE_MODEL = "value_model"
 
@@ -76,14 +74,6 @@ class CPUValueHeadEngine(NoIdleCollect, FSDPEngineWithValueHead):
             return super()._build_module()
 
 
-_registered = False
-
-
 def register_cpu_value_engine() -> type[CPUValueHeadEngine]:
     """Register :class:`CPUValueHeadEngine` for the critic on our CPU platform's vendor (idempotent)."""
-    global _registered
-    if not _registered:
-        EngineRegistry.register(model_type=VALUE_MODEL, backend=FSDP_BACKENDS, device=ENGINE_DEVICES,
-                                vendor=PLATFORM_NAME)(CPUValueHeadEngine)
-        _registered = True
-    return CPUValueHeadEngine
+    return register_on_cpu(VALUE_MODEL, CPUValueHeadEngine)
