@@ -51,7 +51,6 @@ SEAT_REWARDS = "seat_rewards"
 """The `info` key of a finished game's outcome per seat, by seat number as text: {"0": 1.0, "1": -1.0}."""
 OPPONENTS = ("none", "random", "first", "perfect")
 """Who plays the seat the client does not (module docstring)."""
-MOVE_HINT = "a cell number 0-8 in square brackets, e.g. [4]"
 NO_MOVE = "(no cell named)"
 """What the game is told when a client's answer names no cell: TextArena's TicTacToe refuses it as out of format."""
 VIEWS = ("textarena", "compact")
