@@ -140,9 +140,9 @@ def test_the_served_dtype_is_read_from_either_report_of_it():
     assert served_dtypes(unrelated + SERVER_ARGUMENTS.format(dtype="bfloat16")) == {"bfloat16"}
 
 
-def test_the_checks_script_names_its_checks():
+def test_the_checks_script_names_its_checks(tmp_path):
     refused = subprocess.run(["bash", "scripts/gpu/checks.sh", "quickstart-bf16"], cwd=REPO_ROOT, capture_output=True,
-                             text=True, env={**os.environ, "OUT": "/tmp/unused-gpu-checks"}, timeout=60)
+                             text=True, env={**os.environ, "OUT": str(tmp_path)}, timeout=60)
     assert refused.returncode == 2
     assert refused.stderr.strip() == ("checks.sh: unknown check 'quickstart-bf16' "
                                       "(valid: training, bench, bench-0.5b, bench-1.5b)")
