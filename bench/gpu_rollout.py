@@ -132,7 +132,7 @@ class GpuBusy:
             handle = pynvml.nvmlDeviceGetHandleByIndex(0)
             self._read = lambda: pynvml.nvmlDeviceGetUtilizationRates(handle).gpu
         except Exception:  # noqa: BLE001 - no NVML: nvidia-smi below, or the figure is left out
-            self._read = None
+            pass
 
     def __enter__(self) -> "GpuBusy":
         if self._read:

@@ -205,10 +205,9 @@ class SeatedDataflow:
         missing = [seat.flow.spec.seat for seat in self._moved() if seat.flow.spec.seat not in outcomes]
         if missing:
             raise _EpisodeFailure("env_error", f"info[{SEAT_REWARDS!r}] has no outcome for seats {missing}")
-        for number, seat in self.seats.items():
+        for seat in self.seats.values():
             seat.termination = "done"
-            if seat.handler is not None and number != mover:
-                seat.flow._step_rewards[-1] = outcomes[number]
+        self._credit_last_moves(outcomes, besides=mover)  # the mover's step reward is the env's already
         return outcomes
 
     def _cut(self, stopped_by: int, reason: str) -> dict[int, float]:
@@ -217,9 +216,15 @@ class SeatedDataflow:
         outcomes = {number: FORFEIT if number == stopped_by else WALKOVER for number in self.seats}
         for number, seat in self.seats.items():
             seat.termination = reason if number == stopped_by or reason != "length" else "truncated"
-            if seat.handler is not None and seat.flow._step_rewards:  # as when the env ends it: on the last move
-                seat.flow._step_rewards[-1] = outcomes[number]
+        self._credit_last_moves(outcomes)
         return outcomes
+
+    def _credit_last_moves(self, outcomes: dict[int, float], besides: int | None = None) -> None:
+        """Each seat that moved (but `besides`) gets its outcome as its last move's step reward, so that step-level
+        credit sees the game's result on every seat's last move alike."""
+        for number, seat in self.seats.items():
+            if number != besides and seat.handler is not None and seat.flow._step_rewards:
+                seat.flow._step_rewards[-1] = outcomes[number]
 
     def _scored(self, seat: _Seat, outcomes: dict[int, float]) -> EpisodeResult:
         number = seat.flow.spec.seat

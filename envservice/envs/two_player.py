@@ -278,10 +278,9 @@ def _choice(params: Mapping[str, Any], name: str, default: str, choices: tuple[s
 
 
 def _refusal_reason(message: str) -> str:
-    """TextArena's reason out of its refusal message ('... Reason: cell 4 is already occupied. Please resubmit...')."""
-    reason = message.split("Reason:", 1)[-1].split("Please resubmit", 1)[0].strip()
-    return "that cell is taken." if reason.startswith("cell ") and reason.endswith("occupied.") else \
-        "it named no free cell." if reason else "it was no move."
+    """Why TextArena refused the last answer, from its message ('... Reason: cell 4 is already occupied. ...'):
+    TicTacToe refuses an occupied cell, or an answer out of format."""
+    return "that cell is taken." if "is already occupied" in message else "it named no free cell."
 
 
 def _mark_of(seat: int) -> str:
