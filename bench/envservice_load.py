@@ -46,6 +46,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--service-arg", action="append", default=[], metavar="ARG",
                         help="one more argument for the service (repeatable), "
                         "e.g. --service-arg=--loop-slots-per-host=0")
+    parser.add_argument("--step-route", default="steps", choices=("steps", "step"),
+                        help="steps: the client batches concurrent steps through POST /steps (its default); "
+                        "step: each step alone through POST /step")
+    parser.add_argument("--batches-in-flight", type=int, default=1,
+                        help="with --step-route steps: /steps requests out at once (EnvClient's max_batches_in_flight)")
     parser.add_argument("--light-client", action="store_true",
                         help="also ask /healthz back to back from another loopback host (127.0.0.2) while stepping")
     return parser.parse_args()
@@ -184,7 +189,10 @@ def run_load(args: argparse.Namespace, client: EnvClient, pid: int) -> None:
     for stepper in steppers:
         for key, n in stepper.errors.items():
             errors[key] = errors.get(key, 0) + n
-    print(f"env={args.env} backend={args.backend} sessions_held={held} opened_in={opened_s:.1f}s "
+    batching = client.steps
+    per_request = f" steps_per_request={batching.items / max(batching.batches, 1):.1f}" if batching else ""
+    print(f"route=/{args.step_route}{per_request} env={args.env} backend={args.backend} sessions_held={held} "
+          f"opened_in={opened_s:.1f}s "
           f"threads={args.threads} steps={len(latencies)} in {elapsed:.1f}s steps_per_s={len(latencies) / elapsed:.0f} "
           f"p50_ms={percentile(latencies, 0.5) * 1e3:.1f} p99_ms={percentile(latencies, 0.99) * 1e3:.1f} "
           f"errors={errors or 0} {memory_text(pid)}")
@@ -198,6 +206,8 @@ def run_load(args: argparse.Namespace, client: EnvClient, pid: int) -> None:
           f"{client_cpu / elapsed:.2f} cores, {client_cpu / steps * 1e6:.0f} us/step; machine {os.cpu_count()} cores")
     if args.json:
         args.json.write_text(json.dumps({
+            "step_route": args.step_route,
+            "steps_per_request": batching.items / max(batching.batches, 1) if batching else 1.0,
             "env": args.env, "backend": args.backend, "sessions": args.sessions, "sessions_held": held,
             "threads": args.threads, "steps": len(latencies), "seconds": elapsed,
             "steps_per_s": len(latencies) / elapsed, "p50_ms": percentile(latencies, 0.5) * 1e3,
@@ -214,7 +224,8 @@ def main() -> int:
     extra_args = ["--max-sessions", str(args.sessions + args.threads), *args.service_arg]
     with EnvServiceProcess([args.env], extra_args=extra_args, startup_timeout_s=60, backend=args.backend,
                            workers=args.workers) as service:
-        client = EnvClient(service.url, timeout=30, pool_size=args.threads)
+        client = EnvClient(service.url, timeout=30, pool_size=args.threads, batch_steps=args.step_route == "steps",
+                           max_batches_in_flight=args.batches_in_flight)
         run_load(args, client, service.process.pid)
     return 0
 

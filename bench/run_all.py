@@ -11,7 +11,9 @@ small (a check that they all work in a few minutes; its figures are not the ones
 `--json`, and with `--markdown` the table as a page (docs/benchmarks_summary.md is written by this command).
 
 The benches (`bench/<script>`; their own docstrings define each figure):
-  envservice_1k           envservice_load.py: 1 000 FrozenLake sessions, 32 client threads, 20 s (in-process envs)
+  envservice_1k           envservice_load.py: 1 000 FrozenLake sessions, 32 client threads, 20 s (in-process envs;
+                          the client batches concurrent steps through POST /steps, its default)
+  envservice_1k_step      the same with each step sent alone (POST /step): what batching is measured against
   envservice_10k          the same with 10 000 sessions held
   envservice_1k_process   1 000 sessions with the process backend (2 worker processes)
   assembly                rollout_overhead.py --only-assembly: 256 episodes x 10 turns, every text new
@@ -61,6 +63,9 @@ WEBSHOP_SIZED = ["--only-assembly", "--unique-observations", "--handler-turns", 
 BENCHES = [
     Bench("envservice_1k", _script(LOAD, "--sessions", "1000", "--threads", "32", "--duration", "20"),
           _script(LOAD, "--sessions", "200", "--threads", "8", "--duration", "3")),
+    Bench("envservice_1k_step",
+          _script(LOAD, "--sessions", "1000", "--threads", "32", "--duration", "20", "--step-route", "step"),
+          _script(LOAD, "--sessions", "200", "--threads", "8", "--duration", "3", "--step-route", "step")),
     Bench("envservice_10k", _script(LOAD, "--sessions", "10000", "--threads", "32", "--duration", "20"),
           _script(LOAD, "--sessions", "1000", "--threads", "8", "--duration", "3")),
     Bench("envservice_1k_process",
@@ -138,6 +143,10 @@ ROWS = [
         lambda v: v >= 3000),
     Row("envservice, 1 000 sessions: p99 step latency", lambda f: _get(f, "envservice_1k", "p99_ms"), "<= 20",
         lambda v: v <= 20, " ms"),
+    Row("envservice, 1 000 sessions: server CPU per step", lambda f: _get(f, "envservice_1k", "server_cpu_us_per_step"),
+        "<= 150", lambda v: v <= 150, " us"),
+    Row("envservice, 1 000 sessions, each step alone (POST /step): steps/s",
+        lambda f: _get(f, "envservice_1k_step", "steps_per_s"), ">= 3 000", lambda v: v >= 3000),
     Row("envservice, 10 000 sessions held", lambda f: _get(f, "envservice_10k", "sessions_held"), ">= 10 000",
         lambda v: v >= 10_000),
     Row("envservice, 10 000 sessions: steps/s", lambda f: _get(f, "envservice_10k", "steps_per_s"), ">= 3 000",

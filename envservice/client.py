@@ -13,10 +13,15 @@ request sent at that moment meets the close and fails with "Connection reset by 
 (it may have been applied), so the episode ended as an `env_error`: 5 of 120 requests sent within +-10 ms of a
 1 s server timeout were reset, 0 of 120 with the expiry. The client gives up a connection well before any such
 server would.
+
+Steps go to POST /steps (`envservice.step_batch`) through a `Coalescer`: the steps that threads ask for while
+earlier requests are in flight leave together in one request, and each thread gets its own step's answer or
+error, as from /step. A server without /steps (404) is then stepped through /step.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, TypeVar
 
@@ -26,8 +31,10 @@ from requests.adapters import DEFAULT_POOLBLOCK, HTTPAdapter
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
+from envservice.coalesce import Coalescer
 from envservice.errors import EnvServiceError
 from envservice.protocol import (
+    MAX_BATCH_STEPS,
     CreateRequest,
     CreateResponse,
     EnvList,
@@ -39,6 +46,7 @@ from envservice.protocol import (
     Health,
     ReleaseRequest,
     ReleaseResponse,
+    StepBatchResponse,
     StepRequest,
     StepResponse,
 )
@@ -48,6 +56,8 @@ M = TypeVar("M", bound=BaseModel)
 IDLE_EXPIRY_S = 2.0
 """Seconds a pooled connection may stay idle and still be reused: below uvicorn's default keep-alive timeout (5 s)
 by more than any scheduling delay between the client's check and its send, so it holds for servers we do not run."""
+MAX_BATCH_BYTES = 256 * 1024
+"""Most bytes of steps one POST /steps carries by default: well below the service's 1 MiB body limit."""
 
 
 class EnvClient:
@@ -63,6 +73,15 @@ class EnvClient:
         pool_size: connections kept per host (size it to the number of threads using the client).
         idle_expiry_s: a pooled connection idle this long is replaced, not reused; keep it below the server's
             keep-alive timeout (module docstring).
+        batch_steps: send steps through POST /steps, several threads' steps in one request (module docstring);
+            False sends each step alone to /step.
+        max_batch_steps: most steps in one /steps request (the service takes up to `MAX_BATCH_STEPS`).
+        max_batch_bytes: most bytes of steps in one /steps request; keep it below the service's
+            --max-request-bytes (a step larger alone goes alone).
+        max_batches_in_flight: /steps requests out at once (each for less than `batch_hold_s`); steps asked for
+            meanwhile wait and leave together.
+        batch_hold_s: seconds a /steps request out holds the next steps back; after it, a slow env's batch lets the
+            next one leave (`envservice.coalesce`): batching adds at most this to a step.
     """
 
     def __init__(
@@ -74,6 +93,11 @@ class EnvClient:
         backoff_s: float = 0.2,
         pool_size: int = 64,
         idle_expiry_s: float = IDLE_EXPIRY_S,
+        batch_steps: bool = True,
+        max_batch_steps: int = MAX_BATCH_STEPS,
+        max_batch_bytes: int = MAX_BATCH_BYTES,
+        max_batches_in_flight: int = 1,
+        batch_hold_s: float = 0.05,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
@@ -86,6 +110,10 @@ class EnvClient:
         self._http.mount("https://", adapter)
         if token:
             self._http.headers["Authorization"] = f"Bearer {token}"
+        self.steps: Coalescer[bytes] | None = (
+            Coalescer(self._send_steps, max_batch_steps, max_batch_bytes, max_batches_in_flight, batch_hold_s)
+            if batch_steps else None)
+        """Where steps are batched (its `batches` and `items` count them); None: each step goes alone to /step."""
 
     # ---- protocol calls ----------------------------------------------------------------------------
 
@@ -104,9 +132,24 @@ class EnvClient:
         return self._call("POST", "/create", CreateResponse, body, idempotent=False)
 
     def step(self, session_id: str, action: str) -> StepResponse:
-        """Apply one action."""
+        """Apply one action (in a /steps batch with other threads' steps, or alone; module docstring)."""
         body = StepRequest(session_id=session_id, action=action)
-        return self._call("POST", "/step", StepResponse, body, idempotent=False)
+        steps = self.steps
+        if steps is None:
+            return self._call("POST", "/step", StepResponse, body, idempotent=False)
+        encoded = json.dumps(body.model_dump(mode="json"), ensure_ascii=False, separators=(",", ":")).encode()
+        attempts = 1 + self.retries
+        for attempt in range(attempts):
+            try:
+                return steps.call(encoded, len(encoded))
+            except _NoStepsRoute:
+                self.steps = None  # an older service: every step from now on goes to /step
+                return self._call("POST", "/step", StepResponse, body, idempotent=False)
+            except EnvServiceError as exc:  # `busy` ran nothing: asked again, as /step's 409 is
+                if exc.code != ErrorCode.busy or attempt == attempts - 1:
+                    raise
+            time.sleep(self.backoff_s * (2**attempt))
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def evaluate(self, session_id: str) -> EvaluateResponse:
         """Score the episode."""
@@ -159,20 +202,40 @@ class EnvClient:
         retries: int | None = None,
         timeout: float | None = None,
     ) -> M:
-        attempts = 1 + (self.retries if retries is None else retries)
         payload = body.model_dump(mode="json") if body is not None else None
+        return _parse(self._request(method, path, idempotent, retries, timeout, json=payload), model)
+
+    def _request(self, method: str, path: str, idempotent: bool = True, retries: int | None = None,
+                 timeout: float | None = None, **send: Any) -> requests.Response:
+        """The response to the request, asked again (module docstring) while that cannot act twice."""
+        attempts = 1 + (self.retries if retries is None else retries)
         for attempt in range(attempts):
             last_attempt = attempt == attempts - 1
             try:
-                response = self._http.request(method, self.base_url + path, json=payload, timeout=timeout or self.timeout)
+                response = self._http.request(method, self.base_url + path, timeout=timeout or self.timeout, **send)
             except requests.ConnectionError as exc:
                 if last_attempt or not (idempotent or _not_sent(exc)):
                     raise
             else:
                 if not _retryable(response) or last_attempt:
-                    return _parse(response, model)
+                    return response
             time.sleep(self.backoff_s * (2**attempt))
         raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _send_steps(self, encoded: list[bytes]) -> list[StepResponse | EnvServiceError]:
+        """One POST /steps of these encoded `StepRequest`s: each one's response, or the error /step would raise."""
+        body = b'{"steps":[' + b",".join(encoded) + b"]}"
+        response = self._request("POST", "/steps", idempotent=False, data=body,
+                                 headers={"Content-Type": "application/json"})
+        if response.status_code == 404:
+            raise _NoStepsRoute()
+        batch = _parse(response, StepBatchResponse)
+        return [outcome.step if outcome.error is None else EnvServiceError.from_response(outcome.error, outcome.status)
+                for outcome in batch.results]
+
+
+class _NoStepsRoute(Exception):
+    """The service has no POST /steps (it predates it): nothing was applied, the step goes to /step."""
 
 
 class _IdleExpiring:

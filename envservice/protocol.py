@@ -24,6 +24,8 @@ MAX_ACTION_CHARS = 100_000
 """Longest action text (about 25 000 tokens: far beyond any one turn of an agent)."""
 MAX_SEED = 2**32 - 1
 """Largest seed: what numpy's seeding accepts, so every env can take every valid seed."""
+MAX_BATCH_STEPS = 256
+"""Most steps one POST /steps may carry (the body limit, 1 MiB by default, bounds their actions' text too)."""
 
 
 def _no_lone_surrogates(value: str) -> str:
@@ -149,6 +151,30 @@ class StepResponse(_Model):
     terminated: bool = Field(description="The task ended (success or failure); no more steps.")
     truncated: bool = Field(description="We stopped the episode (e.g. max_steps reached); no more steps.")
     info: dict[str, Any] = Field(default_factory=dict, description="Extra information, e.g. 'steps'.")
+
+
+class StepBatchRequest(_Model):
+    """Several sessions' steps in one request (POST /steps): each is what a POST /step with that body would do."""
+
+    steps: list[StepRequest] = Field(
+        min_length=1, max_length=MAX_BATCH_STEPS,
+        description=f"1..{MAX_BATCH_STEPS} steps, at most one per session (a session's second step in the same "
+        "batch answers `busy`, as a concurrent /step would).",
+    )
+
+
+class StepOutcome(_Model):
+    """What one step of a batch answered: the /step response, or the error /step would have answered."""
+
+    status: int = Field(description="The HTTP status /step would have answered: 200, or the error's status.")
+    step: StepResponse | None = Field(default=None, description="The step's outcome, when `status` is 200.")
+    error: ErrorResponse | None = Field(default=None, description="Why the step was not applied, otherwise.")
+
+
+class StepBatchResponse(_Model):
+    """Response of POST /steps: one outcome per requested step, in the request's order."""
+
+    results: list[StepOutcome] = Field(description="The outcome of each step, in the order they were sent.")
 
 
 class EvaluateRequest(_Model):

@@ -1,7 +1,8 @@
 """The FastAPI application of the environment service (`create_app(settings)`).
 
-Routes: POST /create, /step, /evaluate, /release; GET /envs, /healthz (and FastAPI's /docs, /redoc,
-/openapi.json).
+Routes: POST /create, /step, /steps, /evaluate, /release; GET /envs, /healthz (and FastAPI's /docs, /redoc,
+/openapi.json). /steps carries several sessions' steps in one request (`envservice.step_batch`), each answered
+as its own /step would be, errors included.
 
 Every response that is not 2xx, whatever failed, is an `ErrorResponse` (`code`, `message`, details) with the
 status of its code (`protocol.ERROR_STATUS`): our own errors, malformed bodies (422 naming each field, long
@@ -25,6 +26,7 @@ import json
 import logging
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -58,10 +60,13 @@ from envservice.protocol import (
     Health,
     ReleaseRequest,
     ReleaseResponse,
+    StepBatchRequest,
+    StepBatchResponse,
     StepRequest,
     StepResponse,
 )
 from envservice.sessions import EnvBackend, SessionManager
+from envservice.step_batch import FAN_OUT_THREADS, StepCosts, run_steps
 
 logger = logging.getLogger("envservice")
 
@@ -129,6 +134,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
 
     body_checker = BodyChecker(settings.large_body_share)
+    fan_out = ThreadPoolExecutor(FAN_OUT_THREADS, thread_name_prefix="envservice-steps")  # /steps' slow steps
     mcp = mcp_server(manager, env_ids)
     mounted_mcp = mcp_app(mcp)
 
@@ -143,6 +149,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         async with mcp.session_manager.run():  # the MCP endpoint's (envservice/mcp_tools.py)
             yield
         manager.shutdown()
+        fan_out.shutdown(wait=False, cancel_futures=True)
         body_checker.close()
         logger.info("envservice stopped: %s", json.dumps(manager.ledger()))
 
@@ -151,7 +158,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.sessions = manager
     app.state.preload = None
     _add_error_handlers(app)
-    _add_routes(app, manager, env_ids)
+    _add_routes(app, manager, env_ids, fan_out)
     app.mount(MCP_PATH, mounted_mcp)
     _describe_in_openapi(app, env_ids, settings.token is not None)
     app.add_middleware(RequestGuard, token=settings.token, max_request_bytes=settings.max_request_bytes,
@@ -372,7 +379,7 @@ async def _in_pool(call: Any, *args: Any) -> Response:
     return await run_in_threadpool(_answered, call, *args)
 
 
-def _add_routes(app: FastAPI, manager: SessionManager, env_ids: list[str]) -> None:
+def _add_routes(app: FastAPI, manager: SessionManager, env_ids: list[str], fan_out: ThreadPoolExecutor) -> None:
     # The env calls and their answers' serialisation run in the thread pool (serialising on the loop cost 6 % of
     # bench/envservice_load.py's steps/s), after the request gave back its loop slot (`_in_pool`). /step and
     # /evaluate refuse a busy or unknown session on the event loop first, without taking a pool thread
@@ -388,6 +395,17 @@ def _add_routes(app: FastAPI, manager: SessionManager, env_ids: list[str]) -> No
         """Apply one action."""
         manager.refuse_if_busy(request.session_id, "step")
         return await _in_pool(manager.step, request.session_id, request.action)
+
+    step_costs = StepCosts()
+
+    @app.post("/steps", response_model=StepBatchResponse)
+    async def steps(request: StepBatchRequest, http: Request) -> Response:
+        """Apply one action to each of several sessions: every step answers what /step would (its outcome or
+        its error, with that status), in the request's order; one step's failure never fails the others."""
+        release_loop_slot()
+        request_id = _request_id(http)
+        return await run_in_threadpool(
+            lambda: ProtocolJSONResponse(run_steps(manager, request.steps, fan_out, step_costs, request_id)))
 
     @app.post("/evaluate", response_model=EvaluateResponse)
     async def evaluate(request: EvaluateRequest) -> Response:
@@ -443,7 +461,7 @@ def _framework_error(request: Request, exc: StarletteHTTPException) -> tuple[Err
     """Our code and message for an error the framework raised."""
     route = f"{request.method} {clip(request.url.path, 100)}"
     if exc.status_code == 404:
-        return ErrorCode.not_found, f"no route {route}; routes: POST /create, /step, /evaluate, /release; GET /envs, /healthz"
+        return ErrorCode.not_found, f"no route {route}; routes: POST /create, /step, /steps, /evaluate, /release; GET /envs, /healthz"
     if exc.status_code == 405:
         allowed = {key.lower(): value for key, value in (exc.headers or {}).items()}.get("allow", "?")
         return ErrorCode.method_not_allowed, f"{route} is not allowed; allowed: {allowed}"

@@ -184,6 +184,12 @@ class SessionManager:
             return ReleaseResponse(session_id=session_id, released=True, already_closed=True, closed_by=closed_by)
         raise self._unknown_session(session_id)
 
+    def env_id_of(self, session_id: str) -> str | None:
+        """The env id of an open session; None for an id that is not open."""
+        with self._lock:
+            session = self._sessions.get(session_id)
+        return None if session is None else session.registration.env_id
+
     def count(self) -> int:
         """Sessions currently open."""
         with self._lock:

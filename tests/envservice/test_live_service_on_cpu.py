@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import gymnasium as gym
 import httpx
@@ -50,6 +51,28 @@ def test_frozenlake_oracle_over_http(live_service, play_frozenlake_oracle) -> No
         step, evaluation = play_frozenlake_oracle(client)
     assert step.terminated and step.reward == 1.0
     assert evaluation.success
+
+
+def test_threads_stepping_through_one_client_each_get_their_own_answers(live_service) -> None:
+    """Four episodes stepped at once through one client's /steps batches see what each sees stepped alone."""
+    actions = ["down", "right", "down", "right", "up", "left", "down", "right"]
+
+    def play(client: EnvClient, task: int) -> list[tuple[str, float, bool, bool]]:
+        session = client.create("frozenlake", task_id=task, seed=0).session_id
+        seen = []
+        for action in actions:
+            step = client.step(session, action)
+            seen.append((step.observation, step.reward, step.terminated, step.truncated))
+            if step.terminated or step.truncated:
+                break
+        client.release(session)
+        return seen
+
+    with EnvClient(live_service["url"], batch_steps=False) as alone:
+        expected = [play(alone, task) for task in range(4)]
+    with EnvClient(live_service["url"]) as batched, ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(lambda task: play(batched, task), range(4))) == expected
+        assert batched.steps is not None and batched.steps.items == sum(map(len, expected))
 
 
 def test_client_raises_typed_errors(live_service) -> None:

@@ -24,7 +24,8 @@ def run_all_module():
 
 
 FIGURES = {
-    "envservice_1k": {"steps_per_s": 1500.4, "p99_ms": 12.5, "sessions_held": 1000},
+    "envservice_1k": {"steps_per_s": 1500.4, "p99_ms": 12.5, "sessions_held": 1000, "server_cpu_us_per_step": 319.0},
+    "envservice_1k_step": {"steps_per_s": 720.0},
     "weight_sync": {"variants": [
         {"send_dtype": "float32", "lr": 1e-6, "mean": {"sent_fraction": 1.0}},
         {"send_dtype": "bfloat16", "lr": 1e-6, "mean": {"sent_fraction": 0.086}}]},
@@ -44,6 +45,9 @@ def test_each_row_takes_its_figure_and_judges_it_against_its_goal():
     assert (rows["envservice, 1 000 sessions: steps/s"]["figure"], rows["envservice, 1 000 sessions: steps/s"]["met"]) \
         == (1500.4, False)
     assert rows["envservice, 1 000 sessions: p99 step latency"]["met"] is True
+    cpu = rows["envservice, 1 000 sessions: server CPU per step"]
+    assert (cpu["figure"], cpu["unit"], cpu["met"]) == (319.0, " us", False)
+    assert rows["envservice, 1 000 sessions, each step alone (POST /step): steps/s"]["figure"] == 720.0
     assert rows["delta sync bytes / full, bf16, lr 1e-6"]["figure"] == 8.6
     assert rows["delta sync bytes / full, bf16, lr 1e-6"]["met"] is True
     hidden = rows["async: rollout time hidden under training, slow env (steps 2..N)"]
