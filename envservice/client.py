@@ -22,6 +22,7 @@ error, as from /step. A server without /steps (404) is then stepped through /ste
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Any, TypeVar
 
@@ -110,6 +111,7 @@ class EnvClient:
         self._http.mount("https://", adapter)
         if token:
             self._http.headers["Authorization"] = f"Bearer {token}"
+        self._read_environment_once(token)
         self.steps: Coalescer[bytes] | None = (
             Coalescer(self._send_steps, max_batch_steps, max_batch_bytes, max_batches_in_flight, batch_hold_s)
             if batch_steps else None)
@@ -221,6 +223,18 @@ class EnvClient:
                     return response
             time.sleep(self.backoff_s * (2**attempt))
         raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _read_environment_once(self, token: str | None) -> None:
+        """Take the proxy, CA bundle and .netrc settings for this service from the environment now, once: requests
+        reads them on every request otherwise (11 % of the load generator's CPU at 1 000 sessions)."""
+        self._http.proxies.update(requests.utils.get_environ_proxies(self.base_url))
+        bundle = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")
+        if bundle:
+            self._http.verify = bundle
+        netrc_auth = None if token else requests.utils.get_netrc_auth(self.base_url)
+        if netrc_auth:
+            self._http.auth = netrc_auth
+        self._http.trust_env = False
 
     def _send_steps(self, encoded: list[bytes]) -> list[StepResponse | EnvServiceError]:
         """One POST /steps of these encoded `StepRequest`s: each one's response, or the error /step would raise."""

@@ -24,11 +24,12 @@ class ScriptedAdapter(BaseAdapter):
 
     def __init__(self, script: list) -> None:
         super().__init__()
-        self.script, self.calls, self.paths = list(script), 0, []
+        self.script, self.calls, self.paths, self.proxies = list(script), 0, [], []
 
     def send(self, request, **kwargs) -> requests.Response:
         self.calls += 1
         self.paths.append(request.path_url)
+        self.proxies.append(kwargs.get("proxies"))
         item = self.script.pop(0)
         if isinstance(item, Exception):
             raise item
@@ -103,6 +104,17 @@ def test_a_service_without_the_batch_route_is_stepped_through_step() -> None:
     client, adapter = _client([no_route, (200, OK_STEP), (200, OK_STEP)], batched=True)
     assert client.step("s", "a").observation == "o" and client.step("s", "b").observation == "o"
     assert adapter.paths == ["/steps", "/step", "/step"] and client.steps is None
+
+
+def test_the_proxy_the_environment_names_at_start_is_used_for_every_request(monkeypatch, batched: bool) -> None:
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.test:3128")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    client, adapter = _client([(200, OK_STEP), (200, OK_STEP)], batched=batched)
+    monkeypatch.delenv("HTTP_PROXY")  # read once, when the client was made (not on every request)
+    client.step("s", "a")
+    client.step("s", "b")
+    assert [proxies.get("http") for proxies in adapter.proxies] == ["http://proxy.test:3128"] * 2
 
 
 def test_response_is_validated_with_the_protocol_model(batched: bool) -> None:
