@@ -175,18 +175,24 @@ def _wait_until(condition, timeout_s: float = 10.0) -> None:
         time.sleep(0.005)
 
 
+def _first_batch_out(coalescer: Coalescer, send: RecordingSend, item: str) -> tuple[threading.Thread, dict]:
+    """Call `item` on a thread and wait until its batch is out (held there by `send` until `send.release`)."""
+    threads, results = _calls_in_threads(coalescer, [item])
+    threads[0].start()
+    _wait_until(lambda: len(send.batches) == 1)
+    return threads[0], results
+
+
 def test_calls_made_while_a_batch_is_out_leave_together_each_with_its_own_outcome() -> None:
     send = RecordingSend()
     coalescer = Coalescer(send, max_items=10, max_bytes=1000, max_in_flight=1, hold_s=60)
-    first, results = _calls_in_threads(coalescer, ["a"])
-    first[0].start()
-    _wait_until(lambda: send.batches == [["a"]])
+    first, results = _first_batch_out(coalescer, send, "a")
     later, later_results = _calls_in_threads(coalescer, ["b", "bad", "d"])
     for thread in later:
         thread.start()
     _wait_until(lambda: coalescer.pending() == 3)  # held back by the batch out
     send.release.set()
-    for thread in first + later:
+    for thread in [first, *later]:
         thread.join(10)
     assert sorted(send.batches[1]) == ["b", "bad", "d"] and len(send.batches) == 2
     assert results == {"a": "A"} and later_results["b"] == "B" and later_results["d"] == "D"
@@ -197,23 +203,20 @@ def test_calls_made_while_a_batch_is_out_leave_together_each_with_its_own_outcom
 def test_a_batch_out_past_the_hold_time_no_longer_holds_calls_back() -> None:
     send = RecordingSend()
     coalescer = Coalescer(send, max_items=10, max_bytes=1000, max_in_flight=1, hold_s=0.05)
-    first, results = _calls_in_threads(coalescer, ["slow"])
-    first[0].start()
-    _wait_until(lambda: len(send.batches) == 1)
+    first, results = _first_batch_out(coalescer, send, "slow")
     assert coalescer.call("next") == "NEXT"  # answered while the first batch is still out
-    assert not send.release.is_set() and first[0].is_alive()
+    assert not send.release.is_set() and first.is_alive()
     send.release.set()
-    first[0].join(10)
+    first.join(10)
     assert results == {"slow": "SLOW"}
 
 
 def test_batches_keep_to_the_item_and_byte_limits_and_a_failed_send_reaches_every_caller() -> None:
     send = RecordingSend()
     coalescer = Coalescer(send, max_items=2, max_bytes=6, max_in_flight=1, hold_s=60)
-    first, _ = _calls_in_threads(coalescer, ["w"])
-    first[0].start()
-    _wait_until(lambda: len(send.batches) == 1)
-    # Queued in this order: two of 2 items, then one of 5 bytes (2 + 5 > 6), then one alone over the byte limit.
+    _first_batch_out(coalescer, send, "w")
+    # Queued in this order, they leave as: two items (the item limit); "rr" alone (with "sssss" it would be 7 > 6
+    # bytes); "sssss" alone; "tttttttt" alone, over the byte limit by itself.
     items = ["p", "q", "rr", "sssss", "tttttttt"]
     for item in items:
         thread, _ = _calls_in_threads(coalescer, [item])
