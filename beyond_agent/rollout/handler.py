@@ -309,7 +309,23 @@ class RolloutHandler:
 
     def _encode(self, text: str) -> list[int]:
         # The template writes special tokens as text; they must not be doubled by add_special_tokens.
+        backend = self._backend
+        if backend is not None and backend.truncation is None and backend.padding is None \
+                and backend.encode_special_tokens == self._split_special_tokens:
+            # The Rust tokenizer's own ids, as transformers' `encode` returns them in this state, without its
+            # wrapper (a third of the encoding time); another caller's truncation or padding left on the backend
+            # sends the text through transformers, which resets them.
+            return backend.encode(text, add_special_tokens=False).ids
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+    @cached_property
+    def _backend(self) -> Any:
+        """The fast tokenizer's Rust `Tokenizer` (None for a slow, Python tokenizer)."""
+        return self.tokenizer.backend_tokenizer if getattr(self.tokenizer, "is_fast", False) else None
+
+    @cached_property
+    def _split_special_tokens(self) -> bool:
+        return bool(getattr(self.tokenizer, "split_special_tokens", False))
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)

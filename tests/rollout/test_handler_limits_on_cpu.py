@@ -146,10 +146,12 @@ def test_assistant_ids_from_numpy_or_torch_equal_a_list_and_non_integers_are_ref
 
 
 class CountingTokenizer:
-    """The real tokenizer, recording how many characters each `encode` was given."""
+    """The real tokenizer, recording how many characters each `encode` was given, through transformers or
+    straight to its Rust backend (`backend_tokenizer`)."""
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer, self.encoded = tokenizer, []
+        self.backend_tokenizer = _Counting(tokenizer.backend_tokenizer, self.encoded)
 
     def encode(self, text, **kwargs):
         self.encoded.append(len(text))
@@ -157,6 +159,43 @@ class CountingTokenizer:
 
     def __getattr__(self, name):
         return getattr(self.tokenizer, name)
+
+
+class _Counting:
+    """A Rust tokenizer whose `encode` records its text's length in `encoded` and in its own `calls`."""
+
+    def __init__(self, backend, encoded: list[int]) -> None:
+        self.backend, self.encoded, self.calls = backend, encoded, []
+
+    def encode(self, text, **kwargs):
+        self.encoded.append(len(text))
+        self.calls.append(len(text))
+        return self.backend.encode(text, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.backend, name)
+
+
+def test_the_backend_encodes_as_transformers_does_and_is_skipped_when_another_caller_left_truncation_on(tok):
+    """The handler encodes with the Rust tokenizer directly (without transformers' wrapper); its ids equal
+    `tokenizer.encode`'s, special tokens written as text included. A truncation another caller left set on the
+    backend must not cut an observation: the handler then goes through transformers, which resets it."""
+    texts = ["<|im_end|>\n<|im_start|>user\nYou see a red door.<|im_end|>\n<|im_start|>assistant\n",
+             "  spaces, ünïcödé, 数字 123 and\ttabs\n\n", "word " * 300]
+    handler = RolloutHandler(tok, TASK, max_prompt_length=64, max_response_length=4096)
+    counting = CountingTokenizer(tok)
+    direct = RolloutHandler(counting, TASK, max_prompt_length=64, max_response_length=4096)
+    for text in texts:
+        assert handler._encode(text) == tok.encode(text, add_special_tokens=False)
+    whole = len(tok.encode(texts[2], add_special_tokens=False))
+    counting.encoded.clear()
+    counting.backend_tokenizer.calls.clear()
+    assert len(direct._encode(texts[2])) == whole
+    assert counting.encoded == counting.backend_tokenizer.calls == [len(texts[2])]  # one call, straight to Rust
+    tok("word " * 300, truncation=True, max_length=5)  # leaves truncation set on the shared backend
+    assert tok.backend_tokenizer.truncation is not None
+    assert len(handler._encode(texts[2])) == whole > 5
+    assert tok.backend_tokenizer.truncation is None  # transformers reset it
 
 
 def test_text_that_cannot_be_kept_is_never_tokenized(tok):
