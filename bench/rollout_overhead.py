@@ -143,7 +143,18 @@ def measure_handler(tokenizer, episodes: int, turns: int, seed: int = 0, unique:
     started = time.perf_counter()
     collate(handlers, tokenizer.pad_token_id, max_prompt, max_response)
     collate_s = time.perf_counter() - started
-    return tokens, assembly, assembly_cpu, collate_s
+    return tokens, assembly, assembly_cpu, collate_s, tokenizer_speed(tokenizer, handlers)
+
+
+def tokenizer_speed(tokenizer, handlers) -> float:
+    """The physical limit of assembly: tokens/s of the Rust tokenizer's own `encode_batch` (on every core it
+    uses) over the same episodes' whole rendered text, timed alone."""
+    texts = [tokenizer.apply_chat_template(h.messages, tokenize=False) for h in handlers]
+    gc.collect()
+    started = time.perf_counter()
+    encodings = tokenizer.backend_tokenizer.encode_batch(texts, add_special_tokens=False)
+    seconds = time.perf_counter() - started
+    return sum(len(encoding.ids) for encoding in encodings) / seconds
 
 
 def report_manager(args) -> dict:
@@ -181,21 +192,29 @@ def report_assembly(args) -> dict:
     # Each repeat draws new texts (its own seed); the median over repeats is what a noisy shared machine can tell.
     runs = [measure_handler(tokenizer, args.handler_episodes, args.handler_turns, seed=100 + repeat, **shape)
             for repeat in range(args.repeats)]
-    for tokens, assembly, assembly_cpu, collate_s in runs:
+    for tokens, assembly, assembly_cpu, collate_s, limit in runs:
         print(f"RolloutHandler: {tokens} tokens in {assembly:.3f} s = {tokens / assembly / 1e6:.2f} M tokens/s "
               f"(CPU time {assembly_cpu:.3f} s = {tokens / assembly_cpu / 1e6:.2f} M tokens/s; "
               f"{args.handler_episodes} episodes x {args.handler_turns} turns); "
-              f"collate {collate_s * 1e3:.1f} ms = {tokens / collate_s / 1e6:.1f} M tokens/s")
-    speeds = sorted(tokens / assembly / 1e6 for tokens, assembly, _, _ in runs)
-    collates = sorted(collate_s * 1e3 for *_, collate_s in runs)
+              f"collate {collate_s * 1e3:.1f} ms = {tokens / collate_s / 1e6:.1f} M tokens/s; the tokenizer's own "
+              f"encode_batch {limit / 1e6:.2f} M tokens/s: assembly + collate at "
+              f"{100 * tokens / (assembly + collate_s) / limit:.0f} % of it")
+    speeds = sorted(tokens / assembly / 1e6 for tokens, assembly, *_ in runs)
+    collates = sorted(collate_s * 1e3 for *_, collate_s, _ in runs)
+    limits = sorted(limit / 1e6 for *_, limit in runs)
+    shares = sorted(100 * tokens / (assembly + collate_s) / limit for tokens, assembly, _, collate_s, limit in runs)
     print(f"RolloutHandler assembly over {len(runs)} batches of new texts: median {speeds[len(speeds) // 2]:.2f} "
           f"M tokens/s (best {speeds[-1]:.2f}, worst {speeds[0]:.2f}); collate median {collates[len(collates) // 2]:.1f} ms")
     tokens = runs[0][0]
-    both = sorted(tokens / (assembly + collate_s) / 1e6 for tokens, assembly, _, collate_s in runs)
+    both = sorted(tokens / (assembly + collate_s) / 1e6 for tokens, assembly, _, collate_s, _ in runs)
+    print(f"the tokenizer's own encode_batch: median {limits[len(limits) // 2]:.2f} M tokens/s; assembly + collate at "
+          f"median {shares[len(shares) // 2]:.0f} % of it")
     return {"episodes": args.handler_episodes, "turns": args.handler_turns, "observation_words": args.observation_words,
             "tokens_per_batch": tokens, "assembly_m_tokens_per_s": speeds[len(speeds) // 2],
             "collate_ms": collates[len(collates) // 2],
-            "assembly_and_collate_m_tokens_per_s": both[len(both) // 2]}
+            "assembly_and_collate_m_tokens_per_s": both[len(both) // 2],
+            "tokenizer_encode_batch_m_tokens_per_s": limits[len(limits) // 2],
+            "assembly_and_collate_share_of_tokenizer_pct": shares[len(shares) // 2]}
 
 
 def main() -> None:

@@ -26,6 +26,8 @@ def run_all_module():
 FIGURES = {
     "envservice_1k": {"steps_per_s": 1500.4, "p99_ms": 12.5, "sessions_held": 1000, "server_cpu_us_per_step": 319.0},
     "envservice_1k_step": {"steps_per_s": 720.0},
+    "assembly": {"assembly": {"assembly_and_collate_m_tokens_per_s": 0.36,
+                              "assembly_and_collate_share_of_tokenizer_pct": 36.0}},
     "weight_sync": {"variants": [
         {"send_dtype": "float32", "lr": 1e-6, "mean": {"sent_fraction": 1.0}},
         {"send_dtype": "bfloat16", "lr": 1e-6, "mean": {"sent_fraction": 0.086}}]},
@@ -48,6 +50,8 @@ def test_each_row_takes_its_figure_and_judges_it_against_its_goal():
     cpu = rows["envservice, 1 000 sessions: server CPU per step"]
     assert (cpu["figure"], cpu["unit"], cpu["met"]) == (319.0, " us", False)
     assert rows["envservice, 1 000 sessions, each step alone (POST /step): steps/s"]["figure"] == 720.0
+    share = rows["assembly + collate / the tokenizer's own encode_batch, same texts, same run"]
+    assert (share["figure"], share["met"]) == (36.0, False)
     assert rows["delta sync bytes / full, bf16, lr 1e-6"]["figure"] == 8.6
     assert rows["delta sync bytes / full, bf16, lr 1e-6"]["met"] is True
     hidden = rows["async: rollout time hidden under training, slow env (steps 2..N)"]
