@@ -18,9 +18,9 @@ Several files (one per env) can be mixed in one run: `data.train_files=[a/train.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
-from beyond_agent.cli_args import task_indices
+
+from beyond_agent.cli_args import json_object, task_indices
 
 
 def task_rows(client, env_id: str, split: str, tasks: list[int], seed: int, agent_task: str | None = None,
@@ -91,16 +91,6 @@ def validation_overlap(env_id: str, train_tasks: list[int], val_tasks: list[int]
             f"({report['distinct']} distinct): {verdict}")
 
 
-def _json_object(text: str) -> dict:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise argparse.ArgumentTypeError(f"--params is not JSON: {error}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"--params must be a JSON object, got {type(value).__name__}")
-    return value
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m beyond_agent.data", description=__doc__.splitlines()[0])
     parser.add_argument("--env", required=True, help="envservice env id, e.g. babyai")
@@ -114,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--agent-task", default=None,
                         help="the AgentTask of these rows (extra_info.task): an entry of beyond_agent.tasks or a "
                         "registered task; default: the task configured for the env, else `default`")
-    parser.add_argument("--params", type=_json_object, default=None,
+    parser.add_argument("--params", type=json_object, default=None,
                         help='the env\'s task parameters as a JSON object, e.g. \'{"size": 6}\'')
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
