@@ -21,12 +21,14 @@ on the adapter merged into the base (exported once by `beyond_agent.export`).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 from torch.utils.data import Dataset
@@ -240,6 +242,19 @@ def parse_loop_args(parser, argv: list[str] | None, task_options: tuple[str, ...
     if args.iterations < 1:
         parser.error(f"--iterations must be >= 1; got {args.iterations}")
     return args
+
+
+def report_iterations(figures: list[dict], path: Path, started: float, loop: str,
+                      columns: Sequence[tuple[str, str, str]]) -> None:
+    """Keep an explore -> SFT loop's iterations and its wall time in `path` (JSON, rewritten after each
+    iteration: nothing is lost if a later one fails) and print them as a table, one row per iteration.
+
+    `columns`: (header, key of the row, format spec) each; a row without the key shows '-'."""
+    path.write_text(json.dumps({"iterations": figures, "wall_s": time.monotonic() - started}, indent=2))
+    print(f"[{loop}] " + "  ".join(header for header, _, _ in columns))
+    for row in figures:
+        cells = [(format(row[key], spec) if key in row else "-").rjust(len(header)) for header, key, spec in columns]
+        print(f"[{loop}] " + "  ".join(cells), flush=True)
 
 
 def _hydra_main() -> None:

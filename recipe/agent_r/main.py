@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import random
 import sys
 import time
@@ -63,7 +62,14 @@ from beyond_agent.evaluation import (
 from beyond_agent.rollout.dataflow import DataflowConfig, GenerateFn
 from beyond_agent.rollout.handler import RolloutHandler
 from beyond_agent.rollout.scripted import reply_ids
-from beyond_agent.sft import add_loop_options, hf_model_dir, parse_loop_args, repeated_files, run_sft
+from beyond_agent.sft import (
+    add_loop_options,
+    hf_model_dir,
+    parse_loop_args,
+    repeated_files,
+    report_iterations,
+    run_sft,
+)
 from beyond_agent.tasks import AgentTask, EnvTask
 from beyond_agent.trajectories import write_dump
 from beyond_agent.trajectory_data import TrajectoryDataError, read_trajectories
@@ -248,21 +254,18 @@ def run(args) -> list[dict]:
     started, model = time.monotonic(), args.model
     with envservice_url([args.env], args.envservice_url) as url, EnvClient(url) as client:
         figures = [{"iteration": 0, "model": model, "eval_success": evaluate_model(args, model, client, tokenizer)}]
-        _report(figures, args.out / "agent_r.json", started)
+        report_iterations(figures, args.out / "agent_r.json", started, "agent-r", AGENT_R_COLUMNS)
         for iteration in range(1, args.iterations + 1):
             model, row = run_iteration(args, iteration, model, client, tokenizer)
             row.update(model=model, eval_success=evaluate_model(args, model, client, tokenizer))
             figures.append(row)
-            _report(figures, args.out / "agent_r.json", started)
+            report_iterations(figures, args.out / "agent_r.json", started, "agent-r", AGENT_R_COLUMNS)
     return figures
 
 
-def _report(figures: list[dict], path: Path, started: float) -> None:
-    path.write_text(json.dumps({"iterations": figures, "wall_s": time.monotonic() - started}, indent=2))
-    print("[agent-r] iteration  pairs  judged  tasks with a success  eval success (greedy)")
-    for row in figures:
-        print(f"[agent-r] {row['iteration']:9d}  {row.get('pairs', '-'):>5}  {row.get('judged_by_model', '-'):>6}  "
-              f"{row.get('tasks_with_success_in_tree', '-'):>20}  {row['eval_success']:.1%}", flush=True)
+AGENT_R_COLUMNS = (("iteration", "iteration", "d"), ("pairs", "pairs", "d"), ("judged", "judged_by_model", "d"),
+                   ("tasks with a success", "tasks_with_success_in_tree", "d"),
+                   ("eval success (greedy)", "eval_success", ".1%"))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,7 +21,6 @@ rewritten after each one, so an interrupted run keeps what it measured.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -30,7 +29,14 @@ from beyond_agent.cli_args import json_object
 from beyond_agent.collect import collect
 from beyond_agent.evaluation import POLICY_BACKENDS, EvaluationSettings, PolicyConfig
 from beyond_agent.rollout.dataflow import DataflowConfig
-from beyond_agent.sft import add_loop_options, hf_model_dir, parse_loop_args, repeated_files, run_sft
+from beyond_agent.sft import (
+    add_loop_options,
+    hf_model_dir,
+    parse_loop_args,
+    repeated_files,
+    report_iterations,
+    run_sft,
+)
 from beyond_agent.trajectory_data import TrajectoryDataError, TrajectoryFilter, read_trajectories
 from envservice.contamination import TaskSet
 
@@ -67,7 +73,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     figures = [{"iteration": 0, "model": args.base_model,
                 "eval_success": collect_episodes(args, args.base_model, args.eval_tasks, args.eval_split, 1, 0.0,
                                                  args.out / "iter_0" / "eval.jsonl")}]
-    _report(figures, summary_path, started)
+    report_iterations(figures, summary_path, started, "agentevol", AGENTEVOL_COLUMNS)
     model, explored = args.base_model, []
     for iteration in range(1, args.iterations + 1):
         folder = args.out / f"iter_{iteration}"
@@ -79,17 +85,12 @@ def run(args: argparse.Namespace) -> list[dict]:
         kept = len(read_trajectories(explored[-1], TrajectoryFilter(success=True)))
         figures.append({"iteration": iteration, "model": model, "explore_success": explore_success,
                         "explore_kept": kept, "eval_success": eval_success})
-        _report(figures, summary_path, started)
+        report_iterations(figures, summary_path, started, "agentevol", AGENTEVOL_COLUMNS)
     return figures
 
 
-def _report(figures: list[dict], path: Path, started: float) -> None:
-    path.write_text(json.dumps({"iterations": figures, "wall_s": time.monotonic() - started}, indent=2))
-    print("[agentevol] iteration  explore success  kept  eval success (greedy)")
-    for row in figures:
-        explore = f"{row['explore_success']:.1%}" if "explore_success" in row else "-"
-        print(f"[agentevol] {row['iteration']:9d}  {explore:>15s}  {row.get('explore_kept', '-'):>4}  "
-              f"{row['eval_success']:.1%}", flush=True)
+AGENTEVOL_COLUMNS = (("iteration", "iteration", "d"), ("explore success", "explore_success", ".1%"),
+                     ("kept", "explore_kept", "d"), ("eval success (greedy)", "eval_success", ".1%"))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from beyond_agent.sft import TrajectorySFTDataset, hf_model_dir, sft_command
+from beyond_agent.sft import TrajectorySFTDataset, hf_model_dir, report_iterations, sft_command
 from beyond_agent.trajectories import read_dump
 from beyond_agent.trajectory_data import (
     TrajectoryDataError,
@@ -116,6 +116,16 @@ def test_a_weight_repeats_every_file_and_the_loops_refuse_bad_ones_before_any_mo
         with pytest.raises(SystemExit):
             call()
         assert message in capsys.readouterr().err
+
+
+def test_a_loops_iterations_are_kept_in_json_and_printed_one_row_each(tmp_path, capsys):
+    figures = [{"iteration": 0, "eval_success": 0.25}, {"iteration": 1, "pairs": 3, "eval_success": 0.3125}]
+    report_iterations(figures, tmp_path / "loop.json", 0.0, "loop", (("iteration", "iteration", "d"),
+                      ("pairs", "pairs", "d"), ("eval success", "eval_success", ".1%")))
+    assert json.loads((tmp_path / "loop.json").read_text())["iterations"] == figures
+    assert capsys.readouterr().out.splitlines() == ["[loop] iteration  pairs  eval success",
+                                                    "[loop]         0      -         25.0%",
+                                                    "[loop]         1      3         31.2%"]
 
 
 def test_observation_tokens_carry_no_gradient_in_verls_sft_loss(tiny_model_dir):
