@@ -127,8 +127,10 @@ class Coalescer(Generic[T]):
     def _answer(self, batch: list[_Waiting[T]], outcomes: Sequence[Any], sent_at: float) -> None:
         with self._lock:
             self._sent_at.remove(sent_at)
+            # Room for one more batch: its oldest caller sends it, woken first, so that the next request leaves
+            # before this batch's callers take the interpreter (the service would wait for it meanwhile).
+            if self._waiting:
+                self._waiting[0].wake.set()
             for waiting, outcome in zip(batch, outcomes):
                 waiting.outcome, waiting.done = outcome, True
                 waiting.wake.set()
-            if self._waiting:  # room for one more batch: its oldest caller sends it
-                self._waiting[0].wake.set()
