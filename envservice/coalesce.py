@@ -82,6 +82,14 @@ class Coalescer(Generic[T]):
             raise mine.outcome
         return mine.outcome
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Its settings only (a copy, e.g. in another process, starts with no call waiting or out)."""
+        return {"send": self._send, "max_items": self.max_items, "max_bytes": self.max_bytes,
+                "max_in_flight": self.max_in_flight, "hold_s": self.hold_s, "clock": self._clock}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)  # type: ignore[misc]
+
     def pending(self) -> int:
         """Calls waiting to be sent."""
         with self._lock:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -73,6 +74,8 @@ def test_threads_stepping_through_one_client_each_get_their_own_answers(live_ser
     with EnvClient(live_service["url"]) as batched, ThreadPoolExecutor(4) as pool:
         assert list(pool.map(lambda task: play(batched, task), range(4))) == expected
         assert batched.steps is not None and batched.steps.items == sum(map(len, expected))
+        copy = pickle.loads(pickle.dumps(batched))  # a client still travels to another process (e.g. a Ray actor)
+        assert play(copy, 0) == expected[0] and copy.steps.items == len(expected[0])
 
 
 def test_client_raises_typed_errors(live_service) -> None:
