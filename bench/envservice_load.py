@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from abusive_clients import read_answer  # bench/ is on the path when this script runs
+from envservice import registry
 from envservice.client import EnvClient
 from envservice.errors import EnvServiceError
 from envservice.process import EnvServiceProcess
@@ -150,6 +151,23 @@ class Budget:
             return self.left >= 0
 
 
+def env_alone_steps_per_s(env_id: str, steps: int = 5000) -> float:
+    """The physical limit of the service's steps/s: the env class itself stepped in this process (no service, no
+    HTTP, one thread), with the bench's actions, reset whenever an episode ends."""
+    env_class = registry.get(env_id).env_class()
+    task = env_class.resolve_task(None, "train", 0, {})
+    env = env_class()
+    env.reset(task)
+    started = time.perf_counter()
+    for turn in range(steps):
+        _, _, terminated, truncated, _ = env.step(ACTIONS[turn % 2])
+        if terminated or truncated:
+            env.reset(task)
+    seconds = time.perf_counter() - started
+    env.close()
+    return steps / seconds
+
+
 def open_sessions(client: EnvClient, env_id: str, count: int, threads: int) -> list[str]:
     """Create `count` sessions concurrently."""
     with ThreadPoolExecutor(threads) as pool:
@@ -202,6 +220,9 @@ def run_load(args: argparse.Namespace, client: EnvClient, pid: int) -> None:
     steps = max(len(latencies), 1)
     # Where the time goes: CPU seconds of the server (with its workers) and of this load generator per step; on a
     # machine with fewer free cores than the two need, their sum per step bounds steps/s.
+    env_alone = env_alone_steps_per_s(args.env)
+    print(f"the env alone (its class stepped in one thread, no service): {env_alone:.0f} steps/s, "
+          f"{1e6 / env_alone:.0f} us a step")
     print(f"cpu: server {server_cpu / elapsed:.2f} cores, {server_cpu / steps * 1e6:.0f} us/step; load generator "
           f"{client_cpu / elapsed:.2f} cores, {client_cpu / steps * 1e6:.0f} us/step; machine {os.cpu_count()} cores")
     if args.json:
@@ -215,7 +236,7 @@ def run_load(args: argparse.Namespace, client: EnvClient, pid: int) -> None:
             "worker_rss_mb": [rss_mb(child) for child in worker_pids(pid)],
             "server_cores": server_cpu / elapsed, "server_cpu_us_per_step": server_cpu / steps * 1e6,
             "client_cores": client_cpu / elapsed, "client_cpu_us_per_step": client_cpu / steps * 1e6,
-            "machine_cores": os.cpu_count()}, indent=1))
+            "machine_cores": os.cpu_count(), "env_alone_steps_per_s": env_alone}, indent=1))
 
 
 def main() -> int:

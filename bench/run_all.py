@@ -7,7 +7,8 @@ Runs each bench below as its own process (its output in `<out>/<name>.log`, a li
 keeps its figures in `<out>/<name>.json`; a bench whose JSON is there already is read back, not run again
 (delete the file to measure again), so an interrupted run resumes where it stopped. `--quick` runs every bench
 small (a check that they all work in a few minutes; its figures are not the ones to quote) into
-`<out>-quick`. Then it prints one table (what, figure, goal, met), writes every figure and the table to
+`<out>-quick`. Then it prints one table (what, figure, goal, met, and the physical limit measured in the same run: the env
+alone, the tokenizer alone, all rollout hidden), writes every figure and the table to
 `--json`, and with `--markdown` the table as a page (docs/benchmarks_summary.md is written by this command).
 
 The benches (`bench/<script>`; their own docstrings define each figure):
@@ -98,6 +99,9 @@ class Row:
     goal: str
     met: Callable[[float], bool]
     unit: str = ""
+    limit: Callable[[dict], str | None] | None = None
+    """The figure's physical limit measured in the same run (the env alone, the tokenizer alone, the ideal
+    overlap), as text with its unit; None when the row has none or its bench did not run."""
 
 
 def _get(figures: dict, bench: str, *path: str) -> float | None:
@@ -131,6 +135,27 @@ def _async_hidden(figures: dict) -> float | None:
     return 100 * hidden / (hidden + exposed) if hidden + exposed > 0 else None
 
 
+def _async_ideal_speed_up(figures: dict) -> float | None:
+    """What async could reach over sync at best: sync's step over its training alone (steps 2..N), i.e. the
+    whole rollout hidden under training."""
+    steps = [step for number, step in (_async_run(figures, "sync") or {}).get("per_step", {}).items()
+             if int(number) >= 2]
+    train = sum(step["train_s"] for step in steps)
+    return sum(step["step_s"] for step in steps) / train if train > 0 else None
+
+
+def _env_alone(figures: dict, bench: str, per_step_us: bool = False) -> str | None:
+    speed = _get(figures, bench, "env_alone_steps_per_s")
+    if speed is None:
+        return None
+    return f"the env alone: {_number(1e6 / speed)} us" if per_step_us else f"the env alone: {_number(speed)}"
+
+
+def _tokenizer_alone(figures: dict, bench: str) -> str | None:
+    speed = _get(figures, bench, "assembly", "tokenizer_encode_batch_m_tokens_per_s")
+    return None if speed is None else f"the tokenizer's encode_batch: {_number(speed)}"
+
+
 def _async_speed_up(figures: dict) -> float | None:
     sync, run = _async_run(figures, "sync"), _async_run(figures, "async")
     if not sync or not run or not run.get("steady_s_per_step") or not sync.get("steady_s_per_step"):
@@ -140,11 +165,11 @@ def _async_speed_up(figures: dict) -> float | None:
 
 ROWS = [
     Row("envservice, 1 000 sessions: steps/s", lambda f: _get(f, "envservice_1k", "steps_per_s"), ">= 3 000",
-        lambda v: v >= 3000),
+        lambda v: v >= 3000, limit=lambda f: _env_alone(f, "envservice_1k")),
     Row("envservice, 1 000 sessions: p99 step latency", lambda f: _get(f, "envservice_1k", "p99_ms"), "<= 20",
         lambda v: v <= 20, " ms"),
     Row("envservice, 1 000 sessions: server CPU per step", lambda f: _get(f, "envservice_1k", "server_cpu_us_per_step"),
-        "<= 150", lambda v: v <= 150, " us"),
+        "<= 150", lambda v: v <= 150, " us", limit=lambda f: _env_alone(f, "envservice_1k", per_step_us=True)),
     Row("envservice, 1 000 sessions, each step alone (POST /step): steps/s",
         lambda f: _get(f, "envservice_1k_step", "steps_per_s"), ">= 3 000", lambda v: v >= 3000),
     Row("envservice, 10 000 sessions held", lambda f: _get(f, "envservice_10k", "sessions_held"), ">= 10 000",
@@ -154,20 +179,23 @@ ROWS = [
     Row("envservice, process backend, 1 000 sessions: steps/s",
         lambda f: _get(f, "envservice_1k_process", "steps_per_s"), ">= 3 000", lambda v: v >= 3000),
     Row("assembly + collate, 256 x 10 turns (M tokens/s)",
-        lambda f: _get(f, "assembly", "assembly", "assembly_and_collate_m_tokens_per_s"), ">= 5", lambda v: v >= 5),
+        lambda f: _get(f, "assembly", "assembly", "assembly_and_collate_m_tokens_per_s"), ">= 5", lambda v: v >= 5,
+        limit=lambda f: _tokenizer_alone(f, "assembly")),
     Row("assembly + collate / the tokenizer's own encode_batch, same texts, same run",
         lambda f: _get(f, "assembly", "assembly", "assembly_and_collate_share_of_tokenizer_pct"), ">= 80",
         lambda v: v >= 80, " %"),
     Row("assembly + collate, WebShop-sized 16 x 30 turns (M tokens/s)",
         lambda f: _get(f, "assembly_webshop", "assembly", "assembly_and_collate_m_tokens_per_s"), ">= 5",
-        lambda v: v >= 5),
+        lambda v: v >= 5, limit=lambda f: _tokenizer_alone(f, "assembly_webshop")),
     Row("rollout wall / LLM busy, warm calls", lambda f: _get(f, "manager", "manager", "warm_wall_over_busy"),
         "<= 1.03", lambda v: v <= 1.03),
     Row("delta sync bytes / full, bf16, lr 1e-6", lambda f: _weight_sync_sent(f, "bfloat16", 1e-6), "<= 20",
         lambda v: v <= 20, " %"),
     Row("async: rollout time hidden under training, slow env (steps 2..N)", _async_hidden, ">= 90",
         lambda v: v >= 90, " %"),
-    Row("async: speed-up over sync, same slow env (steps 2..N)", _async_speed_up, ">= 2.5", lambda v: v >= 2.5, "x"),
+    Row("async: speed-up over sync, same slow env (steps 2..N)", _async_speed_up, ">= 2.5", lambda v: v >= 2.5, "x",
+        limit=lambda f: None if _async_ideal_speed_up(f) is None else
+        f"all rollout hidden: {_number(_async_ideal_speed_up(f))}x"),
 ]
 
 
@@ -205,17 +233,19 @@ def table(figures: dict) -> list[dict]:
     for row in ROWS:
         value = row.figure(figures)
         rows.append({"what": row.what, "figure": value, "unit": row.unit, "goal": row.goal,
-                     "met": None if value is None else bool(row.met(value))})
+                     "met": None if value is None else bool(row.met(value)),
+                     "limit": row.limit(figures) if row.limit is not None else None})
     return rows
 
 
 def markdown(rows: list[dict], quick: bool, measured_on: str) -> str:
     """The table as Markdown."""
-    lines = ["| what | figure | goal | met |", "|---|---|---|---|"]
+    lines = ["| what | figure | goal | met | physical limit, same run |", "|---|---|---|---|---|"]
     for row in rows:
         value = "not run" if row["figure"] is None else _number(row["figure"]) + row["unit"]
         met = "-" if row["met"] is None else ("yes" if row["met"] else "**no**")
-        lines.append(f"| {row['what']} | {value} | {row['goal']}{row['unit']} | {met} |")
+        limit = row.get("limit") or "-"
+        lines.append(f"| {row['what']} | {value} | {row['goal']}{row['unit']} | {met} | {limit} |")
     note = " (`--quick`: small runs, not figures to quote)" if quick else ""
     return "\n".join(lines) + f"\n\nMeasured {measured_on}{note}.\n"
 
