@@ -273,7 +273,10 @@ def compute_figures(config: RunConfig, steps: int, clock: StepClock, sessions: S
         train = m["timing_s/step"] - gen
         end = clock.seen_at[step]
         per_step[step] = {"step_s": m["timing_s/step"], "gen_s": gen, "wait_for_rows_s": wait, "train_s": train,
-                          "metrics_line_at_s": end, "overlap_s": sessions.busy_seconds(end - train, end)}
+                          "metrics_line_at_s": end, "overlap_s": sessions.busy_seconds(end - train, end),
+                          # what each step's wait for rows may be owed to (async mode; 0 in sync)
+                          "dropped_stale": m.get(ASYNC + "dropped_stale_episodes", 0.0),
+                          "carried_over": m.get(ASYNC + "carried_over_episodes", 0.0)}
     first, last = per_step[trained[0]], per_step[trained[-1]]
     loop_start = first["metrics_line_at_s"] - first["step_s"] - first["wait_for_rows_s"]
     loop_wall = last["metrics_line_at_s"] - loop_start
