@@ -21,7 +21,6 @@ error, as from /step. A server without /steps (404) is then stepped through /ste
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from typing import Any, TypeVar
@@ -137,21 +136,12 @@ class EnvClient:
         """Apply one action (in a /steps batch with other threads' steps, or alone; module docstring)."""
         body = StepRequest(session_id=session_id, action=action)
         steps = self.steps
-        if steps is None:
-            return self._call("POST", "/step", StepResponse, body, idempotent=False)
-        encoded = json.dumps(body.model_dump(mode="json"), ensure_ascii=False, separators=(",", ":")).encode()
-        attempts = 1 + self.retries
-        for attempt in range(attempts):
+        if steps is not None:
             try:
-                return steps.call(encoded, len(encoded))
+                return self._step_in_batch(steps, body.model_dump_json().encode())
             except _NoStepsRoute:
                 self.steps = None  # an older service: every step from now on goes to /step
-                return self._call("POST", "/step", StepResponse, body, idempotent=False)
-            except EnvServiceError as exc:  # `busy` ran nothing: asked again, as /step's 409 is
-                if exc.code != ErrorCode.busy or attempt == attempts - 1:
-                    raise
-            time.sleep(self.backoff_s * (2**attempt))
-        raise AssertionError("unreachable: the last attempt returns or raises")
+        return self._call("POST", "/step", StepResponse, body, idempotent=False)
 
     def evaluate(self, session_id: str) -> EvaluateResponse:
         """Score the episode."""
@@ -235,6 +225,18 @@ class EnvClient:
         if netrc_auth:
             self._http.auth = netrc_auth
         self._http.trust_env = False
+
+    def _step_in_batch(self, steps: Coalescer[bytes], encoded: bytes) -> StepResponse:
+        """One encoded `StepRequest` through the coalescer; `busy` ran nothing, so it is asked again as /step's is."""
+        attempts = 1 + self.retries
+        for attempt in range(attempts):
+            try:
+                return steps.call(encoded, len(encoded))
+            except EnvServiceError as exc:
+                if exc.code != ErrorCode.busy or attempt == attempts - 1:
+                    raise
+            time.sleep(self.backoff_s * (2**attempt))
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _send_steps(self, encoded: list[bytes]) -> list[StepResponse | EnvServiceError]:
         """One POST /steps of these encoded `StepRequest`s: each one's response, or the error /step would raise."""

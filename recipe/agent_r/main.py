@@ -62,14 +62,7 @@ from beyond_agent.evaluation import (
 from beyond_agent.rollout.dataflow import DataflowConfig, GenerateFn
 from beyond_agent.rollout.handler import RolloutHandler
 from beyond_agent.rollout.scripted import reply_ids
-from beyond_agent.sft import (
-    add_loop_options,
-    hf_model_dir,
-    parse_loop_args,
-    repeated_files,
-    report_iterations,
-    run_sft,
-)
+from beyond_agent.sft import add_loop_options, hf_model_dir, parse_loop_args, repeated_files, report_iterations, run_sft
 from beyond_agent.tasks import AgentTask, EnvTask
 from beyond_agent.trajectories import write_dump
 from beyond_agent.trajectory_data import TrajectoryDataError, read_trajectories

@@ -29,14 +29,7 @@ from beyond_agent.cli_args import json_object
 from beyond_agent.collect import collect
 from beyond_agent.evaluation import POLICY_BACKENDS, EvaluationSettings, PolicyConfig
 from beyond_agent.rollout.dataflow import DataflowConfig
-from beyond_agent.sft import (
-    add_loop_options,
-    hf_model_dir,
-    parse_loop_args,
-    repeated_files,
-    report_iterations,
-    run_sft,
-)
+from beyond_agent.sft import add_loop_options, hf_model_dir, parse_loop_args, repeated_files, report_iterations, run_sft
 from beyond_agent.trajectory_data import TrajectoryDataError, TrajectoryFilter, read_trajectories
 from envservice.contamination import TaskSet
 
