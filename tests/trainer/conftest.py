@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from beyond_agent.run_folder import METRICS_NAME
 from verl_cpu.overrides import CPU_ENV, cpu_overrides
 
 # The tiny model on 2 cores: small batches, short contexts, one of everything.
@@ -45,27 +45,11 @@ def train(tiny_model_dir: Path, run_dir: Path, overrides: list[str], env: dict[s
     return output
 
 
-STEP_LINE = re.compile(r"step:(\d+) - (.*)")
-
-
-def _number(text: str) -> float:
-    """A console value as a float (numpy reprs unwrapped; nan for text)."""
-    text = text.strip()
-    for wrapper in ("np.float64(", "np.float32(", "np.int64("):
-        text = text.removeprefix(wrapper)
-    try:
-        return float(text.removesuffix(")"))
-    except ValueError:
-        return math.nan
-
-
-def parse_step_metrics(output: str) -> dict[int, dict[str, float]]:
-    """{step: {key: float}} from verl's console lines `step:N - key:value - ...`."""
-    steps = {}
-    for match in STEP_LINE.finditer(output):
-        pairs = (item.split(":", 1) for item in match.group(2).split(" - ") if ":" in item)
-        steps[int(match.group(1))] = {key.strip(): _number(value) for key, value in pairs}
-    return steps
+def metrics_files(run_dir: Path) -> list[Path]:
+    """The non-empty files verl's `file` tracker wrote in `run_dir`: metrics.jsonl, then metrics.<n>.jsonl, one per
+    resumed run (beyond_agent.run_folder.metrics_path)."""
+    found = [path for path in run_dir.glob("metrics*.jsonl") if METRICS_NAME.match(path.name) and path.stat().st_size]
+    return sorted(found, key=lambda path: int(METRICS_NAME.match(path.name).group(1) or 0))
 
 
 # ---- the end-to-end training runs the suite shares ------------------------------------------------------------
@@ -83,18 +67,26 @@ class TrainingRun:
     """trainer.default_local_dir: checkpoints, metrics.jsonl, trajectories/, curves.png."""
     workdir: Path
     """The folder holding run_dir and the run's side files (data, dumps, user modules)."""
+    metrics_file: Path
+    """The file verl's `file` tracker wrote for this run (metrics.jsonl; metrics.<n>.jsonl for a resumed one)."""
     kept: dict = field(default_factory=dict)
     """What a later run in the same folder overwrites, read when this one finished (e.g. its latest checkpoint)."""
 
     @cached_property
     def metrics(self) -> dict[int, dict[str, float]]:
-        """The console step lines, parsed: {step: {key: value}}."""
-        return parse_step_metrics(self.output)
+        """This run's tracked metrics, numbers only: {step: {key: value}} (nan for verl's few text values).
 
-    def tracked(self) -> dict[int, dict[str, float]]:
-        """verl's `file` tracker records (metrics.jsonl): {step: data}."""
-        lines = (self.run_dir / "metrics.jsonl").read_text().splitlines()
-        return {entry["step"]: entry["data"] for entry in map(json.loads, lines)}
+        Read from the tracker's file, not the console: verl prints a step's line in its TaskRunner actor and Ray's
+        log monitor can forward a long line in two pieces, losing every key after the cut."""
+        return {step: {key: float(value) if isinstance(value, (int, float)) else math.nan
+                       for key, value in data.items()} for step, data in self.tracked().items()}
+
+    def tracked(self) -> dict[int, dict]:
+        """verl's `file` tracker records of this run: {step: data}, a step's records merged in write order."""
+        steps: dict[int, dict] = {}
+        for entry in map(json.loads, self.metrics_file.read_text().splitlines()):
+            steps.setdefault(entry["step"], {}).update(entry["data"])
+        return steps
 
     def trajectories(self, step: int) -> list[dict]:
         """The episode records the trainer dumped at `step`."""
@@ -105,8 +97,14 @@ class TrainingRun:
 @pytest.fixture(scope="session")
 def training_run(tiny_model_dir: Path):
     """training_run(run_dir, overrides, env=None) -> TrainingRun; fails with the output's tail on a non-zero exit."""
-    return lambda run_dir, overrides, env=None: TrainingRun(train(tiny_model_dir, run_dir, overrides, env), run_dir,
-                                                            run_dir.parent)
+    def run(run_dir: Path, overrides: list[str], env: dict[str, str] | None = None) -> TrainingRun:
+        earlier = metrics_files(run_dir) if run_dir.is_dir() else []
+        output = train(tiny_model_dir, run_dir, overrides, env)
+        written = [path for path in metrics_files(run_dir) if path not in earlier]
+        assert written, f"the run wrote no metrics file in {run_dir} (trainer.logger needs `file`)"
+        return TrainingRun(output, run_dir, run_dir.parent, written[-1])
+
+    return run
 
 
 @pytest.fixture(scope="session")
