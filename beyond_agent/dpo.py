@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from beyond_agent.cli_args import is_dry_run
+from beyond_agent.seams import patch
 from beyond_agent.sft import dataset_files, plain_config, row_tensors, sft_command
 from beyond_agent.trajectories import TrajectoryRecord
 from beyond_agent.trajectory_data import TrajectoryDataError, TrajectoryFilter, read_trajectories, training_row
@@ -138,7 +139,7 @@ def _sft_trainer_class():
             super()._build_engine()
             self.loss_fn = partial(dpo_loss, config=None, beta=float(self.config.dpo.beta))
             self.training_client.set_loss_fn(loss_fn=self.loss_fn)
-            self.training_client.train_batch = _with_mean_dpo_metrics(self.training_client.train_batch)
+            patch(self.training_client, "train_batch", _with_mean_dpo_metrics(self.training_client.train_batch))
 
         def _build_dataloader(self):
             super()._build_dataloader()

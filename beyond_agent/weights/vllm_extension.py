@@ -32,6 +32,7 @@ import torch
 from verl.utils.device import get_device_name
 from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension
 
+from beyond_agent.seams import patch
 from beyond_agent.weights.wire import WIRE_VERSION, DeltaSyncEndpoint
 
 CHECK_LOADED_VARIABLE = "BEYOND_WEIGHT_SYNC_CHECK_LOADED"
@@ -49,7 +50,7 @@ class WeightSyncWorkerExtension(vLLMColocateWorkerExtension):
             return super()._update_weights(weights, peft_config=peft_config, base_sync_done=base_sync_done)
         manager = self.model_runner.lora_manager
         # On this manager only (verl's loader stays on the class for any other user): vLLM's own loading.
-        manager._load_adapter = types.MethodType(load_adapter_from_tensors, manager)
+        patch(manager, "_load_adapter", types.MethodType(load_adapter_from_tensors, manager))
         started = time.perf_counter()
         super()._update_weights(weights, peft_config=peft_config, base_sync_done=base_sync_done)
         seconds = time.perf_counter() - started

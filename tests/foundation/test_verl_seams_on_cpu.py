@@ -1,149 +1,37 @@
-"""Contract tests of every private method or attribute of verl and vLLM that our code overrides, replaces or calls,
-of uvicorn's HTTP protocol class that envservice's transport subclasses, and of the requests / urllib3 pool hooks
-its client uses (issue #54): each seam's upstream target must exist in the installed packages, and where we
-override or replace a method, with the parameters our code is written against. A verl or vLLM upgrade that renames
-a hook or changes its parameters then fails here, naming the seam, instead of failing a training run minutes in.
-
-SEAMS is the list of them, with the file that touches each and why upstream does not offer it; moving them into one
-seam module of the library is the rest of issue #54.
+"""The seams to verl, vLLM, uvicorn, urllib3 and torch (`beyond_agent.seams.SEAMS`, issue #54): every private method
+or attribute our code overrides, replaces or calls must exist in the installed packages, with the parameters our
+override is written for and the keywords our calls pass. A verl or vLLM upgrade that renames a hook or changes its
+parameters then fails here, naming the seam, instead of failing a training run minutes in. Our code overrides or
+replaces no private upstream attribute the registry does not list, and verl's trainer helpers are overridden in
+`beyond_agent.seams.trainer` alone; `patch` refuses an attribute that is gone or not registered.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
-import inspect
-from dataclasses import dataclass
+import textwrap
+from pathlib import Path
 
 import pytest
 
+from beyond_agent.seams import OVERRIDE, PATCH, READ, SEAMS, Seam, SeamMissing, patch, resolve, seam_problem
 
-@dataclass(frozen=True)
-class Seam:
-    """One private touch of verl's or vLLM's surface."""
-
-    upstream: str
-    """"module:Attr.attr" of the upstream target."""
-    ours: str | None
-    """"module:Attr.attr" of our override or replacement, whose parameters after the instance (`self`, or the
-    manager a replacement is bound to) must equal the target's (None: we only call or read the target)."""
-    where: str
-    """The file of ours that touches it."""
-    why: str
-    """What it does for us that no public hook does."""
-    called_with: tuple[str, ...] = ()
-    """Keyword arguments our code passes to the target (each must still be one of its parameters)."""
-
-
-TRAINER = "recipe.multiturn_rl.trainer:BeyondAgentTrainer"
 RAY_TRAINER = "verl.trainer.ppo.ray_trainer:RayPPOTrainer"
-SEAMS = (
-    Seam(f"{RAY_TRAINER}._validate", f"{TRAINER}._validate", "recipe/multiturn_rl/trainer.py",
-         "validation rollouts through our rollout manager (verl's validation calls its own agent loop)"),
-    Seam(f"{RAY_TRAINER}._balance_batch", f"{TRAINER}._balance_batch", "recipe/multiturn_rl/trainer.py",
-         "the join point after the rollout where our extra rows (agents' earlier segments) enter the batch"),
-    Seam(f"{RAY_TRAINER}._compute_old_log_prob", f"{TRAINER}._compute_old_log_prob", "recipe/multiturn_rl/trainer.py",
-         "async rollout: the behaviour policy's log-probs, and the rollout-vs-trainer log-prob gap metrics"),
-    Seam(f"{RAY_TRAINER}._update_critic", f"{TRAINER}._update_critic", "recipe/multiturn_rl/trainer.py",
-         "per-task advantage figures before the update"),
-    Seam(f"{RAY_TRAINER}._update_actor", f"{TRAINER}._update_actor", "recipe/multiturn_rl/trainer.py",
-         "keeps the actor's output for the weight sync's metrics"),
-    Seam("verl.checkpoint_engine:CheckpointEngineManager.update_weights", None, "recipe/multiturn_rl/trainer.py",
-         "replaced on the instance: the delta weight sync and the async rollout's version gate around verl's sync"),
-    Seam("verl.trainer.sft_trainer:SFTTrainer._build_engine", None, "beyond_agent/dpo.py",
-         "DPO: the loss function and the per-batch DPO metrics on verl's training client"),
-    Seam("verl.trainer.sft_trainer:SFTTrainer._build_dataloader", None, "beyond_agent/dpo.py",
-         "DPO: pair collation"),
-    Seam("verl.trainer.sft_trainer:SFTTrainer._init_engine", None, "beyond_agent/dpo.py",
-         "DPO: reference log-probs scored from the starting weights"),
-    Seam("verl.workers.engine_workers:TrainingWorker.train_batch", None, "beyond_agent/dpo.py",
-         "replaced on the instance: the per-micro-batch DPO figures averaged into one each", ("data",)),
-    Seam("verl.workers.engine_workers:TrainingWorker.set_loss_fn", None, "beyond_agent/dpo.py",
-         "DPO's loss on verl's training client", ("loss_fn",)),
-    Seam("verl.workers.engine_workers:TrainingWorker.infer_batch", None, "beyond_agent/dpo.py",
-         "DPO: the reference log-probs"),
-    Seam("torch.distributed:init_process_group", None, "verl_cpu/platform.py",
-         "wrapped on CPU: verl's backend string names gloo twice (cpu:gloo,cpu:gloo)", ("backend",)),
-    Seam("verl.workers.rollout.vllm_rollout.utils:vLLMColocateWorkerExtension._update_weights",
-         "beyond_agent.weights.vllm_extension:WeightSyncWorkerExtension._update_weights",
-         "beyond_agent/weights/vllm_extension.py", "LoRA adapters loaded with vLLM's own name mapping"),
-    Seam("verl.workers.rollout.vllm_rollout.utils:vLLMColocateWorkerExtension._iter_all_models", None,
-         "beyond_agent/weights/vllm_extension.py", "delta sync: the models a full tensor is loaded into"),
-    Seam("verl.workers.rollout.vllm_rollout.utils:vLLMColocateWorkerExtension._iter_all_models_with_config", None,
-         "beyond_agent/weights/vllm_extension.py", "delta sync: processing weights after loading, as verl does"),
-    Seam("vllm.lora.worker_manager:WorkerLoRAManager._load_adapter",
-         "beyond_agent.weights.vllm_extension:load_adapter_from_tensors", "beyond_agent/weights/vllm_extension.py",
-         "replaced on one manager: verl's TensorLoRARequest (an adapter as tensors) loaded like vLLM loads a folder"),
-    Seam("verl.utils.vllm.vllm_quant_utils:is_fp8_model", None, "beyond_agent/weights/vllm_extension.py",
-         "delta sync refuses quantized rollout weights (verl 0.9.1 renames it is_quantized_model)"),
-    Seam("verl.utils.vllm.patch:patch_vllm_moe_model_weight_loader", None, "beyond_agent/weights/vllm_extension.py",
-         "delta sync loads MoE weights as verl's own load does"),
-    Seam("verl.utils.attention_utils:_get_attention_functions", None, "verl_cpu/platform.py",
-         "replaced on CPU: verl's padding helpers without flash-attn (verl ships them in npu_flash_attn_utils)"),
-    Seam("verl.utils.npu_flash_attn_utils:unpad_input", None, "verl_cpu/platform.py",
-         "the torch-only padding helpers verl_cpu points verl at (pad_input, index_first_axis, rearrange beside it)"),
-)
+TRAINER_SEAMS = "beyond_agent.seams.trainer:TrainerSeams"
+ROOTS = ("beyond_agent", "recipe", "verl_cpu", "envservice", "sandbox", "launch", "dev_tools")
 
 
-HTTP_PROTOCOL = "uvicorn.protocols.http.httptools_impl:HttpToolsProtocol"
-GUARDED = "envservice.transport:GuardedHttpToolsProtocol"
-SEAMS += tuple(
-    Seam(f"{HTTP_PROTOCOL}.{method}", f"{GUARDED}.{method}", "envservice/transport.py",
-         "envservice's transport bounds each request's head and body, and each host's share, before the ASGI app "
-         "(uvicorn has no hook between the socket and the parser)")
-    for method in ("connection_made", "connection_lost", "data_received", "on_message_begin", "on_url", "on_header",
-                   "on_headers_complete", "on_body", "on_message_complete", "on_response_complete",
-                   "send_400_response")
-) + (Seam(f"{HTTP_PROTOCOL}._unset_keepalive_if_required", None, "envservice/transport.py",
-          "a refused request closes its connection as uvicorn's own refusals do"),)
-
-
-IDLE_EXPIRING = "envservice.client:IdleExpiringAdapter"
-SEAMS += (
-    Seam("requests.adapters:HTTPAdapter.init_poolmanager", f"{IDLE_EXPIRING}.init_poolmanager", "envservice/client.py",
-         "requests' hook for subclasses; ours sets the pool manager's `pool_classes_by_scheme` to pools of connections "
-         "that expire when idle (neither requests nor urllib3 has an idle expiry)"),
-    Seam("urllib3.connection:HTTPConnection.getresponse", "envservice.client:_IdleExpiring.getresponse",
-         "envservice/client.py", "when a connection was last answered, for its idle expiry"),
-    Seam("urllib3.util.connection:is_connection_dropped", None, "envservice/client.py",
-         "how a urllib3 pool asks a connection's `is_connected` before reusing it, which ours answers False once idle"),
-)
-
-
-def resolve(path: str):
-    """The object at "module:Attr.attr"; AttributeError / ImportError name what is missing."""
-    module_name, _, attributes = path.partition(":")
-    target = importlib.import_module(module_name)
-    for name in attributes.split("."):
-        target = getattr(target, name)
-    return target
-
-
-def parameters(method) -> list[str]:
-    """A method's parameter names after the instance's."""
-    return list(inspect.signature(method).parameters)[1:]
-
-
-def seam_problem(seam: Seam) -> str | None:
-    """What breaks the seam in the installed packages, or None."""
-    try:
-        target = resolve(seam.upstream)
-    except (ImportError, AttributeError) as missing:
-        return f"{seam.upstream} (used by {seam.where}: {seam.why}) is gone: {missing}"
-    if not callable(target):
-        return f"{seam.upstream} is no longer callable"
-    missing = [name for name in seam.called_with if name not in inspect.signature(target).parameters]
-    if missing:
-        return f"{seam.upstream} no longer takes {missing}, which {seam.where} passes"
-    if seam.ours is not None:
-        theirs, mine = parameters(target), parameters(resolve(seam.ours))
-        if theirs != mine:
-            return f"{seam.upstream} takes {theirs}; our {seam.ours} ({seam.where}) is written for {mine}"
-    return None
-
-
-@pytest.mark.parametrize("seam", SEAMS, ids=lambda seam: seam.upstream.split(":")[1])
+@pytest.mark.parametrize("seam", SEAMS, ids=lambda seam: seam.name)
 def test_each_seam_exists_with_the_parameters_we_are_written_for(seam):
     assert seam_problem(seam) is None, seam_problem(seam)
+
+
+@pytest.mark.parametrize("seam", SEAMS, ids=lambda seam: seam.name)
+def test_each_seam_names_code_of_ours_that_exists(seam):
+    module = seam.ours.partition(":")[0]
+    assert module.split(".")[0] in ROOTS
+    resolve(seam.ours)
 
 
 def seam_named(name: str) -> Seam:
@@ -156,16 +44,124 @@ def test_a_renamed_or_changed_upstream_hook_is_named(monkeypatch):
     process, as a new release would change it)."""
     ray_trainer = importlib.import_module("verl.trainer.ppo.ray_trainer")
     monkeypatch.delattr(ray_trainer.RayPPOTrainer, "_balance_batch")
-    assert "RayPPOTrainer._balance_batch (used by recipe/multiturn_rl/trainer.py: the join point" in \
+    assert f"RayPPOTrainer._balance_batch (used by {TRAINER_SEAMS}._balance_batch: the join point" in \
         seam_problem(seam_named("._balance_batch"))
     monkeypatch.setattr(ray_trainer.RayPPOTrainer, "_update_actor", lambda self, batch, metrics: None)
-    assert seam_problem(seam_named("._update_actor")) == (f"{RAY_TRAINER}._update_actor takes ['batch', 'metrics']; our "
-                                      f"{TRAINER}._update_actor (recipe/multiturn_rl/trainer.py) is written for "
-                                      "['batch']")
+    assert seam_problem(seam_named("._update_actor")) == (
+        f"{RAY_TRAINER}._update_actor takes ['batch', 'metrics']; our {TRAINER_SEAMS}._update_actor is written for "
+        "['batch']")
     quant_utils = importlib.import_module("verl.utils.vllm.vllm_quant_utils")
     monkeypatch.delattr(quant_utils, "is_fp8_model")  # what verl 0.9.1 does (renamed is_quantized_model)
-    assert "is_fp8_model (used by beyond_agent/weights/vllm_extension.py" in seam_problem(seam_named(":is_fp8_model"))
+    assert "is_fp8_model (used by beyond_agent.weights.vllm_extension" in seam_problem(seam_named(":is_fp8_model"))
     worker = importlib.import_module("verl.workers.engine_workers")
     monkeypatch.setattr(worker.TrainingWorker, "set_loss_fn", lambda self, fn: None)  # a renamed keyword
-    assert seam_problem(seam_named(".set_loss_fn")) == ("verl.workers.engine_workers:TrainingWorker.set_loss_fn no longer "
-                                                  "takes ['loss_fn'], which beyond_agent/dpo.py passes")
+    assert seam_problem(seam_named(".set_loss_fn")) == (
+        "verl.workers.engine_workers:TrainingWorker.set_loss_fn no longer takes ['loss_fn'], which "
+        "beyond_agent.dpo:_sft_trainer_class passes")
+
+
+@pytest.fixture
+def upstream(tmp_path, monkeypatch):
+    """A module `fake_upstream` standing for a package we hook: `Engine` with a private method and an attribute it
+    sets on each instance."""
+    (tmp_path / "fake_upstream.py").write_text(textwrap.dedent("""
+        class Engine:
+            def __init__(self):
+                self._manager = object()
+
+            def _step(self, batch, metrics):
+                return batch
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "fake_upstream"
+
+
+def test_the_check_reads_instance_attributes_and_kinds(upstream):
+    def seam(target: str, kind: str = READ) -> Seam:
+        return Seam(target, kind, "beyond_agent.seams:patch", "why", "upstream", instance_attribute=True)
+
+    assert seam_problem(seam("fake_upstream:Engine._manager")) is None
+    assert seam_problem(seam("fake_upstream:Engine._adapters")) == (
+        "fake_upstream:Engine._adapters (used by beyond_agent.seams:patch: why) is no longer set by Engine")
+    assert "kind 'wrap' is not one of" in seam_problem(seam("fake_upstream:Engine._manager", "wrap"))
+
+
+def test_patch_replaces_a_registered_attribute_and_refuses_a_missing_or_unregistered_one():
+    class Manager:
+        def update_weights(self, global_steps=None):
+            return "verl's"
+
+    manager = Manager()
+    original = patch(manager, "update_weights", lambda global_steps=None: "ours")
+    assert manager.update_weights() == "ours" and original() == "verl's"
+    with pytest.raises(SeamMissing, match="Manager has no attribute '_load_adapter' to replace"):
+        patch(manager, "_load_adapter", None)  # renamed upstream: nothing would call ours
+    manager.flush = lambda: None
+    with pytest.raises(KeyError, match="'flush' is not a registered seam"):
+        patch(manager, "flush", None)
+
+
+def our_sources():
+    """(module name, syntax tree) of every Python file of ours."""
+    for root in ROOTS:
+        for path in sorted(Path(root).rglob("*.py")):
+            yield ".".join(path.with_suffix("").parts).removesuffix(".__init__"), ast.parse(path.read_text())
+
+
+def private_overrides(tree: ast.Module):
+    """(class, method) of every method `_x` that calls `super()._x`: a class of ours overriding a private method."""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        for item in node.body:
+            if isinstance(item, ast.FunctionDef) and item.name.startswith("_") and not item.name.startswith("__"):
+                if any(isinstance(call, ast.Attribute) and call.attr == item.name and isinstance(call.value, ast.Call)
+                       and isinstance(call.value.func, ast.Name) and call.value.func.id == "super"
+                       for call in ast.walk(item)):
+                    yield node.name, item.name
+
+
+def private_assignments(tree: ast.Module):
+    """Names `_x` assigned as `something._x = ...` where something is not `self` or `cls`."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if (isinstance(target, ast.Attribute) and target.attr.startswith("_")
+                        and not target.attr.startswith("__")
+                        and not (isinstance(target.value, ast.Name) and target.value.id in ("self", "cls"))):
+                    yield target.attr
+
+
+def names_defined_by_our_classes(sources) -> set[str]:
+    """Attributes our own classes define or set on themselves (setting those on another object of ours is no seam)."""
+    names = set()
+    for _, tree in sources:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                names |= {item.name for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))}
+            elif isinstance(node, ast.Assign):
+                names |= {target.attr for target in node.targets if isinstance(target, ast.Attribute)
+                          and isinstance(target.value, ast.Name) and target.value.id in ("self", "cls")}
+    return names
+
+
+def test_every_private_override_and_replacement_in_our_code_is_a_registered_seam():
+    sources = list(our_sources())
+    our_classes = {node.name for _, tree in sources for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
+    ours = names_defined_by_our_classes(sources)
+    registered = {(seam.ours.partition(":")[0], seam.name.rpartition(".")[2], seam.kind) for seam in SEAMS}
+    unregistered = []
+    for module, tree in sources:
+        bases = {node.name: [ast.unparse(base).rpartition(".")[2] for base in node.bases] for node in ast.walk(tree)
+                 if isinstance(node, ast.ClassDef)}
+        for cls, method in private_overrides(tree):
+            if not set(bases[cls]) <= our_classes and (module, method, OVERRIDE) not in registered:
+                unregistered.append(f"{module}:{cls}.{method} overrides an upstream private method")
+        for attribute in private_assignments(tree):
+            if attribute not in ours and (module, attribute, PATCH) not in registered:
+                unregistered.append(f"{module} sets {attribute} on an upstream object")
+    assert unregistered == []
+    # verl's trainer helpers are overridden in one place: the recipe's trainer fills TrainerSeams' hooks.
+    helpers = {seam.name.partition(".")[2] for seam in SEAMS if seam.name.startswith("RayPPOTrainer.")}
+    overriding = {module for module, tree in sources for _, method in private_overrides(tree) if method in helpers}
+    assert len(helpers) == 5 and overriding == {"beyond_agent.seams.trainer"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from recipe.multiturn_rl.trainer import align_total_epochs
+from beyond_agent.training import align_total_epochs
 
 
 def trainer_config(total_epochs: int):

@@ -1,0 +1,230 @@
+"""What a trainer on verl's unchanged `fit()` needs around BeyondAgent's rollout manager, for any recipe.
+
+- `prepare_verl_config`: every change we make to verl's config before verl reads it;
+- `RolloutFigures`: what the trainer asks of the rollout manager besides verl's `generate_sequences` (ours
+  answers it; a manager a user names in `agent_loop_manager_class` may not);
+- `PlayedRowLoader`: the train dataloader `fit()` iterates in async mode and with dynamic sampling;
+- `wrap_weight_sync`: the host lock, the async version gate and the sync's figures around verl's weight sync;
+- `log_prob_gap_metrics`, `align_total_epochs`, `write_curves_beside_metrics`: figures and fixes of the run.
+
+The recipe's trainer (recipe/multiturn_rl/trainer.py) fills the hooks of `beyond_agent.seams.trainer.TrainerSeams`
+with these; the seams themselves (verl's private helpers) are in `beyond_agent.seams`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import ray
+import torch
+from omegaconf import open_dict
+
+from beyond_agent.rollout.batch import SegmentRows
+from beyond_agent.rollout_manager import ROW_KEY
+from beyond_agent.run_folder import CURVES_FILE, MetricsLog
+from beyond_agent.seams.trainer import open_join_point, wrap_update_weights
+from beyond_agent.settings import BeyondAgentSettings
+from beyond_agent.weights.delta import METRIC_PREFIX
+from beyond_agent.weights.host_lock import weight_sync_lock
+from beyond_agent.weights.lora import LoraPlan, configure_lora
+from beyond_agent.weights.verl_backend import configure_weight_sync
+
+MANAGER_CLASS = "beyond_agent.rollout_manager.BeyondAgentLoopManager"
+
+
+
+def prepare_verl_config(config: Any, settings: BeyondAgentSettings) -> LoraPlan | None:
+    """Every change BeyondAgent makes to verl's config before verl reads it, in one place:
+
+    - verl's rollout-manager seam (`actor_rollout_ref.rollout.agent.agent_loop_manager_class`) names our
+      manager, unless the user named another one;
+    - with LoRA (`actor_rollout_ref.model.lora_rank > 0`), vLLM's worker extension seam names ours
+      (`configure_lora`, which refuses with the key to change a LoRA run this path does not serve);
+    - with `weight_sync.mode: delta`, verl's checkpoint-engine seams name our delta backend
+      (`configure_weight_sync`, which refuses with the key to change a run the delta path cannot serve);
+    - with a user's agent (`beyond_agent.agent.function` or `command`), `trainer.balance_batch` is turned on,
+      because `fit()` reaches our join point only then and that is where the per_call episodes' earlier samples
+      join the batch (`BeyondAgentTrainer.join_rows`; verl reorders rows only if the user had asked for it).
+
+    The one change made later is `align_total_epochs`, which needs verl's dataloader. Returns the LoRA adapter
+    the run trains (None: full fine-tuning). Raises ValueError.
+    """
+    with open_dict(config):
+        agent = config.actor_rollout_ref.rollout.agent
+        if not agent.get("agent_loop_manager_class"):
+            agent.agent_loop_manager_class = MANAGER_CLASS
+    if settings.agent.active or settings.self_play.active:  # our segment and seat rows join the batch there
+        open_join_point(config)
+    lora = configure_lora(config, settings.weight_sync.mode)
+    configure_weight_sync(config, settings.weight_sync)
+    return lora
+
+
+@runtime_checkable
+class RolloutFigures(Protocol):
+    """What the trainer takes from the rollout manager once per step, besides verl's `generate_sequences`
+    (beyond_agent.rollout_manager.BeyondAgentLoopManager answers all of it; another manager: none of it)."""
+
+    def take_step_figures(self) -> dict[str, float]:
+        """The step's rollout figures (`beyond_agent/...`), taken once."""
+
+    def take_validation_figures(self) -> dict[str, float]:
+        """The last validation's per-task rollout figures, taken once."""
+
+    def take_segment_rows(self) -> SegmentRows | None:
+        """Rows of our own waiting to join the step's batch (per_call agent samples, self-play seats)."""
+
+
+def figures_of(manager: Any) -> RolloutFigures | None:
+    """`manager` when it answers `RolloutFigures`, else None (a user's own manager)."""
+    return manager if isinstance(manager, RolloutFigures) else None
+
+
+class PlayedRowLoader:
+    """The train dataloader `fit()` iterates in async mode and with dynamic sampling: batches of rows whose
+    episodes already finished.
+
+    On the first iteration it hands the rollout manager the wrapped dataloader's rows (epoch after epoch):
+    in async mode its background pool draws them as far ahead as the staleness bound allows; in sync mode
+    each batch is played when `fit()` asks for it, after the previous step's weight sync. Each batch it
+    yields is verl's collated rows plus `ROW_KEY`. Its length and checkpoint state are the wrapped loader's
+    (the state is the reading position: a resumed run skips the rows that were in flight or dropped).
+    """
+
+    def __init__(self, dataloader: Any, trainer: Any):
+        self.dataloader = dataloader
+        self.trainer = trainer
+        self._started = False
+
+    def __len__(self) -> int:
+        return len(self.dataloader)
+
+    def state_dict(self) -> dict:
+        """The wrapped loader's state (for verl's checkpoints)."""
+        return self.dataloader.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore the wrapped loader's state (verl's resume)."""
+        self.dataloader.load_state_dict(state)
+
+    def __iter__(self):
+        from verl.utils.dataset.rl_dataset import collate_fn
+
+        manager = self.trainer.async_rollout_manager
+        if not self._started:
+            config = self.trainer.config
+            manager.start_rows(endless_rows(self.dataloader), batch_size=config.data.train_batch_size,
+                                samples_per_row=config.actor_rollout_ref.rollout.n,
+                                trained_steps=self.trainer.global_steps - 1,
+                                total_steps=self.trainer.total_training_steps)
+            self._started = True
+        for _ in range(len(self.dataloader)):
+            yield collate_fn([{**row.row, ROW_KEY: row.key} for row in manager.take_rows()])
+
+
+def endless_rows(dataloader: Any):
+    """The dataloader's rows one by one, epoch after epoch (each row one element of every batch field)."""
+    while True:
+        for batch in dataloader:
+            size = len(next(iter(batch.values())))
+            for index in range(size):
+                yield {key: values[index] for key, values in batch.items()}
+
+
+def wrap_weight_sync(checkpoint_manager: Any, rollout: Any | None, lora_plan: LoraPlan | None,
+                     take_actor_output: Callable[[], Any | None]) -> None:
+    """Wrap verl's `checkpoint_manager.update_weights` (which `fit()` calls after each actor update) once:
+
+    - every sync holds this host's lock of the Ray job id (`beyond_agent.weights.host_lock`): verl names the
+      weight-sync sockets of every run that starts its own Ray cluster alike, and two such syncs at once hang;
+    - with an async `rollout` (our manager), the sync waits in the rollout's version gate (for generation requests
+      in flight, or whole episodes without partial rollout) and then publishes the new policy version;
+    - the sync's figures (delta mode's `weight_sync/*`; in full mode the sync's seconds, `transfer_s`, and with
+      LoRA the adapter's `bytes_sent`) join the metrics of the actor update it carries (`take_actor_output()`:
+      that update's output, or None). verl's `fit()` discards update_weights' return value but reduces the actor
+      output's metrics after the call; the syncs with no actor update before them (the first one, critic
+      warm-up) are printed by the delta backend only.
+    """
+    job_id = ray.get_runtime_context().get_job_id()
+
+    def around(sync: Callable) -> Callable:
+        def locked_sync(global_steps: int | None):
+            with weight_sync_lock(job_id):
+                started = time.perf_counter()
+                result = sync(global_steps)
+            if not result:  # verl's own (full) sync returns nothing: its seconds, and with LoRA the adapter's bytes
+                result = {METRIC_PREFIX + "transfer_s": time.perf_counter() - started}
+                if lora_plan is not None and lora_plan.adapter_bytes is not None:
+                    result[METRIC_PREFIX + "bytes_sent"] = float(lora_plan.adapter_bytes)
+            return result
+
+        def update_weights(global_steps: int | None = None):
+            if rollout is None:
+                result = locked_sync(global_steps)
+            else:
+                with rollout.gate.updating(int(global_steps or 0)):
+                    result = locked_sync(global_steps)
+                rollout.version_changed()
+            output = take_actor_output()
+            if isinstance(result, dict) and result and output is not None:
+                output.meta_info["metrics"].update(result)
+            return result
+
+        return update_weights
+
+    wrap_update_weights(checkpoint_manager, around)
+
+
+def log_prob_gap_metrics(trainer: torch.Tensor, rollout: torch.Tensor, response_mask: torch.Tensor) -> dict[str, float]:
+    """How far the rollout's sampling log-probs are from the trainer's recomputation, over response tokens.
+
+    Non-zero even at zero staleness (different kernels and precision); with stale tokens it also holds the
+    policy's drift. `ratio_mean` is the mean importance ratio π_trainer / π_rollout.
+    """
+    mask = response_mask.bool()
+    if not mask.any():
+        return {}
+    gap = (trainer - rollout)[mask]
+    return {"beyond_agent/async/logprob_gap_abs_mean": gap.abs().mean().item(),
+            "beyond_agent/async/logprob_gap_abs_max": gap.abs().max().item(),
+            "beyond_agent/async/logprob_gap_mean": gap.mean().item(),
+            "beyond_agent/async/ratio_mean": gap.exp().mean().item()}
+
+
+def write_curves_beside_metrics(metrics_file: str | None) -> Path | None:
+    """Draw curves.png next to the run's metrics file; a drawing failure is reported, never raised."""
+    if not metrics_file:
+        print("[beyond_agent] no curves.png: trainer.logger has no `file` tracker", flush=True)
+        return None
+    from beyond_agent.curves import write_curves_png  # matplotlib: only when drawing
+
+    folder = Path(metrics_file).parent
+    try:
+        written = write_curves_png(MetricsLog(folder), folder / CURVES_FILE)
+    except Exception as error:  # a plot must never turn a finished run into a failed one
+        print(f"[beyond_agent] curves.png not written: {type(error).__name__}: {error}", flush=True)
+        return None
+    print(f"[beyond_agent] curves: {written}" if written else "[beyond_agent] no curves.png: no metrics logged",
+          flush=True)
+    return written
+
+
+def align_total_epochs(config: Any, batches_per_epoch: int, total_training_steps: int) -> str | None:
+    """Raise `trainer.total_epochs` so that verl's `fit()` reaches `total_training_steps`; the notice, or None.
+
+    Why: verl 0.9's `fit()` loops over `total_epochs` epochs and stops at whichever comes first, that or
+    `total_training_steps`, while printing only "Total training steps: N". A run asked for 300 steps over
+    a 4-batch dataset with the default 30 epochs would stop at step 120 without a word. The explicit step
+    count is the more specific wish, so the epochs follow it.
+    """
+    needed = -(-total_training_steps // batches_per_epoch)  # ceil: the last epoch may be cut short
+    current = config.trainer.total_epochs
+    if current >= needed:
+        return None
+    with open_dict(config):
+        config.trainer.total_epochs = needed
+    return (f"trainer.total_training_steps={total_training_steps} needs {needed} epochs of {batches_per_epoch} "
+            f"batches; trainer.total_epochs raised from {current} to {needed} (verl stops at whichever ends first)")
