@@ -91,9 +91,9 @@ def check_task_weights_against_files(weights, train_files) -> None:
         check_task_weights(weights, parquet_task_names(files))
 
 
-def build_datasets(config, tokenizer, processor):
+def build_datasets(config, tokenizer, processor, multitask):
     """verl's RL datasets for the train and val parquet files written by beyond_agent.data, and the
-    train sampler: the weighted task sampler when `beyond_agent.multitask.task_weights` is set, else verl's."""
+    train sampler: the weighted task sampler when `multitask.task_weights` is set, else verl's."""
     from verl.trainer.ppo.utils import create_rl_dataset, create_rl_sampler
 
     from beyond_agent.multitask import task_sampler
@@ -102,7 +102,6 @@ def build_datasets(config, tokenizer, processor):
                               max_samples=config.data.get("train_max_samples", -1))
     val = create_rl_dataset(config.data.val_files, config.data, tokenizer, processor, is_train=False,
                             max_samples=config.data.get("val_max_samples", -1))
-    multitask = BeyondAgentSettings.from_config(config).multitask
     sampler = task_sampler(multitask, train, config.data.get("seed"))
     if sampler is not None:
         print(f"[beyond_agent] {sampler.describe()}", flush=True)
@@ -135,9 +134,11 @@ def _task_runner_class():
             validate_config(config=config, use_reference_policy=need_reference_policy(config),
                             use_critic=need_critic(config))
             model_config = omega_conf_to_dataclass(config.actor_rollout_ref.model)
-            train, val, sampler = build_datasets(config, model_config.tokenizer, model_config.processor)
+            settings = BeyondAgentSettings.from_config(config)  # once in this process; the trainer takes it
+            train, val, sampler = build_datasets(config, model_config.tokenizer, model_config.processor,
+                                                 settings.multitask)
             trainer = BeyondAgentTrainer(
-                config=config, tokenizer=model_config.tokenizer, processor=model_config.processor,
+                config=config, settings=settings, tokenizer=model_config.tokenizer, processor=model_config.processor,
                 role_worker_mapping=self.role_worker_mapping, resource_pool_manager=self.init_resource_pool_mgr(config),
                 ray_worker_group_cls=worker_group_cls, train_dataset=train, val_dataset=val,
                 collate_fn=collate_fn, train_sampler=sampler,
@@ -151,8 +152,8 @@ def _task_runner_class():
 @hydra.main(config_path="config", config_name="beyond_agent_trainer", version_base=None)
 def main(config) -> None:
     """Check the pin and the config (ours and verl's), then hand over to verl's run_ppo with our TaskRunner
-    (in a dry run, `BEYOND_AGENT_DRY_RUN=1`, stop after the checks)."""
-    ensure_pinned_verl()
+    (in a dry run, `BEYOND_AGENT_DRY_RUN=1`, stop after the checks). The verl pin was checked when this module
+    was imported."""
     check_config(config)
     if is_dry_run():  # launcher.py --dry-run: composed and checked, nothing starts
         print(DRY_RUN_MARKER, flush=True)

@@ -61,10 +61,10 @@ class BeyondAgentTrainer(TrainerSeams):
     """RayPPOTrainer whose rollout is BeyondAgent's ParallelEnvManager (see the module docstring); it fills the
     per-step hooks of `TrainerSeams`, which alone overrides verl's private helpers."""
 
-    def __init__(self, config: Any, *args: Any, **kwargs: Any):
+    def __init__(self, config: Any, *args: Any, settings: BeyondAgentSettings | None = None, **kwargs: Any):
         ensure_pinned_verl()
-        self.beyond_settings = BeyondAgentSettings.from_config(config)
-        """Our validated `beyond_agent:` section."""
+        self.beyond_settings = settings if settings is not None else BeyondAgentSettings.from_config(config)
+        """Our validated `beyond_agent:` section (read from `config` unless the caller read it already)."""
         self.reorders_rows = bool(config.trainer.get("balance_batch", True))  # the user's, before the join point
         self.lora_plan = prepare_verl_config(config, self.beyond_settings)
         """The LoRA adapter this run trains (None: full fine-tuning)."""
