@@ -77,7 +77,7 @@ from envservice.client import EnvClient  # noqa: E402
 from envservice.contamination import TaskSet, contamination  # noqa: E402
 from envservice.envs.frozenlake import shortest_path_actions  # noqa: E402
 from envservice.protocol import CreateResponse  # noqa: E402
-from beyond_agent.evaluation import EvaluationSettings, Policy, evaluate  # noqa: E402
+from beyond_agent.evaluation import EvaluationConfig, Policy, evaluate  # noqa: E402
 from beyond_agent.rollout.dataflow import Dataflow, DataflowConfig, EpisodeSpec  # noqa: E402
 from beyond_agent.rollout.hf_policy import TransformersPolicy  # noqa: E402
 from beyond_agent.rollout.scripted import ScriptedPolicy  # noqa: E402
@@ -261,7 +261,7 @@ def play_maps(model, tokenizer, client: EnvClient, maps: MapSet, temperature: fl
     (the real Dataflow); an infra failure stops the bench: it is never a failed episode."""
     torch.manual_seed(seed)
     policy = Policy(TransformersPolicy(model, tokenizer.eos_token_id, temperature), concurrency=1)
-    settings = EvaluationSettings(DataflowConfig(**game.limits), samples=samples)
+    settings = EvaluationConfig(DataflowConfig(**game.limits), samples=samples)
     return evaluate(policy, client, maps.task_set(game), settings, tokenizer).require_complete().results
 
 

@@ -36,9 +36,9 @@ def _worker_state(config: Any, concurrency: int) -> dict[str, Any]:
     """The env client, a thread pool for its blocking calls and our settings, built once per worker process."""
     if not _WORKER_STATE:
         from envservice.client import EnvClient
-        from beyond_agent.settings import BeyondAgentSettings
+        from beyond_agent.settings import BeyondAgentConfig
 
-        settings = BeyondAgentSettings.from_config(config)
+        settings = BeyondAgentConfig.from_config(config)
         _WORKER_STATE.update(
             settings=settings,
             env=EnvClient(settings.env.url, token=settings.env.token, timeout=settings.env.timeout_s,

@@ -24,7 +24,7 @@ from beyond_agent.cli_args import json_object, task_indices
 from beyond_agent.evaluation import (
     POLICY_BACKENDS,
     Evaluation,
-    EvaluationSettings,
+    EvaluationConfig,
     PolicyConfig,
     evaluate,
     serve_policy,
@@ -38,7 +38,7 @@ def log(message: str) -> None:
     print(f"[collect] {message}", file=sys.stderr, flush=True)
 
 
-def collect(policy: PolicyConfig, tasks: TaskSet, settings: EvaluationSettings, out: Path,
+def collect(policy: PolicyConfig, tasks: TaskSet, settings: EvaluationConfig, out: Path,
             envservice_url: str | None = None) -> Evaluation:
     """Play `tasks` with `policy` (an envservice at `envservice_url`, or one we start), write one
     TrajectoryRecord per episode to `out` (JSONL), print the figures; returns the evaluation."""
@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def from_args(args: argparse.Namespace) -> tuple[PolicyConfig, TaskSet, EvaluationSettings]:
+def from_args(args: argparse.Namespace) -> tuple[PolicyConfig, TaskSet, EvaluationConfig]:
     """The library's parameters from `build_parser()`'s options."""
     policy = PolicyConfig(model=args.model, backend=args.backend, temperature=args.temperature, seed=args.seed,
                           vllm_urls=tuple(args.vllm_url or ()), served_model_name=args.served_model_name,
@@ -120,7 +120,7 @@ def from_args(args: argparse.Namespace) -> tuple[PolicyConfig, TaskSet, Evaluati
                             max_response_length=args.max_response_length,
                             max_tokens_per_turn=args.max_tokens_per_turn)
     agent_task = build_task({"name": args.agent_task, "action_format": args.action_format}, "--agent-task")
-    return policy, tasks, EvaluationSettings(limits, samples=args.n, agent_task=agent_task)
+    return policy, tasks, EvaluationConfig(limits, samples=args.n, agent_task=agent_task)
 
 
 def main(argv: list[str] | None = None) -> None:

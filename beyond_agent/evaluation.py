@@ -144,7 +144,7 @@ class Evaluation:
 
 
 @dataclass(frozen=True)
-class EvaluationSettings:
+class EvaluationConfig:
     """How each task is played: episodes per task, the limits of each, and the AgentTask that scores them."""
 
     limits: DataflowConfig
@@ -166,7 +166,7 @@ def episode_specs(tasks: TaskSet, samples: int = 1, agent_task: AgentTask | None
             for position, (index, seed) in enumerate(tasks.tasks) for sample in range(samples)]
 
 
-def evaluate(policy: Policy, env: Any, tasks: TaskSet, settings: EvaluationSettings, tokenizer: Any,
+def evaluate(policy: Policy, env: Any, tasks: TaskSet, settings: EvaluationConfig, tokenizer: Any,
              on_result: Callable[[EpisodeResult], None] | None = None) -> Evaluation:
     """Play every task of `tasks` `settings.samples` times with `policy` on `env` (an `envservice.EnvClient`),
     `policy.concurrency` episodes at once, each through the rollout's Dataflow; the episodes and figures.

@@ -53,7 +53,7 @@ from beyond_agent.rollout.rounds import Horizon
 from beyond_agent.rollout.seats import OpponentModels, SelfPlayEnvManager, seat_figures
 from beyond_agent.rollout.versions import PolicyVersionGate
 from beyond_agent.run_folder import METRICS_PREFIX
-from beyond_agent.settings import BeyondAgentSettings
+from beyond_agent.settings import BeyondAgentConfig
 from beyond_agent.tasks import TaskTable
 from beyond_agent.trajectories import episode_record, write_dump
 
@@ -138,7 +138,7 @@ class BeyondAgentLoopManager:
         from verl.utils import hf_tokenizer
 
         self.config = config
-        self.settings = BeyondAgentSettings.from_config(config)
+        self.settings = BeyondAgentConfig.from_config(config)
         model = config.actor_rollout_ref.model
         self.tokenizer = hf_tokenizer(model.path, trust_remote_code=model.get("trust_remote_code", False))
         self.llm = llm or AsyncLLMServerManager(VerlLLMServerBackend(llm_client), self.settings.llm)

@@ -1,6 +1,6 @@
 """The recipe's settings: everything the rollout needs from the composed config, validated once per process.
 
-`BeyondAgentSettings.from_config(config)` reads our `beyond_agent:` section and the verl keys the rollout
+`BeyondAgentConfig.from_config(config)` reads our `beyond_agent:` section and the verl keys the rollout
 depends on (`data.max_prompt_length`, `data.max_response_length`, the rollout's sampling, the advantage
 estimator) and builds the objects the rollout uses as they are: the episode limits (`DataflowConfig`),
 the LLM front's limits (`LLMManagerConfig`), the round schedule (`RoundScheduler`), the tasks
@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping
 from beyond_agent.algorithms.estimators import is_group_based
 from beyond_agent.algorithms.gigpo import GiGPOConfig
 from beyond_agent.multitask import MultitaskConfig
-from beyond_agent.rollout.async_pool import AsyncRolloutSettings
+from beyond_agent.rollout.async_pool import AsyncRolloutConfig
 from beyond_agent.rollout.dataflow import DataflowConfig
 from beyond_agent.gateway.agents import AgentConfig
 from beyond_agent.rollout.dynamic_sampling import DynamicSamplingConfig
@@ -46,7 +46,7 @@ CONFIG_KEYS = {
 
 
 @dataclass(frozen=True)
-class EnvSettings:
+class EnvConfig:
     """Where the environments are served (`beyond_agent.env`)."""
 
     url: str
@@ -70,7 +70,7 @@ class EnvSettings:
 
 
 @dataclass(frozen=True)
-class TrajectoryDump:
+class TrajectoryDumpConfig:
     """Which sampled episodes are written to disk (`beyond_agent.trajectories`)."""
 
     every: int = 1
@@ -88,12 +88,12 @@ class TrajectoryDump:
 
 
 @dataclass(frozen=True)
-class BeyondAgentSection:
+class BeyondAgentSectionConfig:
     """The `beyond_agent:` section as written: its own values, and its sub-sections still as mappings (each is
-    read by its own dataclass or class in `BeyondAgentSettings.from_config`)."""
+    read by its own dataclass or class in `BeyondAgentConfig.from_config`)."""
 
     env: Mapping[str, Any] = field(default_factory=dict)
-    """`EnvSettings`: where envservice is (`url` is required)."""
+    """`EnvConfig`: where envservice is (`url` is required)."""
     rounds: Mapping[str, Any] = field(default_factory=lambda: {"type": "fixed", "rounds": 8, "every": None,
                                                                "signal": "truncated", "threshold": None, "window": 1})
     """`RoundScheduler`: the round limit per training step."""
@@ -115,7 +115,7 @@ class BeyondAgentSection:
     rollout_mode: str = "sync"
     """One of ROLLOUT_MODES: sync, or async (episodes played ahead while the actor trains)."""
     async_rollout: Mapping[str, Any] | None = None
-    """`AsyncRolloutSettings` (read in async mode)."""
+    """`AsyncRolloutConfig` (read in async mode)."""
     weight_sync: Mapping[str, Any] | None = None
     """`WeightSyncConfig`: how weights reach the rollout."""
     multitask: Mapping[str, Any] | None = None
@@ -129,20 +129,20 @@ class BeyondAgentSection:
     self_play: Mapping[str, Any] | None = None
     """`SelfPlayConfig`: episodes played as games with the policy in every seat."""
     trajectories: Mapping[str, Any] | None = None
-    """`TrajectoryDump`: which sampled episodes are written to disk."""
+    """`TrajectoryDumpConfig`: which sampled episodes are written to disk."""
 
 
-SECTION_CLASSES = {"env": EnvSettings, "trajectories": TrajectoryDump, "async_rollout": AsyncRolloutSettings,
+SECTION_CLASSES = {"env": EnvConfig, "trajectories": TrajectoryDumpConfig, "async_rollout": AsyncRolloutConfig,
                    "weight_sync": WeightSyncConfig, "multitask": MultitaskConfig, "gigpo": GiGPOConfig,
                    "dynamic_sampling": DynamicSamplingConfig, "agent": AgentConfig, "self_play": SelfPlayConfig}
 """The sub-sections read by a dataclass of their own (`from_section`), by key of `beyond_agent:`."""
 
 
 @dataclass(frozen=True)
-class BeyondAgentSettings:
+class BeyondAgentConfig:
     """The validated settings of a run (see the module docstring)."""
 
-    env: EnvSettings
+    env: EnvConfig
     rounds: RoundScheduler
     """Round limit per training step (ScalingInter-RL when stepwise)."""
     val_max_rounds: int | None
@@ -153,7 +153,7 @@ class BeyondAgentSettings:
     """Requests in flight at once and their deadline (the shared LLM front)."""
     tasks: TaskTable
     """The run's AgentTasks and the rule that gives each dataset row its own."""
-    trajectories: TrajectoryDump
+    trajectories: TrajectoryDumpConfig
     train_sampling: SamplingParams
     """Sampling of training rollouts (actor_rollout_ref.rollout.temperature/top_p)."""
     val_sampling: SamplingParams
@@ -166,7 +166,7 @@ class BeyondAgentSettings:
     """The run's sampling seed (`beyond_agent.sampling_seed`; None: the LLM server draws each request's)."""
     rollout_mode: str = "sync"
     """sync: each step plays its own episodes; async: episodes are played ahead while the actor trains."""
-    async_rollout: AsyncRolloutSettings = AsyncRolloutSettings()
+    async_rollout: AsyncRolloutConfig = AsyncRolloutConfig()
     """The staleness bound and policies of async mode (`beyond_agent.async_rollout`)."""
     weight_sync: WeightSyncConfig = WeightSyncConfig(mode="full")
     """How weights reach the rollout after each update (`beyond_agent.weight_sync`; full: verl's own sync)."""
@@ -182,11 +182,11 @@ class BeyondAgentSettings:
     """Games whose every seat the policy plays (`beyond_agent.self_play`; off by default)."""
 
     @classmethod
-    def from_config(cls, config: Any) -> "BeyondAgentSettings":
+    def from_config(cls, config: Any) -> "BeyondAgentConfig":
         """Read the composed config (OmegaConf or a mapping); raise ValueError naming the bad key."""
         raw = _section(_get(config, "beyond_agent"), "beyond_agent")
         _check_keys(raw)
-        section = from_section(BeyondAgentSection, raw, "beyond_agent")
+        section = from_section(BeyondAgentSectionConfig, raw, "beyond_agent")
         subsection = {key: from_section(kind, getattr(section, key), f"beyond_agent.{key}")
                       for key, kind in SECTION_CLASSES.items()}
         rounds = RoundScheduler.from_config(_section(section.rounds, "beyond_agent.rounds"))
@@ -231,7 +231,7 @@ class BeyondAgentSettings:
         return self.val_sampling if meta_info.get("validate") else self.train_sampling
 
 
-def _episode_limits(config: Any, section: BeyondAgentSection) -> dict[str, Any]:
+def _episode_limits(config: Any, section: BeyondAgentSectionConfig) -> dict[str, Any]:
     data = _get(config, "data")
     return {"max_prompt_length": _get(data, "max_prompt_length"), "max_response_length": _get(data, "max_response_length"),
             "max_tokens_per_turn": section.max_tokens_per_turn, "episode_timeout_s": float(section.episode_timeout_s)}
@@ -312,11 +312,12 @@ MOVED_KEYS = {"action_format": "beyond_agent.tasks.default.action_format",
 
 def _check_keys(section: dict) -> None:
     """Refuse keys of `beyond_agent:` that nothing reads (a typo, or a key that moved)."""
-    unknown = sorted(set(section) - set(section_keys(BeyondAgentSection)))
+    unknown = sorted(set(section) - set(section_keys(BeyondAgentSectionConfig)))
     if unknown:
         moved = [f"{key} is now {MOVED_KEYS[key]}" for key in unknown if key in MOVED_KEYS]
-        raise ValueError(f"beyond_agent has unknown key(s) {unknown}; valid keys: "
-                         f"{', '.join(section_keys(BeyondAgentSection))}" + (f" ({'; '.join(moved)})" if moved else ""))
+        valid = ", ".join(section_keys(BeyondAgentSectionConfig))
+        raise ValueError(f"beyond_agent has unknown key(s) {unknown}; valid keys: {valid}"
+                         + (f" ({'; '.join(moved)})" if moved else ""))
 
 
 def _get(node: Any, key: str, default: Any = None) -> Any:

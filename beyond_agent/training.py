@@ -26,7 +26,7 @@ from beyond_agent.rollout.batch import SegmentRows
 from beyond_agent.rollout_manager import ROW_KEY
 from beyond_agent.run_folder import CURVES_FILE, MetricsLog
 from beyond_agent.seams.trainer import open_join_point, wrap_update_weights
-from beyond_agent.settings import BeyondAgentSettings
+from beyond_agent.settings import BeyondAgentConfig
 from beyond_agent.weights.delta import METRIC_PREFIX
 from beyond_agent.weights.host_lock import weight_sync_lock
 from beyond_agent.weights.lora import LoraPlan, configure_lora
@@ -36,7 +36,7 @@ MANAGER_CLASS = "beyond_agent.rollout_manager.BeyondAgentLoopManager"
 
 
 
-def prepare_verl_config(config: Any, settings: BeyondAgentSettings) -> LoraPlan | None:
+def prepare_verl_config(config: Any, settings: BeyondAgentConfig) -> LoraPlan | None:
     """Every change BeyondAgent makes to verl's config before verl reads it, in one place:
 
     - verl's rollout-manager seam (`actor_rollout_ref.rollout.agent.agent_loop_manager_class`) names our

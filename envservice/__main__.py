@@ -42,7 +42,7 @@ from envservice.backend_factory import BACKENDS, make_backend
 from envservice.backends import DEFAULT_STEP_TIMEOUT_S, EnvBackend
 from envservice.body_check import LARGE_BODY_BYTES, LARGE_BODY_SHARE
 from envservice.host_slots import LOOP_SLOTS_PER_HOST
-from envservice.server import BODY_TIMEOUT_S, DEFAULT_MAX_REQUEST_BYTES, Settings, create_app
+from envservice.server import BODY_TIMEOUT_S, DEFAULT_MAX_REQUEST_BYTES, EnvServiceConfig, create_app
 from envservice.transport import HEAD_TIMEOUT_S, KEEP_ALIVE_S, SPARE_FILE_DESCRIPTORS, server_options
 
 
@@ -241,9 +241,9 @@ def placement_text(backend: EnvBackend, step_timeout_s: float) -> str:
 
 
 def build_settings(args: argparse.Namespace, env_ids: list[str], token: str | None,
-                   backend: EnvBackend) -> Settings:
-    """The service `Settings` the parsed flags ask for."""
-    return Settings(env_ids=env_ids, max_sessions=args.max_sessions, idle_timeout_s=args.idle_timeout,
+                   backend: EnvBackend) -> EnvServiceConfig:
+    """The service `EnvServiceConfig` the parsed flags ask for."""
+    return EnvServiceConfig(env_ids=env_ids, max_sessions=args.max_sessions, idle_timeout_s=args.idle_timeout,
                     token=token, backend=backend, preload=args.preload, max_request_bytes=args.max_request_bytes,
                     allowed_hosts=allowed_hosts(args.host, args.allowed_host), body_timeout_s=args.body_timeout,
                     large_body_share=args.large_body_share)

@@ -12,7 +12,7 @@ bugs of the service itself (500 `internal_error`, logged with the request id eve
 
 `RequestGuard`, the outermost layer, runs before anything reads the body: when a token is set every route
 but /healthz (docs included) needs `Authorization: Bearer <token>` (401 with `WWW-Authenticate` otherwise);
-then a body over `Settings.max_request_bytes` is refused with 413 (by its Content-Length, or while it streams).
+then a body over `EnvServiceConfig.max_request_bytes` is refused with 413 (by its Content-Length, or while it streams).
 
 At start-up (before the server reports ready) the served envs' classes are imported, here and on the
 backend's workers (`preload_envs`), so that the first /create of an env does not stall on its import.
@@ -81,7 +81,7 @@ MAX_DETAIL_ITEMS = 20
 
 
 @dataclass(frozen=True)
-class Settings:
+class EnvServiceConfig:
     """How a service instance runs."""
 
     env_ids: Sequence[str] | None = None
@@ -114,7 +114,7 @@ class Settings:
 
 @dataclass(frozen=True)
 class Preload:
-    """What the start-up preload did (`app.state.preload`; None when `Settings.preload` is False)."""
+    """What the start-up preload did (`app.state.preload`; None when `EnvServiceConfig.preload` is False)."""
 
     seconds: dict[str, float] = field(default_factory=dict)
     """Env id -> seconds its class took to import in the service process, for the envs that imported."""
@@ -125,9 +125,9 @@ class Preload:
 _ERROR_RESPONSES = {status: {"model": ErrorResponse} for status in sorted(set(ERROR_STATUS.values()))}
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: EnvServiceConfig | None = None) -> FastAPI:
     """Build the app; the idle reaper runs while the app's lifespan is active."""
-    settings = settings or Settings()
+    settings = settings or EnvServiceConfig()
     env_ids = list(settings.env_ids) if settings.env_ids is not None else registry.registered_ids()
     manager = SessionManager(
         env_ids, max_sessions=settings.max_sessions, idle_timeout_s=settings.idle_timeout_s, backend=settings.backend

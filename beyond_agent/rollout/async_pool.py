@@ -41,7 +41,7 @@ OLD_LOG_PROB_SOURCES = ("behaviour", "recompute")
 
 
 @dataclass(frozen=True)
-class AsyncRolloutSettings:
+class AsyncRolloutConfig:
     """`beyond_agent.async_rollout`: the bound and policies of asynchronous rollout."""
 
     max_staleness: int = 1
@@ -130,7 +130,7 @@ class AsyncEpisodePool:
 
     def __init__(self, rows: Iterator[dict[str, Any]], make_specs: Callable[[str, dict], Sequence[EpisodeSpec]],
                  run_episode: Callable[[EpisodeSpec, int], EpisodeResult], max_rounds: Callable[[int], int],
-                 gate: PolicyVersionGate, batch_size: int, settings: AsyncRolloutSettings, concurrency: int,
+                 gate: PolicyVersionGate, batch_size: int, settings: AsyncRolloutConfig, concurrency: int,
                  describe: Callable[[EpisodeResult], str] = lambda result: result.spec.env_id,
                  total_steps: int | None = None, dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig(),
                  step_signal: StepSignal | None = None,

@@ -28,7 +28,7 @@ schedule then moves it on. The rollout manager keeps the adaptive state in a `Ho
 records each step's signal in `horizon.json` in the run's checkpoint folder, so that a resumed run goes on
 from the limit it had reached.
 
-Accepted keys of `beyond_agent.rounds` (`RoundsSection`), including AgentGym-RL's names (its `rounds_ctrl.*`):
+Accepted keys of `beyond_agent.rounds` (`RoundsConfig`), including AgentGym-RL's names (its `rounds_ctrl.*`):
     type:   "fixed" | "stepwise" | "scaling_inter_stepwise" (alias of stepwise) | "adaptive"
     rounds: int for fixed; strictly increasing list of positive ints for stepwise and adaptive
     every:  steps per stage for stepwise (alias: steps_scaling_inter; give only one of them); for adaptive
@@ -62,7 +62,7 @@ SECTION = "beyond_agent.rounds"
 
 
 @dataclass(frozen=True)
-class RoundsSection:
+class RoundsConfig:
     """`beyond_agent.rounds` as written in the YAML (read by `sections.from_section`)."""
 
     rounds: Any
@@ -120,7 +120,7 @@ class RoundScheduler:
     @classmethod
     def from_config(cls, section: Mapping[str, Any] | None) -> "RoundScheduler":
         """Build from the `beyond_agent.rounds` section (AgentGym-RL's key names accepted)."""
-        written = from_section(RoundsSection, section, SECTION)
+        written = from_section(RoundsConfig, section, SECTION)
         if written.every is not None and written.steps_scaling_inter is not None:
             raise ValueError(f"{SECTION} gives both 'every' and 'steps_scaling_inter' (aliases): give only one")
         every = written.every if written.every is not None else written.steps_scaling_inter

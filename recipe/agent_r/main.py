@@ -53,7 +53,7 @@ from beyond_agent.algorithms.mcts import EnvReplayer, MCTSConfig, TaskRef, mcts_
 from beyond_agent.cli_args import json_object
 from beyond_agent.evaluation import (
     POLICY_BACKENDS,
-    EvaluationSettings,
+    EvaluationConfig,
     Policy,
     PolicyConfig,
     evaluate,
@@ -192,7 +192,7 @@ def evaluate_model(args, model: str, client, tokenizer) -> float:
     tasks = TaskSet.of("evaluation", args.env, args.eval_split, args.eval_tasks, seed_offset=args.seed,
                        params=args.params)
     with served_model(args, model, 0.0) as served:
-        evaluation = evaluate(served, client, tasks, EvaluationSettings(_limits(args)), tokenizer)
+        evaluation = evaluate(served, client, tasks, EvaluationConfig(_limits(args)), tokenizer)
     return evaluation.require_complete().success_rate
 
 

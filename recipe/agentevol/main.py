@@ -27,7 +27,7 @@ from pathlib import Path
 
 from beyond_agent.cli_args import json_object
 from beyond_agent.collect import collect
-from beyond_agent.evaluation import POLICY_BACKENDS, EvaluationSettings, PolicyConfig
+from beyond_agent.evaluation import POLICY_BACKENDS, EvaluationConfig, PolicyConfig
 from beyond_agent.rollout.dataflow import DataflowConfig
 from beyond_agent.sft import add_loop_options, hf_model_dir, parse_loop_args, repeated_files, report_iterations, run_sft
 from beyond_agent.trajectory_data import TrajectoryDataError, TrajectoryFilter, read_trajectories
@@ -43,7 +43,7 @@ def collect_episodes(args: argparse.Namespace, model: str, tasks: list[int], spl
     limits = DataflowConfig(max_rounds=args.max_rounds, max_prompt_length=args.max_prompt_length,
                             max_response_length=args.max_response_length,
                             max_tokens_per_turn=args.max_tokens_per_turn)
-    evaluation = collect(policy, task_set, EvaluationSettings(limits, samples=n), out, args.envservice_url)
+    evaluation = collect(policy, task_set, EvaluationConfig(limits, samples=n), out, args.envservice_url)
     return evaluation.success_rate
 
 

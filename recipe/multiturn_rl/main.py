@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 
 from beyond_agent.cli_args import DRY_RUN_MARKER, is_dry_run
 from beyond_agent.gpu_plan import GPU_PLAN_NOTE, GPU_PLAN_WARNING, model_shape, plan
-from beyond_agent.settings import BeyondAgentSettings
+from beyond_agent.settings import BeyondAgentConfig
 from beyond_agent.run_folder import METRICS_PATH_VARIABLE, metrics_path
 from beyond_agent.verl_pin import ensure_pinned_verl
 
@@ -38,7 +38,7 @@ def check_config(config) -> None:
     resolved = copy.deepcopy(config)
     OmegaConf.resolve(resolved)
     try:
-        settings = BeyondAgentSettings.from_config(config)
+        settings = BeyondAgentConfig.from_config(config)
         if settings.agent.active:  # the user's agent imports (or its program is found) here, not in the rollout
             settings.agent.load(settings.episode.episode_timeout_s)
         prepare_verl_config(resolved, settings)
@@ -134,7 +134,7 @@ def _task_runner_class():
             validate_config(config=config, use_reference_policy=need_reference_policy(config),
                             use_critic=need_critic(config))
             model_config = omega_conf_to_dataclass(config.actor_rollout_ref.model)
-            settings = BeyondAgentSettings.from_config(config)  # once in this process; the trainer takes it
+            settings = BeyondAgentConfig.from_config(config)  # once in this process; the trainer takes it
             train, val, sampler = build_datasets(config, model_config.tokenizer, model_config.processor,
                                                  settings.multitask)
             trainer = BeyondAgentTrainer(

@@ -5,7 +5,7 @@ verl's `fit()` runs unchanged. The trainer only fills verl's rollout-manager sea
 every episode against envservice with the round limit `RoundScheduler.max_rounds(global_step)`, returns
 each row's task reward as `rm_scores`; its figures of the step (`beyond_agent/...`) join the metrics of the
 step's critic or actor update, which `fit()` logs with verl's tracker. Our config is
-validated by `BeyondAgentSettings`, in the driver before Ray starts and where the rollout manager uses it.
+validated by `BeyondAgentConfig`, in the driver before Ray starts and where the rollout manager uses it.
 When `fit()` returns or fails, the run's main curves are drawn into `curves.png` beside its metrics.jsonl
 (beyond_agent/curves.py), for people who never open the viewer.
 
@@ -51,7 +51,7 @@ from beyond_agent.multitask import apply_task_advantage_norm
 from beyond_agent.rollout.batch import add_segment_rows
 from beyond_agent.run_folder import METRICS_PATH_VARIABLE
 from beyond_agent.seams.trainer import TrainerSeams
-from beyond_agent.settings import BeyondAgentSettings
+from beyond_agent.settings import BeyondAgentConfig
 from beyond_agent.training import (PlayedRowLoader, align_total_epochs, figures_of, log_prob_gap_metrics,
                                    prepare_verl_config, wrap_weight_sync, write_curves_beside_metrics)
 from beyond_agent.verl_pin import ensure_pinned_verl
@@ -61,9 +61,9 @@ class BeyondAgentTrainer(TrainerSeams):
     """RayPPOTrainer whose rollout is BeyondAgent's ParallelEnvManager (see the module docstring); it fills the
     per-step hooks of `TrainerSeams`, which alone overrides verl's private helpers."""
 
-    def __init__(self, config: Any, *args: Any, settings: BeyondAgentSettings | None = None, **kwargs: Any):
+    def __init__(self, config: Any, *args: Any, settings: BeyondAgentConfig | None = None, **kwargs: Any):
         ensure_pinned_verl()
-        self.beyond_settings = settings if settings is not None else BeyondAgentSettings.from_config(config)
+        self.beyond_settings = settings if settings is not None else BeyondAgentConfig.from_config(config)
         """Our validated `beyond_agent:` section (read from `config` unless the caller read it already)."""
         self.reorders_rows = bool(config.trainer.get("balance_batch", True))  # the user's, before the join point
         self.lora_plan = prepare_verl_config(config, self.beyond_settings)

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from envservice import registry
 from envservice.process import EnvServiceProcess
 from envservice.envs.base import StepResult, Task, TextEnv, clip_text
-from envservice.server import Settings, create_app
+from envservice.server import EnvServiceConfig, create_app
 
 
 
@@ -112,11 +112,11 @@ def test_envs() -> Iterator[dict[str, type[TextEnv]]]:
 
 @pytest.fixture
 def make_client() -> Iterator[Callable[..., TestClient]]:
-    """Build an in-process service (`make_client(**Settings fields)`); its lifespan ends with the test."""
+    """Build an in-process service (`make_client(**EnvServiceConfig fields)`); its lifespan ends with the test."""
     opened: list[TestClient] = []
 
     def factory(**settings: Any) -> TestClient:
-        client = TestClient(create_app(Settings(**settings)), raise_server_exceptions=False)
+        client = TestClient(create_app(EnvServiceConfig(**settings)), raise_server_exceptions=False)
         client.__enter__()
         opened.append(client)
         return client

@@ -14,7 +14,7 @@ import envservice.envs.code_env as code_env
 from envservice.client import EnvClient
 from envservice.envs.base import STATE_KEY
 from envservice.envs.code_env import CodeEnv, problems, program
-from envservice.server import Settings, create_app
+from envservice.server import EnvServiceConfig, create_app
 from sandbox import SandboxConfig, run_sandboxed
 
 GOLD_DRIVER = """
@@ -78,7 +78,7 @@ def test_the_state_key_is_the_solution_and_the_best_visible_share_it_passed():
 
 @pytest.fixture(scope="module")
 def service(serve_app):
-    with serve_app(create_app(Settings(env_ids=["code"], max_sessions=8))) as url, EnvClient(url) as client:
+    with serve_app(create_app(EnvServiceConfig(env_ids=["code"], max_sessions=8))) as url, EnvClient(url) as client:
         yield client
 
 

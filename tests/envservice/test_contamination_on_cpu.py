@@ -46,9 +46,9 @@ def test_rows_of_one_named_task_differ_by_their_seeds_and_the_test_split_is_chec
     import pandas as pd
 
     from beyond_agent.data import validation_overlap, write_task_files
-    from envservice.server import Settings, create_app
+    from envservice.server import EnvServiceConfig, create_app
 
-    with serve_app(create_app(Settings(env_ids=["babyai"]))) as url:
+    with serve_app(create_app(EnvServiceConfig(env_ids=["babyai"]))) as url:
         train, _ = write_task_files("babyai", tmp_path, [0, 1, 2], [0], seed=10, envservice_url=url, task_name=LEVEL)
     rows = pd.read_parquet(train)
     assert [(info["task_id"], info["seed"]) for info in rows["extra_info"]] == [(LEVEL, 10), (LEVEL, 11), (LEVEL, 12)]

@@ -17,7 +17,7 @@ from envservice.envs.frozenlake import shortest_path_actions
 from envservice import registry
 from envservice.envs.testing import ENTRY_POINT as FAULTY
 from envservice.protocol import CreateResponse, ErrorResponse
-from envservice.server import Settings, create_app
+from envservice.server import EnvServiceConfig, create_app
 
 ray = pytest.importorskip("ray")
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
@@ -44,7 +44,7 @@ def client() -> Iterator[TestClient]:
     _start_local_ray()
     registry.register("faulty", FAULTY)  # registered by the test, never by the library
     backend = RayBackend(2, STEP_TIMEOUT_S, actor_options={"num_cpus": 0.5})  # room for a replacement actor
-    app = create_app(Settings(env_ids=["frozenlake", "faulty"], backend=backend))
+    app = create_app(EnvServiceConfig(env_ids=["frozenlake", "faulty"], backend=backend))
     try:
         with TestClient(app, raise_server_exceptions=False) as test_client:
             yield test_client

@@ -16,7 +16,7 @@ from envservice.client import EnvClient
 from envservice.envs import tau2_env
 from envservice.envs.base import STATE_KEY
 from envservice.envs.tau2_env import GO_AHEAD, GOODBYE, MAX_CUSTOMER_TURNS, ScriptedCustomer, load_domain
-from envservice.server import Settings, create_app
+from envservice.server import EnvServiceConfig, create_app
 
 ENV_IDS = {"retail": "tau2_retail", "airline": "tau2_airline"}
 SPLIT_SIZES = {"retail": {"train": 74, "test": 40}, "airline": {"train": 30, "test": 20}}
@@ -192,7 +192,7 @@ def test_check_env_is_clean_and_the_splits_are_taus_own(env_id):
 
 @pytest.fixture(scope="module")
 def service(serve_app):
-    with serve_app(create_app(Settings(env_ids=list(ENV_IDS.values()), max_sessions=8))) as url, \
+    with serve_app(create_app(EnvServiceConfig(env_ids=list(ENV_IDS.values()), max_sessions=8))) as url, \
             EnvClient(url) as client:
         yield client
 

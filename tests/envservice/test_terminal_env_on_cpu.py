@@ -15,7 +15,7 @@ import envservice.envs.terminal_env as terminal_env
 from envservice.client import EnvClient
 from envservice.envs.base import STATE_KEY, Task
 from envservice.envs.terminal_env import TASKS, TerminalEnv
-from envservice.server import Settings, create_app
+from envservice.server import EnvServiceConfig, create_app
 
 
 def split_of(name: str) -> str:
@@ -69,7 +69,7 @@ def test_the_state_key_is_the_workspace_whatever_commands_made_it():
 
 @pytest.fixture(scope="module")
 def service(serve_app):
-    with serve_app(create_app(Settings(env_ids=["terminal"], max_sessions=8))) as url, EnvClient(url) as client:
+    with serve_app(create_app(EnvServiceConfig(env_ids=["terminal"], max_sessions=8))) as url, EnvClient(url) as client:
         yield client
 
 

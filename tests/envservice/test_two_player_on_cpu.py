@@ -14,7 +14,7 @@ from envservice.envs.base import STATE_KEY
 from envservice.envs.two_player import (SEAT, SEAT_REWARDS, TicTacToeEnv, canonical, free_cells, minimax_value,
                                         perfect_move)
 from envservice.errors import EnvServiceError
-from envservice.server import Settings, create_app
+from envservice.server import EnvServiceConfig, create_app
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -173,7 +173,8 @@ def test_check_env_passes():
 
 def test_a_self_play_game_over_the_service(serve_app):
     """Both seats through one session of a real service: each answer names the next seat."""
-    with serve_app(create_app(Settings(env_ids=["tictactoe"], max_sessions=4))) as url, EnvClient(url) as client:
+    app = create_app(EnvServiceConfig(env_ids=["tictactoe"], max_sessions=4))
+    with serve_app(app) as url, EnvClient(url) as client:
         created = client.create("tictactoe", task_id=0, params={"opponent": "none", "opening_moves": 0})
         assert created.info[SEAT] == 0
         for cell in (0, 3, 1, 4):

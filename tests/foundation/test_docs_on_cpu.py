@@ -33,7 +33,7 @@ def test_site_builds_strictly_with_the_api_reference(repo_root, tmp_path):
     for page in ("index.html", "quickstart/index.html", "benchmarks/index.html", "reference/evaluation/index.html"):
         assert (site / page).is_file(), page
     # Generated from beyond_agent/evaluation.py's docstrings, not written in docs/.
-    assert "EvaluationSettings" in (site / "reference/evaluation/index.html").read_text(encoding="utf-8")
+    assert "EvaluationConfig" in (site / "reference/evaluation/index.html").read_text(encoding="utf-8")
 
 
 def test_a_broken_link_fails_the_strict_build(repo_root, tmp_path):

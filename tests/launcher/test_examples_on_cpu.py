@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from launch.config import load_config
 from launch.training import train_command
-from beyond_agent.settings import BeyondAgentSettings
+from beyond_agent.settings import BeyondAgentConfig
 from recipe.multiturn_rl.main import check_config
 
 pytestmark = pytest.mark.timeout(120)
@@ -140,7 +140,7 @@ def test_training_overrides_compose_with_the_recipe_config(path, tmp_path):
     composed = compose_example(path, tmp_path)
     if "beyond_agent" in composed:
         assert composed.beyond_agent.env.url == "http://x:1"
-        BeyondAgentSettings.from_config(composed)
+        BeyondAgentConfig.from_config(composed)
         check_config(composed)  # what the entry checks before Ray starts: ours, the delta seams, verl's validate_config
     else:  # SFT / DPO on trajectories: our dataset is verl's custom dataset class, the model goes to the folder
         assert composed.data.custom_cls.path.startswith("pkg://beyond_agent.")
@@ -199,7 +199,7 @@ def test_m2po_variants_carry_the_agentbench_settings(name, tmp_path, monkeypatch
     assert section.weight_sync.mode == mode
     if mode == "delta":
         assert section.weight_sync.full_every == 10
-    settings = BeyondAgentSettings.from_config(composed)
+    settings = BeyondAgentConfig.from_config(composed)
     assert settings.is_async and settings.async_rollout.max_staleness == 2
 
 

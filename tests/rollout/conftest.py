@@ -91,7 +91,7 @@ def render_ids():
 @pytest.fixture(scope="module")
 def frozenlake_url(serve_app):
     """A real envservice serving FrozenLake in this process over loopback (16 sessions); its URL."""
-    from envservice.server import Settings, create_app
+    from envservice.server import EnvServiceConfig, create_app
 
-    with serve_app(create_app(Settings(env_ids=["frozenlake"], max_sessions=16))) as url:
+    with serve_app(create_app(EnvServiceConfig(env_ids=["frozenlake"], max_sessions=16))) as url:
         yield url

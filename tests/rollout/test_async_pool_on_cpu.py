@@ -14,12 +14,12 @@ import time
 
 import pytest
 
-from beyond_agent.rollout.async_pool import AsyncEpisodePool, AsyncRolloutSettings, row_staleness
+from beyond_agent.rollout.async_pool import AsyncEpisodePool, AsyncRolloutConfig, row_staleness
 from beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec
 from beyond_agent.rollout.dynamic_sampling import DynamicSamplingConfig
 from beyond_agent.rollout.handler import Episode
 from beyond_agent.rollout.versions import PolicyVersionGate
-from beyond_agent.settings import BeyondAgentSettings
+from beyond_agent.settings import BeyondAgentConfig
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -170,7 +170,7 @@ def make_pool(script, gate, batch_size=2, max_staleness=1, total_steps=None, dyn
               **settings):
     return AsyncEpisodePool(script.rows(), script.make_specs, script.run_episode, max_rounds=lambda step: 3,
                             gate=gate, batch_size=batch_size, concurrency=concurrency, total_steps=total_steps,
-                            settings=AsyncRolloutSettings(max_staleness=max_staleness, **settings),
+                            settings=AsyncRolloutConfig(max_staleness=max_staleness, **settings),
                             dynamic_sampling=dynamic_sampling or DynamicSamplingConfig())
 
 
@@ -318,18 +318,18 @@ def config(**beyond_agent):
 
 
 def test_async_settings_are_read_and_bad_values_are_named():
-    settings = BeyondAgentSettings.from_config(config(rollout_mode="async", async_rollout={"max_staleness": 4}))
+    settings = BeyondAgentConfig.from_config(config(rollout_mode="async", async_rollout={"max_staleness": 4}))
     assert settings.is_async and settings.async_rollout.max_staleness == 4
     assert settings.async_rollout.old_log_probs == "behaviour" and settings.async_rollout.partial_rollout
     with pytest.raises(ValueError, match=r"rollout_mode='later' is not valid; choose one of sync, async"):
-        BeyondAgentSettings.from_config(config(rollout_mode="later"))
+        BeyondAgentConfig.from_config(config(rollout_mode="later"))
     with pytest.raises(ValueError, match=r"async_rollout has unknown key\(s\) \['staleness'\]; valid keys: max_staleness"):
-        BeyondAgentSettings.from_config(config(async_rollout={"staleness": 2}))
+        BeyondAgentConfig.from_config(config(async_rollout={"staleness": 2}))
     with pytest.raises(ValueError, match=r"old_log_probs='proximal' is not valid; choose one of behaviour, recompute"):
-        BeyondAgentSettings.from_config(config(async_rollout={"old_log_probs": "proximal"}))
+        BeyondAgentConfig.from_config(config(async_rollout={"old_log_probs": "proximal"}))
     with pytest.raises(ValueError, match=r"max_staleness must be an int >= 0"):
-        BeyondAgentSettings.from_config(config(async_rollout={"max_staleness": -1}))
+        BeyondAgentConfig.from_config(config(async_rollout={"max_staleness": -1}))
     sleeping = config(rollout_mode="async")
     sleeping["actor_rollout_ref"]["rollout"]["free_cache_engine"] = True
     with pytest.raises(ValueError, match=r"needs actor_rollout_ref.rollout.free_cache_engine=false"):
-        BeyondAgentSettings.from_config(sleeping)
+        BeyondAgentConfig.from_config(sleeping)

@@ -9,7 +9,7 @@ import pytest
 from beyond_agent.algorithms.gigpo import GiGPOConfig, group_has_step_signal
 from beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec
 from beyond_agent.rollout.dynamic_sampling import DynamicSamplingConfig, GroupSieve, group_has_signal
-from beyond_agent.settings import BeyondAgentSettings
+from beyond_agent.settings import BeyondAgentConfig
 
 
 def group(*outcomes: tuple[float, bool], termination: str = "done") -> list[EpisodeResult]:
@@ -99,7 +99,7 @@ def test_without_a_rule_nothing_is_dropped_or_logged():
 ])
 def test_bad_sections_are_named(section, message):
     with pytest.raises(ValueError, match=message):
-        BeyondAgentSettings.from_config(config(section))
+        BeyondAgentConfig.from_config(config(section))
 
 
 def config(section: dict, n: int = 4, estimator: str = "grpo") -> dict:
@@ -109,10 +109,10 @@ def config(section: dict, n: int = 4, estimator: str = "grpo") -> dict:
 
 
 def test_settings_need_groups_and_a_group_estimator():
-    settings = BeyondAgentSettings.from_config(config({"drop": "all_failure"}))
+    settings = BeyondAgentConfig.from_config(config({"drop": "all_failure"}))
     assert settings.dynamic_sampling.drop == "all_failure" and settings.rows_played_by_loader
-    assert not BeyondAgentSettings.from_config(config({"drop": "none"}, n=1)).rows_played_by_loader
+    assert not BeyondAgentConfig.from_config(config({"drop": "none"}, n=1)).rows_played_by_loader
     with pytest.raises(ValueError, match=r"needs groups: set actor_rollout_ref.rollout.n >= 2 \(it is 1\)"):
-        BeyondAgentSettings.from_config(config({"drop": "zero_variance"}, n=1))
+        BeyondAgentConfig.from_config(config({"drop": "zero_variance"}, n=1))
     with pytest.raises(ValueError, match=r"algorithm.adv_estimator='gae' is not one: set dynamic_sampling.drop=none"):
-        BeyondAgentSettings.from_config(config({"drop": "zero_variance"}, estimator="gae"))
+        BeyondAgentConfig.from_config(config({"drop": "zero_variance"}, estimator="gae"))

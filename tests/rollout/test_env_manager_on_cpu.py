@@ -18,7 +18,7 @@ from envservice import registry
 from envservice.client import EnvClient
 from envservice.envs.base import Task, TextEnv
 from envservice.envs.frozenlake import FrozenLakeEnv, generate_map, shortest_path_actions
-from envservice.server import Settings, create_app
+from envservice.server import EnvServiceConfig, create_app
 from beyond_agent.rollout.dataflow import DataflowConfig, EpisodeSpec
 from beyond_agent.rollout.batch import training_batch
 from beyond_agent.rollout.env_manager import ParallelEnvManager
@@ -56,7 +56,7 @@ def service_url(serve_app):
     registry.register("crash_on_second_step", CrashOnSecondStepEnv, max_steps=50, max_sessions=64)
     registry.register("frozenlake_2_steps", FrozenLakeEnv, max_steps=2, max_sessions=64)
     try:
-        with serve_app(create_app(Settings(env_ids=["frozenlake", "frozenlake_2_steps", "crash_on_second_step"],
+        with serve_app(create_app(EnvServiceConfig(env_ids=["frozenlake", "frozenlake_2_steps", "crash_on_second_step"],
                                            max_sessions=256))) as url:
             yield url
     finally:

@@ -12,7 +12,7 @@ import pytest
 
 from envservice.client import EnvClient
 from envservice.envs.two_player import SEAT_REWARDS
-from envservice.server import Settings, create_app
+from envservice.server import EnvServiceConfig, create_app
 from beyond_agent.actions import ParsedAction
 from beyond_agent.rollout.dataflow import DataflowConfig, EpisodeSpec
 from beyond_agent.rollout.llm import GenerationResult, LLMError, request_seed
@@ -48,7 +48,7 @@ class Moves:
 
 @pytest.fixture(scope="module")
 def service_url(serve_app):
-    with serve_app(create_app(Settings(env_ids=["tictactoe", "frozenlake"], max_sessions=16))) as url:
+    with serve_app(create_app(EnvServiceConfig(env_ids=["tictactoe", "frozenlake"], max_sessions=16))) as url:
         yield url
 
 

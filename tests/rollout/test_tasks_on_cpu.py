@@ -7,7 +7,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from beyond_agent.rollout_manager import rows_to_episodes
-from beyond_agent.settings import BeyondAgentSettings
+from beyond_agent.settings import BeyondAgentConfig
 from beyond_agent.tasks import (DEFAULT_SYSTEM_PROMPT, AgentTask, EnvTask, EpisodeOutcome, StepRewardTask,
                                        TaskTable)
 
@@ -110,7 +110,7 @@ def recipe_config(*overrides: str):
 
 
 def test_settings_hold_the_rollout_objects_and_name_bad_keys():
-    settings = BeyondAgentSettings.from_config(recipe_config(
+    settings = BeyondAgentConfig.from_config(recipe_config(
         "data.max_prompt_length=128", "data.max_response_length=256", "beyond_agent.max_tokens_per_turn=16",
         "+beyond_agent.tasks.babyai.name=step_rewards", "actor_rollout_ref.rollout.temperature=0.7"))
     assert (settings.episode.max_prompt_length, settings.episode.max_response_length,
@@ -128,4 +128,4 @@ def test_settings_hold_the_rollout_objects_and_name_bad_keys():
         ("beyond_agent.tasks.default.name=nope", r"beyond_agent.tasks.default: task 'nope' is not registered"),
     ]:
         with pytest.raises(ValueError, match=message):
-            BeyondAgentSettings.from_config(recipe_config(override))
+            BeyondAgentConfig.from_config(recipe_config(override))

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from beyond_agent.rollout.rounds import RoundsSection
+from beyond_agent.rollout.rounds import RoundsConfig
 from beyond_agent.sections import from_section, section_defaults, section_keys
 from beyond_agent.rollout.seats import SelfPlayConfig
-from beyond_agent.settings import SECTION_CLASSES, BeyondAgentSection, BeyondAgentSettings
+from beyond_agent.settings import SECTION_CLASSES, BeyondAgentSectionConfig, BeyondAgentConfig
 from beyond_agent.tasks import TaskTable
 
 YAML = Path(__file__).resolve().parents[2] / "recipe/multiturn_rl/config/beyond_agent_trainer.yaml"
@@ -45,10 +45,10 @@ def disagreements(cls: type, values: dict, where: str) -> list[str]:
 
 def test_every_default_of_the_beyond_agent_section_agrees_with_its_dataclass():
     section = yaml_section()
-    found = disagreements(BeyondAgentSection, section, "beyond_agent")
+    found = disagreements(BeyondAgentSectionConfig, section, "beyond_agent")
     for key, cls in SECTION_CLASSES.items():
         found += disagreements(cls, section[key], f"beyond_agent.{key}")
-    found += disagreements(RoundsSection, section["rounds"], "beyond_agent.rounds")
+    found += disagreements(RoundsConfig, section["rounds"], "beyond_agent.rounds")
     assert found == []
 
 
@@ -62,18 +62,18 @@ def test_only_the_listed_keys_are_computed_in_the_yaml():
 
 def test_the_default_task_of_the_yaml_is_the_one_an_absent_section_gives():
     configured = TaskTable.from_config(yaml_section()["tasks"]).tasks["default"]
-    absent = TaskTable.from_config(section_defaults(BeyondAgentSection)["tasks"]).tasks["default"]
+    absent = TaskTable.from_config(section_defaults(BeyondAgentSectionConfig)["tasks"]).tasks["default"]
     assert type(configured) is type(absent) and type(configured.parser) is type(absent.parser)
     assert (configured.action_format, configured.system_prompt) == (absent.action_format, absent.system_prompt)
 
 
 def test_the_check_finds_a_drifted_default():
     drifted = {**yaml_section()["trajectories"], "every": 0, "extra": 1}
-    from beyond_agent.settings import TrajectoryDump
+    from beyond_agent.settings import TrajectoryDumpConfig
 
-    assert disagreements(TrajectoryDump, drifted, "beyond_agent.trajectories") == [
-        "beyond_agent.trajectories.extra: the YAML has it, TrajectoryDump does not",
-        "beyond_agent.trajectories.every: YAML 0, TrajectoryDump default 1"]
+    assert disagreements(TrajectoryDumpConfig, drifted, "beyond_agent.trajectories") == [
+        "beyond_agent.trajectories.extra: the YAML has it, TrajectoryDumpConfig does not",
+        "beyond_agent.trajectories.every: YAML 0, TrajectoryDumpConfig default 1"]
 
 
 def test_a_config_that_leaves_every_section_out_reads_as_the_yaml_does():
@@ -83,8 +83,8 @@ def test_a_config_that_leaves_every_section_out_reads_as_the_yaml_does():
     full = {**minimal, "beyond_agent": {**yaml_section(), "trajectories": {**yaml_section()["trajectories"],
                                                                           "dir": "trajectories"},
                                         "sampling_seed": None}}  # the YAML's follows actor_rollout_ref.rollout.seed
-    assert BeyondAgentSettings.from_config(minimal).trajectories == BeyondAgentSettings.from_config(full).trajectories
-    settings = BeyondAgentSettings.from_config(minimal)
+    assert BeyondAgentConfig.from_config(minimal).trajectories == BeyondAgentConfig.from_config(full).trajectories
+    settings = BeyondAgentConfig.from_config(minimal)
     assert (settings.trajectories.every, settings.weight_sync.mode, settings.async_rollout.max_staleness) == (1, "full", 1)
 
 
@@ -100,15 +100,15 @@ def test_self_play_is_read_from_its_section_and_refused_beside_a_users_agent():
     config = {"beyond_agent": {"env": {"url": "http://127.0.0.1:8000"}, "self_play": {"envs": ["tictactoe"]}},
               "data": {"max_prompt_length": 256, "max_response_length": 512},
               "actor_rollout_ref": {"rollout": {"temperature": 1.0}}}
-    settings = BeyondAgentSettings.from_config(config)
+    settings = BeyondAgentConfig.from_config(config)
     assert settings.self_play.active and settings.self_play == SelfPlayConfig(envs=("tictactoe",), seats=2)
     config["beyond_agent"]["agent"] = {"command": "python my_agent.py"}
     with pytest.raises(ValueError, match="beyond_agent.self_play and beyond_agent.agent cannot be on together"):
-        BeyondAgentSettings.from_config(config)
+        BeyondAgentConfig.from_config(config)
     config["beyond_agent"].pop("agent")
     config["beyond_agent"]["self_play"] = {"envs": ["tictactoe"], "seats": True}
     with pytest.raises(ValueError, match=r"self_play.seats must be an integer >= 2, got True"):
-        BeyondAgentSettings.from_config(config)
+        BeyondAgentConfig.from_config(config)
     config["beyond_agent"]["self_play"] = {"envs": "tictactoe"}
     with pytest.raises(ValueError, match=r"self_play.envs must be a list of env ids, got 'tictactoe'"):
-        BeyondAgentSettings.from_config(config)
+        BeyondAgentConfig.from_config(config)

@@ -6,7 +6,7 @@ import pytest
 from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
 
 from beyond_agent.algorithms.estimators import GROUP_BASED, declare_estimator, is_group_based
-from beyond_agent.settings import BeyondAgentSettings
+from beyond_agent.settings import BeyondAgentConfig
 
 
 def config(adv_estimator: str) -> dict:
@@ -21,17 +21,17 @@ def test_every_estimator_verl_registers_is_declared():
 
 def test_the_group_flags_of_verls_estimators():
     assert sorted(name for name, group in GROUP_BASED.items() if not group) == ["gae", "reinforce_plus_plus", "remax"]
-    assert BeyondAgentSettings.from_config(config("rloo")).group_based
-    assert not BeyondAgentSettings.from_config(config("gae")).group_based
+    assert BeyondAgentConfig.from_config(config("rloo")).group_based
+    assert not BeyondAgentConfig.from_config(config("gae")).group_based
 
 
 def test_an_undeclared_estimator_is_refused_until_declared():
     with pytest.raises(ValueError, match=r"adv_estimator='my_estimator' is not declared .*declare_estimator"
                                          r"\('my_estimator', group_based=True or False\).*declared: gae, gdpo"):
-        BeyondAgentSettings.from_config(config("my_estimator"))
+        BeyondAgentConfig.from_config(config("my_estimator"))
     declare_estimator("my_estimator", group_based=False)
     try:
-        assert not BeyondAgentSettings.from_config(config("my_estimator")).group_based
+        assert not BeyondAgentConfig.from_config(config("my_estimator")).group_based
         assert not is_group_based("my_estimator")
     finally:
         GROUP_BASED.pop("my_estimator")

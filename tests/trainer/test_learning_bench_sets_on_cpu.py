@@ -59,13 +59,13 @@ def test_babyai_maps_are_layouts_of_one_level_and_the_bot_solves_them_through_th
     from transformers import AutoTokenizer
 
     from envservice.client import EnvClient
-    from envservice.server import Settings, create_app
+    from envservice.server import EnvServiceConfig, create_app
 
     game = bench.parse_args(["--env", "babyai"]).game
     assert bench.MapSet("heldout", "test", 3).task_set(game).tasks == tuple(
         ("BabyAI-GoToRedBallNoDists-v0", seed) for seed in range(3))
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
-    with serve_app(create_app(Settings(env_ids=["babyai"]))) as url, EnvClient(url) as client:
+    with serve_app(create_app(EnvServiceConfig(env_ids=["babyai"]))) as url, EnvClient(url) as client:
         records = [bench.oracle_record(client, tokenizer, number, game) for number in (500, 501, 502)]
     assert all(record.success and record.termination == "done" for record in records)
     assert all(record.rounds <= game.limits["max_rounds"] - 2 for record in records)
@@ -78,11 +78,11 @@ def test_tictactoe_positions_are_won_by_minimax_through_the_dataflow_in_the_comp
     from transformers import AutoTokenizer
 
     from envservice.client import EnvClient
-    from envservice.server import Settings, create_app
+    from envservice.server import EnvServiceConfig, create_app
 
     game = bench.parse_args(["--env", "tictactoe"]).game
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
-    with serve_app(create_app(Settings(env_ids=["tictactoe"]))) as url, EnvClient(url) as client:
+    with serve_app(create_app(EnvServiceConfig(env_ids=["tictactoe"]))) as url, EnvClient(url) as client:
         records = [bench.oracle_record(client, tokenizer, number, game) for number in range(500, 510)]
     assert all(record is not None and record.success and record.termination == "done" for record in records)
     assert all(record.rounds <= 3 and len(record.prompt_ids) <= game.limits["max_prompt_length"] for record in records)

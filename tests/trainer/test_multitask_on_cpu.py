@@ -24,7 +24,7 @@ from beyond_agent.multitask import (
     task_rollout_figures,
 )
 from beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec
-from beyond_agent.settings import BeyondAgentSettings
+from beyond_agent.settings import BeyondAgentConfig
 from beyond_agent.sections import from_section
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "recipe/multiturn_rl/config"
@@ -143,13 +143,13 @@ def test_the_driver_checks_the_weights_against_the_train_files_before_ray_starts
     good = composed(train_files, "beyond_agent.multitask.task_weights={frozenlake:2,babyai:1}",
                     "beyond_agent.multitask.task_advantage_norm=true")
     check_config(good)
-    settings = BeyondAgentSettings.from_config(good).multitask
+    settings = BeyondAgentConfig.from_config(good).multitask
     assert settings == MultitaskConfig(task_weights={"frozenlake": 2.0, "babyai": 1.0}, task_advantage_norm=True)
     with pytest.raises(SystemExit, match=r"beyond_agent config: beyond_agent\.multitask\.task_weights names unknown "
                                          r"task\(s\) \['babyia'\]; the tasks \(data_source\) of data\.train_files "
                                          r"are: babyai, frozenlake"):
         check_config(composed(train_files, "beyond_agent.multitask.task_weights={frozenlake:2,babyia:1}"))
-    assert BeyondAgentSettings.from_config(composed()).multitask == MultitaskConfig()  # the recipe's default: off
+    assert BeyondAgentConfig.from_config(composed()).multitask == MultitaskConfig()  # the recipe's default: off
 
 
 # ---- per-task rollout figures -------------------------------------------------------------------

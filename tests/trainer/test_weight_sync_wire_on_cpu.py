@@ -21,7 +21,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf, open_dict
 
-from beyond_agent.settings import BeyondAgentSettings
+from beyond_agent.settings import BeyondAgentConfig
 from beyond_agent.weights import PayloadKind, SyncMode, WeightDeltaSender, WeightSyncConfig
 from beyond_agent.weights.verl_backend import (
     BACKEND,
@@ -448,12 +448,12 @@ def test_settings_read_the_weight_sync_section() -> None:
     base = {"beyond_agent": {"env": {"url": "http://127.0.0.1:8000"}},
             "data": {"max_prompt_length": 512, "max_response_length": 256},
             "actor_rollout_ref": {"rollout": {"temperature": 1.0}}}
-    assert BeyondAgentSettings.from_config(base).weight_sync == WeightSyncConfig("full", 10, "rollout")
+    assert BeyondAgentConfig.from_config(base).weight_sync == WeightSyncConfig("full", 10, "rollout")
     base["beyond_agent"]["weight_sync"] = {"mode": "delta", "full_every": 2}
-    assert BeyondAgentSettings.from_config(base).weight_sync == WeightSyncConfig("delta", 2)
+    assert BeyondAgentConfig.from_config(base).weight_sync == WeightSyncConfig("delta", 2)
     base["beyond_agent"]["weight_sync"] = {"mode": "sparse"}
     with pytest.raises(ValueError, match=r"beyond_agent\.weight_sync\.mode must be one of"):
-        BeyondAgentSettings.from_config(base)
+        BeyondAgentConfig.from_config(base)
 
 
 class EightRanks:
