@@ -33,7 +33,7 @@ from beyond_agent.weights.lora import LoraPlan, configure_lora
 from beyond_agent.weights.verl_backend import configure_weight_sync
 
 MANAGER_CLASS = "beyond_agent.rollout_manager.BeyondAgentLoopManager"
-
+"""The rollout manager verl builds when the user names none (`agent_loop_manager_class`)."""
 
 
 def prepare_verl_config(config: Any, settings: BeyondAgentConfig) -> LoraPlan | None:
@@ -45,9 +45,10 @@ def prepare_verl_config(config: Any, settings: BeyondAgentConfig) -> LoraPlan | 
       (`configure_lora`, which refuses with the key to change a LoRA run this path does not serve);
     - with `weight_sync.mode: delta`, verl's checkpoint-engine seams name our delta backend
       (`configure_weight_sync`, which refuses with the key to change a run the delta path cannot serve);
-    - with a user's agent (`beyond_agent.agent.function` or `command`), `trainer.balance_batch` is turned on,
+    - with a user's agent (`beyond_agent.agent`) or self-play, `trainer.balance_batch` is turned on,
       because `fit()` reaches our join point only then and that is where the per_call episodes' earlier samples
-      join the batch (`BeyondAgentTrainer.join_rows`; verl reorders rows only if the user had asked for it).
+      join the batch (the trainer's `TrainerSeams.join_rows` hook; verl reorders rows only if the user had asked
+      for it).
 
     The one change made later is `align_total_epochs`, which needs verl's dataloader. Returns the LoRA adapter
     the run trains (None: full fine-tuning). Raises ValueError.

@@ -257,7 +257,7 @@ def patch(owner: Any, attribute: str, replacement: Any) -> Any:
     if not hasattr(owner, attribute):
         raise SeamMissing(f"{type(owner).__qualname__} has no attribute {attribute!r} to replace: the installed "
                           f"upstream changed; see `python -m beyond_agent.seams`")
-    if not any(seam.kind == PATCH and seam.upstream.endswith(f".{attribute}") for seam in SEAMS):
+    if not any(seam.kind == PATCH and seam.name.rpartition(".")[2] == attribute for seam in SEAMS):
         raise KeyError(f"{attribute!r} is not a registered seam (beyond_agent/seams/__init__.py: SEAMS)")
     original = getattr(owner, attribute)
     setattr(owner, attribute, replacement)
