@@ -36,7 +36,7 @@ MANAGER_CLASS = "beyond_agent.rollout_manager.BeyondAgentLoopManager"
 """The rollout manager verl builds when the user names none (`agent_loop_manager_class`)."""
 
 
-def prepare_verl_config(config: Any, settings: BeyondAgentConfig) -> LoraPlan | None:
+def prepare_verl_config(config: Any, beyond_config: BeyondAgentConfig) -> LoraPlan | None:
     """Every change BeyondAgent makes to verl's config before verl reads it, in one place:
 
     - verl's rollout-manager seam (`actor_rollout_ref.rollout.agent.agent_loop_manager_class`) names our
@@ -57,10 +57,10 @@ def prepare_verl_config(config: Any, settings: BeyondAgentConfig) -> LoraPlan | 
         agent = config.actor_rollout_ref.rollout.agent
         if not agent.get("agent_loop_manager_class"):
             agent.agent_loop_manager_class = MANAGER_CLASS
-    if settings.agent.active or settings.self_play.active:  # our segment and seat rows join the batch there
+    if beyond_config.agent.active or beyond_config.self_play.active:  # our segment and seat rows join there
         open_join_point(config)
-    lora = configure_lora(config, settings.weight_sync.mode)
-    configure_weight_sync(config, settings.weight_sync)
+    lora = configure_lora(config, beyond_config.weight_sync.mode)
+    configure_weight_sync(config, beyond_config.weight_sync)
     return lora
 
 

@@ -25,7 +25,8 @@ from beyond_agent.run_folder import METRICS_PATH_VARIABLE, metrics_path
 from beyond_agent.verl_pin import ensure_pinned_verl
 
 ensure_pinned_verl()  # before the trainer imports verl: a wrong verl is named as such, not as an import error
-from .trainer import BeyondAgentTrainer, prepare_verl_config  # noqa: E402  (relative: a copy of this folder trains with its own trainer)
+from beyond_agent.training import prepare_verl_config  # noqa: E402
+from .trainer import BeyondAgentTrainer  # noqa: E402  (relative: a copy of this folder trains with its own trainer)
 
 
 def check_config(config) -> None:
@@ -38,11 +39,11 @@ def check_config(config) -> None:
     resolved = copy.deepcopy(config)
     OmegaConf.resolve(resolved)
     try:
-        settings = BeyondAgentConfig.from_config(config)
-        if settings.agent.active:  # the user's agent imports (or its program is found) here, not in the rollout
-            settings.agent.load(settings.episode.episode_timeout_s)
-        prepare_verl_config(resolved, settings)
-        check_task_weights_against_files(settings.multitask.task_weights, config.data.train_files)
+        beyond_config = BeyondAgentConfig.from_config(config)
+        if beyond_config.agent.active:  # the user's agent imports (or its program is found) here, not in the rollout
+            beyond_config.agent.load(beyond_config.episode.episode_timeout_s)
+        prepare_verl_config(resolved, beyond_config)
+        check_task_weights_against_files(beyond_config.multitask.task_weights, config.data.train_files)
     except ValueError as error:  # a bad key: one sentence naming it, before Ray starts
         raise SystemExit(f"beyond_agent config: {error}") from None
     validate_with_verl(resolved)
@@ -134,11 +135,12 @@ def _task_runner_class():
             validate_config(config=config, use_reference_policy=need_reference_policy(config),
                             use_critic=need_critic(config))
             model_config = omega_conf_to_dataclass(config.actor_rollout_ref.model)
-            settings = BeyondAgentConfig.from_config(config)  # once in this process; the trainer takes it
+            beyond_config = BeyondAgentConfig.from_config(config)  # once in this process; the trainer takes it
             train, val, sampler = build_datasets(config, model_config.tokenizer, model_config.processor,
-                                                 settings.multitask)
+                                                 beyond_config.multitask)
             trainer = BeyondAgentTrainer(
-                config=config, settings=settings, tokenizer=model_config.tokenizer, processor=model_config.processor,
+                config=config, beyond_config=beyond_config, tokenizer=model_config.tokenizer,
+                processor=model_config.processor,
                 role_worker_mapping=self.role_worker_mapping, resource_pool_manager=self.init_resource_pool_mgr(config),
                 ray_worker_group_cls=worker_group_cls, train_dataset=train, val_dataset=val,
                 collate_fn=collate_fn, train_sampler=sampler,

@@ -61,12 +61,12 @@ class BeyondAgentTrainer(TrainerSeams):
     """RayPPOTrainer whose rollout is BeyondAgent's ParallelEnvManager (see the module docstring); it fills the
     per-step hooks of `TrainerSeams`, which alone overrides verl's private helpers."""
 
-    def __init__(self, config: Any, *args: Any, settings: BeyondAgentConfig | None = None, **kwargs: Any):
+    def __init__(self, config: Any, *args: Any, beyond_config: BeyondAgentConfig | None = None, **kwargs: Any):
         ensure_pinned_verl()
-        self.beyond_settings = settings if settings is not None else BeyondAgentConfig.from_config(config)
+        self.beyond_config = beyond_config if beyond_config is not None else BeyondAgentConfig.from_config(config)
         """Our validated `beyond_agent:` section (read from `config` unless the caller read it already)."""
         self.reorders_rows = bool(config.trainer.get("balance_batch", True))  # the user's, before the join point
-        self.lora_plan = prepare_verl_config(config, self.beyond_settings)
+        self.lora_plan = prepare_verl_config(config, self.beyond_config)
         """The LoRA adapter this run trains (None: full fine-tuning)."""
         if self.lora_plan is not None:
             plan = self.lora_plan
@@ -83,17 +83,17 @@ class BeyondAgentTrainer(TrainerSeams):
     def init_workers(self) -> None:
         """verl's workers, then the one wrapper around its weight sync (`wrap_weight_sync`)."""
         super().init_workers()
-        rollout = self.async_rollout_manager if self.beyond_settings.is_async else None
+        rollout = self.async_rollout_manager if self.beyond_config.is_async else None
         wrap_weight_sync(self.checkpoint_manager, rollout, self.lora_plan, self._take_actor_output)
 
     def fit(self) -> None:
         """verl's fit(), then the curves PNG (also after a failure: the steps that ran are worth a look)."""
         try:
-            if self.beyond_settings.rows_played_by_loader:
+            if self.beyond_config.rows_played_by_loader:
                 self.train_dataloader = PlayedRowLoader(self.train_dataloader, self)
             super().fit()
         finally:
-            if self.beyond_settings.is_async:
+            if self.beyond_config.is_async:
                 self.async_rollout_manager.close_async()
             write_curves_beside_metrics(os.environ.get(METRICS_PATH_VARIABLE))
 
@@ -108,11 +108,11 @@ class BeyondAgentTrainer(TrainerSeams):
         up to a whole number of mini-batches (`rollout.batch.add_segment_rows`; their counts are logged as
         `beyond_agent/agent/segment_rows` and `pad_rows`)."""
         figures = figures_of(self.async_rollout_manager)  # another manager: none
-        settings = self.beyond_settings
-        if (settings.agent.active or settings.self_play.active) and figures is not None:
+        beyond_config = self.beyond_config
+        if (beyond_config.agent.active or beyond_config.self_play.active) and figures is not None:
             added = add_segment_rows(batch, figures.take_segment_rows(), self._mini_batch_rows(),
                                      self.tokenizer.pad_token_id)
-            section = "agent" if settings.agent.active else "self_play"
+            section = "agent" if beyond_config.agent.active else "self_play"
             metrics.update({f"beyond_agent/{section}/{key}": float(value) for key, value in added.items()})
 
     def _mini_batch_rows(self) -> int:
@@ -127,7 +127,7 @@ class BeyondAgentTrainer(TrainerSeams):
     def after_old_log_prob(self, batch: Any, old_log_prob: Any) -> Any:
         """In async mode the rollout/trainer gap is logged, and π_old = the behaviour policy when
         `old_log_probs: behaviour`."""
-        if not self.beyond_settings.is_async:
+        if not self.beyond_config.is_async:
             return old_log_prob
         if "rollout_log_probs" not in batch.batch:
             raise RuntimeError("async rollout needs the rollout's sampling log-probs (rollout_log_probs), and this "
@@ -135,7 +135,7 @@ class BeyondAgentTrainer(TrainerSeams):
         recomputed = old_log_prob.batch["old_log_probs"]
         behaviour = batch.batch["rollout_log_probs"].to(recomputed.dtype)
         self._async_actor_metrics = log_prob_gap_metrics(recomputed, behaviour, batch.batch["response_mask"])
-        if self.beyond_settings.async_rollout.old_log_probs == "behaviour":
+        if self.beyond_config.async_rollout.old_log_probs == "behaviour":
             old_log_prob.batch["old_log_probs"] = behaviour
         return old_log_prob
 
@@ -151,10 +151,10 @@ class BeyondAgentTrainer(TrainerSeams):
         `multitask.task_advantage_norm`. Returns those figures and the step's rollout/trainer log-prob gap."""
         figures = {}
         if self.config.algorithm.adv_estimator == "gigpo":  # verl computed A^E; the step part needs our turns
-            figures.update(add_step_advantages(batch, self.beyond_settings.gigpo, norm_of(self.config.algorithm)))
+            figures.update(add_step_advantages(batch, self.beyond_config.gigpo, norm_of(self.config.algorithm)))
         elif self.config.algorithm.adv_estimator in RECOUNTED_ESTIMATORS:  # a per_call agent's segments: each episode once
             count_each_episode_once(batch, norm_of(self.config.algorithm), estimator=self.config.algorithm.adv_estimator)
-        if self.beyond_settings.multitask.task_advantage_norm:
+        if self.beyond_config.multitask.task_advantage_norm:
             figures.update(apply_task_advantage_norm(batch))
         figures.update(self._async_actor_metrics)
         self._async_actor_metrics = {}
