@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from beyond_agent.run_folder import METRICS_NAME
+from beyond_agent.run_folder import MetricsLog
 from verl_cpu.overrides import CPU_ENV, cpu_overrides
 
 # The tiny model on 2 cores: small batches, short contexts, one of everything.
@@ -43,13 +43,6 @@ def train(tiny_model_dir: Path, run_dir: Path, overrides: list[str], env: dict[s
         log.write(output)
     assert done.returncode == 0, output[-6000:]
     return output
-
-
-def metrics_files(run_dir: Path) -> list[Path]:
-    """The non-empty files verl's `file` tracker wrote in `run_dir`: metrics.jsonl, then metrics.<n>.jsonl, one per
-    resumed run (beyond_agent.run_folder.metrics_path)."""
-    found = [path for path in run_dir.glob("metrics*.jsonl") if METRICS_NAME.match(path.name) and path.stat().st_size]
-    return sorted(found, key=lambda path: int(METRICS_NAME.match(path.name).group(1) or 0))
 
 
 # ---- the end-to-end training runs the suite shares ------------------------------------------------------------
@@ -98,9 +91,9 @@ class TrainingRun:
 def training_run(tiny_model_dir: Path):
     """training_run(run_dir, overrides, env=None) -> TrainingRun; fails with the output's tail on a non-zero exit."""
     def run(run_dir: Path, overrides: list[str], env: dict[str, str] | None = None) -> TrainingRun:
-        earlier = metrics_files(run_dir) if run_dir.is_dir() else []
+        earlier = MetricsLog(run_dir).files() if run_dir.is_dir() else []  # a resumed run's folder has some
         output = train(tiny_model_dir, run_dir, overrides, env)
-        written = [path for path in metrics_files(run_dir) if path not in earlier]
+        written = [path for path in MetricsLog(run_dir).files() if path not in earlier]
         assert written, f"the run wrote no metrics file in {run_dir} (trainer.logger needs `file`)"
         return TrainingRun(output, run_dir, run_dir.parent, written[-1])
 
