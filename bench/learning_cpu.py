@@ -48,12 +48,15 @@ the range. It is a benchmark, not a test: figures vary with the machine.
 Resumable: each evaluated stage is kept in `<out>/seed<N>/stages/<stage>.json` (the figures, the RL run's
 wall time and folder) and a later call with the same `--out` reuses it instead of training again, so a long
 comparison can be stopped and restarted, or run one variant at a time; the table shows every stage asked for.
-Delete a stage's file to redo it.
+Delete a stage's file to redo it. `--kept bench/results/<name>` keeps those files in the checkout instead, so a
+comparison longer than one machine's lifetime goes on elsewhere: the warm-up is trained again there (the kept
+warm-up records its weights' sha256, and the bench refuses to add RL stages to a different warm model).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -683,6 +686,26 @@ def write_rl_data(out: Path, service_url: str, args) -> Path:
     return out
 
 
+def weights_digest(model_dir: Path) -> str:
+    """sha256 over a model folder's weight files (name and bytes): tells whether a warm-up trained again on
+    another machine is the model an earlier call's kept RL stages started from."""
+    digest = hashlib.sha256()
+    for path in sorted(model_dir.glob("*.safetensors")):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def require_same_warm_model(kept_warmup: dict, digest: str, seed: int) -> None:
+    """Refuse to add RL stages that start from a warm model other than the one the kept warm-up figures are
+    of (a kept file from before the digest was recorded is taken as it is)."""
+    recorded = kept_warmup.get("weights_sha256")
+    if recorded is not None and recorded != digest:
+        raise SystemExit(f"[learning] seed {seed}: the warm-up trained here (weights sha256 {digest[:12]}) is not "
+                         f"the one the kept stages started from ({recorded[:12]}); delete seed {seed}'s kept "
+                         f"stages to redo them")
+
+
 def kept_stage(out: Path, stage: str) -> dict | None:
     """The figures of a stage an earlier call of this bench evaluated (`stages/<stage>.json`), if any."""
     path = out / "stages" / f"{stage}.json"
@@ -706,19 +729,21 @@ def keep_stage(out: Path, stage: str, figures: dict) -> dict:
 def run_seed(seed: int, base_dir: Path, tokenizer, client: EnvClient, data_dir: Path, args) -> dict:
     """Warm-up, then every RL variant from that warm model; the figures of each stage (kept ones reused)."""
     out = args.out.resolve() / f"seed{seed}"
+    kept = (args.kept.resolve() if args.kept else args.out.resolve()) / f"seed{seed}"
     started = time.monotonic()
     warm_dir = warmup_stage(base_dir, out / "warm_model", tokenizer, client, args, seed)
-    stages = {"warm-up": kept_stage(out, "warm-up") or keep_stage(out, "warm-up", evaluate_stage(
-        f"warm-up (seed {seed})", warm_dir, tokenizer, client, args))}
+    warm_digest = weights_digest(warm_dir)
+    stages = {"warm-up": kept_stage(kept, "warm-up") or keep_stage(kept, "warm-up", {**evaluate_stage(
+        f"warm-up (seed {seed})", warm_dir, tokenizer, client, args), "weights_sha256": warm_digest})}
+    require_same_warm_model(stages["warm-up"], warm_digest, seed)
     if args.offline:
         episodes = own_episodes(warm_dir, out, tokenizer, client, args, seed)
         for method in args.offline:
             trained = offline_stage(method, warm_dir, episodes, out / f"offline_{method}", args, seed)
             stages[f"+{method}"] = evaluate_stage(f"+{method} (seed {seed})", trained, tokenizer, client, args)
     for variant in args.rl:
-        kept = kept_stage(out, variant)
-        if kept is not None:
-            stages[variant] = kept
+        if (figures := kept_stage(kept, variant)) is not None:
+            stages[variant] = figures
             continue
         try:
             run_started = time.monotonic()
@@ -730,7 +755,7 @@ def run_seed(seed: int, base_dir: Path, tokenizer, client: EnvClient, data_dir: 
             continue
         figures = evaluate_stage(f"{variant} (seed {seed})", trained, tokenizer, client, args)
         run_dir = trained.parents[3]  # <run>/checkpoints/global_step_N/actor/huggingface
-        stages[variant] = keep_stage(out, variant, {**figures, "rl_wall_s": rl_wall_s, "run": str(run_dir),
+        stages[variant] = keep_stage(kept, variant, {**figures, "rl_wall_s": rl_wall_s, "run": str(run_dir),
                                                     "training": training_figures(run_dir / "metrics.jsonl")})
     print(f"[learning] seed {seed}: {time.monotonic() - started:.0f} s", flush=True)
     return stages
@@ -883,6 +908,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--reuse-warmup", action="store_true",
                         help="reuse a seed's warm model from an earlier run in --out that finished with the same settings")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "outputs" / "learning_cpu")
+    parser.add_argument("--kept", type=Path, default=None,
+                        help="where each stage's figures are kept (<kept>/seed<N>/stages/<stage>.json; default "
+                             "--out): a folder in the checkout carries a long comparison across machines")
     parser.add_argument("--json", type=Path, default=None, help="also write every figure of the table here")
     args = parser.parse_args(argv)
     args.game = {"frozenlake": Lake(args.size), "babyai": Level(), "tictactoe": Board()}[args.env]
