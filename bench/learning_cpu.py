@@ -125,9 +125,14 @@ class EpisodeLimits:
 
     @property
     def limits(self) -> dict:
-        """`DataflowConfig` keyword arguments."""
+        """The round limit and `DataflowConfig`'s keyword arguments."""
         rounds, prompt, response = self.episode_limits
         return dict(max_rounds=rounds, max_prompt_length=prompt, max_response_length=response, max_tokens_per_turn=6)
+
+    @property
+    def dataflow_config(self) -> DataflowConfig:
+        """The limits every episode shares (all but the round limit, `limits["max_rounds"]`)."""
+        return DataflowConfig(**{key: value for key, value in self.limits.items() if key != "max_rounds"})
 
     def rl_overrides(self) -> list[str]:
         """The same limits for the recipe (bench/learning_cpu.yaml holds 4x4 FrozenLake's)."""
@@ -240,7 +245,7 @@ def oracle_record(client: EnvClient, tokenizer, number: int, game: Game) -> Traj
     spec = EpisodeSpec(game.env_id, task_id=task, seed=seed, split="train", params=dict(game.params),
                        group_id=f"oracle-{number}")
     policy = game.oracle_policy(client, tokenizer, spec)
-    result = Dataflow(spec, client, policy, tokenizer, DataflowConfig(**game.limits)).run()
+    result = Dataflow(spec, client, policy, tokenizer, game.dataflow_config, game.limits["max_rounds"]).run()
     if result.infra_failure or not (result.success or game.oracle_may_lose):
         raise RuntimeError(f"the oracle failed on train map {number}: {result.termination} {result.error}")
     return episode_record(result, step=0, kind="train") if result.success else None
@@ -264,7 +269,7 @@ def play_maps(model, tokenizer, client: EnvClient, maps: MapSet, temperature: fl
     (the real Dataflow); an infra failure stops the bench: it is never a failed episode."""
     torch.manual_seed(seed)
     policy = Policy(TransformersPolicy(model, tokenizer.eos_token_id, temperature), concurrency=1)
-    settings = EvaluationConfig(DataflowConfig(**game.limits), samples=samples)
+    settings = EvaluationConfig(game.dataflow_config, game.limits["max_rounds"], samples=samples)
     return evaluate(policy, client, maps.task_set(game), settings, tokenizer).require_complete().results
 
 

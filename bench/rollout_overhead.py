@@ -75,7 +75,7 @@ def services(args):
 def measure_manager(args, tokenizer, vllm_url, model, env_url) -> dict[str, dict]:
     """Run the same episodes through ParallelEnvManager (first call, then warm calls) and one by one."""
     specs = [EpisodeSpec("babyai", task_id=i % 10, seed=i, group_id=f"t{i}", index=i) for i in range(args.episodes)]
-    config = DataflowConfig(max_rounds=args.rounds, max_prompt_length=1024, max_response_length=2048,
+    config = DataflowConfig(max_prompt_length=1024, max_response_length=2048,
                             max_tokens_per_turn=args.max_tokens)
     sampling = SamplingParams(temperature=1.0)
     modes = ["first call"] + [f"warm call {i + 1}" for i in range(args.warm_calls)] + ["sequential"]
@@ -88,9 +88,9 @@ def measure_manager(args, tokenizer, vllm_url, model, env_url) -> dict[str, dict
                                              max_workers=args.episodes)
                 started = time.monotonic()
                 if mode == "sequential":
-                    results = run_dataflows(specs, manager.dataflow)
+                    results = run_dataflows(specs, lambda spec: manager.dataflow(spec, args.rounds))
                 else:
-                    results = manager.run(specs).results
+                    results = manager.run(specs, args.rounds).results
                 figures[mode] = call_figures(results, started, time.monotonic(), llm.metrics())
     return figures
 

@@ -116,11 +116,11 @@ def from_args(args: argparse.Namespace) -> tuple[PolicyConfig, TaskSet, Evaluati
                           vllm_urls=tuple(args.vllm_url or ()), served_model_name=args.served_model_name,
                           max_model_len=args.max_model_len, max_in_flight=args.concurrency)
     tasks = TaskSet.of("collect", args.env, args.split, args.tasks, seed_offset=args.seed, params=args.params)
-    limits = DataflowConfig(max_rounds=args.max_rounds, max_prompt_length=args.max_prompt_length,
+    limits = DataflowConfig(max_prompt_length=args.max_prompt_length,
                             max_response_length=args.max_response_length,
                             max_tokens_per_turn=args.max_tokens_per_turn)
     agent_task = build_task({"name": args.agent_task, "action_format": args.action_format}, "--agent-task")
-    return policy, tasks, EvaluationConfig(limits, samples=args.n, agent_task=agent_task)
+    return policy, tasks, EvaluationConfig(limits, args.max_rounds, samples=args.n, agent_task=agent_task)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -148,6 +148,8 @@ class EvaluationConfig:
     """How each task is played: episodes per task, the limits of each, and the AgentTask that scores them."""
 
     limits: DataflowConfig
+    max_rounds: int
+    """Assistant turns per episode at most."""
     samples: int = 1
     """Episodes per task (one group: they share the task's seed)."""
     agent_task: AgentTask = field(default_factory=EnvTask)
@@ -175,5 +177,5 @@ def evaluate(policy: Policy, env: Any, tasks: TaskSet, settings: EvaluationConfi
     same random numbers on every run (the seed is `PolicyConfig.seed`); on vLLM each request has its own seed."""
     manager = ParallelEnvManager(env, policy.generate, tokenizer, settings.limits, max_workers=policy.concurrency)
     specs = place_seeds(episode_specs(tasks, settings.samples, settings.agent_task), policy.sampling_seed, "evaluate")
-    output = manager.run(specs, on_result=on_result)
+    output = manager.run(specs, settings.max_rounds, on_result=on_result)
     return Evaluation(tasks, output.results, output.metrics)

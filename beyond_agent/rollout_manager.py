@@ -24,7 +24,7 @@ row key the trainer's loader wrote (`ROW_KEY`). Dynamic sampling (rollout/dynami
 way in sync mode: `take_rows` plays a batch of rows on the spot, drops the groups without signal and plays
 new rows in their place, before the batch reaches verl. Validation always plays its episodes on the spot.
 
-The round limit of each step comes from a `Horizon` (rollout/rounds.py): the schedule's value, raised from
+The round limit of each step comes from a `RoundLimit` (rollout/rounds.py): the schedule's value, raised from
 the episodes each step trained on for `rounds.type: adaptive`; the limit is logged as `beyond_agent/max_rounds`.
 """
 
@@ -49,7 +49,7 @@ from beyond_agent.gateway.agents import AgentEnvManager
 from beyond_agent.gateway.server import GatewayServer
 from beyond_agent.rollout.env_manager import ParallelEnvManager, RolloutOutput, summarize
 from beyond_agent.rollout.llm import AsyncLLMServerManager, VerlLLMServerBackend
-from beyond_agent.rollout.rounds import Horizon
+from beyond_agent.rollout.rounds import RoundLimit
 from beyond_agent.rollout.seats import OpponentModels, SelfPlayEnvManager, seat_figures
 from beyond_agent.rollout.versions import PolicyVersionGate
 from beyond_agent.run_folder import METRICS_PREFIX
@@ -149,7 +149,7 @@ class BeyondAgentLoopManager:
         """Weight versions of generated turns; the trainer's weight sync goes through it in async mode."""
         self.opponents = OpponentModels(self.settings.self_play.endpoints)
         """The self-play pool's frozen models (their LLM fronts open on first use and last the run)."""
-        self.horizon = Horizon(self.settings.rounds, record_dir=config.trainer.get("default_local_dir"))
+        self.round_limit = RoundLimit(self.settings.rounds, record_dir=config.trainer.get("default_local_dir"))
         """The round limit of each step (adaptive: raised by the agent's episodes; kept in horizon.json)."""
         self._pool: AsyncEpisodePool | None = None
         self._row_source: RowSource | None = None  # sync mode's rows, with dynamic sampling
@@ -193,7 +193,7 @@ class BeyondAgentLoopManager:
             self._validation.extend(zip(tasks, map(outcome_only, output.results)))
         else:
             self._step_figures = rollout_figures(output, self.llm.metrics().busy_time_s - busy_before, tasks)
-            horizon = self.horizon.observe(int(meta.get("global_steps", 0)), output.results)
+            horizon = self.round_limit.observe(int(meta.get("global_steps", 0)), output.results)
             self._step_figures.update({f"{METRICS_PREFIX}{key}": value for key, value in horizon.items()})
         batch.meta_info = {"timing": {}, "reward_extra_keys": ["success"]}  # fit() reads "timing"; ours wait
         self._log_step(meta, output)
@@ -226,7 +226,7 @@ class BeyondAgentLoopManager:
         """The round limit of one rollout call: the horizon's at verl's global step (validation may fix it)."""
         if meta.get("validate") and self.settings.val_max_rounds:
             return self.settings.val_max_rounds
-        return self.horizon.max_rounds(int(meta.get("global_steps", 0)), validate=bool(meta.get("validate")))
+        return self.round_limit.max_rounds(int(meta.get("global_steps", 0)), validate=bool(meta.get("validate")))
 
     def _episode_manager(self, sampling: Any, gated: bool, validate: bool = False) -> ParallelEnvManager:
         """Episodes with this sampling; `gated`: through the version gate (async mode), so that weight syncs
@@ -306,7 +306,7 @@ class BeyondAgentLoopManager:
         step, source.next_step = source.next_step, source.next_step + 1
         manager = self._episode_manager(settings.train_sampling, gated=False)
         sieve = GroupSieve(settings.dynamic_sampling, source.batch_size, self._step_signal())
-        max_rounds, started, kept = self.horizon.max_rounds(step), time.monotonic(), []
+        max_rounds, started, kept = self.round_limit.max_rounds(step), time.monotonic(), []
         while len(kept) < source.batch_size:
             rows = []
             for _ in range(source.batch_size - len(kept)):
@@ -331,12 +331,11 @@ class BeyondAgentLoopManager:
             return self._row_specs(key, row, samples_per_row)
 
         def run_episode(spec: EpisodeSpec, max_rounds: int) -> EpisodeResult:
-            config = dataclasses.replace(settings.episode, max_rounds=max_rounds)
             with self.gate.episode():
-                return manager.dataflow(spec, config).run()
+                return manager.dataflow(spec, max_rounds).run()
 
         self._pool = AsyncEpisodePool(
-            rows, make_specs, run_episode, self.horizon.max_rounds, self.gate,
+            rows, make_specs, run_episode, self.round_limit.max_rounds, self.gate,
             batch_size, settings.async_rollout, settings.concurrency,
             describe=lambda result: result.spec.agent_task.label, total_steps=total_steps,
             dynamic_sampling=settings.dynamic_sampling, step_signal=self._step_signal(), row_task=task_name)

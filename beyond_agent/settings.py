@@ -3,7 +3,7 @@
 `BeyondAgentConfig.from_config(config)` reads our `beyond_agent:` section and the verl keys the rollout
 depends on (`data.max_prompt_length`, `data.max_response_length`, the rollout's sampling, the advantage
 estimator) and builds the objects the rollout uses as they are: the episode limits (`DataflowConfig`),
-the LLM front's limits (`LLMManagerConfig`), the round schedule (`RoundScheduler`), the tasks
+the LLM front's limits (`LLMManagerConfig`), the round schedule (`RoundsConfig`), the tasks
 (`TaskTable`), the sampling parameters and the multi-task options (`MultitaskConfig`). Each field is
 validated by its own class; errors come back naming the config key and, where there is a fixed set, the
 valid choices. The driver (`recipe/multiturn_rl/main.py`) calls it to fail before any Ray actor starts; the rollout
@@ -13,8 +13,8 @@ manager calls it where it is used.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Mapping
 
 from beyond_agent.algorithms.estimators import is_group_based
 from beyond_agent.algorithms.gigpo import GiGPOConfig
@@ -24,9 +24,9 @@ from beyond_agent.rollout.dataflow import DataflowConfig
 from beyond_agent.gateway.agents import AgentConfig
 from beyond_agent.rollout.dynamic_sampling import DynamicSamplingConfig
 from beyond_agent.rollout.llm import LLMManagerConfig, SamplingParams
-from beyond_agent.rollout.rounds import RoundScheduler
+from beyond_agent.rollout.rounds import RoundsConfig
 from beyond_agent.rollout.seats import SelfPlayConfig
-from beyond_agent.sections import from_section, section_keys
+from beyond_agent.sections import from_section
 from beyond_agent.tasks import TaskTable
 from beyond_agent.weights.delta import WeightSyncConfig
 
@@ -36,7 +36,6 @@ CONFIG_KEYS = {
     "DataflowConfig.max_response_length": "data.max_response_length",
     "DataflowConfig.max_tokens_per_turn": "beyond_agent.max_tokens_per_turn",
     "DataflowConfig.episode_timeout_s": "beyond_agent.episode_timeout_s",
-    "DataflowConfig.max_rounds": "beyond_agent.rounds",
     "LLMManagerConfig.max_in_flight": "beyond_agent.concurrency",
     "LLMManagerConfig.request_timeout_s": "beyond_agent.llm_request_timeout_s",
     "SamplingParams.temperature": "actor_rollout_ref.rollout.temperature (or val_kwargs.temperature)",
@@ -89,14 +88,18 @@ class TrajectoryDumpConfig:
 
 @dataclass(frozen=True)
 class BeyondAgentSectionConfig:
-    """The `beyond_agent:` section as written: its own values, and its sub-sections still as mappings (each is
-    read by its own dataclass or class in `BeyondAgentConfig.from_config`)."""
+    """The `beyond_agent:` section as written, read in one `from_section` call: its own values and its typed
+    sub-sections (each read and validated by its own dataclass; `tasks` by `TaskTable` in
+    `BeyondAgentConfig.from_config`)."""
 
-    env: Mapping[str, Any] = field(default_factory=dict)
-    """`EnvConfig`: where envservice is (`url` is required)."""
-    rounds: Mapping[str, Any] = field(default_factory=lambda: {"type": "fixed", "rounds": 8, "every": None,
-                                                               "signal": "truncated", "threshold": None, "window": 1})
-    """`RoundScheduler`: the round limit per training step."""
+    MOVED_KEYS: ClassVar[dict[str, str]] = {"action_format": "beyond_agent.tasks.default.action_format",
+                                            "system_prompt": "beyond_agent.tasks.default.system_prompt"}
+    """Keys `beyond_agent:` had once, and where they are now (named in the error)."""
+
+    env: EnvConfig
+    """Where envservice is (`url` is required)."""
+    rounds: RoundsConfig = RoundsConfig(rounds=8)
+    """The round limit per training step."""
     val_max_rounds: int | None = None
     """Round limit in validation; None uses the schedule's value at the current step."""
     tasks: Any = None
@@ -114,28 +117,22 @@ class BeyondAgentSectionConfig:
     turn), so one config run twice samples alike; None lets the LLM server draw them."""
     rollout_mode: str = "sync"
     """One of ROLLOUT_MODES: sync, or async (episodes played ahead while the actor trains)."""
-    async_rollout: Mapping[str, Any] | None = None
-    """`AsyncRolloutConfig` (read in async mode)."""
-    weight_sync: Mapping[str, Any] | None = None
-    """`WeightSyncConfig`: how weights reach the rollout."""
-    multitask: Mapping[str, Any] | None = None
-    """`MultitaskConfig`: several envs in one run."""
-    gigpo: Mapping[str, Any] | None = None
-    """`GiGPOConfig`: the step-level part of `algorithm.adv_estimator=gigpo`."""
-    dynamic_sampling: Mapping[str, Any] | None = None
-    """`DynamicSamplingConfig`: groups without learning signal dropped and replaced."""
-    agent: Mapping[str, Any] | None = None
-    """`AgentConfig`: episodes played by a user's agent behind the OpenAI-compatible gateway."""
-    self_play: Mapping[str, Any] | None = None
-    """`SelfPlayConfig`: episodes played as games with the policy in every seat."""
-    trajectories: Mapping[str, Any] | None = None
-    """`TrajectoryDumpConfig`: which sampled episodes are written to disk."""
-
-
-SECTION_CLASSES = {"env": EnvConfig, "trajectories": TrajectoryDumpConfig, "async_rollout": AsyncRolloutConfig,
-                   "weight_sync": WeightSyncConfig, "multitask": MultitaskConfig, "gigpo": GiGPOConfig,
-                   "dynamic_sampling": DynamicSamplingConfig, "agent": AgentConfig, "self_play": SelfPlayConfig}
-"""The sub-sections read by a dataclass of their own (`from_section`), by key of `beyond_agent:`."""
+    async_rollout: AsyncRolloutConfig = AsyncRolloutConfig()
+    """The staleness bound and policies of async mode."""
+    weight_sync: WeightSyncConfig = WeightSyncConfig()
+    """How weights reach the rollout."""
+    multitask: MultitaskConfig = MultitaskConfig()
+    """Several envs in one run."""
+    gigpo: GiGPOConfig = GiGPOConfig()
+    """The step-level part of `algorithm.adv_estimator=gigpo`."""
+    dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
+    """Groups without learning signal dropped and replaced."""
+    agent: AgentConfig = AgentConfig()
+    """Episodes played by a user's agent behind the OpenAI-compatible gateway."""
+    self_play: SelfPlayConfig = SelfPlayConfig()
+    """Episodes played as games with the policy in every seat."""
+    trajectories: TrajectoryDumpConfig = TrajectoryDumpConfig()
+    """Which sampled episodes are written to disk."""
 
 
 @dataclass(frozen=True)
@@ -143,12 +140,12 @@ class BeyondAgentConfig:
     """The validated settings of a run (see the module docstring)."""
 
     env: EnvConfig
-    rounds: RoundScheduler
-    """Round limit per training step (ScalingInter-RL when stepwise)."""
+    rounds: RoundsConfig
+    """Round limit per training step (ScalingInter-RL when stepwise, or adaptive)."""
     val_max_rounds: int | None
     """Round limit in validation; None uses the schedule's value at the current step."""
     episode: DataflowConfig
-    """Limits of every episode; `max_rounds` is the schedule's first value and is set per call."""
+    """The limits every episode shares (the round limit comes from `rounds`, per training step)."""
     llm: LLMManagerConfig
     """Requests in flight at once and their deadline (the shared LLM front)."""
     tasks: TaskTable
@@ -168,7 +165,7 @@ class BeyondAgentConfig:
     """sync: each step plays its own episodes; async: episodes are played ahead while the actor trains."""
     async_rollout: AsyncRolloutConfig = AsyncRolloutConfig()
     """The staleness bound and policies of async mode (`beyond_agent.async_rollout`)."""
-    weight_sync: WeightSyncConfig = WeightSyncConfig(mode="full")
+    weight_sync: WeightSyncConfig = WeightSyncConfig()
     """How weights reach the rollout after each update (`beyond_agent.weight_sync`; full: verl's own sync)."""
     multitask: MultitaskConfig = MultitaskConfig()
     """Task sampling weights and per-task advantage normalisation (`beyond_agent.multitask`)."""
@@ -184,30 +181,25 @@ class BeyondAgentConfig:
     @classmethod
     def from_config(cls, config: Any) -> "BeyondAgentConfig":
         """Read the composed config (OmegaConf or a mapping); raise ValueError naming the bad key."""
-        raw = _section(_get(config, "beyond_agent"), "beyond_agent")
-        _check_keys(raw)
-        section = from_section(BeyondAgentSectionConfig, raw, "beyond_agent")
-        subsection = {key: from_section(kind, getattr(section, key), f"beyond_agent.{key}")
-                      for key, kind in SECTION_CLASSES.items()}
-        rounds = RoundScheduler.from_config(_section(section.rounds, "beyond_agent.rounds"))
+        section = from_section(BeyondAgentSectionConfig, _section(_get(config, "beyond_agent"), "beyond_agent"),
+                               "beyond_agent")
         adv_estimator = str(_get(_get(config, "algorithm"), "adv_estimator") or "grpo")
         group_based = is_group_based(adv_estimator)
-        _check_dynamic_sampling(config, subsection["dynamic_sampling"], group_based)
-        if subsection["self_play"].active and subsection["agent"].active:
+        _check_dynamic_sampling(config, section.dynamic_sampling, group_based)
+        if section.self_play.active and section.agent.active:
             raise ValueError("beyond_agent.self_play and beyond_agent.agent cannot be on together: a user's agent plays "
                              "one seat's episodes behind the gateway, self-play plays every seat with our own loop")
         return cls(
-            env=subsection["env"], rounds=rounds, val_max_rounds=_val_max_rounds(section.val_max_rounds),
-            episode=_named(DataflowConfig, max_rounds=rounds.max_rounds(0), **_episode_limits(config, section)),
+            env=section.env, rounds=section.rounds, val_max_rounds=_val_max_rounds(section.val_max_rounds),
+            episode=_named(DataflowConfig, **_episode_limits(config, section)),
             llm=_named(LLMManagerConfig, max_in_flight=section.concurrency,
                        request_timeout_s=float(section.llm_request_timeout_s)),
-            tasks=TaskTable.from_config(section.tasks), trajectories=subsection["trajectories"],
+            tasks=TaskTable.from_config(section.tasks), trajectories=section.trajectories,
             train_sampling=_sampling(config, validate=False), val_sampling=_sampling(config, validate=True),
             group_based=group_based, adv_estimator=adv_estimator, sampling_seed=_sampling_seed(section.sampling_seed),
-            rollout_mode=_rollout_mode(config, section.rollout_mode), async_rollout=subsection["async_rollout"],
-            weight_sync=subsection["weight_sync"], multitask=subsection["multitask"], gigpo=subsection["gigpo"],
-            dynamic_sampling=subsection["dynamic_sampling"], agent=subsection["agent"],
-            self_play=subsection["self_play"],
+            rollout_mode=_rollout_mode(config, section.rollout_mode), async_rollout=section.async_rollout,
+            weight_sync=section.weight_sync, multitask=section.multitask, gigpo=section.gigpo,
+            dynamic_sampling=section.dynamic_sampling, agent=section.agent, self_play=section.self_play,
         )
 
     @property
@@ -303,21 +295,6 @@ def _named(build: Callable, *args: Any, **kwargs: Any) -> Any:
         for class_field, key in CONFIG_KEYS.items():
             text = re.sub(rf"\b{re.escape(class_field)}\b", key, text)
         raise ValueError(text) from None
-
-
-MOVED_KEYS = {"action_format": "beyond_agent.tasks.default.action_format",
-              "system_prompt": "beyond_agent.tasks.default.system_prompt"}
-"""Keys `beyond_agent:` had once, and where they are now (named in the error)."""
-
-
-def _check_keys(section: dict) -> None:
-    """Refuse keys of `beyond_agent:` that nothing reads (a typo, or a key that moved)."""
-    unknown = sorted(set(section) - set(section_keys(BeyondAgentSectionConfig)))
-    if unknown:
-        moved = [f"{key} is now {MOVED_KEYS[key]}" for key in unknown if key in MOVED_KEYS]
-        valid = ", ".join(section_keys(BeyondAgentSectionConfig))
-        raise ValueError(f"beyond_agent has unknown key(s) {unknown}; valid keys: {valid}"
-                         + (f" ({'; '.join(moved)})" if moved else ""))
 
 
 def _get(node: Any, key: str, default: Any = None) -> Any:

@@ -51,7 +51,7 @@ from beyond_agent.sections import from_section
 from beyond_agent.gateway.episodes import MERGE_POLICIES, GatewayEpisode
 from beyond_agent.gateway.server import Gateway
 from beyond_agent.rollout.dataflow import (INFRA_FAILURES, DataflowConfig, EpisodeResult, EpisodeSpec, GenerateFn,
-                                           seeded, state_anchor)
+                                           check_max_rounds, seeded, state_anchor)
 from beyond_agent.rollout.env_manager import ParallelEnvManager
 from beyond_agent.tasks import EpisodeOutcome
 
@@ -327,10 +327,11 @@ class AgentDataflow:
     """One episode played by a user's agent (module docstring); `run()` never raises, like `Dataflow.run`."""
 
     def __init__(self, spec: EpisodeSpec, env_client: Any, gateway: Gateway, gateway_url: str,
-                 agent: Callable[[AgentContext], Any], config: DataflowConfig, generate: GenerateFn | None = None,
-                 gateway_socket: str | None = None) -> None:
+                 agent: Callable[[AgentContext], Any], config: DataflowConfig, max_rounds: int,
+                 generate: GenerateFn | None = None, gateway_socket: str | None = None) -> None:
         self.spec, self.env, self.gateway, self.gateway_url = spec, env_client, gateway, gateway_url
         self.agent, self.config, self.generate, self.gateway_socket = agent, config, generate, gateway_socket
+        self.max_rounds = check_max_rounds(max_rounds)
         self.episode_id = f"{spec.group_id or 'episode'}-{spec.index}-{uuid.uuid4().hex[:8]}"
 
     def run(self) -> EpisodeResult:
@@ -343,7 +344,7 @@ class AgentDataflow:
             s = self.spec
             created = self.env.create(s.env_id, s.task_id, s.seed, s.split, s.params)
             session = EnvSession(self.env, created.session_id, created.observation, getattr(created, "info", None),
-                                 self.config.max_rounds, lambda: self.gateway.calls_answered(self.episode_id),
+                                 self.max_rounds, lambda: self.gateway.calls_answered(self.episode_id),
                                  deadline=started + self.config.episode_timeout_s)
             self.gateway.attach_env(self.episode_id, session)
             episode_url = f"{self.gateway_url}/episodes/{self.episode_id}"
@@ -442,11 +443,11 @@ class AgentEnvManager(ParallelEnvManager):
         self.gateway, self.gateway_url, self.agent = gateway, gateway_url, agent
         self.gateway_socket = gateway_socket
 
-    def dataflow(self, spec: EpisodeSpec, config: DataflowConfig | None = None) -> AgentDataflow:  # type: ignore[override]
+    def dataflow(self, spec: EpisodeSpec, max_rounds: int) -> AgentDataflow:  # type: ignore[override]
         """The AgentDataflow for one episode (sampled by this manager's `generate`; seeded in the order the agent's
         calls reach the gateway, which is the episode's own order unless the agent calls in parallel)."""
         return AgentDataflow(spec, self.env_client, self.gateway, self.gateway_url, self.agent,
-                             config or self.config, seeded(self.generate, spec.sampling_seed), self.gateway_socket)
+                             self.config, max_rounds, seeded(self.generate, spec.sampling_seed), self.gateway_socket)
 
 
 async def _awaited(awaitable: Any) -> Any:

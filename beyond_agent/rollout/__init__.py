@@ -5,7 +5,7 @@
 - `handler.py`: RolloutHandler, the exact token ids and masks of one episode;
 - `batch.py`: episodes -> the DataProto verl's fit() consumes (failures masked);
 - `llm.py`: AsyncLLMServerManager, the one LLM front, and its backends (vLLM over HTTP, verl's client);
-- `rounds.py`: RoundScheduler (ScalingInter-RL); `async_pool.py` / `versions.py`: bounded-staleness rollout;
+- `rounds.py`: RoundsConfig and RoundLimit (fixed, ScalingInter-RL, adaptive); `async_pool.py` / `versions.py`: bounded-staleness rollout;
 - `scripted.py` / `hf_policy.py`: policies without a server (tests, Agent-R's revisions).
 
 The action parsers are `beyond_agent.actions`; verl's rollout-manager seam is `beyond_agent.rollout_manager`.

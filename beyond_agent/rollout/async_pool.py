@@ -116,7 +116,7 @@ class AsyncEpisodePool:
         rows: an endless iterator of dataset rows (dicts), drawn from a background thread.
         make_specs: row key, row -> the n EpisodeSpecs of that row (one GRPO group).
         run_episode: spec, max_rounds -> EpisodeResult (never raises; the manager's Dataflow).
-        max_rounds: training step -> the round limit (the RoundScheduler); rows use the step they are drawn at.
+        max_rounds: training step -> the round limit (the RoundsConfig); rows use the step they are drawn at.
         gate: the weight-version gate shared with the trainer's weight sync.
         batch_size: rows per training step.
         settings: the staleness bound.

@@ -117,10 +117,10 @@ def place_seeds(specs: Sequence[EpisodeSpec], run_seed: int | None, *place: obje
 
 @dataclass(frozen=True)
 class DataflowConfig:
-    """The limits of every episode of one call (validated here; the recipe's settings hold one)."""
+    """The limits every episode of a run shares (validated here; the recipe's settings hold one). The round limit
+    is not among them: it may change from one training step to the next (`RoundLimit`), so each episode is given
+    its own (`Dataflow(..., max_rounds)`)."""
 
-    max_rounds: int
-    """Assistant turns at most (from RoundScheduler.max_rounds(step) in training)."""
     max_prompt_length: int
     """Tokens of the first prompt (system + first observation)."""
     max_response_length: int
@@ -131,12 +131,19 @@ class DataflowConfig:
     """Wall-clock budget of one episode; past it the episode ends with `timeout`."""
 
     def __post_init__(self) -> None:
-        for name in ("max_rounds", "max_prompt_length", "max_response_length", "max_tokens_per_turn"):
+        for name in ("max_prompt_length", "max_response_length", "max_tokens_per_turn"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"DataflowConfig.{name} must be an int >= 1; got {value!r}")
         if not self.episode_timeout_s > 0:
             raise ValueError(f"DataflowConfig.episode_timeout_s must be > 0; got {self.episode_timeout_s!r}")
+
+
+def check_max_rounds(value: Any) -> int:
+    """An episode's round limit, refused unless an int >= 1."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"max_rounds must be an int >= 1; got {value!r}")
+    return value
 
 
 @dataclass
@@ -205,13 +212,15 @@ class Dataflow:
     """Runs one episode against an envservice client and a generate function; see the module docstring."""
 
     def __init__(self, spec: EpisodeSpec, env_client: Any, generate: GenerateFn, tokenizer: Any,
-                 config: DataflowConfig):
+                 config: DataflowConfig, max_rounds: int):
         self.spec = spec
         self.task = spec.agent_task
         self.env = env_client
         self.generate = generate
         self.tokenizer = tokenizer
         self.config = config
+        self.max_rounds = check_max_rounds(max_rounds)
+        """Assistant turns at most: the round limit of the step this episode is played for."""
         self.request_id = f"{spec.group_id or 'episode'}-{spec.index}-{uuid.uuid4().hex[:8]}"
         self._deadline = 0.0
         self._env_time = 0.0
@@ -244,7 +253,7 @@ class Dataflow:
 
     def _play(self, handler: RolloutHandler, session_id: str) -> None:
         """Generate, act and observe until a termination reason is set on the handler."""
-        for round_number in range(1, self.config.max_rounds + 1):
+        for round_number in range(1, self.max_rounds + 1):
             if handler.remaining_response_length <= 0:
                 # The last observation filled the response exactly: no room for a turn, and a request
                 # for 0 new tokens would be refused by the server, so this is `length`, not an LLM error.
@@ -261,7 +270,7 @@ class Dataflow:
             if ended:
                 handler.finish(ended)
                 return
-            if round_number == self.config.max_rounds:
+            if round_number == self.max_rounds:
                 handler.finish("max_rounds")
                 return
             handler.add_observation(observation)

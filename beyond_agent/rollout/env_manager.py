@@ -12,7 +12,6 @@ are counted here and kept out of training by `rollout/batch.py`.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -79,7 +78,7 @@ class ParallelEnvManager:
         generate: generate(request_id, prompt_ids, max_tokens) -> turn with token_ids and logprobs; in
             practice `AsyncLLMServerManager.with_sampling(sampling)`.
         tokenizer: the policy's tokenizer (its chat template builds every prompt).
-        config: limits shared by all episodes; `max_rounds` may be overridden per call.
+        config: the limits every episode shares (each call gives its round limit).
         max_workers: episodes in flight at once.
     """
 
@@ -93,20 +92,20 @@ class ParallelEnvManager:
         self.config = config
         self.max_workers = max_workers
 
-    def dataflow(self, spec: EpisodeSpec, config: DataflowConfig | None = None) -> Dataflow:
-        """The Dataflow for one episode."""
+    def dataflow(self, spec: EpisodeSpec, max_rounds: int) -> Dataflow:
+        """The Dataflow for one episode, played with the round limit `max_rounds`."""
         return Dataflow(spec, self.env_client, seeded(self.generate, spec.sampling_seed), self.tokenizer,
-                        config or self.config)
+                        self.config, max_rounds)
 
-    def run(self, specs: Sequence[EpisodeSpec], max_rounds: int | None = None,
+    def run(self, specs: Sequence[EpisodeSpec], max_rounds: int,
             on_result: Callable[[EpisodeResult], None] | None = None) -> RolloutOutput:
-        """Run every spec (one Dataflow each) and return the results in the order of `specs`."""
-        config = self.config if max_rounds is None else dataclasses.replace(self.config, max_rounds=max_rounds)
+        """Run every spec (one Dataflow each, each with the round limit `max_rounds`) and return the results in
+        the order of `specs`."""
         started = time.monotonic()
         results: list[EpisodeResult | None] = [None] * len(specs)
         with ThreadPoolExecutor(max_workers=min(self.max_workers, max(len(specs), 1)),
                                 thread_name_prefix="dataflow") as pool:
-            futures = {pool.submit(self.dataflow(spec, config).run): i for i, spec in enumerate(specs)}
+            futures = {pool.submit(self.dataflow(spec, max_rounds).run): i for i, spec in enumerate(specs)}
             for future in as_completed(futures):
                 results[futures[future]] = future.result()  # Dataflow.run never raises
                 if on_result is not None:

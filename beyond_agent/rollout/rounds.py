@@ -1,7 +1,7 @@
 """How many interaction rounds an episode may use at each training step.
 
-    scheduler = RoundScheduler.from_config({"type": "stepwise", "rounds": [10, 20, 30], "every": 100})
-    scheduler.max_rounds(global_step)
+    rounds = from_section(RoundsConfig, {"type": "stepwise", "rounds": [10, 20, 30], "every": 100}, "rounds")
+    rounds.max_rounds(global_step)
 
 Step convention: verl 0.9's `RayPPOTrainer.fit` sets `self.global_steps = 0`, validates before training
 with step 0, then `self.global_steps += 1` ("we start from step 1") before the first training step
@@ -24,11 +24,11 @@ episodes each training step trained on, averaged over the last `window` steps at
 It never lowers the limit, never goes past the last value, and with `every` set it is never behind the
 stepwise schedule of the same values (a stage may start early, never late). Why `every` matters: a first
 limit too short for any success (4 rounds on a map that needs 10 moves) cuts every episode, and only the
-schedule then moves it on. The rollout manager keeps the adaptive state in a `Horizon` (below), which also
+schedule then moves it on. The rollout manager keeps the adaptive state in a `RoundLimit` (below), which also
 records each step's signal in `horizon.json` in the run's checkpoint folder, so that a resumed run goes on
 from the limit it had reached.
 
-Accepted keys of `beyond_agent.rounds` (`RoundsConfig`), including AgentGym-RL's names (its `rounds_ctrl.*`):
+Keys of `beyond_agent.rounds` (`RoundsConfig`), including AgentGym-RL's names (its `rounds_ctrl.*`):
     type:   "fixed" | "stepwise" | "scaling_inter_stepwise" (alias of stepwise) | "adaptive"
     rounds: int for fixed; strictly increasing list of positive ints for stepwise and adaptive
     every:  steps per stage for stepwise (alias: steps_scaling_inter; give only one of them); for adaptive
@@ -46,7 +46,6 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from beyond_agent.rollout.dataflow import EpisodeResult
-from beyond_agent.sections import from_section
 
 SCHEDULE_TYPES = ("fixed", "stepwise", "scaling_inter_stepwise", "adaptive")
 SIGNALS = ("truncated", "success")
@@ -63,73 +62,54 @@ SECTION = "beyond_agent.rounds"
 
 @dataclass(frozen=True)
 class RoundsConfig:
-    """`beyond_agent.rounds` as written in the YAML (read by `sections.from_section`)."""
+    """`beyond_agent.rounds`: the round limit per training step, `fixed` (one value), `stepwise`
+    (ScalingInter-RL stages) or `adaptive` (module docstring). Read by `sections.from_section` as it is written
+    in the YAML, AgentGym-RL's key names included, and validated here once; the same object answers
+    `max_rounds(step)`."""
 
     rounds: Any
-    """An int for fixed; a strictly increasing list of positive ints for stepwise (required)."""
+    """An int for fixed; a strictly increasing list of positive ints for stepwise and adaptive (stored as a
+    tuple, fixed's one value as a 1-tuple)."""
     type: str = "fixed"
-    """fixed | stepwise | scaling_inter_stepwise (AgentGym-RL's name of stepwise)."""
+    """One of SCHEDULE_TYPES; "scaling_inter_stepwise" (AgentGym-RL's name) is stored as "stepwise"."""
     every: int | None = None
-    """Training steps per stage (stepwise only)."""
+    """Training steps per stage (stepwise); the longest a stage lasts (adaptive, optional)."""
     steps_scaling_inter: int | None = None
-    """AgentGym-RL's name of `every`; give only one of them."""
+    """AgentGym-RL's name of `every`; give only one of them (read into `every`, then None)."""
     signal: str = "truncated"
-    """adaptive: truncated (the share of episodes cut by the run's limits) | success (the success rate)."""
+    """adaptive: what says the agent outgrew the limit (SIGNALS; see the module docstring)."""
     threshold: float | None = None
     """adaptive (required): the limit rises when the signal's window mean is <= it (truncated) or >= it
     (success); a fraction in [0, 1]."""
     window: int = 1
     """adaptive: training steps at the current limit whose signals are averaged."""
 
-
-@dataclass(frozen=True)
-class RoundScheduler:
-    """Round limit per training step: `fixed` (one value) or `stepwise` (ScalingInter-RL stages)."""
-
-    type: str
-    """Schedule type; "scaling_inter_stepwise" is stored as its canonical name "stepwise"."""
-    rounds: tuple[int, ...]
-    """One value for fixed; the per-stage values, increasing, for stepwise and adaptive (an int or list is
-    accepted)."""
-    every: int | None = None
-    """Training steps per stage (stepwise); the longest a stage lasts (adaptive, optional)."""
-    signal: str = "truncated"
-    """adaptive: what says the agent outgrew the limit (SIGNALS; see the module docstring)."""
-    threshold: float | None = None
-    """adaptive: the signal's threshold, a fraction in [0, 1]."""
-    window: int = 1
-    """adaptive: steps at the current limit whose signals are averaged."""
-
     def __post_init__(self) -> None:
+        if self.every is not None and self.steps_scaling_inter is not None:
+            raise ValueError(f"{SECTION} gives both 'every' and 'steps_scaling_inter' (aliases): give only one")
         if self.type not in SCHEDULE_TYPES:
             raise ValueError(f"{SECTION}.type={self.type!r} is not valid; choose one of {SCHEDULE_TYPES}")
         kind = _TYPE_ALIASES.get(self.type, self.type)
+        every = self.every if self.every is not None else self.steps_scaling_inter
         rounds = _normalise_rounds(kind, self.rounds)
         if kind == "fixed":
-            _check_fixed(rounds, self.every)
+            _check_fixed(rounds, every)
         elif kind == "stepwise":
-            _check_stepwise(rounds, self.every)
+            _check_stepwise(rounds, every)
         else:
-            _check_adaptive(rounds, self.every, self.signal, self.threshold, self.window)
+            _check_adaptive(rounds, every, self.signal, self.threshold, self.window)
         if kind != "adaptive" and self.threshold is not None:
             raise ValueError(f"{SECTION}.threshold only applies to type 'adaptive', not {self.type!r}")
-        # Frozen dataclass: store the canonical type and the tuple form once, after validation.
+        # Frozen dataclass: store the canonical type, the tuple and `every` once, after validation, so that a
+        # config written with AgentGym-RL's names equals the one written with ours.
         object.__setattr__(self, "type", kind)
         object.__setattr__(self, "rounds", rounds)
-
-    @classmethod
-    def from_config(cls, section: Mapping[str, Any] | None) -> "RoundScheduler":
-        """Build from the `beyond_agent.rounds` section (AgentGym-RL's key names accepted)."""
-        written = from_section(RoundsConfig, section, SECTION)
-        if written.every is not None and written.steps_scaling_inter is not None:
-            raise ValueError(f"{SECTION} gives both 'every' and 'steps_scaling_inter' (aliases): give only one")
-        every = written.every if written.every is not None else written.steps_scaling_inter
-        return cls(type=written.type, rounds=written.rounds, every=every, signal=written.signal,
-                   threshold=written.threshold, window=written.window)
+        object.__setattr__(self, "every", every)
+        object.__setattr__(self, "steps_scaling_inter", None)
 
     def max_rounds(self, global_step: int) -> int:
         """The round limit for training step `global_step` (verl counts 1, 2, ...; 0 = before training); for
-        adaptive the least it can be at that step (`Horizon` raises it from what the agent did)."""
+        adaptive the least it can be at that step (`RoundLimit` raises it from what the agent did)."""
         return self.rounds[self.stage(global_step)]
 
     def stage(self, global_step: int) -> int:
@@ -218,7 +198,7 @@ def step_signal(results: Sequence[EpisodeResult], signal: str) -> float | None:
     return sum(result.success for result in scored) / len(scored)
 
 
-class Horizon:
+class RoundLimit:
     """The round limit the rollout plays each step with: the schedule's value, raised by the agent's own
     episodes for `adaptive` (module docstring). Thread-safe (the async pool asks from its feeder thread).
 
@@ -226,9 +206,9 @@ class Horizon:
     resumes from a checkpoint replays the record up to its step and goes on from there.
     """
 
-    def __init__(self, scheduler: RoundScheduler, record_dir: str | Path | None = None):
-        self.scheduler = scheduler
-        self._record = Path(record_dir) / HORIZON_RECORD if record_dir and scheduler.type == "adaptive" else None
+    def __init__(self, rounds: RoundsConfig, record_dir: str | Path | None = None):
+        self.rounds = rounds
+        self._record = Path(record_dir) / HORIZON_RECORD if record_dir and rounds.type == "adaptive" else None
         self._lock = threading.Lock()
         self._loaded = self._record is None
         self._observed: list[dict[str, Any]] = []
@@ -239,18 +219,18 @@ class Horizon:
         """The limit for training step `global_step` (validation at a step: the limit that step trained with)."""
         with self._lock:
             self._load_once(global_step, validate)
-            if self.scheduler.type != "adaptive":
-                return self.scheduler.max_rounds(global_step)
-            return self.scheduler.rounds[max(self._stage, self.scheduler.stage(global_step))]
+            if self.rounds.type != "adaptive":
+                return self.rounds.max_rounds(global_step)
+            return self.rounds.rounds[max(self._stage, self.rounds.stage(global_step))]
 
     def observe(self, global_step: int, results: Sequence[EpisodeResult]) -> dict[str, float]:
         """Take in the episodes training step `global_step` trained on; its figures (`max_rounds`, and for
         adaptive `horizon/signal` when any episode was scored)."""
         limit = self.max_rounds(global_step)
         figures = {"max_rounds": float(limit)}
-        if self.scheduler.type != "adaptive":
+        if self.rounds.type != "adaptive":
             return figures
-        signal = step_signal(results, self.scheduler.signal)
+        signal = step_signal(results, self.rounds.signal)
         with self._lock:
             entry = {"step": global_step, "max_rounds": limit, "signal": signal}
             self._observed = [e for e in self._observed if e["step"] < global_step] + [entry]
@@ -264,17 +244,17 @@ class Horizon:
 
     def _advance(self, entry: dict[str, Any]) -> None:
         """The stage after one observed step (called with the lock held, steps in order)."""
-        scheduler = self.scheduler
-        floor = scheduler.stage(entry["step"])
+        rounds = self.rounds
+        floor = rounds.stage(entry["step"])
         if floor > self._stage:  # the schedule moved the limit on: a new stage, a new window
             self._stage, self._window = floor, []
         if entry["signal"] is None:
             return
-        self._window = (self._window + [entry["signal"]])[-scheduler.window:]
-        if len(self._window) < scheduler.window or self._stage == len(scheduler.rounds) - 1:
+        self._window = (self._window + [entry["signal"]])[-rounds.window:]
+        if len(self._window) < rounds.window or self._stage == len(rounds.rounds) - 1:
             return
         mean = sum(self._window) / len(self._window)
-        outgrown = mean <= scheduler.threshold if scheduler.signal == "truncated" else mean >= scheduler.threshold
+        outgrown = mean <= rounds.threshold if rounds.signal == "truncated" else mean >= rounds.threshold
         if outgrown:
             self._stage, self._window = self._stage + 1, []
 
@@ -301,9 +281,9 @@ class Horizon:
             return
         self._record.parent.mkdir(parents=True, exist_ok=True)
         partial = self._record.with_suffix(".json.partial")
-        partial.write_text(json.dumps({"schedule": {"rounds": list(self.scheduler.rounds),
-                                                    "signal": self.scheduler.signal,
-                                                    "threshold": self.scheduler.threshold,
-                                                    "window": self.scheduler.window, "every": self.scheduler.every},
+        partial.write_text(json.dumps({"schedule": {"rounds": list(self.rounds.rounds),
+                                                    "signal": self.rounds.signal,
+                                                    "threshold": self.rounds.threshold,
+                                                    "window": self.rounds.window, "every": self.rounds.every},
                                        "observed": self._observed}, indent=1))
         os.replace(partial, self._record)  # a crash mid-write leaves the previous record whole

@@ -112,18 +112,19 @@ class SeatedDataflow:
             outcome is the negative of its opponent's, so a group of both seats would only learn which seat won).
         env_client: the envservice client.
         policies: seat -> its generate function (every seat the env may name must have one), or a `SeatOrder`.
-        tokenizer, config: as for `Dataflow` (the round limit counts each seat's turns).
+        tokenizer, config, max_rounds: as for `Dataflow` (the round limit counts each seat's turns).
     """
 
     def __init__(self, spec: EpisodeSpec, env_client: Any, policies: Mapping[int, GenerateFn] | SeatOrder,
-                 tokenizer: Any, config: DataflowConfig) -> None:
+                 tokenizer: Any, config: DataflowConfig, max_rounds: int) -> None:
         self.spec = spec
         self.env = _LastAnswer(env_client)
         self.config = config
+        self.max_rounds = max_rounds
         self.order = policies if isinstance(policies, SeatOrder) else None
         by_seat = {seat: self.order.rest for seat in range(self.order.seats)} if self.order else dict(policies)
         self.seats = {seat: _Seat(Dataflow(self._seat_spec(seat), self.env, seeded(generate, self._seed(seat)),
-                                           tokenizer, config))
+                                           tokenizer, config, max_rounds))
                       for seat, generate in sorted(by_seat.items())}
         self.first_seat: int | None = None
         """The seat the env named to move first (set once the game is created)."""
@@ -183,7 +184,7 @@ class SeatedDataflow:
         """Why `seat` cannot take another turn, or None."""
         if seat.handler.done or seat.handler.remaining_response_length <= 0:
             return "length"  # the observation filled the response
-        if seat.flow._rounds >= self.config.max_rounds:
+        if seat.flow._rounds >= self.max_rounds:
             return "max_rounds"
         return None
 
@@ -357,11 +358,11 @@ class SelfPlayEnvManager(ParallelEnvManager):
         self.models = models or OpponentModels(self_play.endpoints)
         """The frozen models of the pool (pass the run's own, so that their connections last across steps)."""
 
-    def dataflow(self, spec: EpisodeSpec, config: DataflowConfig | None = None) -> Dataflow | SelfPlayDataflow:
+    def dataflow(self, spec: EpisodeSpec, max_rounds: int) -> Dataflow | SelfPlayDataflow:
         """The game of one episode spec of a self-play env against its row's opponent (each seat samples with its
         own seeds: `SeatedDataflow`); any other env's episode as usual."""
         if spec.env_id not in self.self_play.envs:
-            return super().dataflow(spec, config)
+            return super().dataflow(spec, max_rounds)
         opponent = self.self_play.opponent_for(spec.group_id)
         frozen = opponent in self.self_play.endpoints
         # Against a scripted opponent the env plays the other seats inside its steps and names only the policy's.
@@ -370,7 +371,7 @@ class SelfPlayEnvManager(ParallelEnvManager):
         policies: Mapping[int, GenerateFn] | SeatOrder = (
             SeatOrder(self.generate, self.models.generate(opponent), self.self_play.seats) if frozen
             else {seat: self.generate for seat in range(self.self_play.seats)})
-        return SelfPlayDataflow(SeatedDataflow(game, self.env_client, policies, self.tokenizer, config or self.config))
+        return SelfPlayDataflow(SeatedDataflow(game, self.env_client, policies, self.tokenizer, self.config, max_rounds))
 
 
 class OpponentModels:

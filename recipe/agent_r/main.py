@@ -166,7 +166,7 @@ def revise_task(task: TaskRef, client, generate: GenerateFn, tokenizer, args, rn
 
 
 def _limits(args) -> DataflowConfig:
-    return DataflowConfig(max_rounds=args.max_depth, max_prompt_length=args.max_prompt_length,
+    return DataflowConfig(max_prompt_length=args.max_prompt_length,
                           max_response_length=args.max_response_length, max_tokens_per_turn=args.max_tokens)
 
 
@@ -192,7 +192,7 @@ def evaluate_model(args, model: str, client, tokenizer) -> float:
     tasks = TaskSet.of("evaluation", args.env, args.eval_split, args.eval_tasks, seed_offset=args.seed,
                        params=args.params)
     with served_model(args, model, 0.0) as served:
-        evaluation = evaluate(served, client, tasks, EvaluationConfig(_limits(args)), tokenizer)
+        evaluation = evaluate(served, client, tasks, EvaluationConfig(_limits(args), args.max_depth), tokenizer)
     return evaluation.require_complete().success_rate
 
 

@@ -40,10 +40,10 @@ def collect_episodes(args: argparse.Namespace, model: str, tasks: list[int], spl
     scored episodes."""
     policy = PolicyConfig(model=model, backend=args.backend, temperature=temperature, seed=args.seed)
     task_set = TaskSet.of(f"{split} tasks", args.env, split, tasks, seed_offset=args.seed, params=args.params)
-    limits = DataflowConfig(max_rounds=args.max_rounds, max_prompt_length=args.max_prompt_length,
+    limits = DataflowConfig(max_prompt_length=args.max_prompt_length,
                             max_response_length=args.max_response_length,
                             max_tokens_per_turn=args.max_tokens_per_turn)
-    evaluation = collect(policy, task_set, EvaluationConfig(limits, samples=n), out, args.envservice_url)
+    evaluation = collect(policy, task_set, EvaluationConfig(limits, args.max_rounds, samples=n), out, args.envservice_url)
     return evaluation.success_rate
 
 

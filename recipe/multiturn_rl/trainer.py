@@ -2,7 +2,7 @@
 
 verl's `fit()` runs unchanged. The trainer only fills verl's rollout-manager seam
 (`actor_rollout_ref.rollout.agent.agent_loop_manager_class`) with `BeyondAgentLoopManager`, which plays
-every episode against envservice with the round limit `RoundScheduler.max_rounds(global_step)`, returns
+every episode against envservice with the round limit `RoundLimit.max_rounds(global_step)`, returns
 each row's task reward as `rm_scores`; its figures of the step (`beyond_agent/...`) join the metrics of the
 step's critic or actor update, which `fit()` logs with verl's tracker. Our config is
 validated by `BeyondAgentConfig`, in the driver before Ray starts and where the rollout manager uses it.

@@ -63,8 +63,8 @@ def play(tokenizer, frozenlake_url):
 
     def run(agent, move: str = "right"):
         spec = EpisodeSpec(env_id="frozenlake", task_id=3, seed=0, group_id="g")
-        config = DataflowConfig(max_rounds=4, max_prompt_length=512, max_response_length=512, max_tokens_per_turn=8)
-        return AgentDataflow(spec, client, server.gateway, server.url, agent, config, Moves(tokenizer, move),
+        config = DataflowConfig(max_prompt_length=512, max_response_length=512, max_tokens_per_turn=8)
+        return AgentDataflow(spec, client, server.gateway, server.url, agent, config, 4, Moves(tokenizer, move),
                              server.socket_path).run()
 
     yield run

@@ -105,8 +105,12 @@ def frozenlake_oracle(request_id: str) -> list[str]:
     return shortest_path_actions(generate_map(Task(split="train", index=map_index, name="", seed=0)))
 
 
+ROUNDS = 20
+"""The round limit where a test does not set its own."""
+
+
 def make_manager(env_client, tokenizer, policy, **config) -> ParallelEnvManager:
-    limits = dict(max_rounds=20, max_prompt_length=512, max_response_length=1024, max_tokens_per_turn=16)
+    limits = dict(max_prompt_length=512, max_response_length=1024, max_tokens_per_turn=16)
     return ParallelEnvManager(env_client, policy, tokenizer, DataflowConfig(**{**limits, **config}), max_workers=8)
 
 
@@ -117,7 +121,7 @@ def frozenlake_specs(maps: list[int], n: int) -> list[EpisodeSpec]:
 
 def test_oracle_solves_frozenlake_and_tokens_are_the_sampled_ids_and_the_rendered_chat(env_client, chatml_tokenizer):
     policy = ScriptedPolicy(chatml_tokenizer, frozenlake_oracle)
-    output = make_manager(env_client, chatml_tokenizer, policy).run(frozenlake_specs([0, 1, 5], n=2))
+    output = make_manager(env_client, chatml_tokenizer, policy).run(frozenlake_specs([0, 1, 5], n=2), max_rounds=ROUNDS)
 
     assert [r.termination for r in output.results] == ["done"] * 6
     assert all(r.success and r.reward == 1.0 for r in output.results)
@@ -150,7 +154,7 @@ def test_a_seeded_episode_gives_each_turn_its_own_seed_and_an_unseeded_one_asks_
 
     specs = [dataclasses.replace(spec, sampling_seed=100 + spec.index) for spec in frozenlake_specs([0, 1], n=2)]
     specs.append(EpisodeSpec("frozenlake", task_id=5, seed=0, group_id="map5", index=4))
-    output = make_manager(env_client, chatml_tokenizer, policy).run(specs)
+    output = make_manager(env_client, chatml_tokenizer, policy).run(specs, max_rounds=ROUNDS)
 
     assert all(r.termination == "done" and r.rounds > 1 for r in output.results)
     seeds = []
@@ -204,7 +208,7 @@ def test_env_crash_and_llm_failure_end_only_their_episodes_and_are_not_reward(en
     def script(rid):
         return ["press"] if rid.startswith("crash") else frozenlake_oracle(rid)
     policy = ScriptedPolicy(chatml_tokenizer, script, fail_groups=("map1",))
-    output = make_manager(env_client, chatml_tokenizer, policy).run(specs)
+    output = make_manager(env_client, chatml_tokenizer, policy).run(specs, max_rounds=ROUNDS)
 
     assert [r.termination for r in output.results] == ["done", "done", "llm_error", "llm_error", "env_error", "env_error"]
     assert "server went away" in output.results[2].error and "env_error" in output.results[4].error
@@ -271,7 +275,7 @@ def test_one_call_mixes_tasks_each_with_its_own_parser_and_reward(env_client, ch
         actions = frozenlake_oracle(rid)
         return [f"<action>{a}</action>" for a in actions] if rid.startswith("map1-") else actions
 
-    output = make_manager(env_client, chatml_tokenizer, ScriptedPolicy(chatml_tokenizer, script)).run(specs)
+    output = make_manager(env_client, chatml_tokenizer, ScriptedPolicy(chatml_tokenizer, script)).run(specs, max_rounds=ROUNDS)
     results = output.results
     assert [(r.termination, r.success) for r in results] == [("done", True)] * 3
     path1 = len(frozenlake_oracle("map1-"))
@@ -298,7 +302,7 @@ def test_a_task_whose_reward_raises_ends_its_episode_as_a_failure_not_reward(env
 
     specs = [EpisodeSpec("frozenlake", task_id=0, seed=0, group_id="map0", index=0, agent_task=BrokenTask()),
              EpisodeSpec("frozenlake", task_id=0, seed=0, group_id="map0", index=1)]
-    output = make_manager(env_client, chatml_tokenizer, ScriptedPolicy(chatml_tokenizer, frozenlake_oracle)).run(specs)
+    output = make_manager(env_client, chatml_tokenizer, ScriptedPolicy(chatml_tokenizer, frozenlake_oracle)).run(specs, max_rounds=ROUNDS)
     broken, fine = output.results
     assert broken.infra_failure and broken.reward == 0.0 and "BrokenTask.reward raised KeyError" in broken.error
     assert fine.termination == "done" and fine.reward == 1.0

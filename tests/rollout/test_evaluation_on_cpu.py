@@ -26,7 +26,7 @@ from envservice.envs.frozenlake import FrozenLakeEnv, generate_map, shortest_pat
 from envservice.server import EnvServiceConfig, create_app
 
 pytestmark = pytest.mark.timeout(300)
-LIMITS = DataflowConfig(max_rounds=12, max_prompt_length=512, max_response_length=1024, max_tokens_per_turn=16)
+LIMITS = DataflowConfig(max_prompt_length=512, max_response_length=1024, max_tokens_per_turn=16)
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +68,7 @@ def test_success_rate_is_the_share_of_solved_episodes_played_in_task_order(servi
     tasks = TaskSet.of("held-out", "frozenlake", "test", [0, 1, 2, 3])
     policy = OracleOn(chatml_tokenizer, tasks, solved={0, 2})
     with EnvClient(service_url, timeout=10, retries=0) as env:
-        evaluation = evaluate(Policy(policy, concurrency=1), env, tasks, EvaluationConfig(LIMITS, samples=2),
+        evaluation = evaluate(Policy(policy, concurrency=1), env, tasks, EvaluationConfig(LIMITS, 12, samples=2),
                               chatml_tokenizer)
     assert [r.spec.task_id for r in evaluation.results] == [0, 0, 1, 1, 2, 2, 3, 3]
     assert [r.success for r in evaluation.results] == [True, True, False, False, True, True, False, False]
@@ -81,7 +81,7 @@ def test_an_unreachable_env_is_an_incomplete_evaluation_not_a_failure_of_the_mod
     tasks = TaskSet.of("held-out", "frozenlake", "test", [0, 1])
     with EnvClient(f"http://127.0.0.1:{free_port()}", timeout=2, retries=0) as env:
         evaluation = evaluate(Policy(OracleOn(chatml_tokenizer, tasks, {0, 1}), concurrency=2), env, tasks,
-                              EvaluationConfig(LIMITS), chatml_tokenizer)
+                              EvaluationConfig(LIMITS, 12), chatml_tokenizer)
     assert evaluation.scored == [] and evaluation.metrics.infra_failures == 2
     with pytest.raises(EvaluationIncomplete, match=r"held-out \(frozenlake test\) task 0: env_error: .*2 of 2"):
         evaluation.require_complete()
@@ -93,4 +93,4 @@ def test_policy_and_settings_refuse_bad_values_naming_the_valid_ones():
     with pytest.raises(ValueError, match="temperature must be >= 0"):
         PolicyConfig(model="m", temperature=-1)
     with pytest.raises(ValueError, match="samples must be >= 1"):
-        EvaluationConfig(LIMITS, samples=0)
+        EvaluationConfig(LIMITS, 12, samples=0)

@@ -122,11 +122,10 @@ def test_a_hostile_agent_is_contained_attack_by_attack(chatml_tokenizer, frozenl
             command = (f"python {script} {attack} {tmp_path / 'report.json'} {marker} {envservice_port} "
                        f"{server.port} 22")
             spec = EpisodeSpec(env_id="frozenlake", task_id=3, seed=0, group_id=attack)
-            config = DataflowConfig(max_rounds=4, max_prompt_length=512, max_response_length=512,
-                                    max_tokens_per_turn=8)
+            config = DataflowConfig(max_prompt_length=512, max_response_length=512, max_tokens_per_turn=8)
             started = time.monotonic()
             results[attack] = AgentDataflow(spec, client, server.gateway, server.url,
-                                            CommandAgent(command, timeout_s, sandbox), config, Moves(tokenizer),
+                                            CommandAgent(command, timeout_s, sandbox), config, 4, Moves(tokenizer),
                                             server.socket_path).run()
             results[attack].wall_time_s = time.monotonic() - started
     finally:

@@ -65,14 +65,14 @@ def test_a_rollout_through_remote_envs_keeps_the_sampled_ids_and_closes_every_re
     specs = [EpisodeSpec(env, task_id=task, seed=task, group_id=f"{env}:{task}", index=i)
              for i, (env, task) in enumerate([("webshop-remote", 0), ("webshop-remote", 1), ("webshop-remote", 1),
                                                ("lake-openenv", 0), ("lake-openenv", 2), ("lake-openenv", 2)])]
-    config = DataflowConfig(max_rounds=3, max_prompt_length=1024, max_response_length=512, max_tokens_per_turn=16)
+    config = DataflowConfig(max_prompt_length=1024, max_response_length=512, max_tokens_per_turn=16)
     service = EnvServiceProcess(["webshop-remote", "lake-openenv"], log_path=tmp_path / "service.log",
                                 extra_args=["--env-config", str(config_path)])
     with service, EnvClient(service.url) as env_client, \
             AsyncLLMServerManager(HttpVLLMBackend([tiny_vllm_server.base_url], tiny_vllm_server.config.model)) as llm:
         manager = ParallelEnvManager(env_client, llm.with_sampling(SamplingParams(temperature=1.0)), tokenizer,
                                      config, max_workers=6)
-        output = manager.run(specs)
+        output = manager.run(specs, max_rounds=3)
         assert env_client.health().sessions == 0
 
     assert len(output.results) == len(specs)  # every episode accounted for

@@ -52,12 +52,12 @@ def test_real_episodes_keep_sampled_ids_and_render_the_chat(tiny_vllm_server, ti
     specs = [EpisodeSpec(env, task_id=task, seed=task, group_id=f"{env}:{task}", index=i)
              for i, (env, task) in enumerate([("babyai", 0), ("babyai", 1), ("babyai", 1), ("textcraft", 0),
                                                ("textcraft", 3), ("textcraft", 3)])]
-    config = DataflowConfig(max_rounds=3, max_prompt_length=1024, max_response_length=512, max_tokens_per_turn=24)
+    config = DataflowConfig(max_prompt_length=1024, max_response_length=512, max_tokens_per_turn=24)
     with EnvClient(envservice_url) as env_client, \
             AsyncLLMServerManager(HttpVLLMBackend([tiny_vllm_server.base_url], tiny_vllm_server.config.model)) as llm:
         generate = RecordingGenerate(llm.with_sampling(SamplingParams(temperature=1.0)))
         manager = ParallelEnvManager(env_client, generate, tokenizer, config, max_workers=6)
-        output = manager.run(specs)
+        output = manager.run(specs, max_rounds=3)
         assert env_client.health().sessions == 0  # every session was released
 
     assert not [r for r in output.results if r.infra_failure], [r.error for r in output.results]
@@ -111,11 +111,11 @@ def test_seeded_episodes_sample_the_same_tokens_again_at_any_concurrency(tiny_vl
     unseeded = [EpisodeSpec(env, task_id=task, seed=task, group_id=f"{env}:{task}", index=i)
                 for i, (env, task) in enumerate([("babyai", 0)] * 3 + [("textcraft", 3)] * 3)]
     seeded = [dataclasses.replace(spec, sampling_seed=request_seed(42, "step", 1, spec.index)) for spec in unseeded]
-    config = DataflowConfig(max_rounds=3, max_prompt_length=1024, max_response_length=512, max_tokens_per_turn=24)
+    config = DataflowConfig(max_prompt_length=1024, max_response_length=512, max_tokens_per_turn=24)
 
     def play(specs, workers: int) -> list[list[int]]:
         manager = ParallelEnvManager(env_client, generate, tokenizer, config, max_workers=workers)
-        results = manager.run(specs).results
+        results = manager.run(specs, max_rounds=3).results
         assert not [r for r in results if r.infra_failure], [r.error for r in results]
         return [r.episode.response_ids for r in results]
 

@@ -1,5 +1,6 @@
-"""RoundScheduler: values at stage boundaries, AgentGym-RL aliases, and every validation message; the
-adaptive Horizon: when it raises the limit (hand-worked windows), its floor, and its record for resumed runs."""
+"""RoundsConfig: values at stage boundaries, AgentGym-RL aliases, and every validation message (read by
+`sections.from_section`, as the recipe reads it); the adaptive RoundLimit: when it raises the limit
+(hand-worked windows), its floor, and its record for resumed runs."""
 
 from __future__ import annotations
 
@@ -9,14 +10,20 @@ import pytest
 from omegaconf import OmegaConf
 
 from beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec
-from beyond_agent.rollout.rounds import HORIZON_RECORD, Horizon, RoundScheduler, step_signal
+from beyond_agent.rollout.rounds import HORIZON_RECORD, RoundLimit, RoundsConfig, step_signal
+from beyond_agent.sections import from_section
 
 STEPWISE = {"type": "stepwise", "rounds": [10, 20, 30], "every": 100}
 
 
+def rounds_of(section) -> RoundsConfig:
+    """`beyond_agent.rounds` read as the recipe reads it."""
+    return from_section(RoundsConfig, section, "beyond_agent.rounds")
+
+
 def test_fixed_is_the_same_at_every_step():
-    scheduler = RoundScheduler.from_config({"type": "fixed", "rounds": 15})
-    assert [scheduler.max_rounds(s) for s in (0, 1, 100, 10_000)] == [15, 15, 15, 15]
+    schedule = rounds_of({"type": "fixed", "rounds": 15})
+    assert [schedule.max_rounds(s) for s in (0, 1, 100, 10_000)] == [15, 15, 15, 15]
 
 
 @pytest.mark.parametrize(
@@ -25,40 +32,40 @@ def test_fixed_is_the_same_at_every_step():
 )
 def test_stepwise_stages_start_at_step_one(step, rounds):
     # verl's fit() trains steps 1, 2, ...: each stage is exactly `every` training steps long.
-    assert RoundScheduler.from_config(STEPWISE).max_rounds(step) == rounds
+    assert rounds_of(STEPWISE).max_rounds(step) == rounds
 
 
 def test_agentgym_names_mean_the_same_schedule():
     agentgym = {"type": "scaling_inter_stepwise", "rounds": [10, 20, 30], "steps_scaling_inter": 100}
-    ours, theirs = RoundScheduler.from_config(STEPWISE), RoundScheduler.from_config(agentgym)
+    ours, theirs = rounds_of(STEPWISE), rounds_of(agentgym)
     assert theirs == ours
     assert theirs.type == "stepwise" and theirs.every == 100 and theirs.rounds == (10, 20, 30)
 
 
 def test_resumed_run_gets_the_same_value_for_the_same_step():
-    # A fresh scheduler (as after a restart) answers from the step alone: no hidden counters.
-    first = RoundScheduler.from_config(STEPWISE)
+    # A fresh schedule (as after a restart) answers from the step alone: no hidden counters.
+    first = rounds_of(STEPWISE)
     before = [first.max_rounds(s) for s in range(1, 260)]
-    resumed = RoundScheduler.from_config(STEPWISE)
+    resumed = rounds_of(STEPWISE)
     assert [resumed.max_rounds(s) for s in range(150, 260)] == before[149:]
     assert [first.max_rounds(s) for s in range(1, 260)] == before
 
 
-def test_direct_construction_normalises_like_from_config():
-    assert RoundScheduler(type="fixed", rounds=15) == RoundScheduler.from_config({"type": "fixed", "rounds": 15})
-    scheduler = RoundScheduler(type="scaling_inter_stepwise", rounds=[10, 20], every=100)
-    assert (scheduler.type, scheduler.rounds) == ("stepwise", (10, 20))
+def test_direct_construction_normalises_like_the_reader():
+    assert RoundsConfig(type="fixed", rounds=15) == rounds_of({"type": "fixed", "rounds": 15})
+    schedule = RoundsConfig(type="scaling_inter_stepwise", rounds=[10, 20], every=100)
+    assert (schedule.type, schedule.rounds) == ("stepwise", (10, 20))
 
 
 def test_null_every_falls_back_to_the_agentgym_key():
     # YAML that lists both keys with one left null (our default) must use the other.
     config = {"type": "stepwise", "rounds": [10, 20], "every": None, "steps_scaling_inter": 100}
-    assert RoundScheduler.from_config(config).max_rounds(101) == 20
+    assert rounds_of(config).max_rounds(101) == 20
 
 
 def test_single_stage_stepwise_and_tuple_rounds():
-    scheduler = RoundScheduler.from_config({"type": "stepwise", "rounds": (7,), "every": 5})
-    assert [scheduler.max_rounds(s) for s in (1, 6, 50)] == [7, 7, 7]
+    schedule = rounds_of({"type": "stepwise", "rounds": (7,), "every": 5})
+    assert [schedule.max_rounds(s) for s in (1, 6, 50)] == [7, 7, 7]
 
 
 @pytest.mark.parametrize(
@@ -92,19 +99,19 @@ def test_single_stage_stepwise_and_tuple_rounds():
 )
 def test_invalid_configs_name_the_field(config, message):
     with pytest.raises(ValueError, match=message):
-        RoundScheduler.from_config(config)
+        rounds_of(config)
 
 
 @pytest.mark.parametrize("step", [-1, 1.5, "3"])
 def test_step_must_be_a_non_negative_int(step):
     with pytest.raises(ValueError, match="global_step must be an int >= 0"):
-        RoundScheduler.from_config(STEPWISE).max_rounds(step)
+        rounds_of(STEPWISE).max_rounds(step)
 
 
 def test_omegaconf_lists_are_accepted():
     config = OmegaConf.create({"type": "scaling_inter_stepwise", "rounds": [6, 13, 20],
                                          "steps_scaling_inter": 50})
-    assert RoundScheduler.from_config(config).max_rounds(51) == 13
+    assert rounds_of(config).max_rounds(51) == 13
 
 
 def episodes(*terminations: str, success: tuple[bool, ...] = ()) -> list[EpisodeResult]:
@@ -130,12 +137,12 @@ def test_the_truncated_signal_counts_the_run_s_limits_and_not_the_env_s():
     assert step_signal(episodes("timeout"), "truncated") is None
 
 
-def adaptive(**keys) -> RoundScheduler:
-    return RoundScheduler.from_config({"type": "adaptive", "rounds": [4, 6, 8], "threshold": 0.25, **keys})
+def adaptive(**keys) -> RoundsConfig:
+    return rounds_of({"type": "adaptive", "rounds": [4, 6, 8], "threshold": 0.25, **keys})
 
 
 def test_adaptive_raises_when_the_window_mean_of_truncations_falls_to_the_threshold(tmp_path):
-    horizon = Horizon(adaptive(window=2), record_dir=tmp_path)
+    horizon = RoundLimit(adaptive(window=2), record_dir=tmp_path)
     cut_half, cut_none, cut_all = ("max_rounds", "done"), ("done", "done"), ("max_rounds",) * 2
     limits = []
     for step, ends in enumerate([cut_all, cut_half, cut_none, cut_half, cut_none, cut_none], start=1):
@@ -149,7 +156,7 @@ def test_adaptive_raises_when_the_window_mean_of_truncations_falls_to_the_thresh
 
 
 def test_adaptive_success_signal_and_the_stepwise_floor():
-    horizon = Horizon(adaptive(signal="success", threshold=0.5, every=3))
+    horizon = RoundLimit(adaptive(signal="success", threshold=0.5, every=3))
     limits = []
     for step in range(1, 8):
         limits.append(horizon.max_rounds(step))
@@ -161,7 +168,7 @@ def test_adaptive_success_signal_and_the_stepwise_floor():
 
 
 def test_adaptive_never_lowers_and_ignores_steps_without_scored_episodes():
-    horizon = Horizon(adaptive())
+    horizon = RoundLimit(adaptive())
     horizon.observe(1, episodes("done"))  # truncated share 0 <= .25: 6 from step 2
     figures = horizon.observe(2, episodes("env_error", "timeout"))  # nothing scored: no signal, no change
     assert figures == {"max_rounds": 6.0}
@@ -170,31 +177,31 @@ def test_adaptive_never_lowers_and_ignores_steps_without_scored_episodes():
 
 
 def test_fixed_and_stepwise_horizons_are_the_schedule(tmp_path):
-    horizon = Horizon(RoundScheduler.from_config(STEPWISE), record_dir=tmp_path)
+    horizon = RoundLimit(rounds_of(STEPWISE), record_dir=tmp_path)
     assert horizon.observe(101, episodes("done")) == {"max_rounds": 20.0}
     assert [horizon.max_rounds(step) for step in (1, 101, 201)] == [10, 20, 30]
     assert not (tmp_path / HORIZON_RECORD).exists()  # nothing to remember
 
 
 def test_a_resumed_run_replays_the_record_up_to_its_step(tmp_path):
-    first = Horizon(adaptive(), record_dir=tmp_path)
+    first = RoundLimit(adaptive(), record_dir=tmp_path)
     for step, ends in enumerate([("max_rounds",), ("done",), ("done",), ("done",)], start=1):
         first.observe(step, episodes(*ends))  # raised after steps 2 and 3: 4, 4, 6, 8
     record = json.loads((tmp_path / HORIZON_RECORD).read_text())
     assert [entry["max_rounds"] for entry in record["observed"]] == [4, 4, 6, 8]
     # Resumed from the checkpoint of step 2: verl validates at step 2, then trains step 3 on. Steps 3 and 4
     # of the record are redone; the limit is the one step 2 left, and the record forgets the redone steps.
-    resumed = Horizon(adaptive(), record_dir=tmp_path)
+    resumed = RoundLimit(adaptive(), record_dir=tmp_path)
     assert resumed.max_rounds(2, validate=True) == 6
     assert resumed.max_rounds(3) == 6
     resumed.observe(3, episodes("max_rounds"))
     assert [entry["step"] for entry in json.loads((tmp_path / HORIZON_RECORD).read_text())["observed"]] == [1, 2, 3]
     assert resumed.max_rounds(4) == 6
-    fresh = Horizon(adaptive(), record_dir=tmp_path)  # a new run in the same folder starts at step 1
+    fresh = RoundLimit(adaptive(), record_dir=tmp_path)  # a new run in the same folder starts at step 1
     assert fresh.max_rounds(1) == 4
 
 
 def test_a_damaged_record_is_named(tmp_path):
     (tmp_path / HORIZON_RECORD).write_text("{not json")
     with pytest.raises(ValueError, match=f"{HORIZON_RECORD} is not a horizon record"):
-        Horizon(adaptive(), record_dir=tmp_path).max_rounds(1)
+        RoundLimit(adaptive(), record_dir=tmp_path).max_rounds(1)

@@ -22,7 +22,9 @@ from beyond_agent.rollout.seats import (SeatedDataflow, SelfPlayConfig, SelfPlay
                                         seat_figures)
 
 pytestmark = pytest.mark.timeout(120)
-LIMITS = dict(max_rounds=9, max_prompt_length=1024, max_response_length=2048, max_tokens_per_turn=16)
+LIMITS = dict(max_prompt_length=1024, max_response_length=2048, max_tokens_per_turn=16)
+ROUNDS = 9
+"""The round limit where a test does not set its own."""
 
 
 class Moves:
@@ -65,10 +67,10 @@ def game(opening_moves: int = 0, **fields) -> EpisodeSpec:
                        group_id="pos0", **fields)
 
 
-def play(client, tokenizer, seat0, seat1, spec=None, **limits):
+def play(client, tokenizer, seat0, seat1, spec=None, max_rounds=ROUNDS, **limits):
     policies = {0: Moves(tokenizer, seat0[0], **seat0[1]), 1: Moves(tokenizer, seat1[0], **seat1[1])}
     results = SeatedDataflow(spec or game(), client, policies, tokenizer,
-                             DataflowConfig(**{**LIMITS, **limits})).run()
+                             DataflowConfig(**{**LIMITS, **limits}), max_rounds).run()
     return results, policies
 
 
@@ -131,7 +133,7 @@ def test_a_seat_without_a_policy_or_a_one_player_env_is_an_env_error_before_any_
     """Seat 0 is to move and only seat 1 has a policy; FrozenLake names no seat. Each game is void before any seat
     moved, and is accounted for by one result without an episode."""
     policies = {1: Moves(chatml_tokenizer, ["[4]"])}
-    [result] = SeatedDataflow(game(), client, policies, chatml_tokenizer, DataflowConfig(**LIMITS)).run()
+    [result] = SeatedDataflow(game(), client, policies, chatml_tokenizer, DataflowConfig(**LIMITS), ROUNDS).run()
     assert (result.termination, result.episode, result.spec.seat) == ("env_error", None, 1)
     assert "the env named seat 0 to move; this game has policies for seats [1]" in result.error
     results, _ = play(client, chatml_tokenizer, (["left"], {}), (["right"], {}),
@@ -170,9 +172,8 @@ def test_each_seats_figures_count_its_wins_draws_losses_and_cut_games(client, ch
     results = []
     for name, (seat0, seat1) in scripts.items():
         policies = {0: Moves(chatml_tokenizer, seat0), 1: Moves(chatml_tokenizer, seat1)}
-        limits = {**LIMITS, "max_rounds": 2 if name == "C" else 9}
-        first = SelfPlayDataflow(SeatedDataflow(game(), client, policies, chatml_tokenizer,
-                                                DataflowConfig(**limits))).run()
+        first = SelfPlayDataflow(SeatedDataflow(game(), client, policies, chatml_tokenizer, DataflowConfig(**LIMITS),
+                                                2 if name == "C" else ROUNDS)).run()
         assert first.spec.seat == 0 and [other.spec.seat for other in first.other_seats] == [1]
         results.append(first)
     figures = seat_figures(results, prefix="beyond_agent/")
@@ -210,7 +211,7 @@ def test_the_self_play_manager_plays_each_spec_as_a_game_of_the_policy_against_i
     manager = SelfPlayEnvManager(client, policy, chatml_tokenizer, DataflowConfig(**LIMITS),
                                  SelfPlayConfig(envs=("tictactoe",)), max_workers=2)
     specs = [game(index=index, sampling_seed=request_seed(3, index)) for index in range(2)]
-    output = manager.run(specs + [EpisodeSpec("frozenlake", task_id=0, seed=0, group_id="map0", index=2)])
+    output = manager.run(specs + [EpisodeSpec("frozenlake", task_id=0, seed=0, group_id="map0", index=2)], ROUNDS)
     assert output.results[2].spec.seat is None and output.results[2].other_seats == []  # a one-player env: as usual
     output.results = output.results[:2]
     for result in output.results:
@@ -237,7 +238,7 @@ def test_each_rows_games_face_one_opponent_of_the_pool_drawn_by_weight(client, c
     row = next(f"row{i}" for i, name in enumerate(drawn) if name == "first")
     policy = FirstFreeCell(chatml_tokenizer)
     manager = SelfPlayEnvManager(client, policy, chatml_tokenizer, DataflowConfig(**LIMITS), pool, max_workers=2)
-    results = manager.run([dataclasses.replace(game(index=index), group_id=row) for index in range(2)]).results
+    results = manager.run([dataclasses.replace(game(index=index), group_id=row) for index in range(2)], ROUNDS).results
     for result in results:
         assert (result.spec.seat, result.success, result.rounds, result.other_seats) == (0, True, 4, [])
         assert result.spec.params["opponent"] == "first" and episode_record(result, 1, "train").extra == {
@@ -273,7 +274,7 @@ def test_against_a_frozen_model_the_policy_plays_the_first_seat_and_alone_trains
     spec = EpisodeSpec("tictactoe", task_id=0, seed=0, params={"opening_moves": 3}, group_id="pos0",
                        agent_task=AnyCell())
     try:
-        [result] = manager.run([spec]).results
+        [result] = manager.run([spec], ROUNDS).results
         model = manager.models._fronts["ckpt"].metrics()
     finally:
         manager.models.close()

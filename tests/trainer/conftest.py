@@ -129,7 +129,7 @@ def frozenlake_episodes(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathF
     from beyond_agent.trajectories import episode_record
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    limits = DataflowConfig(**FROZENLAKE_LIMITS)
+    limits = DataflowConfig(**{key: value for key, value in FROZENLAKE_LIMITS.items() if key != "max_rounds"})
     log = tmp_path_factory.mktemp("frozenlake_episodes") / "envservice.log"
     with EnvServiceProcess(["frozenlake"], log_path=log) as service:
         client = EnvClient(service.url)
@@ -144,7 +144,8 @@ def frozenlake_episodes(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathF
                     actions = oracle if script == "oracle" else script(oracle)
                     spec = EpisodeSpec("frozenlake", task_id=task, seed=task, split="train", params=params or {},
                                        group_id=f"map-{task}", index=index)
-                    result = Dataflow(spec, client, ScriptedPolicy(actions, tokenizer), tokenizer, limits).run()
+                    result = Dataflow(spec, client, ScriptedPolicy(actions, tokenizer), tokenizer, limits,
+                                      FROZENLAKE_LIMITS["max_rounds"]).run()
                     records.append(episode_record(result, step=0, kind="train"))
             return records
 
