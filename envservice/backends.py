@@ -27,6 +27,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Callable, Protocol, Sequence
 
@@ -39,6 +40,8 @@ from envservice.latency import DelayedEnv, InjectedLatency
 logger = logging.getLogger("envservice")
 
 DEFAULT_STEP_TIMEOUT_S = 60.0
+STUCK_THREAD = "its thread could not be stopped and keeps running in the service (use --backend process to kill " \
+               "stuck env calls)"
 PRELOAD_TIMEOUT_S = 600.0
 """How long a worker may take to import the preloaded env classes (imports are slow; no step limit applies)."""
 
@@ -116,6 +119,21 @@ class InProcessBackend:
             return env
         return _TimedEnv(env, registration.env_id, self._threads, self.step_timeout_s)  # type: ignore[return-value]
 
+    def steps_in_turn(self, steps: Sequence[tuple[Any, str]], budget_s: float | None = None,
+                      ) -> list["TurnOutcome | None"] | None:
+        """Several envs' steps (env, action) one after another as one job of the call threads: one hand-off for
+        them all where `env.step` takes one each (`_CallThreads.run_in_turn`: each step keeps its own time limit,
+        and one past it is that env's timeout alone). None when this backend runs no env under a limit (its
+        steps take no hand-off: call `step`), or when a step is not one of its timed envs'."""
+        if self._threads is None or not all(isinstance(env, _TimedEnv) for env, _ in steps):
+            return None
+        outcomes = self._threads.run_in_turn([env.step_call(action) for env, action in steps], self.step_timeout_s,
+                                             budget_s)
+        for (env, _), outcome in zip(steps, outcomes):
+            if outcome is not None and isinstance(outcome.error, EnvCallTimeout):
+                env.note_stuck("step")
+        return outcomes
+
     def describe(self) -> str:
         """One phrase for logs and the ready line."""
         return "inprocess"
@@ -141,7 +159,11 @@ class _TimedEnv:
         return self._run("reset", lambda: self.env.reset(task))
 
     def step(self, action: str) -> Any:
-        return self._run("step", lambda: self.env.step(action))
+        return self._run("step", self.step_call(action))
+
+    def step_call(self, action: str) -> Callable[[], Any]:
+        """The env's own step, unbounded: for a caller that runs it under the limit itself (`steps_in_turn`)."""
+        return lambda: self.env.step(action)
 
     def evaluate(self) -> Any:
         return self._run("evaluate", self.env.evaluate)
@@ -164,11 +186,15 @@ class _TimedEnv:
         try:
             return self._threads.run(call, self._timeout_s)
         except EnvCallTimeout:
-            self._timed_out = True
-            logger.error("env %s: %s is stuck past %g s; its thread cannot be killed and keeps running "
-                         "(%d stuck now); --backend process would kill it", self.env_id, what,
-                         self._timeout_s, self._threads.stuck)
+            self.note_stuck(what)
             raise
+
+    def note_stuck(self, what: str) -> None:
+        """A call of this env (`what`) ran past the limit: its close must not wait for it (see `close`)."""
+        self._timed_out = True
+        logger.error("env %s: %s is stuck past %g s; its thread cannot be killed and keeps running "
+                     "(%d stuck now); --backend process would kill it", self.env_id, what,
+                     self._timeout_s, self._threads.stuck)
 
 
 class _CallThreads:
@@ -208,8 +234,46 @@ class _CallThreads:
             if not job.future.cancel():  # it is running: its thread is stuck
                 job.abandoned = True
                 self.stuck += 1
-        raise EnvCallTimeout(timeout_s, "its thread could not be stopped and keeps running in the service "
-                                        "(use --backend process to kill stuck env calls)")
+        raise EnvCallTimeout(timeout_s, STUCK_THREAD)
+
+    def run_in_turn(self, calls: Sequence[Callable[[], Any]], timeout_s: float,
+                    budget_s: float | None = None) -> list["TurnOutcome | None"]:
+        """The calls one after another on one pool thread: one hand-off for them all, where `run` takes one per
+        call. Each is bounded by `timeout_s` from its own start, as with `run`: one past it gets an
+        `EnvCallTimeout` outcome and leaves its thread stuck, and the calls after it go on, in turn, on another
+        thread. With `budget_s`, a job leaves out (None) the calls it has not started `budget_s` after it began,
+        for the caller to run otherwise."""
+        outcomes: list[TurnOutcome | None] = [None] * len(calls)
+        first = 0
+        while first < len(calls):
+            job = _InTurn(calls[first:], budget_s)
+            self._submit(job)  # type: ignore[arg-type]
+            stuck_at = self._supervise(job, timeout_s)
+            outcomes[first:first + len(job.outcomes)] = job.outcomes
+            if stuck_at is None:  # every call finished, or the budget left the rest out
+                break
+            outcomes[first + stuck_at] = TurnOutcome(error=EnvCallTimeout(timeout_s, STUCK_THREAD), seconds=timeout_s)
+            first += stuck_at + 1
+        return outcomes
+
+    def _supervise(self, job: "_InTurn", timeout_s: float) -> int | None:
+        """Wait for an in-turn job: None once it has finished, or the index of the call it is stuck in (then
+        it starts no further call, and its thread counts as stuck, as in `run`)."""
+        while True:
+            with job.lock:
+                started = job.current_started
+                wait_s = timeout_s if started is None else started + timeout_s - time.monotonic()
+                if started is not None and wait_s <= 0:
+                    job.stopped = True
+                    with self._lock:
+                        job.abandoned = True
+                        self.stuck += 1
+                    return len(job.outcomes)
+            try:
+                job.future.result(wait_s)
+                return None
+            except FutureTimeout:  # a call's limit (or a wait in the queue) passed: look again
+                continue
 
     def stop(self) -> None:
         """Ask every thread to exit once it is free (stuck ones leave when their call returns)."""
@@ -249,6 +313,55 @@ class _Job:
     def __init__(self, call: Callable[[], Any]) -> None:
         self.call, self.future, self.abandoned = call, Future(), False
         self.started_at: float | None = None  # set by the thread that takes it
+
+
+@dataclass
+class TurnOutcome:
+    """What one call of `_CallThreads.run_in_turn` returned or raised, and how long it ran."""
+
+    value: Any = None
+    error: BaseException | None = None
+    seconds: float = 0.0
+
+    def result(self) -> Any:
+        """The call's value, or its exception raised again."""
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class _InTurn:
+    """Calls run one after another by one thread of `_CallThreads` (a job: `call` runs them all); the thread
+    records each outcome, the waiter (`_supervise`) watches each call's start against its limit."""
+
+    def __init__(self, calls: Sequence[Callable[[], Any]], budget_s: float | None) -> None:
+        self.calls, self.budget_s = calls, budget_s
+        self.future, self.abandoned = Future(), False
+        self.started_at: float | None = None  # set by the thread that takes the job
+        self.lock = threading.Lock()
+        self.outcomes: list[TurnOutcome] = []  # one per finished call, in order
+        self.current_started: float | None = None  # when the call running now started (None between calls)
+        self.stopped = False  # set by the waiter once a call ran past its limit
+
+    def call(self) -> None:
+        for call in self.calls:
+            with self.lock:
+                now = time.monotonic()
+                if self.stopped or (self.budget_s is not None and self.outcomes
+                                    and now - (self.started_at or now) > self.budget_s):
+                    return
+                self.current_started = now
+            outcome = TurnOutcome()
+            try:
+                outcome.value = call()
+            except BaseException as exc:  # the env's; its session's answer, never this job's other calls'
+                outcome.error = exc
+            with self.lock:
+                if self.stopped:  # the waiter gave this call up as stuck and answered its timeout
+                    return
+                outcome.seconds = time.monotonic() - now
+                self.outcomes.append(outcome)
+                self.current_started = None
 
 
 # ---- worker pools (process and Ray) ----------------------------------------------------------------

@@ -6,10 +6,11 @@ batch pays both once for all its steps.
 
 How the steps run: the steps of envs whose recent steps were slow (`StepCosts`, over `SLOW_STEP_S`: a browser, a
 remote server, a worker process, a sandboxed command) start at once on `fan_out` threads, so they take about as
-long as the slowest of them, as concurrent /step calls would. The other steps run in the request's pool thread,
-one after another, while the batch has taken less than `SERIAL_BUDGET_S`; those left then also run at once on
-`fan_out`. Each step is `SessionManager.step`: the same validation, session lock, limits, error isolation and
-accounting as /step. A session named twice in one batch answers `busy` the second time, as a concurrent /step
+long as the slowest of them, as concurrent /step calls would. The other steps run one after another
+(`SessionManager.steps_in_turn`: in-process envs under a time limit as one job of the call threads, one hand-off
+for all of them) while the batch has taken less than `SERIAL_BUDGET_S`; those left then also run at once on
+`fan_out`. Each step gets what `SessionManager.step` gives a /step: the same validation, session lock, limits, error
+isolation and accounting. A session named twice in one batch answers `busy` the second time, as a concurrent /step
 would (the client sends it again), so a batch never applies two actions to one session in an order the client
 did not choose.
 """
@@ -73,13 +74,29 @@ def run_steps(manager: SessionManager, steps: Sequence[StepRequest], fan_out: Ex
         else:
             serial.append((index, env_id))
         seen.add(request.session_id)
-    started = time.perf_counter()
-    for index, env_id in serial:
-        if time.perf_counter() - started > serial_budget_s:
+    answers = _in_turn(manager, [steps[index] for index, _ in serial], serial_budget_s, request_id)
+    for (index, env_id), answer in zip(serial, answers):
+        if answer is None:  # left out by the budget: at once, beside the others
             outcomes[index] = fan_out.submit(_outcome, manager, steps[index], env_id, costs, request_id)
-        else:
-            outcomes[index] = _outcome(manager, steps[index], env_id, costs, request_id)
+            continue
+        result, seconds = answer
+        if env_id is not None:
+            costs.record(env_id, seconds)
+        outcomes[index] = _error_outcome(result, request_id) if isinstance(result, EnvServiceError) else \
+            {"status": 200, "step": result.model_dump(mode="json")}
     return {"results": [outcome.result() if isinstance(outcome, Future) else outcome for outcome in outcomes]}
+
+
+def _in_turn(manager: SessionManager, steps: Sequence[StepRequest], budget_s: float, request_id: str | None) -> list:
+    """`SessionManager.steps_in_turn` of these steps; a bug of the service there is each step's internal error
+    (never the request's, whose other steps are answered)."""
+    try:
+        return manager.steps_in_turn([(step.session_id, step.action) for step in steps], budget_s)
+    except Exception:
+        logger.exception("internal error on the steps in turn of request %s", request_id)
+        error = EnvServiceError(ErrorCode.internal_error, "the service failed on this step; its log has the "
+                                f"traceback under request id {request_id}")
+        return [(error, 0.0)] * len(steps)
 
 
 def _outcome(manager: SessionManager, request: StepRequest, env_id: str | None, costs: StepCosts,

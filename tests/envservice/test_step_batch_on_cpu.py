@@ -232,3 +232,67 @@ def test_batches_keep_to_the_item_and_byte_limits_and_a_failed_send_reaches_ever
     failing = Coalescer(broken, max_items=4, max_bytes=100)
     with pytest.raises(ConnectionError, match="went away"):
         failing.call("x")
+
+
+# ---- steps in turn: one hand-off for a batch's serial steps -----------------------------------------------------
+
+
+def test_in_turn_calls_share_one_thread_and_a_stuck_one_times_out_alone() -> None:
+    """`_CallThreads.run_in_turn`: the calls run one after another on one pool thread; the one past its limit gets
+    its own `EnvCallTimeout` (its thread is left stuck) and the calls after it still run, on another thread."""
+    from envservice.backends import EnvCallTimeout, _CallThreads
+
+    threads, release, ran_on = _CallThreads(4), threading.Event(), []
+
+    def record(value: str):
+        def call() -> str:
+            ran_on.append(threading.get_ident())
+            return value
+        return call
+
+    def hang() -> str:
+        release.wait(10)
+        return "late"
+
+    try:
+        outcomes = threads.run_in_turn([record("a"), record("b"), hang, record("c")], timeout_s=0.3)
+        assert [outcome.value for outcome in outcomes] == ["a", "b", None, "c"]
+        assert isinstance(outcomes[2].error, EnvCallTimeout) and outcomes[2].seconds == 0.3
+        assert ran_on[0] == ran_on[1] != ran_on[2] and threading.get_ident() not in ran_on  # one hand-off, then one more
+        assert threads.stuck == 1
+    finally:
+        release.set()
+    _wait_until(lambda: threads.stuck == 0)  # the stuck call returned: its thread left, nothing was answered twice
+    threads.stop()
+
+
+def test_in_turn_calls_not_started_within_the_budget_are_left_to_the_caller() -> None:
+    from envservice.backends import _CallThreads
+
+    threads = _CallThreads(2)
+    outcomes = threads.run_in_turn([lambda: time.sleep(0.05) or 1, lambda: 2, lambda: 3], timeout_s=5, budget_s=0.01)
+    assert outcomes[0].value == 1 and outcomes[1:] == [None, None]  # the caller runs them otherwise
+    threads.stop()
+
+
+def test_a_stuck_step_of_a_batch_ends_its_own_session_and_the_steps_after_it_are_answered(make_client,
+                                                                                          test_envs) -> None:
+    """Three serial steps under a 0.5 s limit, the middle one stuck: it answers `env_timeout` and closes its session
+    only; the step before it and the one after it (run once the stuck one was given up) answer as /step would."""
+    from envservice.backends import InProcessBackend
+
+    gated_env = test_envs["gated"]
+    gated_env.gate.clear()
+    client = make_client(backend=InProcessBackend(step_timeout_s=0.5))
+    before, gated, after = _create(client), _create(client, "gated"), _create(client)
+    try:
+        answers = _as_step_answers(_steps(client, (before, "inc"), (gated, "wait"), (after, "inc")))
+    finally:
+        gated_env.gate.set()
+    assert answers[0] == answers[2] == (200, {"observation": "value 1", "reward": 0.0, "terminated": False,
+                                              "truncated": False, "info": {"steps": 1}})
+    status, error = answers[1]
+    assert status == 504 and error["code"].value == "env_timeout" and "within 0.5 s" in error["message"]
+    health = client.get("/healthz").json()
+    assert health["closed"] == {"env_timeout": 1} and health["sessions"] == 2
+    assert _step_answer(client, after, "inc")[1]["observation"] == "value 2"
