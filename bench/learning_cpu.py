@@ -760,7 +760,8 @@ def run_seed(seed: int, base_dir: Path, tokenizer, client: EnvClient, data_dir: 
             continue
         figures = evaluate_stage(f"{variant} (seed {seed})", trained, tokenizer, client, args)
         run_dir = trained.parents[3]  # <run>/checkpoints/global_step_N/actor/huggingface
-        stages[variant] = keep_stage(kept, variant, {**figures, "rl_wall_s": rl_wall_s, "run": str(run_dir),
+        stages[variant] = keep_stage(kept, variant, {**figures, "rl_wall_s": rl_wall_s,
+                                                    "run": str(run_dir.relative_to(args.out.resolve())),
                                                     "training": training_figures(run_dir / "metrics.jsonl")})
     print(f"[learning] seed {seed}: {time.monotonic() - started:.0f} s", flush=True)
     return stages
