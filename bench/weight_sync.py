@@ -77,11 +77,11 @@ def run_variant(send_dtype: str, lr: float, layers: int, syncs: int) -> dict:
         receiver.apply(sync.header, sync.payloads)
         apply_s = time.perf_counter() - started
         metrics = sync.metrics
-        row = {"sync": index, "loss": loss, "full": bool(metrics["weight_sync/full"]),
-               "bytes_sent": int(metrics["weight_sync/bytes_sent"]), "bytes_full": int(metrics["weight_sync/bytes_full"]),
-               "sent_fraction": metrics["weight_sync/sent_fraction"],
-               "changed_fraction": metrics["weight_sync/changed_fraction"],
-               "encode_s": metrics["weight_sync/encode_s"], "apply_s": apply_s}
+        row = {"sync": index, "loss": loss, "full": bool(metrics["beyond_agent/weight_sync/full"]),
+               "bytes_sent": int(metrics["beyond_agent/weight_sync/bytes_sent"]), "bytes_full": int(metrics["beyond_agent/weight_sync/bytes_full"]),
+               "sent_fraction": metrics["beyond_agent/weight_sync/sent_fraction"],
+               "changed_fraction": metrics["beyond_agent/weight_sync/changed_fraction"],
+               "encode_s": metrics["beyond_agent/weight_sync/encode_s"], "apply_s": apply_s}
         rows.append(row)
         print(f"  {send_dtype} lr {lr:g} sync {index}: {'full' if row['full'] else 'delta'}, changed "
               f"{100 * row['changed_fraction']:.2f} %, sent {row['bytes_sent'] / 2**20:.1f} MiB "

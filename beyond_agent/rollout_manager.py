@@ -15,7 +15,7 @@ step (`beyond_agent/...`, each task's own under `beyond_agent/task/<name>/`, bey
 here until the trainer takes them (`take_step_figures`) into the metrics of that step's update; validation's
 reach the trainer through `take_validation_figures`. (verl's `meta_info["timing"]` channel would log them as
 `timing_s/...`, as if success were a duration; runs before 2026-11-26 did, see
-`run_folder.EARLIER_METRICS_PREFIX`.)
+`run_folder.EARLIER_METRICS_PREFIXES`.)
 
 With `beyond_agent.rollout_mode: async` the training episodes are played ahead, in the background, by an
 `AsyncEpisodePool` (rollout/async_pool.py) that the trainer feeds from its dataloader (`start_rows`,

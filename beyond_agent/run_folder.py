@@ -31,15 +31,19 @@ CURVES_FILE = "curves.png"
 METRICS_PREFIX = "beyond_agent/"
 """Our own figures' namespace in the tracker: `beyond_agent/success_rate`, `beyond_agent/termination/<kind>`,
 `beyond_agent/task/<task>/...`, `beyond_agent/async/...` (validation's per-task ones: `val-aux/beyond_agent/...`)."""
-EARLIER_METRICS_PREFIX = "timing_s/beyond_agent/"
-"""Where runs before 2026-11-26 logged the same figures (verl's timing channel, so success looked like a
-timing); MetricsLog reads them under METRICS_PREFIX, so old and new runs draw the same curves."""
+EARLIER_METRICS_PREFIXES = {"timing_s/beyond_agent/": METRICS_PREFIX,
+                            "weight_sync/": f"{METRICS_PREFIX}weight_sync/"}
+"""Where earlier runs logged our figures, and where they are now: before 2026-11-26 in verl's timing channel (so
+success looked like a timing), before 2026-11-28 the weight sync's outside our namespace. MetricsLog reads them
+under today's names, so old and new runs draw the same curves."""
 
 
 def current_metric_key(key: str) -> str:
-    """The key under today's names: `timing_s/beyond_agent/x` (an earlier run's) -> `beyond_agent/x`."""
-    if key.startswith(EARLIER_METRICS_PREFIX):
-        return METRICS_PREFIX + key.removeprefix(EARLIER_METRICS_PREFIX)
+    """The key under today's names, e.g. `timing_s/beyond_agent/x` or `weight_sync/x` (an earlier run's) ->
+    `beyond_agent/x` or `beyond_agent/weight_sync/x`."""
+    for earlier, now in EARLIER_METRICS_PREFIXES.items():
+        if key.startswith(earlier):
+            return now + key.removeprefix(earlier)
     return key
 """Drawn beside the metrics file when training ends (BeyondAgentTrainer.fit)."""
 METRICS_NAME = re.compile(r"^metrics(?:\.(\d+))?\.jsonl$")

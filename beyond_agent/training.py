@@ -143,7 +143,7 @@ def wrap_weight_sync(checkpoint_manager: Any, rollout: Any | None, lora_plan: Lo
       weight-sync sockets of every run that starts its own Ray cluster alike, and two such syncs at once hang;
     - with an async `rollout` (our manager), the sync waits in the rollout's version gate (for generation requests
       in flight, or whole episodes without partial rollout) and then publishes the new policy version;
-    - the sync's figures (delta mode's `weight_sync/*`; in full mode the sync's seconds, `transfer_s`, and with
+    - the sync's figures (delta mode's `beyond_agent/weight_sync/*`; in full mode the sync's seconds, `transfer_s`, and with
       LoRA the adapter's `bytes_sent`) join the metrics of the actor update it carries (`take_actor_output()`:
       that update's output, or None). verl's `fit()` discards update_weights' return value but reduces the actor
       output's metrics after the call; the syncs with no actor update before them (the first one, critic

@@ -18,7 +18,7 @@ and asks the sender for a full sync, which heals the mirror.
         sender.request_full(str(err))                           # the next sync is full and heals it
     else:
         engine.load_weights(weights)
-    log(sync.metrics)                                           # weight_sync/bytes_sent, ...
+    log(sync.metrics)                                           # beyond_agent/weight_sync/bytes_sent, ...
 """
 
 from __future__ import annotations
@@ -43,8 +43,9 @@ SEND_DTYPES = ("rollout", "trainer")
 """Valid values of `weight_sync.send_dtype`."""
 CHECKSUM_ALGOS = ("xxh3_64", "crc32")
 """Checksums a header may name; the receiver verifies with the one the sender used."""
-METRIC_PREFIX = "weight_sync/"
-"""Prefix of every metric key this module returns."""
+METRIC_PREFIX = "beyond_agent/weight_sync/"
+"""Prefix of every metric key this module returns: under our namespace (`run_folder.METRICS_PREFIX`; runs before
+2026-11-28 logged them as `weight_sync/...`, which `run_folder.current_metric_key` maps here)."""
 
 # Integer dtypes of each element size: comparing bit patterns through them catches changes that float
 # comparison misses (NaN -> NaN with other payload bits, 0.0 -> -0.0) and is never fooled by NaN != NaN.
@@ -167,7 +168,7 @@ class EncodedSync:
     payloads: tuple[ParamPayload, ...]
     """One payload per parameter of the header. Read-only: FULL values may share the sender's snapshot."""
     metrics: dict[str, float]
-    """`weight_sync/...` figures of this sync (see WeightDeltaSender.encode)."""
+    """`beyond_agent/weight_sync/...` figures of this sync (see WeightDeltaSender.encode)."""
 
 
 # ---------------------------------------------------------------------------------------------- errors
@@ -305,7 +306,7 @@ class WeightDeltaSender:
     def encode(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> EncodedSync:
         """Encode the current weights as the next sync and make them the new snapshot.
 
-        Metrics (`weight_sync/` + name): `seq`; `full` (1 = full sync, 0 = delta sync); `bytes_sent`
+        Metrics (`beyond_agent/weight_sync/` + name): `seq`; `full` (1 = full sync, 0 = delta sync); `bytes_sent`
         (values + positions); `index_bytes` (positions alone); `bytes_full` (what a full sync would send);
         `sent_fraction` (bytes_sent / bytes_full); `changed_fraction` (elements whose bits changed since the
         last sync; 1.0 when there is no snapshot to compare with, e.g. in full mode); `params`; `params_full`
@@ -435,7 +436,7 @@ class WeightDeltaReceiver:
         self._why_full = "no sync applied yet"
         self._writing = False  # buffer_for handed out a mirror tensor for a sync not yet applied
         self.last_metrics: dict[str, float] = {}
-        """`weight_sync/apply_s` and `weight_sync/applied_seq` of the last successful apply."""
+        """`beyond_agent/weight_sync/apply_s` and `beyond_agent/weight_sync/applied_seq` of the last successful apply."""
 
     @property
     def seq(self) -> int | None:

@@ -9,7 +9,7 @@ generation requests then name that adapter. What this module adds, all through v
   vLLM's own name mapping (verl 0.9's loader fails on vLLM 0.32, see `vllm_extension`) and reports each sync;
 - the refusals, naming the key, of what this path does not serve;
 - the adapter's size (`LoraPlan`), counted by PEFT on a meta-device copy of the model: the bytes each sync
-  sends, logged per step as `weight_sync/bytes_sent` beside the sync's measured `weight_sync/transfer_s`.
+  sends, logged per step as `beyond_agent/weight_sync/bytes_sent` beside the sync's measured `beyond_agent/weight_sync/transfer_s`.
 
 One adapter per run: verl's actor holds PEFT's single `default` adapter and its vLLM server one slot (fixed
 adapter id 123), so several adapters on one base would need a trainer that holds and updates several.

@@ -21,7 +21,7 @@ Delta mode keeps that transport and changes what flows through it (`configure_we
   base class's non-naive path would attempt against replica workers that in hybrid mode are the actor
   workers themselves), and when a receiver refused a sync, asks every engine for a full sync and syncs again
   at once, so the rollout never serves unverified weights nor stays behind the trainer. It returns the
-  sync's `weight_sync/*` metrics; verl's `fit()` discards them, so the recipe's trainer (`wrap_weight_sync`) adds
+  sync's `beyond_agent/weight_sync/*` metrics; verl's `fit()` discards them, so the recipe's trainer (`wrap_weight_sync`) adds
   them to the actor metrics of the step whose update they carry (fit() reduces those after the sync).
 
 What verl's actor worker does around a `naive` sync and not around any other backend's (its
@@ -280,7 +280,7 @@ class DeltaCheckpointEngineManager(CheckpointEngineManager):
 
     @auto_await
     async def update_weights(self, global_steps: int | None = None) -> dict[str, float]:
-        """One sync to every replica; its `weight_sync/*` metrics (of the retry too, when there was one)."""
+        """One sync to every replica; its `beyond_agent/weight_sync/*` metrics (of the retry too, when there was one)."""
         metrics = self._sync(global_steps)
         if metrics[FAILED]:
             self.verify_failures_total += 1

@@ -81,7 +81,7 @@ def test_async_m2po_trains_on_stale_rows_within_the_bound(resumed):
         assert math.isfinite(figures["actor/pg_loss"])
         assert any(key.endswith("m2po_m2_before") for key in figures), sorted(figures)
         assert figures["beyond_agent/episodes"] == 8.0  # 4 rows x n=2, all from the pool
-        assert figures["weight_sync/bytes_sent"] > 0 and figures["weight_sync/transfer_s"] > 0
+        assert figures["beyond_agent/weight_sync/bytes_sent"] > 0 and figures["beyond_agent/weight_sync/transfer_s"] > 0
 
     accounting = ast.literal_eval(ACCOUNTING.search(resumed.output).group(1))
     assert accounting["trained"] == 8 * len(RESUMED_STEPS)

@@ -106,6 +106,6 @@ def test_the_default_full_weight_sync_is_verls_own(run):
     # recomputes with (the gap is numerical noise, ~3e-5 here; weights one step behind would add the update).
     logged = run.tracked()
     assert "[beyond_agent] weight_sync" not in run.output
-    assert {key for metrics in logged.values() for key in metrics if key.startswith("weight_sync/")} == \
-        {"weight_sync/transfer_s"}
+    assert {key for metrics in logged.values() for key in metrics if key.startswith("beyond_agent/weight_sync/")} == \
+        {"beyond_agent/weight_sync/transfer_s"}
     assert all(0.0 <= logged[step]["training/rollout_probs_diff_max"] < 1e-3 for step in (1, 2)), logged

@@ -11,7 +11,7 @@ verl loss term) makes each update non-zero so that "the adapter changed" is chec
 - LoRA (issue #34): rank 8 on every linear layer, verl's own LoRA path with our vLLM worker extension loading the
   adapter. After each sync the extension dumps what vLLM serves (`BEYOND_LORA_SERVED_DUMP`: per module,
   scaling x lora_B @ lora_A); the tests compare it with the adapter in that step's checkpoint, check that no base
-  weight changed and that each sync sent the adapter alone (`weight_sync/bytes_sent` = 16 384 elements x 4 bytes,
+  weight changed and that each sync sent the adapter alone (`beyond_agent/weight_sync/bytes_sent` = 16 384 elements x 4 bytes,
   as the vLLM worker counted them).
 - dynamic sampling (`drop: zero_variance`) in sync mode: every group has zero reward variance, so each step drops
   as many groups as its budget allows (ceil(1.0 x 2) = 2), plays 2 new rows, and trains them without signal;
@@ -160,8 +160,8 @@ def test_each_sync_of_the_first_run_sends_the_adapter_alone(lora_run):
     assert [tuple(map(int, found)) for found in SERVED.findall(lora_run.output)] == \
         [(n, 28, ADAPTER_BYTES) for n in range(3)]
     for step in (1, 2):
-        assert lora_run.metrics[step]["weight_sync/bytes_sent"] == ADAPTER_BYTES
-        assert lora_run.metrics[step]["weight_sync/transfer_s"] > 0
+        assert lora_run.metrics[step]["beyond_agent/weight_sync/bytes_sent"] == ADAPTER_BYTES
+        assert lora_run.metrics[step]["beyond_agent/weight_sync/transfer_s"] > 0
 
 
 def test_sync_dynamic_sampling_drops_its_budget_and_replays(lora_run):
@@ -251,7 +251,7 @@ def test_each_async_sync_sends_the_adapter_alone(resumed_run):
         [(n, 28, ADAPTER_BYTES) for n in range(4)]
     for step in RESUMED_STEPS:
         metrics = resumed_run.metrics[step]
-        assert metrics["weight_sync/bytes_sent"] == ADAPTER_BYTES and metrics["weight_sync/transfer_s"] > 0
+        assert metrics["beyond_agent/weight_sync/bytes_sent"] == ADAPTER_BYTES and metrics["beyond_agent/weight_sync/transfer_s"] > 0
 
 
 def test_async_staleness_is_positive_and_bounded(resumed_run):

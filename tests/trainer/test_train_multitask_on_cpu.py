@@ -209,8 +209,8 @@ def test_the_tracker_logs_each_steps_sync(run):
     metrics, sent = run.metrics, sent_lines(run.output)
     full_bytes = sent[0][4]
     assert sorted(metrics) == [1, 2, 3, 4]
-    sync = {step: {key.removeprefix("weight_sync/"): value for key, value in metrics[step].items()
-                   if key.startswith("weight_sync/")} for step in metrics}
+    sync = {step: {key.removeprefix("beyond_agent/weight_sync/"): value for key, value in metrics[step].items()
+                   if key.startswith("beyond_agent/weight_sync/")} for step in metrics}
     assert [sync[s]["full"] for s in (1, 2, 3, 4)] == [0.0, 1.0, 1.0, 0.0]
     assert [sync[s]["verify_failed"] for s in (1, 2, 3, 4)] == [0.0, 0.0, 1.0, 0.0]
     assert [sync[s]["retried_full"] for s in (1, 2, 3, 4)] == [0.0, 0.0, 1.0, 0.0]
@@ -232,8 +232,8 @@ def test_the_tracker_logs_each_steps_sync(run):
 def test_the_file_tracker_records_each_steps_sync(run):
     tracked = run.tracked()
     assert sorted(tracked) == [1, 2, 3, 4]
-    assert [tracked[step]["weight_sync/verify_failed"] for step in (1, 2, 3, 4)] == [0.0, 0.0, 1.0, 0.0]
-    assert all(tracked[step]["weight_sync/bytes_full"] > 0 for step in tracked)
+    assert [tracked[step]["beyond_agent/weight_sync/verify_failed"] for step in (1, 2, 3, 4)] == [0.0, 0.0, 1.0, 0.0]
+    assert all(tracked[step]["beyond_agent/weight_sync/bytes_full"] > 0 for step in tracked)
 
 
 def test_the_rollout_samples_with_the_weights_the_trainer_holds(run):

@@ -114,9 +114,9 @@ def test_open_join_point_turns_verls_helper_on_and_returns_the_users_choice():
 def test_wrap_update_weights_replaces_the_sync_on_that_manager_only():
     class Manager:
         def update_weights(self, global_steps=None):
-            return {"weight_sync/full": 1.0, "step": global_steps}
+            return {"beyond_agent/weight_sync/full": 1.0, "step": global_steps}
 
     wrapped, plain = Manager(), Manager()
     wrap_update_weights(wrapped, lambda sync: lambda global_steps=None: {**sync(global_steps), "locked": True})
-    assert wrapped.update_weights(3) == {"weight_sync/full": 1.0, "step": 3, "locked": True}
-    assert plain.update_weights(3) == {"weight_sync/full": 1.0, "step": 3}
+    assert wrapped.update_weights(3) == {"beyond_agent/weight_sync/full": 1.0, "step": 3, "locked": True}
+    assert plain.update_weights(3) == {"beyond_agent/weight_sync/full": 1.0, "step": 3}

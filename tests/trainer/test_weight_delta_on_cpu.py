@@ -106,23 +106,23 @@ def test_delta_syncs_follow_training_bitwise(tiny_model_dir: Path, dtype: torch.
     assert [s.header.mode for s in syncs] == [SyncMode.FULL if i % 5 == 0 else SyncMode.DELTA for i in range(25)]
     assert syncs[0].header.reason == "first sync" and syncs[5].header.reason.startswith("periodic")
     assert all(s.header.base_seq == s.header.seq - 1 for s in syncs if s.header.mode is SyncMode.DELTA)
-    assert all(key.startswith("weight_sync/") for s in syncs for key in s.metrics)
-    assert set(receiver.last_metrics) == {"weight_sync/apply_s", "weight_sync/applied_seq"}
+    assert all(key.startswith("beyond_agent/weight_sync/") for s in syncs for key in s.metrics)
+    assert set(receiver.last_metrics) == {"beyond_agent/weight_sync/apply_s", "beyond_agent/weight_sync/applied_seq"}
 
     fulls = [s.metrics for s in syncs if s.header.mode is SyncMode.FULL]
     deltas = [s.metrics for s in syncs if s.header.mode is SyncMode.DELTA]
-    full_bytes = fulls[0]["weight_sync/bytes_full"]
-    assert all(m["weight_sync/bytes_sent"] == full_bytes for m in fulls)
+    full_bytes = fulls[0]["beyond_agent/weight_sync/bytes_full"]
+    assert all(m["beyond_agent/weight_sync/bytes_sent"] == full_bytes for m in fulls)
     # Training changed a real but partial share of the elements, and every delta sync was smaller.
-    assert all(0.0 < m["weight_sync/changed_fraction"] < 1.0 for m in deltas)
-    assert all(m["weight_sync/bytes_sent"] < m["weight_sync/bytes_full"] == full_bytes for m in deltas)
-    delta_bytes = [int(m["weight_sync/bytes_sent"]) for m in deltas]
+    assert all(0.0 < m["beyond_agent/weight_sync/changed_fraction"] < 1.0 for m in deltas)
+    assert all(m["beyond_agent/weight_sync/bytes_sent"] < m["beyond_agent/weight_sync/bytes_full"] == full_bytes for m in deltas)
+    delta_bytes = [int(m["beyond_agent/weight_sync/bytes_sent"]) for m in deltas]
     mean_delta = sum(delta_bytes) / len(delta_bytes)
     print(f"\n[{dtype}] full sync: {int(full_bytes)} B; delta syncs ({len(deltas)}): mean {mean_delta:.0f} B "
           f"({mean_delta / full_bytes:.1%} of full), min {min(delta_bytes)} B, max {max(delta_bytes)} B; "
-          f"changed elements per step {min(m['weight_sync/changed_fraction'] for m in deltas):.1%}"
-          f"-{max(m['weight_sync/changed_fraction'] for m in deltas):.1%}; "
-          f"index bytes {int(sum(m['weight_sync/index_bytes'] for m in deltas) / len(deltas))} B/sync")
+          f"changed elements per step {min(m['beyond_agent/weight_sync/changed_fraction'] for m in deltas):.1%}"
+          f"-{max(m['beyond_agent/weight_sync/changed_fraction'] for m in deltas):.1%}; "
+          f"index bytes {int(sum(m['beyond_agent/weight_sync/index_bytes'] for m in deltas) / len(deltas))} B/sync")
 
 
 def _flip_value(sync):
@@ -238,8 +238,8 @@ def test_full_mode_always_sends_everything(tiny_model_dir: Path) -> None:
         sync = sync_and_load(sender, receiver, engine, trainer)
         assert sync.header.mode is SyncMode.FULL and sync.header.base_seq is None
         assert all(p.kind is PayloadKind.FULL and p.positions is None for p in sync.payloads)
-        assert sync.metrics["weight_sync/bytes_sent"] == sync.metrics["weight_sync/bytes_full"] > 0
-        assert sync.metrics["weight_sync/full"] == 1.0
+        assert sync.metrics["beyond_agent/weight_sync/bytes_sent"] == sync.metrics["beyond_agent/weight_sync/bytes_full"] > 0
+        assert sync.metrics["beyond_agent/weight_sync/full"] == 1.0
         trainer.step()
 
 
@@ -283,7 +283,7 @@ def test_layout_changes_and_dense_changes_go_whole_within_a_delta_sync() -> None
                      "retyped": PayloadKind.FULL, "new": PayloadKind.FULL}
     served = dict(receiver.apply(second.header, second.payloads))
     assert_bitwise_equal(served, list(weights.items()))
-    assert second.metrics["weight_sync/params_full"] == 4
+    assert second.metrics["beyond_agent/weight_sync/params_full"] == 4
 
 
 @pytest.mark.parametrize(

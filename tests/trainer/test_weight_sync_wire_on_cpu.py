@@ -258,13 +258,13 @@ def test_engine_turns_a_refusal_into_a_full_sync_request() -> None:
         weights.step()
     assert adapter.calls[0] == {"peft_config": None, "base_sync_done": True,
                                "beyond_weight_sync": WIRE_VERSION}
-    failed = [m["weight_sync/verify_failed"] for m in results]
-    full = [m["weight_sync/full"] for m in results]
+    failed = [m["beyond_agent/weight_sync/verify_failed"] for m in results]
+    full = [m["beyond_agent/weight_sync/full"] for m in results]
     assert failed == [0.0, 0.0, 1.0, 0.0, 0.0]
     assert full == [1.0, 0.0, 0.0, 1.0, 0.0]  # the sync after the refusal is full (requested)
     assert len(adapter.loader.calls) == 4 and adapter.endpoint.failures == 1
-    assert all(m["weight_sync/bytes_sent"] < m["weight_sync/bytes_full"] for m, f in zip(results, full) if not f)
-    assert all(m["weight_sync/wire_bytes"] == m["weight_sync/bytes_sent"] + m["weight_sync/header_bytes"]
+    assert all(m["beyond_agent/weight_sync/bytes_sent"] < m["beyond_agent/weight_sync/bytes_full"] for m, f in zip(results, full) if not f)
+    assert all(m["beyond_agent/weight_sync/wire_bytes"] == m["beyond_agent/weight_sync/bytes_sent"] + m["beyond_agent/weight_sync/header_bytes"]
                for m in results)
 
 
@@ -427,11 +427,11 @@ def test_at_lr_1e_6_a_bf16_delta_changes_few_elements_an_fp32_delta_nearly_all()
         sender.encode(before.items())
         metrics[dtype] = sender.encode(after.items()).metrics
     fp32, bf16 = metrics[None], metrics[torch.bfloat16]
-    assert fp32["weight_sync/changed_fraction"] == 1.0 and fp32["weight_sync/sent_fraction"] == 1.0  # all, whole
+    assert fp32["beyond_agent/weight_sync/changed_fraction"] == 1.0 and fp32["beyond_agent/weight_sync/sent_fraction"] == 1.0  # all, whole
     # Measured on these weights: 4.2% of the elements change in bf16 (the smallest weights have the finest
     # bf16 steps); the delta is 131 532 bytes, 6.3% of the fp32 full sync's 2 101 248.
-    assert bf16["weight_sync/changed_fraction"] < 0.05
-    assert bf16["weight_sync/bytes_sent"] < 0.07 * fp32["weight_sync/bytes_full"]
+    assert bf16["beyond_agent/weight_sync/changed_fraction"] < 0.05
+    assert bf16["beyond_agent/weight_sync/bytes_sent"] < 0.07 * fp32["beyond_agent/weight_sync/bytes_full"]
     receiver_weights = _apply_both(before, after, torch.bfloat16)  # exactly the bf16 rounding of the weights
     assert all(torch.equal(receiver_weights[name], after[name].to(torch.bfloat16)) for name in after)
 
@@ -523,18 +523,18 @@ def test_the_manager_redoes_a_sync_in_full_on_every_rank_when_one_rank_refuses(l
         for adapter in ranks.adapters:  # every rank's rollout serves this step's weights, the refusing one too
             assert_loaded_equal(adapter.loader.calls[-1], ranks.weights.items())
         ranks.weights.step()
-    failed = [m["weight_sync/verify_failed"] for m in results]
+    failed = [m["beyond_agent/weight_sync/verify_failed"] for m in results]
     assert failed == [0.0, 0.0, 1.0, 0.0]  # rank 5's refusal, max-reduced over the 8 ranks
-    assert [m["weight_sync/retried_full"] for m in results] == [0.0, 0.0, 1.0, 0.0]
+    assert [m["beyond_agent/weight_sync/retried_full"] for m in results] == [0.0, 0.0, 1.0, 0.0]
     assert ranks.calls == ["attach_rollout", "request_full"]  # one request, to all 8 engines at once
     # sync 2 was refused on rank 5 only; the retry (seq 3) went full to every rank, and the next is a delta again
     assert [e.sender.seq for e in ranks.engines] == [4] * 8
     assert ranks.adapters[5].endpoint.failures == 1 and sum(a.endpoint.failures for a in ranks.adapters) == 1
     assert all(len(a.loader.calls) == 5 for a in ranks.adapters[:5] + ranks.adapters[6:])  # seq 0-4
     assert len(ranks.adapters[5].loader.calls) == 4  # seq 2 refused, nothing loaded; its full retry was
-    assert results[2]["weight_sync/verify_failures_total"] == 1.0 == results[3]["weight_sync/verify_failures_total"]
-    retry_bytes = results[2]["weight_sync/bytes_sent"]
-    assert retry_bytes > results[2]["weight_sync/bytes_full"]  # both transfers of the step are counted
+    assert results[2]["beyond_agent/weight_sync/verify_failures_total"] == 1.0 == results[3]["beyond_agent/weight_sync/verify_failures_total"]
+    retry_bytes = results[2]["beyond_agent/weight_sync/bytes_sent"]
+    assert retry_bytes > results[2]["beyond_agent/weight_sync/bytes_full"]  # both transfers of the step are counted
 
 
 def test_each_of_8_ranks_with_tp_2_reaches_its_own_vllm_worker(local_ray, monkeypatch) -> None:

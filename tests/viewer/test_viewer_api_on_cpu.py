@@ -13,7 +13,7 @@ import requests
 
 from beyond_agent.trajectories import TrajectoryFormatError, read_dump
 from beyond_agent.curves import write_curves_png
-from beyond_agent.run_folder import TEXT_LIMIT, MetricsLog
+from beyond_agent.run_folder import TEXT_LIMIT, MetricsLog, current_metric_key
 
 TRAJECTORIES = Path("checkpoints") / "trajectories"
 
@@ -187,3 +187,12 @@ def test_the_curves_png_is_drawn_from_the_metrics(run_folder: Path, tmp_path: Pa
     empty = subprocess.run([sys.executable, "-m", "beyond_agent.viewer", str(tmp_path / "empty"), "--png",
                             str(tmp_path / "none.png")], capture_output=True, text=True, timeout=120)
     assert empty.returncode == 1 and "no metrics" in empty.stderr
+
+
+def test_earlier_runs_keys_are_read_under_todays_names():
+    """Runs before 2026-11-26 logged our figures in verl's timing channel, runs before 2026-11-28 the weight sync's
+    outside our namespace; verl's own keys keep theirs."""
+    assert current_metric_key("timing_s/beyond_agent/success_rate") == "beyond_agent/success_rate"
+    assert current_metric_key("weight_sync/bytes_sent") == "beyond_agent/weight_sync/bytes_sent"
+    assert current_metric_key("beyond_agent/weight_sync/bytes_sent") == "beyond_agent/weight_sync/bytes_sent"
+    assert current_metric_key("timing_s/update_weights") == "timing_s/update_weights"
