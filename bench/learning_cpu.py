@@ -50,7 +50,8 @@ wall time and folder) and a later call with the same `--out` reuses it instead o
 comparison can be stopped and restarted, or run one variant at a time; the table shows every stage asked for.
 Delete a stage's file to redo it. `--kept bench/results/<name>` keeps those files in the checkout instead, so a
 comparison longer than one machine's lifetime goes on elsewhere: the warm-up is trained again there (the kept
-warm-up records its weights' sha256, and the bench refuses to add RL stages to a different warm model).
+warm-up records its weights' sha256, and the bench refuses to add RL stages to a different warm model), and a seed
+whose every stage is kept trains nothing: a call over kept stages only prints the table.
 """
 
 from __future__ import annotations
@@ -736,6 +737,9 @@ def run_seed(seed: int, base_dir: Path, tokenizer, client: EnvClient, data_dir: 
     out = args.out.resolve() / f"seed{seed}"
     kept = (args.kept.resolve() if args.kept else args.out.resolve()) / f"seed{seed}"
     started = time.monotonic()
+    if not args.offline and all((kept / "stages" / f"{stage}.json").exists() for stage in ("warm-up", *args.rl)):
+        # Every stage asked for is kept: its figures, without the warm model (which another machine trained).
+        return {stage: kept_stage(kept, stage) for stage in ("warm-up", *args.rl)}
     warm_dir = warmup_stage(base_dir, out / "warm_model", tokenizer, client, args, seed)
     warm_digest = weights_digest(warm_dir)
     stages = {"warm-up": kept_stage(kept, "warm-up") or keep_stage(kept, "warm-up", {**evaluate_stage(
@@ -809,7 +813,9 @@ def main(argv: list[str] | None = None) -> int:
     with EnvServiceProcess([args.game.env_id]) as service:
         client = EnvClient(service.url)
         data_dir = write_rl_data(out / "data", service.url, args) if args.rl else out / "data"
-        base = evaluate_stage("base", base_dir, tokenizer, client, args)  # the same random model for every seed
+        kept = args.kept.resolve() if args.kept else out
+        base = kept_stage(kept, "base") or keep_stage(  # the same random model for every seed
+            kept, "base", evaluate_stage("base", base_dir, tokenizer, client, args))
         for seed in args.seeds:
             per_seed[seed] = {"base": base, **run_seed(seed, base_dir, tokenizer, client, data_dir, args)}
     failed = {seed: stages.pop("_failed") for seed, stages in per_seed.items() if "_failed" in stages}
