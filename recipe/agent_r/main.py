@@ -34,8 +34,9 @@ import contextlib
 import random
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from beyond_agent.algorithms.agent_r import (
     JUDGE_FAILED,
@@ -67,6 +68,52 @@ from beyond_agent.tasks import AgentTask, EnvTask
 from beyond_agent.trajectories import write_dump
 from beyond_agent.trajectory_data import TrajectoryDataError, read_trajectories
 from envservice.contamination import TaskSet
+
+@dataclass(frozen=True)
+class AgentRConfig:
+    """One Agent-R run's options, read once from the command line (`from_args`) and passed to every step."""
+
+    env: str
+    """The env id searched and evaluated."""
+    params: dict[str, Any]
+    """Env task parameters of every task."""
+    tasks: tuple[int, ...]
+    """Train tasks searched each iteration."""
+    model: str
+    """The Hugging Face model folder the first iteration starts from."""
+    iterations: int
+    """Search -> revise -> SFT rounds."""
+    search: MCTSConfig
+    """The tree search of each task (its depth is also the evaluation's round limit)."""
+    alpha: float
+    """A good path's value must exceed this."""
+    beta: float
+    """value(good) - value(bad) must exceed this."""
+    pairing: str
+    """One of PAIRINGS: which good and bad paths form revision pairs."""
+    action_format: str
+    """How the model writes an action (the task's parser)."""
+    eval_tasks: tuple[int, ...]
+    eval_split: str
+    seed: int
+    """Task seed = seed + task index; also the sampling seed and each iteration's random choices."""
+    limits: DataflowConfig
+    """Prompt and response lengths of every record and evaluation episode (`max_tokens`: a proposed action's)."""
+    max_model_len: int
+    """The context of a vLLM server the loop starts."""
+    backend: str
+    """One of POLICY_BACKENDS."""
+    reflections: tuple[str, ...]
+    """The sentences a revision's reflection is drawn from."""
+    replay_files: tuple[str, ...]
+    """Trajectory files added to every SFT run (each repeated `--replay-weight` times)."""
+    sft: tuple[str, ...]
+    """Hydra overrides of every SFT run."""
+    envservice_url: str | None
+    """A running envservice (None: the loop starts one)."""
+    out: Path
+    """Where each iteration's records, SFT run and `agent_r.json` go."""
+
 
 JUDGE_PROMPT = (
     "You are checking an agent's steps in a task.\nTask: {task}\n{history}\n"
@@ -128,16 +175,15 @@ def model_judge(generate: GenerateFn, tokenizer, max_tokens: int = 8):
     return judge
 
 
-def revise_task(task: TaskRef, client, generate: GenerateFn, tokenizer, args, rng: random.Random) -> dict:
+def revise_task(task: TaskRef, client, generate: GenerateFn, tokenizer, config: AgentRConfig,
+                rng: random.Random) -> dict:
     """Search one task and build its revision and good-path records; figures of the tree."""
-    limits = _limits(args)
-    agent_task = EnvTask(action_format=args.action_format)
-    config = MCTSConfig(exploration=args.exploration, iterations=args.mcts_iterations, n_gen=args.n_gen,
-                        max_depth=args.max_depth, temperature=args.temperature, max_tokens=args.max_tokens)
+    limits, search = config.limits, config.search
+    agent_task = EnvTask(action_format=config.action_format)
     replayer = EnvReplayer(client, task)
-    root = mcts_search(replayer, model_proposer(generate, tokenizer, agent_task, limits, config.max_tokens), config)
+    root = mcts_search(replayer, model_proposer(generate, tokenizer, agent_task, limits, search.max_tokens), search)
     paths = leaf_paths(root)
-    pairs = pair_paths(paths, args.alpha, args.beta, args.pairing)
+    pairs = pair_paths(paths, config.alpha, config.beta, config.pairing)
     judge = model_judge(generate, tokenizer)
     described = {"env": task.env_id, "task": task.task_id, "split": task.split, "seed": task.seed,
                  "first_observation": root.observation}
@@ -145,7 +191,7 @@ def revise_task(task: TaskRef, client, generate: GenerateFn, tokenizer, args, rn
     for good, bad in pairs:
         wrong, how = first_wrong_step(good, bad, judge)
         try:
-            revision = revision_record(good, bad, wrong, how, rng.choice(args.reflections), described, tokenizer,
+            revision = revision_record(good, bad, wrong, how, rng.choice(config.reflections), described, tokenizer,
                                        max_prompt_length=limits.max_prompt_length,
                                        max_response_length=limits.max_response_length)
             good_path = goods.get(id(good)) or good_path_record(
@@ -165,49 +211,45 @@ def revise_task(task: TaskRef, client, generate: GenerateFn, tokenizer, args, rn
             "resets": replayer.resets, "env_steps": replayer.steps}
 
 
-def _limits(args) -> DataflowConfig:
-    return DataflowConfig(max_prompt_length=args.max_prompt_length,
-                          max_response_length=args.max_response_length, max_tokens_per_turn=args.max_tokens)
-
-
 @contextlib.contextmanager
-def served_model(args, model: str, temperature: float) -> Iterator[Policy]:
+def served_model(config: AgentRConfig, model: str, temperature: float) -> Iterator[Policy]:
     """`model` served for the `with` block: in-process Hugging Face, or a vLLM server we start and stop."""
-    policy = PolicyConfig(model=model, backend=args.backend, temperature=temperature, seed=args.seed,
-                          max_model_len=args.max_model_len, max_in_flight=8)
+    policy = PolicyConfig(model=model, backend=config.backend, temperature=temperature, seed=config.seed,
+                          max_model_len=config.max_model_len, max_in_flight=8)
     with serve_policy(policy, lambda message: print(f"[agent-r] {message}", file=sys.stderr, flush=True)) as served:
         yield served
 
 
 @contextlib.contextmanager
-def model_generate(args, model: str, temperature: float) -> Iterator[GenerateFn]:
+def model_generate(config: AgentRConfig, model: str, temperature: float) -> Iterator[GenerateFn]:
     """A generate function for `model` (see `served_model`)."""
-    with served_model(args, model, temperature) as served:
+    with served_model(config, model, temperature) as served:
         yield served.generate
 
 
-def evaluate_model(args, model: str, client, tokenizer) -> float:
+def evaluate_model(config: AgentRConfig, model: str, client, tokenizer) -> float:
     """Greedy success of `model` on the evaluation tasks (an env or LLM failure stops the loop: it is never a
     failed episode)."""
-    tasks = TaskSet.of("evaluation", args.env, args.eval_split, args.eval_tasks, seed_offset=args.seed,
-                       params=args.params)
-    with served_model(args, model, 0.0) as served:
-        evaluation = evaluate(served, client, tasks, EvaluationConfig(_limits(args), args.max_depth), tokenizer)
+    tasks = TaskSet.of("evaluation", config.env, config.eval_split, list(config.eval_tasks), seed_offset=config.seed,
+                       params=config.params)
+    with served_model(config, model, 0.0) as served:
+        evaluation = evaluate(served, client, tasks, EvaluationConfig(config.limits, config.search.max_depth),
+                              tokenizer)
     return evaluation.require_complete().success_rate
 
 
-def run_iteration(args, iteration: int, model: str, client, tokenizer) -> tuple[str, dict]:
+def run_iteration(config: AgentRConfig, iteration: int, model: str, client, tokenizer) -> tuple[str, dict]:
     """Search + revise every task with `model`, SFT it on the records; the new model and the figures."""
     from tqdm import tqdm
 
-    folder = args.out / f"iter_{iteration}"
-    rng = random.Random(args.seed * 1000 + iteration)
+    folder = config.out / f"iter_{iteration}"
+    rng = random.Random(config.seed * 1000 + iteration)
     revisions, goods, trees, failed = [], [], [], []
-    with model_generate(args, model, args.temperature) as generate:
-        for task in tqdm(args.tasks, desc=f"agent-r iteration {iteration}", unit="task", file=sys.stderr):
-            ref = TaskRef(args.env, task_id=task, seed=args.seed + task, split="train", params=args.params)
+    with model_generate(config, model, config.search.temperature) as generate:
+        for task in tqdm(config.tasks, desc=f"agent-r iteration {iteration}", unit="task", file=sys.stderr):
+            ref = TaskRef(config.env, task_id=task, seed=config.seed + task, split="train", params=config.params)
             try:
-                figures = revise_task(ref, client, generate, tokenizer, args, rng)
+                figures = revise_task(ref, client, generate, tokenizer, config, rng)
             except Exception as error:  # an env or model failure costs this task's tree, not the iteration
                 print(f"[agent-r] task {task}: search failed ({type(error).__name__}: {error}); skipped",
                       file=sys.stderr, flush=True)
@@ -227,32 +269,32 @@ def run_iteration(args, iteration: int, model: str, client, tokenizer) -> tuple[
     if not revisions:
         print(f"[agent-r] iteration {iteration}: no pair in any tree; the model is kept", flush=True)
         return model, row
-    files = ",".join([str(folder / "revisions"), str(folder / "good_paths"), *args.replay_files])
-    row["replay_episodes"] = len(read_trajectories(args.replay_files)) if args.replay_files else 0
+    files = ",".join([str(folder / "revisions"), str(folder / "good_paths"), *config.replay_files])
+    row["replay_episodes"] = len(read_trajectories(list(config.replay_files))) if config.replay_files else 0
     run_sft([f"data.train_files=[{files}]", f"model.path={model}",
-             f"trainer.default_local_dir={folder / 'sft'}", f"hydra.run.dir={folder / 'sft' / 'hydra'}", *args.sft],
+             f"trainer.default_local_dir={folder / 'sft'}", f"hydra.run.dir={folder / 'sft' / 'hydra'}", *config.sft],
             log_path=folder / "sft.log")
     return str(hf_model_dir(folder / "sft")), row
 
 
-def run(args) -> list[dict]:
-    """Evaluate, then `--iterations` times search, revise, SFT and evaluate; the figures per iteration."""
+def run(config: AgentRConfig) -> list[dict]:
+    """Evaluate, then `iterations` times search, revise, SFT and evaluate; the figures per iteration."""
     from transformers import AutoTokenizer
 
     from envservice.client import EnvClient
     from envservice.process import envservice_url
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    started, model = time.monotonic(), args.model
-    with envservice_url([args.env], args.envservice_url) as url, EnvClient(url) as client:
-        figures = [{"iteration": 0, "model": model, "eval_success": evaluate_model(args, model, client, tokenizer)}]
-        report_iterations(figures, args.out / "agent_r.json", started, "agent-r", AGENT_R_COLUMNS)
-        for iteration in range(1, args.iterations + 1):
-            model, row = run_iteration(args, iteration, model, client, tokenizer)
-            row.update(model=model, eval_success=evaluate_model(args, model, client, tokenizer))
+    config.out.mkdir(parents=True, exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(config.model)
+    started, model = time.monotonic(), config.model
+    with envservice_url([config.env], config.envservice_url) as url, EnvClient(url) as client:
+        figures = [{"iteration": 0, "model": model, "eval_success": evaluate_model(config, model, client, tokenizer)}]
+        report_iterations(figures, config.out / "agent_r.json", started, "agent-r", AGENT_R_COLUMNS)
+        for iteration in range(1, config.iterations + 1):
+            model, row = run_iteration(config, iteration, model, client, tokenizer)
+            row.update(model=model, eval_success=evaluate_model(config, model, client, tokenizer))
             figures.append(row)
-            report_iterations(figures, args.out / "agent_r.json", started, "agent-r", AGENT_R_COLUMNS)
+            report_iterations(figures, config.out / "agent_r.json", started, "agent-r", AGENT_R_COLUMNS)
     return figures
 
 
@@ -305,15 +347,33 @@ def read_reflections(path: str) -> tuple[str, ...]:
     return sentences
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The CLI's options; the replay set is resolved (and its weight checked) before any model starts."""
+def parse_args(argv: list[str] | None = None) -> AgentRConfig:
+    """The run's options from the command line, checked before any model starts (task ranges, the replay set and
+    its weight, the search's values)."""
     parser = build_parser()
     args = parse_loop_args(parser, argv, ("tasks", "eval_tasks"))
     try:
-        args.replay_files = repeated_files(args.replay, args.replay_weight) if args.replay else []
+        replay_files = repeated_files(args.replay, args.replay_weight) if args.replay else []
+        return from_args(args, replay_files)
     except TrajectoryDataError as error:
         parser.error(f"--replay/--replay-weight: {error}")
-    return args
+    except ValueError as error:
+        parser.error(str(error))
+    raise AssertionError("unreachable: parser.error exits")
+
+
+def from_args(args: argparse.Namespace, replay_files: list[str]) -> AgentRConfig:
+    """`AgentRConfig` from `build_parser()`'s options."""
+    search = MCTSConfig(exploration=args.exploration, iterations=args.mcts_iterations, n_gen=args.n_gen,
+                        max_depth=args.max_depth, temperature=args.temperature, max_tokens=args.max_tokens)
+    limits = DataflowConfig(max_prompt_length=args.max_prompt_length, max_response_length=args.max_response_length,
+                            max_tokens_per_turn=args.max_tokens)
+    return AgentRConfig(
+        env=args.env, params=dict(args.params), tasks=tuple(args.tasks), model=args.model, iterations=args.iterations,
+        search=search, alpha=args.alpha, beta=args.beta, pairing=args.pairing, action_format=args.action_format,
+        eval_tasks=tuple(args.eval_tasks), eval_split=args.eval_split, seed=args.seed, limits=limits,
+        max_model_len=args.max_model_len, backend=args.backend, reflections=tuple(args.reflections),
+        replay_files=tuple(replay_files), sft=tuple(args.sft), envservice_url=args.envservice_url, out=args.out)
 
 
 def main(argv: list[str] | None = None) -> int:
