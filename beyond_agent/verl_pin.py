@@ -7,10 +7,13 @@ before anything starts training so a wrong verl fails in one sentence instead of
 
 from __future__ import annotations
 
+import os
 import subprocess
+import warnings
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Mapping
 
 PIN_FILE = Path(__file__).resolve().parent / "REQUIRED_VERL.txt"
 INSTALL_HINT = "run `bash scripts/install.sh` in the BeyondAgent checkout"
@@ -51,12 +54,21 @@ def installed_verl_version() -> str | None:
         return None
 
 
-def ensure_pinned_verl(pin: VerlPin | None = None) -> str:
+TRYING_VARIABLE = "BEYOND_AGENT_TRYING_VERL"
+"""Set by scripts/try_verl.sh to the release it installed in its scratch venv: that version passes the start-up
+check (with a warning), so that a training test can run against a release before the pin moves to it."""
+
+
+def ensure_pinned_verl(pin: VerlPin | None = None, environ: Mapping[str, str] = os.environ) -> str:
     """Return the installed verl version, or raise VerlVersionError saying what was expected and seen."""
     pin = pin or read_pin()
     installed = installed_verl_version()
     if installed is None:
         raise VerlVersionError(f"verl is not installed; BeyondAgent needs verl {pin.version}: {INSTALL_HINT}")
+    if installed != pin.version and installed == environ.get(TRYING_VARIABLE):
+        warnings.warn(f"verl {installed} instead of the pinned {pin.version}: trying a release "
+                      f"({TRYING_VARIABLE}, scripts/try_verl.sh)", stacklevel=2)
+        return installed
     if installed != pin.version:
         raise VerlVersionError(
             f"BeyondAgent needs verl {pin.version} ({PIN_FILE.name}) but verl {installed} is installed: "

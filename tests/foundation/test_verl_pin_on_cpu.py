@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from beyond_agent.verl_pin import (
+    TRYING_VARIABLE,
     VerlPin,
     VerlVersionError,
     ensure_pinned_verl,
@@ -37,11 +38,20 @@ def test_a_different_installed_verl_is_refused_with_both_versions_named():
 
     wanted = VerlPin(version="0.0.1", tag="v0.0.1", commit="0" * 40)
     with pytest.raises(VerlVersionError) as caught:
-        ensure_pinned_verl(wanted)
+        ensure_pinned_verl(wanted, environ={TRYING_VARIABLE: "0.0.2"})  # trying another release is no excuse
     message = str(caught.value)
     assert "needs verl 0.0.1" in message
     assert f"verl {verl.__version__} is installed" in message
     assert "scripts/install.sh" in message
+
+
+def test_the_release_being_tried_starts_with_a_warning():
+    """scripts/try_verl.sh names the release it installed in its scratch venv: that one may start a training."""
+    import verl
+
+    wanted = VerlPin(version="0.0.1", tag="v0.0.1", commit="0" * 40)
+    with pytest.warns(UserWarning, match=f"verl {verl.__version__} instead of the pinned 0.0.1: trying a release"):
+        assert ensure_pinned_verl(wanted, environ={TRYING_VARIABLE: verl.__version__}) == verl.__version__
 
 
 def test_pin_file_with_a_missing_field_is_a_clear_error(tmp_path):
