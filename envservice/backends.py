@@ -40,6 +40,9 @@ from envservice.latency import DelayedEnv, InjectedLatency
 logger = logging.getLogger("envservice")
 
 DEFAULT_STEP_TIMEOUT_S = 60.0
+BETWEEN_CALLS_S = 0.01
+"""How soon `_CallThreads.run_in_turn` looks again at a job seen between two calls (the next one starts at once,
+and its limit counts from then)."""
 STUCK_THREAD = "its thread could not be stopped and keeps running in the service (use --backend process to kill " \
                "stuck env calls)"
 PRELOAD_TIMEOUT_S = 600.0
@@ -262,7 +265,10 @@ class _CallThreads:
         while True:
             with job.lock:
                 started = job.current_started
-                wait_s = timeout_s if started is None else started + timeout_s - time.monotonic()
+                if started is None:  # queued (waiting, not hanging), or between two calls: look again soon
+                    wait_s = timeout_s if job.started_at is None else BETWEEN_CALLS_S
+                else:
+                    wait_s = started + timeout_s - time.monotonic()
                 if started is not None and wait_s <= 0:
                     job.stopped = True
                     with self._lock:
