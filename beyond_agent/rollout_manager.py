@@ -12,8 +12,8 @@ batch can mix environments, parsers and rewards. What goes back to verl per row 
 `training_batch`; a per_call agent episode's earlier samples wait here (`take_segment_rows`) for the
 trainer, which adds them to the batch once verl has joined it with the input rows. Our figures of a training
 step (`beyond_agent/...`, each task's own under `beyond_agent/task/<name>/`, beyond_agent/multitask.py) wait
-here until the trainer takes them (`take_step_figures`) into the metrics of that step's update; validation's
-reach the trainer through `take_validation_figures`. (verl's `meta_info["timing"]` channel would log them as
+here until the trainer takes them (`take_step_metrics`) into the metrics of that step's update; validation's
+reach the trainer through `take_validation_metrics`. (verl's `meta_info["timing"]` channel would log them as
 `timing_s/...`, as if success were a duration; runs before 2026-11-26 did, see
 `run_folder.EARLIER_METRICS_PREFIXES`.)
 
@@ -156,7 +156,7 @@ class BeyondAgentLoopManager:
         self._serial = 0
         self._taken: dict[str, list[EpisodeResult]] = {}  # row key -> its n finished episodes, until verl asks
         self._taken_metrics: dict[str, float] = {}
-        self._step_figures: dict[str, float] = {}  # the last training rollout's, until the trainer takes them
+        self._step_metrics: dict[str, float] = {}  # the last training rollout's, until the trainer takes them
         self._segments: SegmentRows | None = None  # the last training rollout's earlier segments, likewise
         self._validation: list[tuple[str, EpisodeResult]] = []  # (task, outcome) of this validation's episodes
         self._gateway: GatewayServer | None = None  # agent mode's gateway, started on first use
@@ -192,9 +192,9 @@ class BeyondAgentLoopManager:
         if meta.get("validate"):
             self._validation.extend(zip(tasks, map(outcome_only, output.results)))
         else:
-            self._step_figures = rollout_figures(output, self.llm.metrics().busy_time_s - busy_before, tasks)
+            self._step_metrics = rollout_figures(output, self.llm.metrics().busy_time_s - busy_before, tasks)
             horizon = self.round_limit.observe(int(meta.get("global_steps", 0)), output.results)
-            self._step_figures.update({f"{METRICS_PREFIX}{key}": value for key, value in horizon.items()})
+            self._step_metrics.update({f"{METRICS_PREFIX}{key}": value for key, value in horizon.items()})
         batch.meta_info = {"timing": {}, "reward_extra_keys": ["success"]}  # fit() reads "timing"; ours wait
         self._log_step(meta, output)
         return batch
@@ -205,13 +205,13 @@ class BeyondAgentLoopManager:
         segments, self._segments = self._segments, None
         return segments
 
-    def take_step_figures(self) -> dict[str, float]:
+    def take_step_metrics(self) -> dict[str, float]:
         """Our figures of the last training rollout (`beyond_agent/...`), once: the trainer adds them to the
         metrics of that step's update; {} when none is waiting."""
-        figures, self._step_figures = self._step_figures, {}
+        figures, self._step_metrics = self._step_metrics, {}
         return figures
 
-    def take_validation_figures(self) -> dict[str, float]:
+    def take_validation_metrics(self) -> dict[str, float]:
         """Per-task figures of the validation episodes played since the last call
         (`val-aux/beyond_agent/task/<name>/...`), and for games of several seats each seat's and each opponent's
         (`val-aux/beyond_agent/opponent/<name>/win`: the win rate against a fixed player); verl validates in several

@@ -1,7 +1,7 @@
 """What a trainer on verl's unchanged `fit()` needs around BeyondAgent's rollout manager, for any recipe.
 
 - `prepare_verl_config`: every change we make to verl's config before verl reads it;
-- `RolloutFigures`: what the trainer asks of the rollout manager besides verl's `generate_sequences` (ours
+- `RolloutMetricsSource`: what the trainer asks of the rollout manager besides verl's `generate_sequences` (ours
   answers it; a manager a user names in `agent_loop_manager_class` may not);
 - `PlayedRowLoader`: the train dataloader `fit()` iterates in async mode and with dynamic sampling;
 - `wrap_weight_sync`: the host lock, the async version gate and the sync's figures around verl's weight sync;
@@ -65,23 +65,23 @@ def prepare_verl_config(config: Any, beyond_config: BeyondAgentConfig) -> LoraPl
 
 
 @runtime_checkable
-class RolloutFigures(Protocol):
+class RolloutMetricsSource(Protocol):
     """What the trainer takes from the rollout manager once per step, besides verl's `generate_sequences`
     (beyond_agent.rollout_manager.BeyondAgentLoopManager answers all of it; another manager: none of it)."""
 
-    def take_step_figures(self) -> dict[str, float]:
-        """The step's rollout figures (`beyond_agent/...`), taken once."""
+    def take_step_metrics(self) -> dict[str, float]:
+        """The step's rollout metrics (`beyond_agent/...`), taken once."""
 
-    def take_validation_figures(self) -> dict[str, float]:
-        """The last validation's per-task rollout figures, taken once."""
+    def take_validation_metrics(self) -> dict[str, float]:
+        """The last validation's per-task rollout metrics, taken once."""
 
     def take_segment_rows(self) -> SegmentRows | None:
         """Rows of our own waiting to join the step's batch (per_call agent samples, self-play seats)."""
 
 
-def figures_of(manager: Any) -> RolloutFigures | None:
-    """`manager` when it answers `RolloutFigures`, else None (a user's own manager)."""
-    return manager if isinstance(manager, RolloutFigures) else None
+def metrics_source(manager: Any) -> RolloutMetricsSource | None:
+    """`manager` when it answers `RolloutMetricsSource`, else None (a user's own manager)."""
+    return manager if isinstance(manager, RolloutMetricsSource) else None
 
 
 class PlayedRowLoader:

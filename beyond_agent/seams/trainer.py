@@ -9,10 +9,10 @@ trainer built on `TrainerSeams` overrides the public hooks below instead, with t
   calls only when `trainer.balance_batch` is on, so `open_join_point` turns it on and `reorders_rows` keeps the
   user's own choice of verl's reordering);
 - `after_old_log_prob(batch, old_log_prob)`: verl recomputed π_old; may log or replace it;
-- `before_actor_update(batch)`: advantages are final for verl; may change them in place; returns figures to log;
-- `step_figures()`: figures that join the step's first update (critic or actor), which `fit()` logs;
+- `before_actor_update(batch)`: advantages are final for verl; may change them in place; returns metrics to log;
+- `step_metrics()`: our metrics of the step, which join its first update's (critic or actor) for `fit()` to log;
 - `after_actor_update(output)`: the actor update's output, whose metrics `fit()` reduces after the weight sync;
-- `validation_figures()`: figures added to verl's validation metrics.
+- `validation_metrics()`: our metrics of a validation, added to verl's.
 """
 
 from __future__ import annotations
@@ -58,18 +58,18 @@ class TrainerSeams(RayPPOTrainer):
         return old_log_prob
 
     def before_actor_update(self, batch: Any) -> dict[str, float]:
-        """Change the batch's advantages in place before the actor update; returns figures to log with it."""
+        """Change the batch's advantages in place before the actor update; returns metrics to log with it."""
         return {}
 
-    def step_figures(self) -> dict[str, float]:
-        """Figures of the step that join its first update's metrics (taken once)."""
+    def step_metrics(self) -> dict[str, float]:
+        """Our metrics of the step, which join its first update's (taken once)."""
         return {}
 
     def after_actor_update(self, output: Any) -> None:
         """The actor update's output (its `meta_info["metrics"]` is reduced and logged by `fit()` later)."""
 
-    def validation_figures(self) -> dict[str, float]:
-        """Figures added to verl's validation metrics (taken once per validation)."""
+    def validation_metrics(self) -> dict[str, float]:
+        """Our metrics of a validation, added to verl's (taken once per validation)."""
         return {}
 
     # ---- the seams: verl's private helpers, each calling verl's own and then the hook -----------------------------
@@ -81,9 +81,9 @@ class TrainerSeams(RayPPOTrainer):
 
     def _validate(self, merged: bool = False):
         metrics = super()._validate(merged)
-        figures = self.validation_figures()
+        ours = self.validation_metrics()
         if not merged and metrics is not None:  # merged: verl's raw lists, for its own merging
-            metrics.update(figures)
+            metrics.update(ours)
         return metrics
 
     def _compute_old_log_prob(self, batch: Any):
@@ -93,12 +93,12 @@ class TrainerSeams(RayPPOTrainer):
     def _update_critic(self, batch: Any) -> Any:
         # During critic warm-up no actor update runs, and fit() logs the critic's metrics every step.
         output = super()._update_critic(batch)
-        output.meta_info["metrics"].update(self.step_figures())
+        output.meta_info["metrics"].update(self.step_metrics())
         return output
 
     def _update_actor(self, batch: Any) -> Any:
-        figures = self.before_actor_update(batch)
+        ours = self.before_actor_update(batch)
         output = super()._update_actor(batch)
-        output.meta_info["metrics"].update({**self.step_figures(), **figures})
+        output.meta_info["metrics"].update({**self.step_metrics(), **ours})
         self.after_actor_update(output)
         return output

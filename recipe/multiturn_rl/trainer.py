@@ -15,7 +15,7 @@ The per-step helpers of `fit()` that are not verl's public API are overridden in
 `before_actor_update` first adds GiGPO's step-level advantages from the rollout's per-turn anchor states
 (beyond_agent/algorithms/gigpo.py; verl's estimator seam computed the episode-level part). Multi-task runs
 (`beyond_agent.multitask`, beyond_agent/multitask.py) take two more hooks: `before_actor_update` normalises
-advantages within each task (`task_advantage_norm`), and `validation_figures` adds each task's rollout figures
+advantages within each task (`task_advantage_norm`), and `validation_metrics` adds each task's rollout figures
 to verl's per-data_source validation metrics. The weighted task sampler is the `train_sampler` our TaskRunner
 hands verl.
 
@@ -52,7 +52,7 @@ from beyond_agent.rollout.batch import add_segment_rows
 from beyond_agent.run_folder import METRICS_PATH_VARIABLE
 from beyond_agent.seams.trainer import TrainerSeams
 from beyond_agent.settings import BeyondAgentConfig
-from beyond_agent.training import (PlayedRowLoader, align_total_epochs, figures_of, log_prob_gap_metrics,
+from beyond_agent.training import (PlayedRowLoader, align_total_epochs, metrics_source, log_prob_gap_metrics,
                                    prepare_verl_config, wrap_weight_sync, write_curves_beside_metrics)
 from beyond_agent.verl_pin import ensure_pinned_verl
 
@@ -97,20 +97,20 @@ class BeyondAgentTrainer(TrainerSeams):
                 self.async_rollout_manager.close_async()
             write_curves_beside_metrics(os.environ.get(METRICS_PATH_VARIABLE))
 
-    def validation_figures(self) -> dict[str, float]:
+    def validation_metrics(self) -> dict[str, float]:
         """Our per-task rollout figures (`val-aux/beyond_agent/task/<task>/...`: rounds, terminations, episodes),
         beside verl's own per-data_source (= task) validation metrics."""
-        figures = figures_of(self.async_rollout_manager)  # another manager: none
-        return figures.take_validation_figures() if figures is not None else {}
+        source = metrics_source(self.async_rollout_manager)  # another manager: none
+        return source.take_validation_metrics() if source is not None else {}
 
     def join_rows(self, batch: Any, metrics: dict) -> None:
         """The per_call agent episodes' earlier samples (and self-play's other seats) join the batch, with pad rows
         up to a whole number of mini-batches (`rollout.batch.add_segment_rows`; their counts are logged as
         `beyond_agent/agent/segment_rows` and `pad_rows`)."""
-        figures = figures_of(self.async_rollout_manager)  # another manager: none
+        source = metrics_source(self.async_rollout_manager)  # another manager: none
         beyond_config = self.beyond_config
-        if (beyond_config.agent.active or beyond_config.self_play.active) and figures is not None:
-            added = add_segment_rows(batch, figures.take_segment_rows(), self._mini_batch_rows(),
+        if (beyond_config.agent.active or beyond_config.self_play.active) and source is not None:
+            added = add_segment_rows(batch, source.take_segment_rows(), self._mini_batch_rows(),
                                      self.tokenizer.pad_token_id)
             section = "agent" if beyond_config.agent.active else "self_play"
             metrics.update({f"beyond_agent/{section}/{key}": float(value) for key, value in added.items()})
@@ -139,10 +139,10 @@ class BeyondAgentTrainer(TrainerSeams):
             old_log_prob.batch["old_log_probs"] = behaviour
         return old_log_prob
 
-    def step_figures(self) -> dict[str, float]:
-        """The step's rollout figures (`beyond_agent/...`), from our rollout manager (another one has none)."""
-        figures = figures_of(self.async_rollout_manager)
-        return figures.take_step_figures() if figures is not None else {}
+    def step_metrics(self) -> dict[str, float]:
+        """The step's rollout metrics (`beyond_agent/...`), from our rollout manager (another one has none)."""
+        source = metrics_source(self.async_rollout_manager)
+        return source.take_step_metrics() if source is not None else {}
 
     def before_actor_update(self, batch: Any) -> dict[str, float]:
         """With `adv_estimator=gigpo` GiGPO's step-level advantages are added (they need each turn's anchor state,

@@ -102,8 +102,8 @@ def test_generate_sequences_feeds_verl_union_reward_grpo_and_metrics(
     assert output.batch["input_ids"].shape == output.batch["attention_mask"].shape == (4, 768)
     assert set(output.non_tensor_batch["__num_turns__"].tolist()) <= {1, 2, 3}
     assert max(output.non_tensor_batch["__num_turns__"]) == 3  # the step-2 round limit was applied
-    figures = manager.take_step_figures()  # the training step's, not the validations' after it
-    assert figures["beyond_agent/episodes"] == 4.0 and manager.take_step_figures() == {}  # taken once
+    figures = manager.take_step_metrics()  # the training step's, not the validations' after it
+    assert figures["beyond_agent/episodes"] == 4.0 and manager.take_step_metrics() == {}  # taken once
     assert output.meta_info["timing"] == {}  # nothing of ours under verl's timing_s/ any more
 
     # What fit() does next, with verl's own functions.

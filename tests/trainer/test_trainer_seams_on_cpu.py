@@ -34,15 +34,15 @@ class Recorded(TrainerSeams):
         batch.append("advantages")
         return {"beyond_agent/gigpo/anchors": 2.0}
 
-    def step_figures(self):
+    def step_metrics(self):
         figures, self.figures = self.figures, {}
         return figures
 
     def after_actor_update(self, output):
         self.calls.append(("after_actor_update", dict(output.meta_info["metrics"])))
 
-    def validation_figures(self):
-        self.calls.append(("validation_figures",))
+    def validation_metrics(self):
+        self.calls.append(("validation_metrics",))
         return {"val-aux/beyond_agent/task/lake/rounds": 3.0}
 
 
@@ -102,7 +102,7 @@ def test_old_log_probs_and_validation_go_through_their_hooks(verl_helpers):
     assert trainer._validate() == {"val-core/lake/reward/mean@1": 0.25, "val-aux/beyond_agent/task/lake/rounds": 3.0}
     # merged: verl's raw lists for its own merging; the figures are taken (once) but not mixed in.
     assert trainer._validate(merged=True) == {"val-core/lake/reward/mean@1": 0.25}
-    assert trainer.calls.count(("validation_figures",)) == 2
+    assert trainer.calls.count(("validation_metrics",)) == 2
 
 
 def test_open_join_point_turns_verls_helper_on_and_returns_the_users_choice():
