@@ -40,7 +40,7 @@ from typing import Any, Iterator
 from envservice.client import EnvClient
 from beyond_agent.multitask import VAL_PREFIX, task_name, task_names, task_rollout_figures
 from beyond_agent.rollout.async_pool import AsyncEpisodePool, PendingRow
-from beyond_agent.rollout.batch import SegmentRows, segment_batch, training_batch
+from beyond_agent.rollout.batch import NothingToTrain, SegmentRows, segment_batch, training_batch, untrainable
 from beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec, place_seeds
 from beyond_agent.algorithms.gigpo import group_has_step_signal
 from beyond_agent.rollout.dynamic_sampling import GroupSieve, StepSignal
@@ -187,6 +187,8 @@ class BeyondAgentLoopManager:
                   settings.episode.max_response_length)
         batch = training_batch(output.results, prompts, *limits, group_based=settings.group_based)
         if not meta.get("validate"):
+            if (reason := untrainable(output.results, batch.batch["response_mask"])) is not None:
+                raise NothingToTrain(f"training step {meta.get('global_steps')}: {reason}")
             self._segments = segment_batch(output.results, *limits, group_based=settings.group_based)
         tasks = task_names(prompts.non_tensor_batch, len(output.results))
         if meta.get("validate"):

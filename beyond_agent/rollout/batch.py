@@ -174,6 +174,28 @@ def object_array(values: Sequence[Any]) -> np.ndarray:
     return array
 
 
+class NothingToTrain(RuntimeError):
+    """A training step whose batch has no token to train on: every episode failed in the infrastructure, or sits in
+    a group with such a failure (`untrainable`)."""
+
+
+def untrainable(results: Sequence[EpisodeResult], response_mask: Any) -> str | None:
+    """Why a training batch has no token to train on (its response mask is all 0), naming how its episodes ended
+    and the first error; None when it has one. verl's update cannot use such a batch (its rollout correction
+    stops with "response_mask must contain at least one valid token"), which says nothing of the cause: an LLM
+    server killed for memory, an envservice gone."""
+    if bool(response_mask.any()):
+        return None
+    ends: dict[str, int] = {}
+    for result in results:
+        ends[result.termination] = ends.get(result.termination, 0) + 1
+    counts = ", ".join(f"{number} {termination}" for termination, number in sorted(ends.items()))
+    first_error = next((result.error for result in results if result.error), None)
+    return (f"no token of its {len(results)} episodes can be trained on ({counts}; an infrastructure failure masks "
+            f"its episode, and with a group estimator its group)"
+            + (f"; the first error: {first_error[:500]}" if first_error else ""))
+
+
 def excluded_rows(results: Sequence[EpisodeResult], group_based: bool) -> set[int]:
     """Rows to keep out of training: infra failures, and with a group estimator their whole group."""
     failed = {i for i, r in enumerate(results) if r.infra_failure}

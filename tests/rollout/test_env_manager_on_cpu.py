@@ -20,7 +20,7 @@ from envservice.envs.base import Task, TextEnv
 from envservice.envs.frozenlake import FrozenLakeEnv, generate_map, shortest_path_actions
 from envservice.server import EnvServiceConfig, create_app
 from beyond_agent.rollout.dataflow import DataflowConfig, EpisodeSpec
-from beyond_agent.rollout.batch import training_batch
+from beyond_agent.rollout.batch import training_batch, untrainable
 from beyond_agent.rollout.env_manager import ParallelEnvManager
 from beyond_agent.rollout.llm import GenerationResult, LLMError, request_seed
 from beyond_agent.tasks import AgentTask, EnvTask, StepRewardTask
@@ -218,6 +218,21 @@ def test_env_crash_and_llm_failure_end_only_their_episodes_and_are_not_reward(en
     masked_rows = batch.batch["response_mask"].sum(-1).tolist()
     assert [m > 0 for m in masked_rows] == [True, True, False, False, False, False]
     assert batch.batch["rm_scores"].sum(-1).tolist() == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+    assert untrainable(output.results, batch.batch["response_mask"]) is None  # map 0's two episodes train
+
+
+def test_a_batch_with_no_token_to_train_says_how_its_episodes_ended(env_client, chatml_tokenizer):
+    """Every group has a failure (map 1's LLM calls fail; the crashing env's steps fail): with GRPO nothing of the
+    batch trains, and the step's error names the endings and the first error, where verl would only say that the
+    response mask is empty."""
+    specs = frozenlake_specs([1], n=2) + [EpisodeSpec("crash_on_second_step", task_id=0, group_id="crash", index=2)]
+    policy = ScriptedPolicy(chatml_tokenizer, lambda rid: ["press"] if rid.startswith("crash") else
+                            frozenlake_oracle(rid), fail_groups=("map1",))
+    output = make_manager(env_client, chatml_tokenizer, policy).run(specs, max_rounds=ROUNDS)
+    batch = training_batch(output.results, None, chatml_tokenizer.pad_token_id, 512, 1024, group_based=True)
+    reason = untrainable(output.results, batch.batch["response_mask"])
+    assert reason.startswith("no token of its 3 episodes can be trained on (1 env_error, 2 llm_error;")
+    assert "the first error: " in reason and "server went away" in reason
 
 
 def test_slow_episode_ends_with_timeout(env_client, chatml_tokenizer):

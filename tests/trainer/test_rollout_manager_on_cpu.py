@@ -20,6 +20,7 @@ from hydra import compose, initialize_config_dir
 from envservice.process import EnvServiceProcess
 from beyond_agent.data import write_task_files
 from beyond_agent.rollout.llm import AsyncLLMServerManager, HttpVLLMBackend, request_seed
+from beyond_agent.rollout.batch import NothingToTrain
 from beyond_agent.rollout_manager import BeyondAgentLoopManager
 from beyond_agent.tasks import AgentTask
 from beyond_agent.trajectories import read_dump
@@ -133,6 +134,12 @@ def test_generate_sequences_feeds_verl_union_reward_grpo_and_metrics(
     assert config.beyond_agent.sampling_seed == run_seed
     assert [r.sampling_seed for r in records] == [request_seed(run_seed, "step", 2, row) for row in range(4)]
     assert [r.sampling_seed for r in val_dump] == [request_seed(run_seed, "validate", 2, 0)] * 2
+
+    # An LLM server that is gone fails every episode: the step stops naming that, not with verl's empty-mask error.
+    gone = AsyncLLMServerManager(HttpVLLMBackend(["http://127.0.0.1:9"], tiny_vllm_server.config.model))
+    with gone, pytest.raises(NothingToTrain, match=r"training step 2: no token of its 4 episodes can be trained on "
+                                                   r"\(4 llm_error; .*the first error: "):
+        BeyondAgentLoopManager(config, llm_client=None, llm=gone).generate_sequences(gen_batch)
 
 
 def test_a_batch_mixing_two_envs_gets_each_row_s_reward_from_its_own_task(
