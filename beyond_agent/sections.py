@@ -67,9 +67,11 @@ def from_section(cls: type[T], node: Mapping[str, Any] | None, where: str) -> T:
     missing = [key for key in valid if key not in values and key not in defaults]
     if missing:
         raise ValueError(f"{where}.{missing[0]} is required")
+    hints = typing.get_type_hints(cls)
     for key, kind in subsections(cls).items():
         if key in values:
-            values[key] = _subsection(kind, values[key], f"{where}.{key}", admits_none=_admits_none(cls, key))
+            admits_none = type(None) in typing.get_args(hints[key])
+            values[key] = _subsection(kind, values[key], f"{where}.{key}", admits_none)
     return cls(**values)
 
 
@@ -81,8 +83,3 @@ def _subsection(kind: type, value: Any, where: str, admits_none: bool) -> Any:
     if value is not None and not isinstance(value, Mapping):
         raise ValueError(f"{where} must be a mapping of its keys ({', '.join(section_keys(kind))}), got {value!r}")
     return from_section(kind, value, where)
-
-
-def _admits_none(cls: type, key: str) -> bool:
-    hint = typing.get_type_hints(cls)[key]
-    return type(None) in typing.get_args(hint)

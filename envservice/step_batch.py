@@ -23,7 +23,7 @@ from concurrent.futures import Executor, Future
 from typing import Any, Sequence
 
 from envservice.errors import EnvServiceError
-from envservice.protocol import ErrorCode, StepRequest
+from envservice.protocol import ErrorCode, StepRequest, StepResponse
 from envservice.sessions import SessionManager
 
 logger = logging.getLogger("envservice")
@@ -82,8 +82,7 @@ def run_steps(manager: SessionManager, steps: Sequence[StepRequest], fan_out: Ex
         result, seconds = answer
         if env_id is not None:
             costs.record(env_id, seconds)
-        outcomes[index] = _error_outcome(result, request_id) if isinstance(result, EnvServiceError) else \
-            {"status": 200, "step": result.model_dump(mode="json")}
+        outcomes[index] = _answer_body(result, request_id)
     return {"results": [outcome.result() if isinstance(outcome, Future) else outcome for outcome in outcomes]}
 
 
@@ -94,9 +93,7 @@ def _in_turn(manager: SessionManager, steps: Sequence[StepRequest], budget_s: fl
         return manager.steps_in_turn([(step.session_id, step.action) for step in steps], budget_s)
     except Exception:
         logger.exception("internal error on the steps in turn of request %s", request_id)
-        error = EnvServiceError(ErrorCode.internal_error, "the service failed on this step; its log has the "
-                                f"traceback under request id {request_id}")
-        return [(error, 0.0)] * len(steps)
+        return [(_internal_error(request_id), 0.0)] * len(steps)
 
 
 def _outcome(manager: SessionManager, request: StepRequest, env_id: str | None, costs: StepCosts,
@@ -104,16 +101,28 @@ def _outcome(manager: SessionManager, request: StepRequest, env_id: str | None, 
     """One step's outcome: what /step would have answered, as a `StepOutcome` body."""
     started = time.perf_counter()
     try:
-        return {"status": 200, "step": manager.step(request.session_id, request.action).model_dump(mode="json")}
+        return _answer_body(manager.step(request.session_id, request.action), request_id)
     except EnvServiceError as error:
         return _error_outcome(error, request_id)
     except Exception:  # a bug of the service: this step's answer, never the other steps' or the request's
         logger.exception("internal error on a step of session %s (request %s)", request.session_id, request_id)
-        return _error_outcome(EnvServiceError(ErrorCode.internal_error, "the service failed on this step; its log "
-                                              f"has the traceback under request id {request_id}"), request_id)
+        return _error_outcome(_internal_error(request_id), request_id)
     finally:
         if env_id is not None:
             costs.record(env_id, time.perf_counter() - started)
+
+
+def _answer_body(answer: StepResponse | EnvServiceError, request_id: str | None) -> dict[str, Any]:
+    """A step's answer (its response, or the error /step would have raised) as a `StepOutcome` body."""
+    if isinstance(answer, EnvServiceError):
+        return _error_outcome(answer, request_id)
+    return {"status": 200, "step": answer.model_dump(mode="json")}
+
+
+def _internal_error(request_id: str | None) -> EnvServiceError:
+    """What a step answers when the service itself failed on it (the traceback is in the log)."""
+    return EnvServiceError(ErrorCode.internal_error, "the service failed on this step; its log has the traceback "
+                           f"under request id {request_id}")
 
 
 def _error_outcome(error: EnvServiceError, request_id: str | None) -> dict[str, Any]:
