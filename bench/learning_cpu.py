@@ -712,6 +712,11 @@ def require_same_warm_model(kept_warmup: dict, digest: str, seed: int) -> None:
                          f"stages to redo them")
 
 
+def kept_root(args) -> Path:
+    """Where the stages' figures are kept: `--kept`, else `--out`."""
+    return (args.kept or args.out).resolve()
+
+
 def kept_stage(out: Path, stage: str) -> dict | None:
     """The figures of a stage an earlier call of this bench evaluated (`stages/<stage>.json`), if any."""
     path = out / "stages" / f"{stage}.json"
@@ -735,7 +740,7 @@ def keep_stage(out: Path, stage: str, figures: dict) -> dict:
 def run_seed(seed: int, base_dir: Path, tokenizer, client: EnvClient, data_dir: Path, args) -> dict:
     """Warm-up, then every RL variant from that warm model; the figures of each stage (kept ones reused)."""
     out = args.out.resolve() / f"seed{seed}"
-    kept = (args.kept.resolve() if args.kept else args.out.resolve()) / f"seed{seed}"
+    kept = kept_root(args) / f"seed{seed}"
     started = time.monotonic()
     if not args.offline and all((kept / "stages" / f"{stage}.json").exists() for stage in ("warm-up", *args.rl)):
         # Every stage asked for is kept: its figures, without the warm model (which another machine trained).
@@ -813,7 +818,7 @@ def main(argv: list[str] | None = None) -> int:
     with EnvServiceProcess([args.game.env_id]) as service:
         client = EnvClient(service.url)
         data_dir = write_rl_data(out / "data", service.url, args) if args.rl else out / "data"
-        kept = args.kept.resolve() if args.kept else out
+        kept = kept_root(args)
         base = kept_stage(kept, "base") or keep_stage(  # the same random model for every seed
             kept, "base", evaluate_stage("base", base_dir, tokenizer, client, args))
         for seed in args.seeds:
