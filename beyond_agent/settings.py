@@ -13,7 +13,7 @@ manager calls it where it is used.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Callable, ClassVar, Mapping
 
 from beyond_agent.algorithms.estimators import is_group_based
@@ -134,23 +134,29 @@ class BeyondAgentSectionConfig:
     trajectories: TrajectoryDumpConfig = TrajectoryDumpConfig()
     """Which sampled episodes are written to disk."""
 
+    def __post_init__(self) -> None:
+        _check_val_max_rounds(self.val_max_rounds)
+        _check_sampling_seed(self.sampling_seed)
+        if self.rollout_mode not in ROLLOUT_MODES:
+            raise ValueError(f"beyond_agent.rollout_mode={self.rollout_mode!r} is not valid; choose one of "
+                             f"{', '.join(ROLLOUT_MODES)}")
+        if self.self_play.active and self.agent.active:
+            raise ValueError("beyond_agent.self_play and beyond_agent.agent cannot be on together: a user's agent plays "
+                             "one seat's episodes behind the gateway, self-play plays every seat with our own loop")
 
-@dataclass(frozen=True)
-class BeyondAgentConfig:
-    """The validated settings of a run (see the module docstring)."""
 
-    env: EnvConfig
-    rounds: RoundsConfig
-    """Round limit per training step (ScalingInter-RL when stepwise, or adaptive)."""
-    val_max_rounds: int | None
-    """Round limit in validation; None uses the schedule's value at the current step."""
+@dataclass(frozen=True, kw_only=True)
+class BeyondAgentConfig(BeyondAgentSectionConfig):
+    """The validated settings of a run: the `beyond_agent:` section as written (every field of
+    `BeyondAgentSectionConfig`, stated there once) and what the run derives from it and from verl's keys (see the
+    module docstring)."""
+
+    tasks: TaskTable
+    """The run's AgentTasks and the rule that gives each dataset row its own (built from `beyond_agent.tasks`)."""
     episode: DataflowConfig
     """The limits every episode shares (the round limit comes from `rounds`, per training step)."""
     llm: LLMManagerConfig
     """Requests in flight at once and their deadline (the shared LLM front)."""
-    tasks: TaskTable
-    """The run's AgentTasks and the rule that gives each dataset row its own."""
-    trajectories: TrajectoryDumpConfig
     train_sampling: SamplingParams
     """Sampling of training rollouts (actor_rollout_ref.rollout.temperature/top_p)."""
     val_sampling: SamplingParams
@@ -159,24 +165,6 @@ class BeyondAgentConfig:
     """Whether the advantage estimator baselines each sample against its group (GRPO, RLOO, ...)."""
     adv_estimator: str = "grpo"
     """verl's `algorithm.adv_estimator` (gigpo: dynamic sampling also weighs the step-level advantages)."""
-    sampling_seed: int | None = None
-    """The run's sampling seed (`beyond_agent.sampling_seed`; None: the LLM server draws each request's)."""
-    rollout_mode: str = "sync"
-    """sync: each step plays its own episodes; async: episodes are played ahead while the actor trains."""
-    async_rollout: AsyncRolloutConfig = AsyncRolloutConfig()
-    """The staleness bound and policies of async mode (`beyond_agent.async_rollout`)."""
-    weight_sync: WeightSyncConfig = WeightSyncConfig()
-    """How weights reach the rollout after each update (`beyond_agent.weight_sync`; full: verl's own sync)."""
-    multitask: MultitaskConfig = MultitaskConfig()
-    """Task sampling weights and per-task advantage normalisation (`beyond_agent.multitask`)."""
-    gigpo: GiGPOConfig = GiGPOConfig()
-    """GiGPO's gamma and omega (`beyond_agent.gigpo`; read with `algorithm.adv_estimator=gigpo`)."""
-    dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
-    """Which groups a training step drops for lack of signal, and how many it replaces."""
-    agent: AgentConfig = AgentConfig()
-    """A user's agent that plays the episodes behind the gateway (`beyond_agent.agent`; off by default)."""
-    self_play: SelfPlayConfig = SelfPlayConfig()
-    """Games whose every seat the policy plays (`beyond_agent.self_play`; off by default)."""
 
     @classmethod
     def from_config(cls, config: Any) -> "BeyondAgentConfig":
@@ -186,21 +174,14 @@ class BeyondAgentConfig:
         adv_estimator = str(_get(_get(config, "algorithm"), "adv_estimator") or "grpo")
         group_based = is_group_based(adv_estimator)
         _check_dynamic_sampling(config, section.dynamic_sampling, group_based)
-        if section.self_play.active and section.agent.active:
-            raise ValueError("beyond_agent.self_play and beyond_agent.agent cannot be on together: a user's agent plays "
-                             "one seat's episodes behind the gateway, self-play plays every seat with our own loop")
-        return cls(
-            env=section.env, rounds=section.rounds, val_max_rounds=_val_max_rounds(section.val_max_rounds),
-            episode=_named(DataflowConfig, **_episode_limits(config, section)),
-            llm=_named(LLMManagerConfig, max_in_flight=section.concurrency,
-                       request_timeout_s=float(section.llm_request_timeout_s)),
-            tasks=TaskTable.from_config(section.tasks), trajectories=section.trajectories,
-            train_sampling=_sampling(config, validate=False), val_sampling=_sampling(config, validate=True),
-            group_based=group_based, adv_estimator=adv_estimator, sampling_seed=_sampling_seed(section.sampling_seed),
-            rollout_mode=_rollout_mode(config, section.rollout_mode), async_rollout=section.async_rollout,
-            weight_sync=section.weight_sync, multitask=section.multitask, gigpo=section.gigpo,
-            dynamic_sampling=section.dynamic_sampling, agent=section.agent, self_play=section.self_play,
-        )
+        _check_rollout_engine(config, section.rollout_mode)
+        written = {field.name: getattr(section, field.name) for field in fields(section)}
+        return cls(**{**written, "tasks": TaskTable.from_config(section.tasks)},
+                   episode=_named(DataflowConfig, **_episode_limits(config, section)),
+                   llm=_named(LLMManagerConfig, max_in_flight=section.concurrency,
+                              request_timeout_s=float(section.llm_request_timeout_s)),
+                   train_sampling=_sampling(config, validate=False), val_sampling=_sampling(config, validate=True),
+                   group_based=group_based, adv_estimator=adv_estimator)
 
     @property
     def is_async(self) -> bool:
@@ -212,11 +193,6 @@ class BeyondAgentConfig:
         """Whether the trainer's dataloader hands verl rows whose episodes are already played (async mode, or
         dynamic sampling, which must see a group's rewards before the row joins a batch)."""
         return self.is_async or self.dynamic_sampling.active
-
-    @property
-    def concurrency(self) -> int:
-        """Episodes in flight at once (threads): `beyond_agent.concurrency`, also the LLM front's in-flight limit."""
-        return self.llm.max_in_flight
 
     def sampling(self, meta_info: Mapping[str, Any]) -> SamplingParams:
         """Training samples at the rollout temperature; validation follows val_kwargs."""
@@ -241,13 +217,10 @@ def _sampling(config: Any, validate: bool) -> SamplingParams:
     return _named(SamplingParams, temperature=float(_get(val, "temperature", 1.0)), top_p=float(_get(val, "top_p", 1.0)))
 
 
-def _sampling_seed(value: Any) -> int | None:
+def _check_sampling_seed(value: Any) -> None:
     """`beyond_agent.sampling_seed`: an int, or None (null) for seeds the server draws."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
         raise ValueError(f"beyond_agent.sampling_seed must be an int or null; got {value!r}")
-    return value
 
 
 def _check_dynamic_sampling(config: Any, dynamic: DynamicSamplingConfig, group_based: bool) -> None:
@@ -265,25 +238,19 @@ def _check_dynamic_sampling(config: Any, dynamic: DynamicSamplingConfig, group_b
                          f"algorithm.adv_estimator={estimator!r} is not one: set dynamic_sampling.drop=none")
 
 
-def _rollout_mode(config: Any, mode: str) -> str:
-    """`beyond_agent.rollout_mode`, checked against what the rollout engine must allow for it."""
-    if mode not in ROLLOUT_MODES:
-        raise ValueError(f"beyond_agent.rollout_mode={mode!r} is not valid; choose one of {', '.join(ROLLOUT_MODES)}")
+def _check_rollout_engine(config: Any, mode: str) -> None:
+    """`beyond_agent.rollout_mode` against what the rollout engine must allow for it."""
     rollout = _get(_get(config, "actor_rollout_ref"), "rollout")
     if mode == "async" and _get(rollout, "free_cache_engine", False):
         # verl puts the rollout engine to sleep after each generation when this is on, and async episodes
         # are still generating then.
         raise ValueError("beyond_agent.rollout_mode=async needs actor_rollout_ref.rollout.free_cache_engine=false "
                          "(the rollout server must keep serving while the actor trains)")
-    return mode
 
 
-def _val_max_rounds(value: Any) -> int | None:
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+def _check_val_max_rounds(value: Any) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
         raise ValueError(f"beyond_agent.val_max_rounds must be >= 1 or null, got {value!r}")
-    return value
 
 
 def _named(build: Callable, *args: Any, **kwargs: Any) -> Any:
