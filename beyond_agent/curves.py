@@ -3,7 +3,7 @@
 Keys are matched by regular expression against what verl's tracker logged (read under today's names,
 `run_folder.current_metric_key`), so a panel shows whatever the run has, and a panel with no matching key is
 left out. Each panel has one unit on its y axis, and each line a readable label instead of its metric key.
-A `Curve` lists alternatives in order of preference, so a figure logged twice (our success rate and verl's
+A `Curve` lists alternatives in order of preference, so a metric logged twice (our success rate and verl's
 score, our rounds and verl's turn count) is drawn once. Validation keys are drawn as points.
 """
 
@@ -25,7 +25,7 @@ class Curve:
 
     patterns: tuple[str, ...]
     """Regular expressions (searched) in order of preference: the first that matches a logged key is drawn,
-    the others are the same figure logged by someone else and are left out."""
+    the others are the same metric logged by someone else and are left out."""
     label: str
     """Legend text; `{name}` is filled with the pattern's group `(?P<name>...)` of each matched key."""
     points: bool = False
@@ -82,9 +82,9 @@ def _curve_lines(curve: Curve, available: list[str]) -> list[Line]:
     return []
 
 
-def validation(figure: str) -> Curve:
-    """verl's validation mean of `figure` (`val-core/<task>/reward/mean@N`, `val-aux/<task>/success/mean@N`)."""
-    return Curve((rf"^val-(core|aux)/(?P<task>.+)/{figure}/mean@\d+$",), "validation: {task}", points=True)
+def validation(metric: str) -> Curve:
+    """verl's validation mean of `metric` (`val-core/<task>/reward/mean@N`, `val-aux/<task>/success/mean@N`)."""
+    return Curve((rf"^val-(core|aux)/(?P<task>.+)/{metric}/mean@\d+$",), "validation: {task}", points=True)
 
 
 def wall_time(timer: str, label: str) -> Curve:

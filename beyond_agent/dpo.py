@@ -182,7 +182,7 @@ def _sft_trainer_class():
 
 
 def _with_mean_dpo_metrics(train_batch):
-    """verl's train_batch, with our per-micro-batch figures (lists) turned into one mean each, `train/dpo/*`."""
+    """verl's train_batch, with our per-micro-batch metrics (lists) turned into one mean each, `train/dpo/*`."""
     from verl.utils import tensordict_utils as tu
 
     def train_batch_with_means(data):

@@ -4,11 +4,11 @@ A "task" here is a training task in AgentRL's sense, one source of rows (usually
 `AgentTask` (which prompts, parses and scores episodes). A row's task is `task_name(row)`: its
 `data_source`, which `beyond_agent.data` writes as the env id. It is the same name verl's validation
 already groups by (`val-core/<data_source>/reward/mean@N`, `val-aux/<data_source>/success/mean@N`), so every
-per-task figure of a run lines up under one name. Three parts use it:
+per-task metric of a run lines up under one name. Three parts use it:
 
 - `WeightedTaskSampler`, the train sampler when `task_weights` is set: rows are drawn so that tasks appear in
   proportion to their weights, whatever each task's number of rows;
-- `task_rollout_figures`: each task's episodes, success rate, mean reward, mean rounds and terminations of a
+- `task_rollout_metrics`: each task's episodes, success rate, mean reward, mean rounds and terminations of a
   rollout, logged as `beyond_agent/task/<name>/...` (validation: `val-aux/beyond_agent/task/<name>/...`);
 - `normalize_task_advantages`, AgentRL's task advantage normalisation (`task_advantage_norm: true`).
 
@@ -35,7 +35,7 @@ UNKNOWN_TASK = "unknown"
 """The task of a row without `data_source` (verl's validation uses the same name for such rows)."""
 TASK_COLUMNS = ("data_source",)
 """The row fields `task_name` reads (the sampler reads only these columns of the dataset)."""
-TASK_FIGURES = ("episodes", "success_rate", "mean_reward", "mean_rounds", "infra_failures")
+TASK_METRICS = ("episodes", "success_rate", "mean_reward", "mean_rounds", "infra_failures")
 """The `RolloutMetrics` fields reported per task (plus `termination/<kind>` counts)."""
 TRAIN_PREFIX = "beyond_agent/task/"
 VAL_PREFIX = "val-aux/beyond_agent/task/"
@@ -213,21 +213,21 @@ def task_sampler(multitask: MultitaskConfig, dataset: Any, seed: int | None) -> 
     return WeightedTaskSampler(dataset_task_names(dataset), multitask.task_weights, seed=seed or 0)
 
 
-# ---- per-task rollout figures -------------------------------------------------------------------
+# ---- per-task rollout metrics -------------------------------------------------------------------
 
-def task_rollout_figures(tasks: Sequence[str], results: Sequence[EpisodeResult],
+def task_rollout_metrics(tasks: Sequence[str], results: Sequence[EpisodeResult],
                          prefix: str = TRAIN_PREFIX) -> dict[str, float]:
     """Per task: episodes, success rate, mean reward, mean rounds, infrastructure failures and termination
-    counts (`summarize` over that task's episodes), as `<prefix><task>/<figure>`."""
+    counts (`summarize` over that task's episodes), as `<prefix><task>/<metric>`."""
     if len(tasks) != len(results):
         raise ValueError(f"{len(tasks)} task names for {len(results)} episodes")
-    figures: dict[str, float] = {}
+    metrics: dict[str, float] = {}
     for task, rows in rows_by_task(tasks).items():
-        metrics = summarize([results[row] for row in rows], wall_time_s=0.0)
-        flat = metrics.as_dict(prefix="")
-        figures.update({f"{prefix}{task}/{key}": value for key, value in flat.items()
-                        if key in TASK_FIGURES or key.startswith("termination/")})
-    return figures
+        summary = summarize([results[row] for row in rows], wall_time_s=0.0)
+        flat = summary.as_dict(prefix="")
+        metrics.update({f"{prefix}{task}/{key}": value for key, value in flat.items()
+                        if key in TASK_METRICS or key.startswith("termination/")})
+    return metrics
 
 
 # ---- per-task advantage normalisation -----------------------------------------------------------
@@ -235,7 +235,7 @@ def task_rollout_figures(tasks: Sequence[str], results: Sequence[EpisodeResult],
 def normalize_task_advantages(advantages: torch.Tensor, response_mask: torch.Tensor, tasks: Sequence[str],
                               eps: float = 1e-6) -> tuple[torch.Tensor, dict[str, float]]:
     """AgentRL's task advantage normalisation: within each task, over its rows' response tokens,
-    A <- (A - mean) / (std + eps); the normalised advantages and per-task figures before and after.
+    A <- (A - mean) / (std + eps); the normalised advantages and per-task metrics before and after.
 
     Why: tasks differ in reward scale and spread (a 0/1 success here, a score in the hundreds there), and
     estimators that do not divide by a per-prompt std (RLOO, REINFORCE++, GRPO with
@@ -254,7 +254,7 @@ def normalize_task_advantages(advantages: torch.Tensor, response_mask: torch.Ten
                          f"{len(tasks)} task names do not describe the same [batch, response] rows")
     normalized = advantages.clone()
     mask = response_mask.bool()
-    figures: dict[str, float] = {}
+    metrics: dict[str, float] = {}
     for task, rows in rows_by_task(tasks).items():
         selected = torch.zeros_like(mask)
         selected[rows] = mask[rows]  # [batch, response]: this task's response tokens
@@ -264,11 +264,11 @@ def normalize_task_advantages(advantages: torch.Tensor, response_mask: torch.Ten
         mean, std = values.mean(), values.std(unbiased=False)
         scaled = values - mean if std <= eps else (values - mean) / (std + eps)
         normalized[selected] = scaled.to(advantages.dtype)
-        figures.update(_advantage_figures(task, values, scaled))
-    return normalized, figures
+        metrics.update(_advantage_metrics(task, values, scaled))
+    return normalized, metrics
 
 
-def _advantage_figures(task: str, before: torch.Tensor, after: torch.Tensor) -> dict[str, float]:
+def _advantage_metrics(task: str, before: torch.Tensor, after: torch.Tensor) -> dict[str, float]:
     key = f"{TRAIN_PREFIX}{task}/advantage"
     return {f"{key}_tokens": float(before.numel()),
             f"{key}_mean_before": before.mean().item(), f"{key}_std_before": before.std(unbiased=False).item(),
@@ -277,8 +277,8 @@ def _advantage_figures(task: str, before: torch.Tensor, after: torch.Tensor) -> 
 
 def apply_task_advantage_norm(batch: Any) -> dict[str, float]:
     """`normalize_task_advantages` on a verl DataProto in place (`advantages` over `response_mask`, tasks
-    from `task_name`); the per-task figures."""
+    from `task_name`); the per-task metrics."""
     tasks = task_names(batch.non_tensor_batch, len(batch))
-    normalized, figures = normalize_task_advantages(batch.batch["advantages"], batch.batch["response_mask"], tasks)
+    normalized, metrics = normalize_task_advantages(batch.batch["advantages"], batch.batch["response_mask"], tasks)
     batch.batch["advantages"] = normalized
-    return figures
+    return metrics

@@ -10,7 +10,7 @@ Each row becomes one episode with its own AgentTask (`TaskTable.for_row`: the ro
 entry, else `default`) and its own prompt (verl's `raw_prompt`, from the parquet `prompt` column), so one
 batch can mix environments, parsers and rewards. What goes back to verl per row is `rollout/batch.py`'s
 `training_batch`; a per_call agent episode's earlier samples wait here (`take_segment_rows`) for the
-trainer, which adds them to the batch once verl has joined it with the input rows. Our figures of a training
+trainer, which adds them to the batch once verl has joined it with the input rows. Our metrics of a training
 step (`beyond_agent/...`, each task's own under `beyond_agent/task/<name>/`, beyond_agent/multitask.py) wait
 here until the trainer takes them (`take_step_metrics`) into the metrics of that step's update; validation's
 reach the trainer through `take_validation_metrics`. (verl's `meta_info["timing"]` channel would log them as
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from envservice.client import EnvClient
-from beyond_agent.multitask import VAL_PREFIX, task_name, task_names, task_rollout_figures
+from beyond_agent.multitask import VAL_PREFIX, task_name, task_names, task_rollout_metrics
 from beyond_agent.rollout.async_pool import AsyncEpisodePool, PendingRow
 from beyond_agent.rollout.batch import NothingToTrain, SegmentRows, segment_batch, training_batch, untrainable
 from beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec, place_seeds
@@ -50,7 +50,7 @@ from beyond_agent.gateway.server import GatewayServer
 from beyond_agent.rollout.env_manager import ParallelEnvManager, RolloutOutput, summarize
 from beyond_agent.rollout.llm import AsyncLLMServerManager, VerlLLMServerBackend
 from beyond_agent.rollout.rounds import RoundLimit
-from beyond_agent.rollout.seats import OpponentModels, SelfPlayEnvManager, seat_figures
+from beyond_agent.rollout.seats import OpponentModels, SelfPlayEnvManager, seat_metrics
 from beyond_agent.rollout.versions import PolicyVersionGate
 from beyond_agent.run_folder import METRICS_PREFIX
 from beyond_agent.settings import BeyondAgentConfig
@@ -108,25 +108,25 @@ class RowSource:
 
 
 def outcome_only(result: EpisodeResult) -> EpisodeResult:
-    """The result without its tokens and messages (what per-task figures read, kept over a whole validation)."""
+    """The result without its tokens and messages (what per-task metrics read, kept over a whole validation)."""
     return dataclasses.replace(result, episode=None, messages=[], step_rewards=[])
 
 
-def rollout_figures(output: RolloutOutput, llm_busy_s: float, tasks: list[str]) -> dict[str, float]:
-    """Our figures of one rollout, under `beyond_agent/`: the episodes' summary, the LLM server's busy time,
-    the rollout's own extras (async mode's staleness and drops) and each task's figures."""
-    figures = output.metrics.as_dict(prefix=METRICS_PREFIX)
-    figures[f"{METRICS_PREFIX}llm_busy_s"] = llm_busy_s
-    figures.update({f"{METRICS_PREFIX}{key}": value for key, value in output.extra.items()})
-    figures.update(task_rollout_figures(tasks, output.results))  # beyond_agent/task/<name>/...
+def rollout_metrics(output: RolloutOutput, llm_busy_s: float, tasks: list[str]) -> dict[str, float]:
+    """Our metrics of one rollout, under `beyond_agent/`: the episodes' summary, the LLM server's busy time,
+    the rollout's own extras (async mode's staleness and drops) and each task's metrics."""
+    metrics = output.metrics.as_dict(prefix=METRICS_PREFIX)
+    metrics[f"{METRICS_PREFIX}llm_busy_s"] = llm_busy_s
+    metrics.update({f"{METRICS_PREFIX}{key}": value for key, value in output.extra.items()})
+    metrics.update(task_rollout_metrics(tasks, output.results))  # beyond_agent/task/<name>/...
     played_by_agent = [result for result in output.results if result.agent_mode is not None]
     if played_by_agent:  # agent mode: how many rewrote their history, and the samples that added to the batch
-        figures[f"{METRICS_PREFIX}agent/per_call_episodes"] = float(
+        metrics[f"{METRICS_PREFIX}agent/per_call_episodes"] = float(
             sum(result.agent_mode == "per_call" for result in played_by_agent))
-        figures[f"{METRICS_PREFIX}agent/earlier_segments"] = float(
+        metrics[f"{METRICS_PREFIX}agent/earlier_segments"] = float(
             sum(len(result.earlier_segments) for result in played_by_agent))
-    figures.update(seat_figures(output.results, prefix=METRICS_PREFIX))  # games of several seats: each seat's
-    return figures
+    metrics.update(seat_metrics(output.results, prefix=METRICS_PREFIX))  # games of several seats: each seat's
+    return metrics
 
 
 class BeyondAgentLoopManager:
@@ -194,7 +194,7 @@ class BeyondAgentLoopManager:
         if meta.get("validate"):
             self._validation.extend(zip(tasks, map(outcome_only, output.results)))
         else:
-            self._step_metrics = rollout_figures(output, self.llm.metrics().busy_time_s - busy_before, tasks)
+            self._step_metrics = rollout_metrics(output, self.llm.metrics().busy_time_s - busy_before, tasks)
             horizon = self.round_limit.observe(int(meta.get("global_steps", 0)), output.results)
             self._step_metrics.update({f"{METRICS_PREFIX}{key}": value for key, value in horizon.items()})
         batch.meta_info = {"timing": {}, "reward_extra_keys": ["success"]}  # fit() reads "timing"; ours wait
@@ -208,21 +208,21 @@ class BeyondAgentLoopManager:
         return segments
 
     def take_step_metrics(self) -> dict[str, float]:
-        """Our figures of the last training rollout (`beyond_agent/...`), once: the trainer adds them to the
+        """Our metrics of the last training rollout (`beyond_agent/...`), once: the trainer adds them to the
         metrics of that step's update; {} when none is waiting."""
-        figures, self._step_metrics = self._step_metrics, {}
-        return figures
+        metrics, self._step_metrics = self._step_metrics, {}
+        return metrics
 
     def take_validation_metrics(self) -> dict[str, float]:
-        """Per-task figures of the validation episodes played since the last call
+        """Per-task metrics of the validation episodes played since the last call
         (`val-aux/beyond_agent/task/<name>/...`), and for games of several seats each seat's and each opponent's
         (`val-aux/beyond_agent/opponent/<name>/win`: the win rate against a fixed player); verl validates in several
         batches, this sums them up. Rows verl added to pad a batch to a multiple of agent.num_workers are counted
         too."""
         tasks, results = zip(*self._validation) if self._validation else ((), ())
         self._validation = []
-        return {**task_rollout_figures(tasks, results, prefix=VAL_PREFIX),
-                **seat_figures(list(results), prefix=f"val-aux/{METRICS_PREFIX}")}
+        return {**task_rollout_metrics(tasks, results, prefix=VAL_PREFIX),
+                **seat_metrics(list(results), prefix=f"val-aux/{METRICS_PREFIX}")}
 
     def _max_rounds(self, meta: dict) -> int:
         """The round limit of one rollout call: the horizon's at verl's global step (validation may fix it)."""
@@ -321,7 +321,7 @@ class BeyondAgentLoopManager:
                 if sieve.offer(group, task_name(row.row)):
                     self._taken[row.key] = group
                     kept.append(row)
-        self._taken_metrics = {**sieve.figures(), "dynamic_sampling/play_s": time.monotonic() - started}
+        self._taken_metrics = {**sieve.metrics(), "dynamic_sampling/play_s": time.monotonic() - started}
         return kept
 
     def _start_async(self, rows: Iterator[dict], batch_size: int, samples_per_row: int, trained_steps: int,

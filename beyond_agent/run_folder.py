@@ -29,11 +29,11 @@ METRICS_PATH_VARIABLE = "VERL_FILE_LOGGER_PATH"
 TaskRunner (the process `fit()` runs in) sets it to the run's metrics file."""
 CURVES_FILE = "curves.png"
 METRICS_PREFIX = "beyond_agent/"
-"""Our own figures' namespace in the tracker: `beyond_agent/success_rate`, `beyond_agent/termination/<kind>`,
+"""Our own metrics' namespace in the tracker: `beyond_agent/success_rate`, `beyond_agent/termination/<kind>`,
 `beyond_agent/task/<task>/...`, `beyond_agent/async/...` (validation's per-task ones: `val-aux/beyond_agent/...`)."""
 EARLIER_METRICS_PREFIXES = {"timing_s/beyond_agent/": METRICS_PREFIX,
                             "weight_sync/": f"{METRICS_PREFIX}weight_sync/"}
-"""Where earlier runs logged our figures, and where they are now: before 2026-11-26 in verl's timing channel (so
+"""Where earlier runs logged our metrics, and where they are now: before 2026-11-26 in verl's timing channel (so
 success looked like a timing), before 2026-11-28 the weight sync's outside our namespace. MetricsLog reads them
 under today's names, so old and new runs draw the same curves."""
 

@@ -4,8 +4,8 @@
 - `RolloutMetricsSource`: what the trainer asks of the rollout manager besides verl's `generate_sequences` (ours
   answers it; a manager a user names in `agent_loop_manager_class` may not);
 - `PlayedRowLoader`: the train dataloader `fit()` iterates in async mode and with dynamic sampling;
-- `wrap_weight_sync`: the host lock, the async version gate and the sync's figures around verl's weight sync;
-- `log_prob_gap_metrics`, `align_total_epochs`, `write_curves_beside_metrics`: figures and fixes of the run.
+- `wrap_weight_sync`: the host lock, the async version gate and the sync's metrics around verl's weight sync;
+- `log_prob_gap_metrics`, `align_total_epochs`, `write_curves_beside_metrics`: metrics and fixes of the run.
 
 The recipe's trainer (recipe/multiturn_rl/trainer.py) fills the hooks of `beyond_agent.seams.trainer.TrainerSeams`
 with these; the seams themselves (verl's private helpers) are in `beyond_agent.seams`.
@@ -143,7 +143,7 @@ def wrap_weight_sync(checkpoint_manager: Any, rollout: Any | None, lora_plan: Lo
       weight-sync sockets of every run that starts its own Ray cluster alike, and two such syncs at once hang;
     - with an async `rollout` (our manager), the sync waits in the rollout's version gate (for generation requests
       in flight, or whole episodes without partial rollout) and then publishes the new policy version;
-    - the sync's figures (delta mode's `beyond_agent/weight_sync/*`; in full mode the sync's seconds, `transfer_s`, and with
+    - the sync's metrics (delta mode's `beyond_agent/weight_sync/*`; in full mode the sync's seconds, `transfer_s`, and with
       LoRA the adapter's `bytes_sent`) join the metrics of the actor update it carries (`take_actor_output()`:
       that update's output, or None). verl's `fit()` discards update_weights' return value but reduces the actor
       output's metrics after the call; the syncs with no actor update before them (the first one, critic

@@ -75,7 +75,7 @@ class EpisodeSteps:
 
 @dataclass
 class GiGPOAdvantages:
-    """The advantages of a batch of episodes, in the order given, with the figures users watch."""
+    """The advantages of a batch of episodes, in the order given, with the metrics users watch."""
 
     episode: list[float]
     """A^E per episode."""
@@ -83,7 +83,7 @@ class GiGPOAdvantages:
     """A^S per episode and turn."""
     turns: list[list[float]]
     """A^E + omega * A^S per episode and turn: what each turn's trained tokens get."""
-    figures: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
     """`anchor_groups` (step groups in the batch), `mean_group_size` (turns per step group),
     `singleton_fraction` (share of turns alone in their step group, whose A^S is 0), `text_anchor_fraction` (share
     of turns whose anchor is the observation text, not a state key the env gave: such a text also holds the
@@ -169,7 +169,7 @@ def count_each_episode_once(batch: Any, norm: str, epsilon: float = EPSILON, est
 
 def step_advantages(episodes: Sequence[EpisodeSteps], gamma: float, norm: str,
                     epsilon: float = EPSILON) -> tuple[list[list[float]], dict[str, float]]:
-    """A^S of every episode's turns, and the anchor-group figures (see `GiGPOAdvantages.figures`)."""
+    """A^S of every episode's turns, and the anchor-group metrics (see `GiGPOAdvantages.metrics`)."""
     for index, episode in enumerate(episodes):
         if len(episode.step_rewards) != len(episode.anchors):
             raise ValueError(f"episode {index}: {len(episode.step_rewards)} step rewards for "
@@ -182,21 +182,21 @@ def step_advantages(episodes: Sequence[EpisodeSteps], gamma: float, norm: str,
         for (i, t), value in zip(members, normalized([returns[i][t] for i, t in members], norm, epsilon)):
             found[i][t] = value
     sizes = [len(members) for members in anchor_groups.values()]
-    figures = {"anchor_groups": float(len(sizes)),
+    metrics = {"anchor_groups": float(len(sizes)),
                "mean_group_size": sum(sizes) / len(sizes) if sizes else 0.0,
                "singleton_fraction": sum(1 for size in sizes if size == 1) / len(turns) if turns else 0.0,
                "text_anchor_fraction": (sum(episodes[i].anchors[t].startswith(TEXT_ANCHOR_PREFIX) for i, t in turns)
                                         / len(turns) if turns else 0.0)}
-    return found, figures
+    return found, metrics
 
 
 def gigpo_advantages(episodes: Sequence[EpisodeSteps], config: GiGPOConfig, norm: str = "std",
                      epsilon: float = EPSILON) -> GiGPOAdvantages:
     """A^E, A^S and their combination for every episode and turn (see the module docstring)."""
     episode = episode_advantages([e.reward for e in episodes], [e.group for e in episodes], norm, epsilon)
-    step, figures = step_advantages(episodes, config.gamma, norm, epsilon)
+    step, metrics = step_advantages(episodes, config.gamma, norm, epsilon)
     turns = [[episode[i] + config.omega * a for a in step[i]] for i in range(len(episodes))]
-    return GiGPOAdvantages(episode=episode, step=step, turns=turns, figures=figures)
+    return GiGPOAdvantages(episode=episode, step=step, turns=turns, metrics=metrics)
 
 
 def group_has_step_signal(results: Sequence[EpisodeResult], config: GiGPOConfig) -> bool:
@@ -270,7 +270,7 @@ declare_estimator("gigpo", group_based=True)
 
 def add_step_advantages(batch: Any, config: GiGPOConfig, norm: str) -> dict[str, float]:
     """Add omega * A^S to `batch.batch["advantages"]` (which holds A^E from `compute_gigpo_episode_advantage`),
-    turn by turn on each turn's trained tokens; the anchor-group figures as metrics (`beyond_agent/gigpo/...`).
+    turn by turn on each turn's trained tokens; the anchor-group metrics (`beyond_agent/gigpo/...`).
 
     Reads per row: verl's `uid` (the group), and from our rollout `anchors`, `turn_rewards`, `turn_ends`,
     `later_turn_rewards` and `episode_key`. Where one episode has several rows (a per_call agent's segments, which
@@ -286,13 +286,13 @@ def add_step_advantages(batch: Any, config: GiGPOConfig, norm: str) -> dict[str,
     episodes = [EpisodeSteps(group=str(uid), reward=0.0, step_rewards=tuple(rewards), anchors=tuple(anchors),
                              later_rewards=tuple(after))
                 for uid, rewards, anchors, after in zip(rows["uid"], rows["turn_rewards"], rows["anchors"], later)]
-    step, figures = step_advantages(episodes, config.gamma, norm)
+    step, metrics = step_advantages(episodes, config.gamma, norm)
     mask = batch.batch["response_mask"]
     count_each_episode_once(batch, norm)
     added = torch.stack([spread_over_turns(mask[row], rows["turn_ends"][row], step[row])
                          for row in range(len(episodes))]).to(batch.batch["advantages"].dtype)
     batch.batch["advantages"] = batch.batch["advantages"] + config.omega * added
     batch.batch["returns"] = batch.batch["advantages"]
-    return {METRIC_PREFIX + name: value for name, value in figures.items()}
+    return {METRIC_PREFIX + name: value for name, value in metrics.items()}
 
 

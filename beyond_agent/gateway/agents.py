@@ -226,7 +226,7 @@ class EnvSession:
         self.failure, self.done = (termination, message), True
         raise RuntimeError(f"the environment failed ({termination}): {message}")
 
-    def turn_figures(self, first_call: int, calls: int) -> tuple[list[float], list[str]]:
+    def turn_rewards_and_anchors(self, first_call: int, calls: int) -> tuple[list[float], list[str]]:
         """Step rewards and anchors of calls `first_call`..`calls - 1`: a call's step reward is the sum of the
         rewards of the env steps after it and before the next call; its anchor is the env state it started from."""
         rewards, anchors = [0.0] * (calls - first_call), []
@@ -398,7 +398,7 @@ class AgentDataflow:
         last = recorded.segments[-1] if recorded.segments else None
         if termination is None:
             termination = last.termination if last is not None and last.termination else session.termination
-        step_rewards, _ = session.turn_figures(0, len(recorded.calls)) if session else ([], [])  # the whole episode's
+        step_rewards, _ = session.turn_rewards_and_anchors(0, len(recorded.calls)) if session else ([], [])  # the whole episode's
         reward = 0.0
         if termination not in INFRA_FAILURES:
             outcome = EpisodeOutcome(score=score, success=success, step_rewards=tuple(step_rewards),
@@ -421,7 +421,7 @@ class AgentDataflow:
         a new history); an infrastructure failure of the episode is every segment's."""
         handler = recorded.segments[index]
         calls = [call.index for call in recorded.calls if call.segment == index]
-        step_rewards, anchors = (session.turn_figures(calls[0], calls[-1] + 1) if session is not None and calls
+        step_rewards, anchors = (session.turn_rewards_and_anchors(calls[0], calls[-1] + 1) if session is not None and calls
                                  else ([], []))
         ended = termination if termination in INFRA_FAILURES or not handler.termination else handler.termination
         handler.finish(ended)

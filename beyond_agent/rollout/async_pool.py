@@ -103,7 +103,7 @@ def row_staleness(row: PendingRow, trainer_version: int) -> int:
 
 @dataclass
 class TakenBatch:
-    """What `take_batch` hands over: the rows, and the figures of this hand-over."""
+    """What `take_batch` hands over: the rows, and the metrics of this hand-over."""
 
     rows: list[PendingRow]
     metrics: dict[str, float]
@@ -209,7 +209,7 @@ class AsyncEpisodePool:
             carried_over = sum(1 for row in self._waiting for future in row.futures if not future.done())
             self._condition.notify_all()  # admission may draw again
         metrics = self._step_metrics(taken, dropped, trainer_version, carried_over, time.monotonic() - started)
-        metrics.update(sieve.figures())  # the run's total is async/total_dropped_no_signal
+        metrics.update(sieve.metrics())  # the run's total is async/total_dropped_no_signal
         return TakenBatch(taken, metrics)
 
     def _sieve_finished_rows(self, sieve: GroupSieve) -> None:
@@ -302,7 +302,7 @@ class AsyncEpisodePool:
             raise RuntimeError(f"the async rollout stopped drawing rows: {type(self._feed_error).__name__}: "
                                f"{self._feed_error}") from self._feed_error
 
-    # ---- figures ---------------------------------------------------------------------------------
+    # ---- metrics ---------------------------------------------------------------------------------
 
     def _step_metrics(self, taken: list[PendingRow], dropped: list[tuple[PendingRow, int]], trainer_version: int,
                       carried_over: int, waited_s: float) -> dict[str, float]:

@@ -37,7 +37,7 @@ from beyond_agent.rollout.dataflow import EpisodeResult
 
 DROP_RULES = ("none", "zero_variance", "all_success", "all_failure")
 SECTION = "beyond_agent.dynamic_sampling"
-FIGURES_PREFIX = "dynamic_sampling/"
+SIEVE_PREFIX = "dynamic_sampling/"
 EQUAL_REWARD_TOLERANCE = 1e-9
 """Rewards closer than this count as equal (sums of float step rewards rarely match exactly)."""
 
@@ -101,7 +101,7 @@ class GroupSieve:
     """One training step's sieve: `offer` each finished group in turn; it says whether the group trains.
 
     A group without signal is dropped while the step's drop budget lasts, and kept after that. The sieve
-    counts what it saw for the step's figures (`figures`), the dropped groups by the task label given.
+    counts what it saw for the step's metrics (`metrics`), the dropped groups by the task label given.
     """
 
     def __init__(self, config: DynamicSamplingConfig, batch_size: int, step_signal: StepSignal | None = None):
@@ -133,12 +133,12 @@ class GroupSieve:
         self.kept_without_signal += 1
         return True
 
-    def figures(self) -> dict[str, float]:
-        """This step's figures (`dynamic_sampling/...`; the rollout manager puts them under `beyond_agent/`)."""
+    def metrics(self) -> dict[str, float]:
+        """This step's metrics (`dynamic_sampling/...`; the rollout manager puts them under `beyond_agent/`)."""
         if not self.config.active:
             return {}
         scored = [result for result in self._played if not result.infra_failure]
-        figures = {
+        metrics = {
             "dropped_groups": float(self.dropped_groups),
             "extra_episodes": float(self.dropped_episodes),
             "kept_without_signal_groups": float(self.kept_without_signal),
@@ -147,5 +147,5 @@ class GroupSieve:
             # is biased by what the sieve removed.
             "played_success_rate": sum(r.success for r in scored) / len(scored) if scored else 0.0,
         }
-        figures.update({f"dropped/{task}": float(count) for task, count in self.dropped_tasks.items()})
-        return {FIGURES_PREFIX + key: value for key, value in figures.items()}
+        metrics.update({f"dropped/{task}": float(count) for task, count in self.dropped_tasks.items()})
+        return {SIEVE_PREFIX + key: value for key, value in metrics.items()}

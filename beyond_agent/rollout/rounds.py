@@ -224,12 +224,12 @@ class RoundLimit:
             return self.rounds.rounds[max(self._stage, self.rounds.stage(global_step))]
 
     def observe(self, global_step: int, results: Sequence[EpisodeResult]) -> dict[str, float]:
-        """Take in the episodes training step `global_step` trained on; its figures (`max_rounds`, and for
+        """Take in the episodes training step `global_step` trained on; its metrics (`max_rounds`, and for
         adaptive `horizon/signal` when any episode was scored)."""
         limit = self.max_rounds(global_step)
-        figures = {"max_rounds": float(limit)}
+        metrics = {"max_rounds": float(limit)}
         if self.rounds.type != "adaptive":
-            return figures
+            return metrics
         signal = step_signal(results, self.rounds.signal)
         with self._lock:
             entry = {"step": global_step, "max_rounds": limit, "signal": signal}
@@ -237,8 +237,8 @@ class RoundLimit:
             self._advance(entry)
             self._save()
         if signal is not None:
-            figures["horizon/signal"] = signal
-        return figures
+            metrics["horizon/signal"] = signal
+        return metrics
 
     # ---- adaptive state ------------------------------------------------------------------------
 

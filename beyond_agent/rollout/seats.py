@@ -397,8 +397,8 @@ class OpponentModels:
         self._fronts.clear()
 
 
-def seat_figures(results: list[EpisodeResult], prefix: str = "") -> dict[str, float]:
-    """Each seat's and each opponent's figures over a rollout's games (`other_seats` included): `seat<k>/...` and
+def seat_metrics(results: list[EpisodeResult], prefix: str = "") -> dict[str, float]:
+    """Each seat's and each opponent's metrics over a rollout's games (`other_seats` included): `seat<k>/...` and
     `opponent/<name>/...`: `episodes`, and the shares of `win`, `draw` and `loss` among the games the env ended and
     of `cut` (a limit ended it), and `refused_turns` (replies that were no move or an illegal one, per episode), over
     the episodes that are not infrastructure failures. {} when no result played a
@@ -409,13 +409,13 @@ def seat_figures(results: list[EpisodeResult], prefix: str = "") -> dict[str, fl
             if seat_result.spec.seat is not None:
                 seats.setdefault(f"seat{seat_result.spec.seat}/", []).append(seat_result)
                 seats.setdefault(f"opponent/{seat_result.spec.opponent}/", []).append(seat_result)
-    figures = {}
+    metrics = {}
     for name, played in sorted(seats.items()):
         scored = [result for result in played if not result.infra_failure]
         ended = [result for result in scored if result.termination == "done"]
-        figures[f"{prefix}{name}episodes"] = float(len(played))
+        metrics[f"{prefix}{name}episodes"] = float(len(played))
         for outcome, score in (("win", 1.0), ("draw", 0.5), ("loss", 0.0)):
-            figures[f"{prefix}{name}{outcome}"] = sum(result.score == score for result in ended) / max(len(scored), 1)
-        figures[f"{prefix}{name}cut"] = (len(scored) - len(ended)) / max(len(scored), 1)
-        figures[f"{prefix}{name}refused_turns"] = sum(r.refused_turns for r in scored) / max(len(scored), 1)
-    return figures
+            metrics[f"{prefix}{name}{outcome}"] = sum(result.score == score for result in ended) / max(len(scored), 1)
+        metrics[f"{prefix}{name}cut"] = (len(scored) - len(ended)) / max(len(scored), 1)
+        metrics[f"{prefix}{name}refused_turns"] = sum(r.refused_turns for r in scored) / max(len(scored), 1)
+    return metrics

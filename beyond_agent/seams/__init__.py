@@ -100,12 +100,12 @@ SEAMS: tuple[Seam, ...] = (
                   f"after fit() joined the rollout to the input rows and before it reads rewards: {_NO_HOOK}, and it "
                   "calls this helper only when trainer.balance_batch is on (`open_join_point`)",
                   "a batch-transform callback in fit() after the rollout"),
-    _trainer_hook("_validate", f"our per-task rollout figures join verl's validation metrics: {_NO_HOOK}",
+    _trainer_hook("_validate", f"our per-task rollout metrics join verl's validation metrics: {_NO_HOOK}",
                   "a validation-metrics callback"),
     _trainer_hook("_compute_old_log_prob", "async rollout logs the rollout/trainer log-prob gap and may use the "
                   "behaviour policy as pi_old; verl's bypass mode (rollout_correction) skips the recomputation the "
                   "gap needs", "a hook after the old log-prob recomputation"),
-    _trainer_hook("_update_critic", f"the step's rollout figures join the first update's metrics (fit() logs only "
+    _trainer_hook("_update_critic", f"the step's rollout metrics join the first update's metrics (fit() logs only "
                   f"what the updates return): {_NO_HOOK}"),
     _trainer_hook("_update_actor", "GiGPO's step advantages need each turn's anchor state, which verl's estimator "
                   "registry (`register_adv_est`) does not pass; task-wise normalisation and per_call recounting act "
@@ -113,7 +113,7 @@ SEAMS: tuple[Seam, ...] = (
     Seam("verl.checkpoint_engine:CheckpointEngineManager.update_weights", PATCH,
          "beyond_agent.seams.trainer:wrap_update_weights",
          "replaced on the instance: each weight sync holds the host lock, waits in the async rollout's version gate "
-         "and reports its figures; verl builds its checkpoint manager in init_workers with no class to name",
+         "and reports its metrics; verl builds its checkpoint manager in init_workers with no class to name",
          "a configurable checkpoint-manager class", called_with=("global_steps",)),
     # --- verl's SFT trainer, for DPO on trajectories ------------------------------------------------------------
     Seam(f"{_SFT}._build_engine", OVERRIDE, _DPO, "DPO's loss goes in where verl sets its SFT loss", _SFT_OPTIONS),
@@ -122,7 +122,7 @@ SEAMS: tuple[Seam, ...] = (
     Seam(f"{_SFT}._init_engine", OVERRIDE, _DPO, "reference log-probs are scored once from the starting weights",
          "a hook after the engine is built"),
     Seam(f"{_TRAINING_WORKER}.train_batch", PATCH, "beyond_agent.dpo:_with_mean_dpo_metrics",
-         "replaced on the instance: verl sums the loss function's per-micro-batch figures; DPO's accuracy and margin "
+         "replaced on the instance: verl sums the loss function's per-micro-batch metrics; DPO's accuracy and margin "
          "are means", _SFT_OPTIONS, called_with=("data",)),
     Seam(f"{_TRAINING_WORKER}.set_loss_fn", READ, _DPO, "DPO's loss on verl's training client", _SFT_OPTIONS,
          called_with=("loss_fn",)),

@@ -168,7 +168,7 @@ class EncodedSync:
     payloads: tuple[ParamPayload, ...]
     """One payload per parameter of the header. Read-only: FULL values may share the sender's snapshot."""
     metrics: dict[str, float]
-    """`beyond_agent/weight_sync/...` figures of this sync (see WeightDeltaSender.encode)."""
+    """`beyond_agent/weight_sync/...` metrics of this sync (see WeightDeltaSender.encode)."""
 
 
 # ---------------------------------------------------------------------------------------------- errors

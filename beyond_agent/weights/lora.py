@@ -1,4 +1,4 @@
-"""LoRA RL on verl's own LoRA path: the settings it needs from us, checked before Ray starts, and its sync figures.
+"""LoRA RL on verl's own LoRA path: the settings it needs from us, checked before Ray starts, and its sync metrics.
 
 verl 0.9 trains a LoRA adapter when `actor_rollout_ref.model.lora_rank > 0` (FSDP + PEFT on the actor, with
 `lora_alpha`, `target_modules`, `exclude_modules`), starts vLLM with LoRA enabled (one adapter slot, rank rounded

@@ -3,7 +3,7 @@
 verl's `fit()` runs unchanged. The trainer only fills verl's rollout-manager seam
 (`actor_rollout_ref.rollout.agent.agent_loop_manager_class`) with `BeyondAgentLoopManager`, which plays
 every episode against envservice with the round limit `RoundLimit.max_rounds(global_step)`, returns
-each row's task reward as `rm_scores`; its figures of the step (`beyond_agent/...`) join the metrics of the
+each row's task reward as `rm_scores`; its metrics of the step (`beyond_agent/...`) join the metrics of the
 step's critic or actor update, which `fit()` logs with verl's tracker. Our config is
 validated by `BeyondAgentConfig`, in the driver before Ray starts and where the rollout manager uses it.
 When `fit()` returns or fails, the run's main curves are drawn into `curves.png` beside its metrics.jsonl
@@ -15,7 +15,7 @@ The per-step helpers of `fit()` that are not verl's public API are overridden in
 `before_actor_update` first adds GiGPO's step-level advantages from the rollout's per-turn anchor states
 (beyond_agent/algorithms/gigpo.py; verl's estimator seam computed the episode-level part). Multi-task runs
 (`beyond_agent.multitask`, beyond_agent/multitask.py) take two more hooks: `before_actor_update` normalises
-advantages within each task (`task_advantage_norm`), and `validation_metrics` adds each task's rollout figures
+advantages within each task (`task_advantage_norm`), and `validation_metrics` adds each task's rollout metrics
 to verl's per-data_source validation metrics. The weighted task sampler is the `train_sampler` our TaskRunner
 hands verl.
 
@@ -78,7 +78,7 @@ class BeyondAgentTrainer(TrainerSeams):
         if notice:
             print(notice, flush=True)
         self._async_actor_metrics: dict[str, float] = {}
-        self._last_actor_output = None  # the actor update whose metrics the next weight sync's figures join
+        self._last_actor_output = None  # the actor update whose metrics the next weight sync's join
 
     def init_workers(self) -> None:
         """verl's workers, then the one wrapper around its weight sync (`wrap_weight_sync`)."""
@@ -98,7 +98,7 @@ class BeyondAgentTrainer(TrainerSeams):
             write_curves_beside_metrics(os.environ.get(METRICS_PATH_VARIABLE))
 
     def validation_metrics(self) -> dict[str, float]:
-        """Our per-task rollout figures (`val-aux/beyond_agent/task/<task>/...`: rounds, terminations, episodes),
+        """Our per-task rollout metrics (`val-aux/beyond_agent/task/<task>/...`: rounds, terminations, episodes),
         beside verl's own per-data_source (= task) validation metrics."""
         source = metrics_source(self.async_rollout_manager)  # another manager: none
         return source.take_validation_metrics() if source is not None else {}
@@ -148,23 +148,23 @@ class BeyondAgentTrainer(TrainerSeams):
         """With `adv_estimator=gigpo` GiGPO's step-level advantages are added (they need each turn's anchor state,
         which verl's estimator seam does not pass), and with gigpo, grpo or rloo a per_call agent's episode counts
         once in its group (`count_each_episode_once`); advantages are normalised within each task when
-        `multitask.task_advantage_norm`. Returns those figures and the step's rollout/trainer log-prob gap."""
-        figures = {}
+        `multitask.task_advantage_norm`. Returns those metrics and the step's rollout/trainer log-prob gap."""
+        metrics = {}
         if self.config.algorithm.adv_estimator == "gigpo":  # verl computed A^E; the step part needs our turns
-            figures.update(add_step_advantages(batch, self.beyond_config.gigpo, norm_of(self.config.algorithm)))
+            metrics.update(add_step_advantages(batch, self.beyond_config.gigpo, norm_of(self.config.algorithm)))
         elif self.config.algorithm.adv_estimator in RECOUNTED_ESTIMATORS:  # a per_call agent's segments: each episode once
             count_each_episode_once(batch, norm_of(self.config.algorithm), estimator=self.config.algorithm.adv_estimator)
         if self.beyond_config.multitask.task_advantage_norm:
-            figures.update(apply_task_advantage_norm(batch))
-        figures.update(self._async_actor_metrics)
+            metrics.update(apply_task_advantage_norm(batch))
+        metrics.update(self._async_actor_metrics)
         self._async_actor_metrics = {}
-        return figures
+        return metrics
 
     def after_actor_update(self, output: Any) -> None:
-        """The next weight sync's figures join this update's metrics (`wrap_weight_sync`)."""
+        """The next weight sync's metrics join this update's metrics (`wrap_weight_sync`)."""
         self._last_actor_output = output
 
     def _take_actor_output(self) -> Any | None:
-        """The last actor update's output, once (the weight sync that carries it adds its figures)."""
+        """The last actor update's output, once (the weight sync that carries it adds its metrics)."""
         output, self._last_actor_output = self._last_actor_output, None
         return output

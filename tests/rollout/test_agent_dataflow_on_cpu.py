@@ -31,12 +31,12 @@ def test_step_rewards_go_to_the_call_before_them_and_anchors_to_the_state_each_c
     session.step("b")            # two steps after one call: call 0 gets 0.25 more
     calls[0] = 3                 # calls 1 and 2 answered, no step between them
     session.step("c")            # -> call 2's reward 1.0, the env ends it
-    rewards, anchors = session.turn_figures(first_call=0, calls=3)
+    rewards, anchors = session.turn_rewards_and_anchors(first_call=0, calls=3)
     assert rewards == [0.75, 0.0, 1.0]
     assert anchors[0] != anchors[1] and anchors[1] == anchors[2]  # call 0 from the start, 1 and 2 after "b"
     assert session.done and session.termination == "done"
     # Only the calls of the trained segment count: from call 1 on, call 0's steps are left out.
-    assert session.turn_figures(first_call=1, calls=3)[0] == [0.0, 1.0]
+    assert session.turn_rewards_and_anchors(first_call=1, calls=3)[0] == [0.0, 1.0]
     with pytest.raises(RuntimeError, match="the episode is over"):
         session.step("d")
 

@@ -44,7 +44,7 @@ def test_a_group_with_an_infrastructure_failure_has_no_signal():
     assert group_has_signal(failed * 2, "none")  # no rule: nothing is judged
     sieve = GroupSieve(DynamicSamplingConfig(drop="zero_variance"), batch_size=2)
     assert [sieve.offer(g, "frozenlake") for g in (MIXED + failed, MIXED)] == [False, True]
-    assert sieve.figures()["dynamic_sampling/groups_with_failures"] == 1.0
+    assert sieve.metrics()["dynamic_sampling/groups_with_failures"] == 1.0
 
 
 def turns(reward: float, step_rewards: tuple[float, ...], anchors: str) -> EpisodeResult:
@@ -80,7 +80,7 @@ def test_the_sieve_drops_within_its_budget_then_keeps_and_counts():
               (UNSOLVED, "frozenlake"), (MIXED, "babyai")]
     assert [sieve.offer(g, task) for g, task in offers] == [False, True, False, True, True]
     # 10 episodes played, 4 won (SOLVED's 2, each MIXED's 1).
-    assert sieve.figures() == {
+    assert sieve.metrics() == {
         "dynamic_sampling/dropped_groups": 2.0, "dynamic_sampling/extra_episodes": 4.0,
         "dynamic_sampling/kept_without_signal_groups": 1.0, "dynamic_sampling/groups_with_failures": 0.0,
         "dynamic_sampling/played_success_rate": 0.4, "dynamic_sampling/dropped/frozenlake": 1.0, "dynamic_sampling/dropped/babyai": 1.0,
@@ -89,7 +89,7 @@ def test_the_sieve_drops_within_its_budget_then_keeps_and_counts():
 
 def test_without_a_rule_nothing_is_dropped_or_logged():
     sieve = GroupSieve(DynamicSamplingConfig(), batch_size=4)
-    assert sieve.budget == 0 and sieve.offer(SOLVED, "frozenlake") and sieve.figures() == {}
+    assert sieve.budget == 0 and sieve.offer(SOLVED, "frozenlake") and sieve.metrics() == {}
 
 
 @pytest.mark.parametrize("section, message", [

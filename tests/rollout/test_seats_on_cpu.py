@@ -19,7 +19,7 @@ from beyond_agent.rollout.llm import GenerationResult, LLMError, request_seed
 from beyond_agent.tasks import AgentTask
 from beyond_agent.trajectories import episode_record
 from beyond_agent.rollout.seats import (SeatedDataflow, SelfPlayConfig, SelfPlayDataflow, SelfPlayEnvManager,
-                                        seat_figures)
+                                        seat_metrics)
 
 pytestmark = pytest.mark.timeout(120)
 LIMITS = dict(max_prompt_length=1024, max_response_length=2048, max_tokens_per_turn=16)
@@ -176,7 +176,7 @@ def test_each_seats_figures_count_its_wins_draws_losses_and_cut_games(client, ch
                                                 2 if name == "C" else ROUNDS)).run()
         assert first.spec.seat == 0 and [other.spec.seat for other in first.other_seats] == [1]
         results.append(first)
-    figures = seat_figures(results, prefix="beyond_agent/")
+    figures = seat_metrics(results, prefix="beyond_agent/")
     third, sixth = pytest.approx(1 / 3), pytest.approx(1 / 6)
     assert figures == {"beyond_agent/seat0/episodes": 3.0, "beyond_agent/seat0/win": third,
                        "beyond_agent/seat0/draw": third, "beyond_agent/seat0/loss": 0.0, "beyond_agent/seat0/cut": third,
@@ -187,7 +187,7 @@ def test_each_seats_figures_count_its_wins_draws_losses_and_cut_games(client, ch
                        "beyond_agent/opponent/self/episodes": 6.0, "beyond_agent/opponent/self/win": sixth,
                        "beyond_agent/opponent/self/draw": third, "beyond_agent/opponent/self/loss": sixth,
                        "beyond_agent/opponent/self/cut": third, "beyond_agent/opponent/self/refused_turns": sixth}
-    assert seat_figures([]) == {}
+    assert seat_metrics([]) == {}
 
 
 class FirstFreeCell:
@@ -243,7 +243,7 @@ def test_each_rows_games_face_one_opponent_of_the_pool_drawn_by_weight(client, c
         assert (result.spec.seat, result.success, result.rounds, result.other_seats) == (0, True, 4, [])
         assert result.spec.params["opponent"] == "first" and episode_record(result, 1, "train").extra == {
             "seat": 0, "opponent": "first"}
-    assert seat_figures(results)["opponent/first/win"] == 1.0
+    assert seat_metrics(results)["opponent/first/win"] == 1.0
     for bad in ({}, {"self": 0}, {"none": 1.0}, {"self": True}):
         with pytest.raises(ValueError, match="self_play.opponents must map opponent names"):
             SelfPlayConfig(envs=("tictactoe",), opponents=bad)

@@ -34,7 +34,7 @@ def test_hand_worked_batch_with_gamma_one_half():
     assert found.step[1] == pytest.approx([-1.0, 0.0])
     assert found.step[2] == pytest.approx([0.0, -1 / math.sqrt(2), 0.0])
     assert found.turns[1] == pytest.approx([-2 / 3 / ROOT3 - 1.0, -2 / 3 / ROOT3])
-    assert found.figures == pytest.approx({"anchor_groups": 5.0, "mean_group_size": 9 / 5,
+    assert found.metrics == pytest.approx({"anchor_groups": 5.0, "mean_group_size": 9 / 5,
                                            "singleton_fraction": 2 / 9, "text_anchor_fraction": 0.0})
 
 

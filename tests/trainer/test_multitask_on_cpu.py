@@ -21,7 +21,7 @@ from beyond_agent.multitask import (
     normalize_task_advantages,
     task_name,
     task_names,
-    task_rollout_figures,
+    task_rollout_metrics,
 )
 from beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec
 from beyond_agent.settings import BeyondAgentConfig
@@ -163,7 +163,7 @@ def test_rollout_figures_are_reported_per_task_and_add_up():
     results = [result("babyai", "done", 1.0, True, 3), result("frozenlake", "max_rounds", 0.0, rounds=4),
                result("babyai", "max_rounds", 0.0, rounds=5), result("frozenlake", "env_error", rounds=1),
                result("frozenlake", "done", 0.5, True, 2)]
-    figures = task_rollout_figures(["babyai", "frozenlake", "babyai", "frozenlake", "frozenlake"], results)
+    figures = task_rollout_metrics(["babyai", "frozenlake", "babyai", "frozenlake", "frozenlake"], results)
     assert figures == {
         "beyond_agent/task/babyai/episodes": 2.0, "beyond_agent/task/babyai/success_rate": 0.5,
         "beyond_agent/task/babyai/mean_reward": 0.5, "beyond_agent/task/babyai/mean_rounds": 4.0,

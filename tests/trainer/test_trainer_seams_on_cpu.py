@@ -18,7 +18,7 @@ class Recorded(TrainerSeams):
 
     def __init__(self):  # verl's __init__ needs a whole run; the seams use nothing it sets
         self.calls = []
-        self.figures = {"beyond_agent/episodes": 4.0}
+        self.metrics = {"beyond_agent/episodes": 4.0}
 
     def join_rows(self, batch, metrics):
         self.calls.append(("join_rows", list(batch)))
@@ -35,8 +35,8 @@ class Recorded(TrainerSeams):
         return {"beyond_agent/gigpo/anchors": 2.0}
 
     def step_metrics(self):
-        figures, self.figures = self.figures, {}
-        return figures
+        metrics, self.metrics = self.metrics, {}
+        return metrics
 
     def after_actor_update(self, output):
         self.calls.append(("after_actor_update", dict(output.meta_info["metrics"])))
@@ -87,7 +87,7 @@ def test_the_actor_update_sees_the_hooks_batch_and_logs_their_figures_once(verl_
     assert output.meta_info["metrics"] == {"actor/pg_loss": 0.5, "beyond_agent/episodes": 4.0,
                                            "beyond_agent/gigpo/anchors": 2.0}
     assert trainer.calls[-1] == ("after_actor_update", output.meta_info["metrics"])
-    # The critic updates first when there is one: the step's figures join its metrics, not the actor's again.
+    # The critic updates first when there is one: the step's rollout metrics join the critic's, not the actor's again.
     trainer = Recorded()
     critic = trainer._update_critic(["row 0"])
     actor = trainer._update_actor(["row 0"])
@@ -100,7 +100,7 @@ def test_old_log_probs_and_validation_go_through_their_hooks(verl_helpers):
     assert trainer._compute_old_log_prob(["row 0"]) == ("behaviour", 0.1)
     assert ("after_old_log_prob", "recomputed") in trainer.calls
     assert trainer._validate() == {"val-core/lake/reward/mean@1": 0.25, "val-aux/beyond_agent/task/lake/rounds": 3.0}
-    # merged: verl's raw lists for its own merging; the figures are taken (once) but not mixed in.
+    # merged: verl's raw lists for its own merging; the metrics are taken (once) but not mixed in.
     assert trainer._validate(merged=True) == {"val-core/lake/reward/mean@1": 0.25}
     assert trainer.calls.count(("validation_metrics",)) == 2
 
