@@ -85,7 +85,7 @@ from beyond_agent.evaluation import EvaluationConfig, Policy, evaluate  # noqa: 
 from beyond_agent.rollout.dataflow import Dataflow, DataflowConfig, EpisodeSpec  # noqa: E402
 from beyond_agent.rollout.hf_policy import TransformersPolicy  # noqa: E402
 from beyond_agent.rollout.scripted import ScriptedPolicy  # noqa: E402
-from beyond_agent.sft import FP32_TRAINING, hf_model_dir, run_sft  # noqa: E402
+from beyond_agent.sft import DPO_PROGRAM, FP32_TRAINING, SFT_PROGRAM, hf_model_dir, run_sft  # noqa: E402
 from beyond_agent.trajectories import TrajectoryRecord, episode_record, write_dump  # noqa: E402
 
 WARMUP_FIRST_MAP = 500
@@ -419,10 +419,10 @@ def offline_rows(method: str, episodes: Path) -> int:
 OFFLINE_DPO_MARGIN = 0.5
 """A DPO pair is a success and a failure of one map (FrozenLake scores 1 or 0)."""
 OFFLINE_METHODS: dict[str, tuple[str, list[str]]] = {
-    "sft": ("beyond_agent.sft", ["data.trajectory_filter.success=true"]),
-    "dpo": ("beyond_agent.dpo", [f"data.min_reward_margin={OFFLINE_DPO_MARGIN}", "dpo.beta=0.1"]),
+    "sft": (SFT_PROGRAM, ["data.trajectory_filter.success=true"]),
+    "dpo": (DPO_PROGRAM, [f"data.min_reward_margin={OFFLINE_DPO_MARGIN}", "dpo.beta=0.1"]),
 }
-"""Offline methods: (module, overrides) for `run_sft`; both start from the warm model and read its own episodes."""
+"""Offline methods: (program, overrides) for `run_sft`; both start from the warm model and read its own episodes."""
 
 
 def offline_stage(method: str, warm_dir: Path, episodes: Path, out_dir: Path, args, seed: int) -> Path:

@@ -11,7 +11,7 @@ import json
 import os
 
 DRY_RUN_VARIABLE = "BEYOND_AGENT_DRY_RUN"
-"""Set to 1 by `launcher.py --dry-run`: a training entry (the recipes' Hydra mains, beyond_agent.sft and .dpo)
+"""Set to 1 by `launcher.py --dry-run`: a training entry (the recipes' Hydra mains)
 composes its config, checks it as it would before training, prints DRY_RUN_MARKER and exits; nothing trains."""
 DRY_RUN_MARKER = "[beyond_agent] dry run: the training config composes and passes its checks"
 

@@ -1,13 +1,14 @@
 """DPO on pairs of trajectories of the same task, on verl's SFT trainer with our loss (assistant tokens only).
 
-    python -m beyond_agent.dpo data.train_files=RUN/trajectories model.path=MODEL \\
+    python -m recipe.dpo.main data.train_files=RUN/trajectories model.path=MODEL \\
         dpo.beta=0.1 data.min_reward_margin=0.5 trainer.total_training_steps=50 trainer.default_local_dir=OUT
 
 Why not TRL's or verl's DPO: verl 0.9 has none, and TRL's DPOTrainer scores a whole completion after a
 shared prompt, so in a multi-turn episode it would train on the environment's observations between the
 assistant turns. Here the loss is written once (`dpo_loss`) and everything else is verl's: the SFT trainer
 (`TrajectoryDPOTrainer` subclasses `verl.trainer.sft_trainer.SFTTrainer`), its FSDP engine, checkpoints and
-trackers. The same command trains the tiny model on CPU and a 7B model on GPUs (torchrun, as `sft.py`).
+trackers. The program is `recipe/dpo` (its `main` and YAML); the same command trains the tiny model on CPU and a
+7B model on GPUs (torchrun, as SFT's).
 
 Pairs (`preference_pairs`): episodes of one task (env, split, task, seed) with the same first prompt; the
 highest reward is paired with the lowest, the second highest with the second lowest, and so on, while the
@@ -24,9 +25,6 @@ reward margin is > 0) and `train/dpo/margin`.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections import defaultdict
 from functools import partial
 from typing import Sequence
@@ -35,9 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from beyond_agent.cli_args import is_dry_run
 from beyond_agent.seams import patch
-from beyond_agent.sft import dataset_files, plain_config, row_tensors, sft_command
+from beyond_agent.sft import dataset_files, plain_config, row_tensors
 from beyond_agent.trajectories import TrajectoryRecord
 from beyond_agent.trajectory_data import TrajectoryDataError, TrajectoryFilter, read_trajectories, training_row
 
@@ -129,7 +126,8 @@ def dpo_loss(config, model_output, data, dp_group=None, beta: float = 0.1):
     return loss, {"dpo/accuracy": (margin > 0).float().mean().item(), "dpo/margin": margin.mean().item()}
 
 
-def _sft_trainer_class():
+def dpo_trainer_class():
+    """verl's SFT trainer class with our DPO loss, pair collation and reference scoring (`recipe/dpo`'s trainer)."""
     from verl.trainer.sft_trainer import SFTTrainer
 
     class TrajectoryDPOTrainer(SFTTrainer):
@@ -200,32 +198,3 @@ def _collate_rows(rows: list[dict]) -> dict:
     from verl.utils.dataset.dataset_utils import SFTTensorCollator
 
     return SFTTensorCollator("no_padding")([{key: row[key] for key in ROW_KEYS} for row in rows])
-
-
-def _hydra_main() -> None:
-    import hydra
-
-    @hydra.main(config_path="config", config_name="beyond_agent_dpo", version_base=None)
-    def main(config) -> None:
-        from verl.utils.device import auto_set_device
-        from verl.utils.distributed import destroy_global_process_group, initialize_global_process_group
-
-        from beyond_agent.sft import dry_run_checked, use_metrics_file
-
-        if dry_run_checked(config):
-            return
-        use_metrics_file(config)
-        auto_set_device(config)
-        initialize_global_process_group()
-        _sft_trainer_class()(config=config).fit()
-        destroy_global_process_group()
-
-    main()
-
-
-if __name__ == "__main__":
-    if "LOCAL_RANK" in os.environ or is_dry_run():  # started by torchrun: be the SPMD program
-        _hydra_main()
-    else:
-        command, env = sft_command(sys.argv[1:], module="beyond_agent.dpo")
-        sys.exit(subprocess.run(command, env=env).returncode)

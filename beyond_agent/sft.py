@@ -1,23 +1,25 @@
 """Supervised fine-tuning on trajectory records, through verl's own SFT trainer (verl.trainer.sft_trainer).
 
-    python -m beyond_agent.sft data.train_files=RUN/trajectories model.path=MODEL \\
+The program is the `recipe/sft` recipe (its `main` and YAML):
+
+    python -m recipe.sft.main data.train_files=RUN/trajectories model.path=MODEL \\
         +data.trajectory_filter.success=true trainer.total_training_steps=100 trainer.default_local_dir=OUT
 
+This module holds what that program, `recipe/dpo` and the explore -> SFT loops (AgentEvol, Agent-R) share.
 Everything is verl's (FSDP engine, its `sft_loss`, checkpointing, trackers) except the dataset:
 `TrajectorySFTDataset` (named in the config as verl's `data.custom_cls`) reads our `TrajectoryRecord` files
 and hands verl each episode's exact token ids with a loss mask that is 1 only on tokens the policy wrote.
 `data.train_files` / `data.val_files` name .jsonl files or folders of them (a run's `trajectories/`).
 
-verl's trainer is an SPMD program started by torchrun. This module starts torchrun itself (one process per
-`trainer.n_gpus_per_node`) when run with plain `python -m`. On a machine without CUDA it adds the CPU
-settings (`SFT_CPU_OVERRIDES` below) so the tiny model trains on CPU with the same command.
-Per-step figures (`train/loss`, ...) go to `<default_local_dir>/metrics.jsonl` (verl's `file` tracker).
+verl's trainer is an SPMD program started by torchrun: `sft_command` / `run_sft` start torchrun (one process per
+`trainer.n_gpus_per_node`) running the program, and on a machine without CUDA add the CPU settings
+(`SFT_CPU_OVERRIDES` below) so the tiny model trains on CPU with the same command.
+Per-step metrics (`train/loss`, ...) go to `<default_local_dir>/metrics.jsonl` (verl's `file` tracker).
 The trained model is written in Hugging Face format under `<default_local_dir>/global_step_<N>/huggingface`
 (config `checkpoint.save_contents` includes `hf_model`); `hf_model_dir(folder)` finds the latest.
 LoRA: `model.lora_rank=8 model.lora_alpha=16` trains an adapter (verl's own LoRA path); `hf_model_dir` then hands
 on the adapter merged into the base (exported once by `beyond_agent.export`).
 """
-
 from __future__ import annotations
 
 import contextlib
@@ -57,6 +59,10 @@ FP32_TRAINING = "+engine.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buf
 tiny model did not learn to read its FrozenLake maps (the learning bench's warm-up, measured)."""
 LORA_EXPORT_FOLDER = "lora_export"
 """Where `hf_model_dir` exports a LoRA checkpoint (inside its `global_step_<N>` folder)."""
+SFT_PROGRAM = "recipe.sft.main"
+"""The SFT program (`recipe/sft`): what `run_sft` starts unless told another."""
+DPO_PROGRAM = "recipe.dpo.main"
+"""The DPO program (`recipe/dpo`)."""
 SFT_CPU_ENV = {"VERL_PLATFORM": "cpu", "VERL_ENGINE_DEVICE": "cuda", "TOKENIZERS_PARALLELISM": "false"}
 """VERL_PLATFORM selects verl_cpu's platform; verl registers its FSDP engines for cuda/npu only, and they run
 on CPU tensors all the same."""
@@ -159,9 +165,10 @@ def merged_lora_model(checkpoint: Path) -> Path:
     return merged
 
 
-def sft_command(overrides: list[str], cpu: bool | None = None, nproc: int | None = None,
-                module: str = "beyond_agent.sft") -> tuple[list[str], dict]:
-    """The torchrun command line and environment that run `module`'s trainer (SFT; DPO) with `overrides`."""
+def sft_command(overrides: list[str], module: str, cpu: bool | None = None,
+                nproc: int | None = None) -> tuple[list[str], dict]:
+    """The torchrun command line and environment that run the program `module` (SFT_PROGRAM, DPO_PROGRAM) with
+    `overrides`: one process per `trainer.n_gpus_per_node`, the CPU settings on a machine without CUDA."""
     cpu = (not torch.cuda.is_available()) if cpu is None else cpu
     nproc = nproc or _n_gpus(overrides)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
@@ -179,12 +186,12 @@ def _n_gpus(overrides: list[str]) -> int:
 
 
 def run_sft(overrides: list[str], cpu: bool | None = None, log_path: Path | None = None,
-            module: str = "beyond_agent.sft", progress: Callable[[], None] | None = None,
+            module: str = SFT_PROGRAM, progress: Callable[[], None] | None = None,
             progress_every_s: float = 30.0) -> None:
-    """Run verl's SFT trainer on trajectories (or `module`'s trainer on it: beyond_agent.dpo) to
-    completion in a child torchrun; raises when it fails. `progress`, when given, is called every
+    """Run the SFT program (verl's SFT trainer on trajectories; or `module`, e.g. DPO_PROGRAM) to completion in a
+    child torchrun; raises when it fails. `progress`, when given, is called every
     `progress_every_s` seconds while it runs (a long run whose output goes to `log_path` is not silent)."""
-    command, env = sft_command(overrides, cpu, module=module)
+    command, env = sft_command(overrides, module, cpu)
     with contextlib.ExitStack() as stack:
         log = stack.enter_context(open(log_path, "w")) if log_path is not None else None
         child = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT if log else None)
@@ -257,23 +264,6 @@ def report_iterations(figures: list[dict], path: Path, started: float, loop: str
         print(f"[{loop}] " + "  ".join(cells), flush=True)
 
 
-def _hydra_main() -> None:
-    import hydra
-
-    @hydra.main(config_path="config", config_name="beyond_agent_sft", version_base=None)
-    def main(config) -> None:
-        from verl.trainer.sft_trainer import run_sft as verl_run_sft
-        from verl.utils.device import auto_set_device
-
-        if dry_run_checked(config):
-            return
-        use_metrics_file(config)
-        auto_set_device(config)
-        verl_run_sft(config)
-
-    main()
-
-
 def dry_run_checked(config) -> bool:
     """In a dry run (`launcher.py --dry-run`): check what this program reads of its composed config (the
     trajectory filter), print the marker and say so; otherwise False and nothing is checked here."""
@@ -293,10 +283,3 @@ def use_metrics_file(config) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         os.environ[METRICS_PATH_VARIABLE] = str(path)
 
-
-if __name__ == "__main__":
-    if "LOCAL_RANK" in os.environ or is_dry_run():  # started by torchrun: be verl's SFT program
-        _hydra_main()
-    else:  # started by a user: start torchrun with the right processes and settings
-        command, env = sft_command(sys.argv[1:])
-        sys.exit(subprocess.run(command, env=env).returncode)

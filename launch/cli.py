@@ -33,7 +33,7 @@ from launch.training import (METRICS_FILE, MetricsFollower, PrepareError, run_pr
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EXIT_CONFIG, EXIT_SERVICE, EXIT_INTERRUPTED = 2, 3, 130
 SHORTCUTS = {"with_envservice": "envservice", "with_appworld": "appworld", "with_viewer": "viewer"}
-DRY_RUN_MODULES = ("recipe.", "beyond_agent.sft", "beyond_agent.dpo")
+DRY_RUN_MODULES = ("recipe.",)
 """Training entries that honour BEYOND_AGENT_DRY_RUN (a copied recipe's main does too)."""
 DRY_RUN_TIMEOUT_S = 300
 FREE_PORT = "<free port>"

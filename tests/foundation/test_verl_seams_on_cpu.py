@@ -57,7 +57,7 @@ def test_a_renamed_or_changed_upstream_hook_is_named(monkeypatch):
     monkeypatch.setattr(worker.TrainingWorker, "set_loss_fn", lambda self, fn: None)  # a renamed keyword
     assert seam_problem(seam_named(".set_loss_fn")) == (
         "verl.workers.engine_workers:TrainingWorker.set_loss_fn no longer takes ['loss_fn'], which "
-        "beyond_agent.dpo:_sft_trainer_class passes")
+        "beyond_agent.dpo:dpo_trainer_class passes")
 
 
 @pytest.fixture

@@ -110,8 +110,8 @@ def test_script_starts_with_its_command_and_dry_runs(path, script_dry_runs, fast
 
 
 RECIPE_CONFIGS = {"recipe.multiturn_rl.main": ("recipe/multiturn_rl/config", "beyond_agent_trainer"),
-                  "beyond_agent.sft": ("beyond_agent/config", "beyond_agent_sft"),
-                  "beyond_agent.dpo": ("beyond_agent/config", "beyond_agent_dpo")}
+                  "recipe.sft.main": ("recipe/sft/config", "sft"),
+                  "recipe.dpo.main": ("recipe/dpo/config", "dpo")}
 """The Hydra config folder and name each training module composes."""
 VALUES = {"python": "python", "repo": str(REPO_ROOT), "env_url": "http://x:1"}
 
@@ -154,7 +154,7 @@ def test_trajectory_examples_name_their_data_and_model(tmp_path, monkeypatch):
         composed = compose_example(REPO_ROOT / f"examples/frozenlake/{name}.yaml", tmp_path)
         assert composed.model.path == "/models/mine" and composed.data.train_files is None
         assert load_config(REPO_ROOT / f"examples/frozenlake/{name}.yaml", tmp_path / "no.env").train.module == \
-            f"beyond_agent.{module}"
+            f"recipe.{module}.main"
     dpo = compose_example(REPO_ROOT / "examples/frozenlake/frozenlake_dpo.yaml", tmp_path)
     assert dpo.data.micro_batch_size_per_gpu % 2 == 0 and dpo.data.min_reward_margin > 0
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-RECIPE_FOLDERS = ("multiturn_rl", "agentevol", "agent_r")
+RECIPE_FOLDERS = ("multiturn_rl", "agentevol", "agent_r", "sft", "dpo")
 MAX_FILES_PER_RECIPE = 8
 
 
