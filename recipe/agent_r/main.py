@@ -15,8 +15,8 @@ Every iteration k (folder `<out>/iter_<k>/`), for each task of `--tasks` (progre
   4. the revision trajectory (bad prefix, loss off; a reflection, loss on; the good continuation, loss on)
      and the good path itself, as trajectory records: `revisions.jsonl`, `good_paths.jsonl`;
 then SFT of the current model on them plus the `--replay` episodes (e.g. the expert episodes the model was
-warmed up on, `--replay-weight` times each, so self-training does not forget them; the recipe/sft program through beyond_agent.sft.run_sft;
-`--sft` adds overrides), and a greedy
+warmed up on, `--replay-weight` times each, so self-training does not forget them; the recipe/sft program,
+started by beyond_agent.sft.run_sft; `--sft` adds overrides), and a greedy
 evaluation of the new model on `--eval-tasks` (before the first iteration too). `<out>/agent_r.json` holds
 every iteration's figures, rewritten after each one.
 
