@@ -178,6 +178,17 @@ def sft_command(overrides: list[str], module: str, cpu: bool | None = None,
     return command + cpu_keys + list(overrides), {**os.environ, **extra_env}
 
 
+def start_program(main: Callable[[], None], program: str) -> None:
+    """A trainer program's `__main__` (`recipe/sft`, `recipe/dpo`): started by torchrun (or in a dry run), be one
+    of its processes (`main`); started by a user, start torchrun running `program` with this command line and
+    exit with its status."""
+    if "LOCAL_RANK" in os.environ or is_dry_run():
+        main()
+    else:
+        command, env = sft_command(sys.argv[1:], program)
+        sys.exit(subprocess.run(command, env=env).returncode)
+
+
 def _n_gpus(overrides: list[str]) -> int:
     for override in overrides:
         if override.startswith("trainer.n_gpus_per_node="):

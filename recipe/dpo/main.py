@@ -8,15 +8,10 @@ The config is `config/dpo.yaml`: verl's `sft_trainer_engine`, the library's `tra
 and DPO's beta.
 """
 
-import os
-import subprocess
-import sys
-
 import hydra
 
-from beyond_agent.cli_args import is_dry_run
 from beyond_agent.dpo import dpo_trainer_class
-from beyond_agent.sft import DPO_PROGRAM, dry_run_checked, sft_command, use_metrics_file
+from beyond_agent.sft import DPO_PROGRAM, dry_run_checked, start_program, use_metrics_file
 
 
 @hydra.main(config_path="config", config_name="dpo", version_base=None)
@@ -35,8 +30,4 @@ def main(config) -> None:
 
 
 if __name__ == "__main__":
-    if "LOCAL_RANK" in os.environ or is_dry_run():  # started by torchrun (or a dry run): be the SPMD program
-        main()
-    else:
-        command, env = sft_command(sys.argv[1:], DPO_PROGRAM)
-        sys.exit(subprocess.run(command, env=env).returncode)
+    start_program(main, DPO_PROGRAM)

@@ -8,14 +8,9 @@ on a machine without CUDA); each process is then this program again, as verl's S
 `config/sft.yaml`: verl's `sft_trainer_engine` plus the library's `trajectory_training.yaml`.
 """
 
-import os
-import subprocess
-import sys
-
 import hydra
 
-from beyond_agent.cli_args import is_dry_run
-from beyond_agent.sft import SFT_PROGRAM, dry_run_checked, sft_command, use_metrics_file
+from beyond_agent.sft import SFT_PROGRAM, dry_run_checked, start_program, use_metrics_file
 
 
 @hydra.main(config_path="config", config_name="sft", version_base=None)
@@ -32,8 +27,4 @@ def main(config) -> None:
 
 
 if __name__ == "__main__":
-    if "LOCAL_RANK" in os.environ or is_dry_run():  # started by torchrun (or a dry run): be verl's SFT program
-        main()
-    else:  # started by a user: start torchrun with the right processes and settings
-        command, env = sft_command(sys.argv[1:], SFT_PROGRAM)
-        sys.exit(subprocess.run(command, env=env).returncode)
+    start_program(main, SFT_PROGRAM)
