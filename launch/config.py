@@ -33,18 +33,115 @@ from typing import Any
 
 import yaml
 
+from beyond_agent.sections import from_section, section_keys
 from launch.secrets import Redactor, collect_secrets, redact_by_name, redact_dotenv
 
 DEFAULT_TRAIN_MODULE = "recipe.multiturn_rl.main"
-ENVSERVICE_KEYS = ("envs", "env_config", "host", "port", "args", "startup_timeout_s")
-SERVICE_KEYS = ("command", "host", "port", "health_url", "env", "env_file", "activate", "startup_timeout_s", "env_url",
-                "hint")
-TRAIN_KEYS = ("module", "config_path", "config_name", "cpu", "overrides", "command", "env")
-TOP_KEYS = ("experiment", "envservice", "services", "prepare", "train")
 
 
 class LaunchConfigError(ValueError):
     """The launcher YAML or `.env` is wrong; the message names the key and what is valid."""
+
+
+# ---- the YAML's sections as written (read by `beyond_agent.sections.from_section`: unknown keys are refused with
+# the valid ones); their values are checked and defaulted where they are turned into the configs below.
+
+@dataclass(frozen=True)
+class ExperimentSection:
+    """`experiment:`: where the run's folder goes."""
+
+    name: str | None = None
+    """The experiment's name (default: the YAML file's stem)."""
+    root: str = "outputs/experiments"
+    """The folder that holds the experiments."""
+
+
+@dataclass(frozen=True)
+class EnvserviceSection:
+    """`envservice:`: our env service, `python -m envservice --envs ...` (started with --with-envservice)."""
+
+    envs: Any = None
+    """The env ids it serves (none: no envservice)."""
+    env_config: Any = None
+    """An env-config YAML (`--env-config`)."""
+    host: Any = None
+    """Where it listens (default: ENVSERVICE_HOST from `.env`, else 127.0.0.1)."""
+    port: Any = None
+    """Where it listens (default: ENVSERVICE_PORT from `.env`, else a free port)."""
+    args: Any = None
+    """More arguments for `python -m envservice`."""
+    startup_timeout_s: Any = None
+    """How long it may take to become healthy."""
+
+
+@dataclass(frozen=True)
+class ServiceSection:
+    """One entry of `services:` (the fields of `ServiceConfig`, as written)."""
+
+    command: Any = None
+    host: Any = None
+    port: Any = None
+    health_url: Any = None
+    env: Any = None
+    env_file: Any = None
+    activate: Any = None
+    startup_timeout_s: Any = None
+    env_url: Any = None
+    hint: Any = None
+
+
+@dataclass(frozen=True)
+class PrepareSection:
+    """One step of `prepare:`."""
+
+    name: Any = None
+    command: Any = None
+    skip_if_exists: Any = None
+
+
+@dataclass(frozen=True)
+class TrainSection:
+    """`train:`: a Hydra module with overrides, or a raw command (the fields of `TrainConfig`, as written)."""
+
+    module: Any = None
+    config_path: Any = None
+    config_name: Any = None
+    cpu: Any = None
+    overrides: Any = None
+    command: Any = None
+    env: Any = None
+
+
+@dataclass(frozen=True)
+class LaunchFileSection:
+    """The launcher YAML's top level (each section is read on its own, so that errors name it from the top:
+    `envservice has unknown key(s) ...`)."""
+
+    experiment: Any = None
+    """An `ExperimentSection` mapping."""
+    envservice: Any = None
+    """An `EnvserviceSection` mapping."""
+    services: Any = None
+    """NAME -> a `ServiceSection` mapping each."""
+    prepare: Any = None
+    """A list of `PrepareSection` mappings."""
+    train: Any = None
+    """A `TrainSection` mapping; required (checked with a hint of what to give)."""
+
+
+def _mapping(value: Any, where: str) -> dict:
+    """A section's value as a mapping (null: empty); anything else names the key."""
+    if value is not None and not isinstance(value, dict):
+        raise LaunchConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
+    return value or {}
+
+
+def _read(cls: type, node: Any, where: str) -> Any:
+    """`from_section`, its errors as LaunchConfigError."""
+    try:
+        return from_section(cls, node, where)
+    except ValueError as error:
+        raise LaunchConfigError(str(error)) from None
 
 
 @dataclass
@@ -170,17 +267,6 @@ def load_dotenv(path: Path) -> dict[str, str]:
     return parse_dotenv(path.read_text(), str(path)) if path.exists() else {}
 
 
-def _section(data: dict, key: str, valid: tuple[str, ...], where: str) -> dict:
-    """`data[key]` as a dict (empty if absent) whose keys are all in `valid`."""
-    section = data.get(key) or {}
-    if not isinstance(section, dict):
-        raise LaunchConfigError(f"{where}{key}: expected a mapping, got {type(section).__name__}")
-    unknown = sorted(set(section) - set(valid))
-    if unknown:
-        raise LaunchConfigError(f"{where}{key}: unknown key(s) {unknown}; valid keys: {', '.join(valid)}")
-    return section
-
-
 def _str_list(value: Any, key: str) -> list[str]:
     """A list of strings (numbers are converted); anything else names the key."""
     if value is None:
@@ -197,61 +283,59 @@ def _str_dict(value: Any, key: str) -> dict[str, str]:
     return {str(name): str(item) for name, item in (value or {}).items()}
 
 
-def _number(section: dict, key: str, default: float, where: str) -> float:
-    """`section[key]` as a float (the default when absent or empty); anything else names the key."""
-    value = section.get(key)
+def _number(value: Any, default: float, key: str) -> float:
+    """`value` as a float (the default when absent or empty); anything else names the key."""
     try:
         return float(default if value in (None, "") else value)
     except (TypeError, ValueError):
-        raise LaunchConfigError(f"{where}.{key}: expected a number, got {value!r}") from None
+        raise LaunchConfigError(f"{key}: expected a number, got {value!r}") from None
 
 
-def _envservice(data: dict, dotenv: dict[str, str]) -> ServiceConfig | None:
+def _envservice(section: EnvserviceSection, dotenv: dict[str, str]) -> ServiceConfig | None:
     """The `envservice:` section: our own env service, with host/port defaults from `.env`."""
-    section = _section(data, "envservice", ENVSERVICE_KEYS, "")
-    envs = _str_list(section.get("envs"), "envservice.envs")
+    envs = _str_list(section.envs, "envservice.envs")
     if not envs:
         return None
-    env_config = section.get("env_config")
+    env_config = section.env_config
     if env_config is not None and not isinstance(env_config, str):
         raise LaunchConfigError(f"envservice.env_config: expected the path of an env-config YAML, got {env_config!r}")
     command = ["{python}", "-m", "envservice", "--host", "{host}", "--port", "{port}", "--envs", ",".join(envs),
                *(["--env-config", env_config] if env_config else []),
-               *_str_list(section.get("args"), "envservice.args")]
+               *_str_list(section.args, "envservice.args")]
     return ServiceConfig(name="envservice", where="envservice", command=command,
-                         host=str(section.get("host") or dotenv.get("ENVSERVICE_HOST") or ServiceConfig.host),
-                         port=int(_number(section, "port", float(dotenv.get("ENVSERVICE_PORT") or 0), "envservice")),
-                         startup_timeout_s=_number(section, "startup_timeout_s", ServiceConfig.startup_timeout_s, "envservice"),
+                         host=str(section.host or dotenv.get("ENVSERVICE_HOST") or ServiceConfig.host),
+                         port=int(_number(section.port, float(dotenv.get("ENVSERVICE_PORT") or 0), "envservice.port")),
+                         startup_timeout_s=_number(section.startup_timeout_s, ServiceConfig.startup_timeout_s,
+                                                   "envservice.startup_timeout_s"),
                          env_url=True)
 
 
 def _service(name: str, entry: Any) -> ServiceConfig:
     """One entry of `services:`."""
     where = f"services.{name}"
-    entry = _section({name: entry}, name, SERVICE_KEYS, "services.")
-    command = _str_list(entry.get("command"), f"{where}.command")
-    if not command and not entry.get("health_url"):
+    entry = _read(ServiceSection, _mapping(entry, where), where)
+    command = _str_list(entry.command, f"{where}.command")
+    if not command and not entry.health_url:
         raise LaunchConfigError(f"{where}: give a command (a list: program and arguments) to start it, or only a "
                                 "health_url to wait for a server you run yourself")
     return ServiceConfig(
-        name=name, where=where, command=command, host=str(entry.get("host") or ServiceConfig.host),
-        port=int(_number(entry, "port", ServiceConfig.port, where)),
-        health_url=str(entry.get("health_url") or ServiceConfig.health_url),
-        env=_str_dict(entry.get("env"), f"{where}.env"), env_file=entry.get("env_file"),
-        activate=entry.get("activate"),
-        startup_timeout_s=_number(entry, "startup_timeout_s", ServiceConfig.startup_timeout_s, where),
-        env_url=bool(entry.get("env_url", False)), hint=entry.get("hint"))
+        name=name, where=where, command=command, host=str(entry.host or ServiceConfig.host),
+        port=int(_number(entry.port, ServiceConfig.port, f"{where}.port")),
+        health_url=str(entry.health_url or ServiceConfig.health_url),
+        env=_str_dict(entry.env, f"{where}.env"), env_file=entry.env_file, activate=entry.activate,
+        startup_timeout_s=_number(entry.startup_timeout_s, ServiceConfig.startup_timeout_s, f"{where}.startup_timeout_s"),
+        env_url=bool(entry.env_url or False), hint=entry.hint)
 
 
-def _services(data: dict, dotenv: dict[str, str]) -> dict[str, ServiceConfig]:
+def _services(data: LaunchFileSection, dotenv: dict[str, str]) -> dict[str, ServiceConfig]:
     """`envservice:` (first) and the `services:` mapping, by name."""
-    section = data.get("services") or {}
+    section = data.services or {}
     if not isinstance(section, dict):
         raise LaunchConfigError("services: expected a mapping of NAME: {command: [...], health_url: ..., ...}")
     if "envservice" in section:
         raise LaunchConfigError("services.envservice: the name belongs to the `envservice:` section; "
                                 "choose another name")
-    envservice = _envservice(data, dotenv)
+    envservice = _envservice(_read(EnvserviceSection, _mapping(data.envservice, "envservice"), "envservice"), dotenv)
     services = {"envservice": envservice} if envservice else {}
     services.update({str(name): _service(str(name), entry) for name, entry in section.items()})
     services.setdefault("viewer", viewer_service())
@@ -264,21 +348,21 @@ def viewer_service() -> ServiceConfig:
     return ServiceConfig(name="viewer", where="services.viewer", command=command, startup_timeout_s=60.0)
 
 
-def _prepare(data: dict) -> list[PrepareStep]:
+def _prepare(data: LaunchFileSection) -> list[PrepareStep]:
     """The `prepare:` list of {name, command, skip_if_exists}."""
-    steps = data.get("prepare") or []
+    steps = data.prepare or []
     if not isinstance(steps, list):
         raise LaunchConfigError("prepare: expected a list of {name, command, skip_if_exists}")
     result = []
     for index, step in enumerate(steps):
         if not isinstance(step, dict):
             raise LaunchConfigError(f"prepare[{index}]: expected a mapping with keys name, command, skip_if_exists")
-        step = _section({"step": step}, "step", ("name", "command", "skip_if_exists"), f"prepare[{index}].")
-        command = _str_list(step.get("command"), f"prepare[{index}].command")
+        step = _read(PrepareSection, step, f"prepare[{index}]")
+        command = _str_list(step.command, f"prepare[{index}].command")
         if not command:
             raise LaunchConfigError(f"prepare[{index}].command: required (a list: program and arguments)")
-        result.append(PrepareStep(name=str(step.get("name", f"step{index}")), command=command,
-                                  skip_if_exists=step.get("skip_if_exists")))
+        result.append(PrepareStep(name=str(step.name if step.name is not None else f"step{index}"), command=command,
+                                  skip_if_exists=step.skip_if_exists))
     return result
 
 
@@ -287,30 +371,28 @@ def _train(data: dict) -> TrainConfig:
     if "train" not in data:
         raise LaunchConfigError(f"train: required; give either train.module (default {DEFAULT_TRAIN_MODULE}) "
                                 "with overrides, or train.command")
-    section = _section(data, "train", TRAIN_KEYS, "")
-    command = _str_list(section.get("command"), "train.command") or None
-    module_keys = sorted(set(section) & {"module", "config_path", "config_name", "cpu"})
+    section = _read(TrainSection, _mapping(data["train"], "train"), "train")
+    command = _str_list(section.command, "train.command") or None
+    module_keys = [key for key in ("module", "config_path", "config_name", "cpu") if getattr(section, key) is not None]
     if command and module_keys:
         raise LaunchConfigError(f"train.command cannot be combined with train.{module_keys[0]}: "
                                 "choose a module (Hydra) or a raw command")
-    return TrainConfig(module=str(section.get("module", TrainConfig.module)), config_path=section.get("config_path"),
-                       config_name=section.get("config_name"), cpu=bool(section.get("cpu", TrainConfig.cpu)),
-                       overrides=_str_list(section.get("overrides"), "train.overrides"), command=command,
-                       env=_str_dict(section.get("env"), "train.env"))
+    return TrainConfig(module=str(section.module or TrainConfig.module), config_path=section.config_path,
+                       config_name=section.config_name, cpu=bool(section.cpu or TrainConfig.cpu),
+                       overrides=_str_list(section.overrides, "train.overrides"), command=command,
+                       env=_str_dict(section.env, "train.env"))
 
 
 def parse_config(data: Any, conf_path: Path, dotenv: dict[str, str]) -> LaunchConfig:
     """Check the YAML's structure and build a LaunchConfig."""
     if not isinstance(data, dict):
-        raise LaunchConfigError(f"{conf_path}: expected a mapping with keys {', '.join(TOP_KEYS)}")
-    unknown = sorted(set(data) - set(TOP_KEYS))
-    if unknown:
-        raise LaunchConfigError(f"{conf_path}: unknown key(s) {unknown}; valid keys: {', '.join(TOP_KEYS)}")
-    experiment = _section(data, "experiment", ("name", "root"), "")
+        raise LaunchConfigError(f"{conf_path}: expected a mapping with keys {', '.join(section_keys(LaunchFileSection))}")
+    sections = _read(LaunchFileSection, data, str(conf_path))
+    experiment = _read(ExperimentSection, _mapping(sections.experiment, "experiment"), "experiment")
     return LaunchConfig(
-        conf_path=conf_path, experiment_name=str(experiment.get("name", conf_path.stem)),
-        experiment_root=str(experiment.get("root", "outputs/experiments")),
-        services=_services(data, dotenv), prepare=_prepare(data), train=_train(data), dotenv=dotenv,
+        conf_path=conf_path, experiment_name=str(experiment.name or conf_path.stem),
+        experiment_root=str(experiment.root), services=_services(sections, dotenv), prepare=_prepare(sections),
+        train=_train(data), dotenv=dotenv,
     )
 
 

@@ -33,7 +33,7 @@ def test_unknown_top_level_key_lists_valid_keys():
 
 
 def test_unknown_service_key_names_section_and_choices():
-    with pytest.raises(LaunchConfigError, match=r"envservice: unknown key\(s\) \['env'\]; valid keys: envs, env_config, host"):
+    with pytest.raises(LaunchConfigError, match=r"envservice has unknown key\(s\) \['env'\]; valid keys: envs, env_config, host"):
         parse_config({"envservice": {"env": ["babyai"]}, "train": {}}, CONF, {})
 
 
@@ -76,7 +76,7 @@ def test_a_service_without_activation_runs_our_python_and_its_env_file(tmp_path)
 def test_bad_service_entries_name_the_key():
     with pytest.raises(LaunchConfigError, match=r"services.svc: give a command \(a list: program and arguments\)"):
         parse_config({"services": {"svc": {"port": 1}}, "train": {}}, CONF, {})
-    with pytest.raises(LaunchConfigError, match=r"services.svc: unknown key\(s\) \['cmd'\]; valid keys: command, "):
+    with pytest.raises(LaunchConfigError, match=r"services.svc has unknown key\(s\) \['cmd'\]; valid keys: command, "):
         parse_config({"services": {"svc": {"cmd": ["x"]}}, "train": {}}, CONF, {})
     with pytest.raises(LaunchConfigError, match=r"services.svc.startup_timeout_s: expected a number, got 'soon'"):
         parse_config({"services": {"svc": {"command": ["x"], "startup_timeout_s": "soon"}}, "train": {}}, CONF, {})

@@ -187,7 +187,7 @@ def test_bad_yaml_key_is_named_before_anything_starts(launch, conf, tmp_path):
     path = conf({"envservice": {"envs": ["babyai"], "prot": 1}, "train": {"command": ["true"]}})
     run = launch("--conf", str(path), "--with-envservice", "--backup-dir", str(tmp_path / "exp"))
     assert run.wait(60) == 2
-    assert "[launcher] error: envservice: unknown key(s) ['prot']; valid keys: envs, env_config, host, port" in run.text()
+    assert "[launcher] error: envservice has unknown key(s) ['prot']; valid keys: envs, env_config, host, port" in run.text()
     assert not (tmp_path / "exp").exists()
 
 
