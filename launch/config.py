@@ -47,7 +47,7 @@ class LaunchConfigError(ValueError):
 # the valid ones); their values are checked and defaulted where they are turned into the configs below.
 
 @dataclass(frozen=True)
-class ExperimentSection:
+class ExperimentSectionConfig:
     """`experiment:`: where the run's folder goes."""
 
     name: str | None = None
@@ -57,7 +57,7 @@ class ExperimentSection:
 
 
 @dataclass(frozen=True)
-class EnvserviceSection:
+class EnvserviceSectionConfig:
     """`envservice:`: our env service, `python -m envservice --envs ...` (started with --with-envservice)."""
 
     envs: Any = None
@@ -75,7 +75,7 @@ class EnvserviceSection:
 
 
 @dataclass(frozen=True)
-class ServiceSection:
+class ServiceSectionConfig:
     """One entry of `services:` (the fields of `ServiceConfig`, as written)."""
 
     command: Any = None
@@ -91,7 +91,7 @@ class ServiceSection:
 
 
 @dataclass(frozen=True)
-class PrepareSection:
+class PrepareSectionConfig:
     """One step of `prepare:`."""
 
     name: Any = None
@@ -100,7 +100,7 @@ class PrepareSection:
 
 
 @dataclass(frozen=True)
-class TrainSection:
+class TrainSectionConfig:
     """`train:`: a Hydra module with overrides, or a raw command (the fields of `TrainConfig`, as written)."""
 
     module: Any = None
@@ -113,20 +113,20 @@ class TrainSection:
 
 
 @dataclass(frozen=True)
-class LaunchFileSection:
+class LaunchFileSectionConfig:
     """The launcher YAML's top level (each section is read on its own, so that errors name it from the top:
     `envservice has unknown key(s) ...`)."""
 
     experiment: Any = None
-    """An `ExperimentSection` mapping."""
+    """An `ExperimentSectionConfig` mapping."""
     envservice: Any = None
-    """An `EnvserviceSection` mapping."""
+    """An `EnvserviceSectionConfig` mapping."""
     services: Any = None
-    """NAME -> a `ServiceSection` mapping each."""
+    """NAME -> a `ServiceSectionConfig` mapping each."""
     prepare: Any = None
-    """A list of `PrepareSection` mappings."""
+    """A list of `PrepareSectionConfig` mappings."""
     train: Any = None
-    """A `TrainSection` mapping; required (checked with a hint of what to give)."""
+    """A `TrainSectionConfig` mapping; required (checked with a hint of what to give)."""
 
 
 def _mapping(value: Any, where: str) -> dict:
@@ -291,7 +291,7 @@ def _number(value: Any, default: float, key: str) -> float:
         raise LaunchConfigError(f"{key}: expected a number, got {value!r}") from None
 
 
-def _envservice(section: EnvserviceSection, dotenv: dict[str, str]) -> ServiceConfig | None:
+def _envservice(section: EnvserviceSectionConfig, dotenv: dict[str, str]) -> ServiceConfig | None:
     """The `envservice:` section: our own env service, with host/port defaults from `.env`."""
     envs = _str_list(section.envs, "envservice.envs")
     if not envs:
@@ -313,7 +313,7 @@ def _envservice(section: EnvserviceSection, dotenv: dict[str, str]) -> ServiceCo
 def _service(name: str, entry: Any) -> ServiceConfig:
     """One entry of `services:`."""
     where = f"services.{name}"
-    entry = _read(ServiceSection, _mapping(entry, where), where)
+    entry = _read(ServiceSectionConfig, _mapping(entry, where), where)
     command = _str_list(entry.command, f"{where}.command")
     if not command and not entry.health_url:
         raise LaunchConfigError(f"{where}: give a command (a list: program and arguments) to start it, or only a "
@@ -327,7 +327,7 @@ def _service(name: str, entry: Any) -> ServiceConfig:
         env_url=bool(entry.env_url or False), hint=entry.hint)
 
 
-def _services(data: LaunchFileSection, dotenv: dict[str, str]) -> dict[str, ServiceConfig]:
+def _services(data: LaunchFileSectionConfig, dotenv: dict[str, str]) -> dict[str, ServiceConfig]:
     """`envservice:` (first) and the `services:` mapping, by name."""
     section = data.services or {}
     if not isinstance(section, dict):
@@ -335,7 +335,8 @@ def _services(data: LaunchFileSection, dotenv: dict[str, str]) -> dict[str, Serv
     if "envservice" in section:
         raise LaunchConfigError("services.envservice: the name belongs to the `envservice:` section; "
                                 "choose another name")
-    envservice = _envservice(_read(EnvserviceSection, _mapping(data.envservice, "envservice"), "envservice"), dotenv)
+    written = _read(EnvserviceSectionConfig, _mapping(data.envservice, "envservice"), "envservice")
+    envservice = _envservice(written, dotenv)
     services = {"envservice": envservice} if envservice else {}
     services.update({str(name): _service(str(name), entry) for name, entry in section.items()})
     services.setdefault("viewer", viewer_service())
@@ -348,7 +349,7 @@ def viewer_service() -> ServiceConfig:
     return ServiceConfig(name="viewer", where="services.viewer", command=command, startup_timeout_s=60.0)
 
 
-def _prepare(data: LaunchFileSection) -> list[PrepareStep]:
+def _prepare(data: LaunchFileSectionConfig) -> list[PrepareStep]:
     """The `prepare:` list of {name, command, skip_if_exists}."""
     steps = data.prepare or []
     if not isinstance(steps, list):
@@ -357,7 +358,7 @@ def _prepare(data: LaunchFileSection) -> list[PrepareStep]:
     for index, step in enumerate(steps):
         if not isinstance(step, dict):
             raise LaunchConfigError(f"prepare[{index}]: expected a mapping with keys name, command, skip_if_exists")
-        step = _read(PrepareSection, step, f"prepare[{index}]")
+        step = _read(PrepareSectionConfig, step, f"prepare[{index}]")
         command = _str_list(step.command, f"prepare[{index}].command")
         if not command:
             raise LaunchConfigError(f"prepare[{index}].command: required (a list: program and arguments)")
@@ -371,7 +372,7 @@ def _train(data: dict) -> TrainConfig:
     if "train" not in data:
         raise LaunchConfigError(f"train: required; give either train.module (default {DEFAULT_TRAIN_MODULE}) "
                                 "with overrides, or train.command")
-    section = _read(TrainSection, _mapping(data["train"], "train"), "train")
+    section = _read(TrainSectionConfig, _mapping(data["train"], "train"), "train")
     command = _str_list(section.command, "train.command") or None
     module_keys = [key for key in ("module", "config_path", "config_name", "cpu") if getattr(section, key) is not None]
     if command and module_keys:
@@ -386,9 +387,10 @@ def _train(data: dict) -> TrainConfig:
 def parse_config(data: Any, conf_path: Path, dotenv: dict[str, str]) -> LaunchConfig:
     """Check the YAML's structure and build a LaunchConfig."""
     if not isinstance(data, dict):
-        raise LaunchConfigError(f"{conf_path}: expected a mapping with keys {', '.join(section_keys(LaunchFileSection))}")
-    sections = _read(LaunchFileSection, data, str(conf_path))
-    experiment = _read(ExperimentSection, _mapping(sections.experiment, "experiment"), "experiment")
+        raise LaunchConfigError(f"{conf_path}: expected a mapping with keys "
+                                f"{', '.join(section_keys(LaunchFileSectionConfig))}")
+    sections = _read(LaunchFileSectionConfig, data, str(conf_path))
+    experiment = _read(ExperimentSectionConfig, _mapping(sections.experiment, "experiment"), "experiment")
     return LaunchConfig(
         conf_path=conf_path, experiment_name=str(experiment.name or conf_path.stem),
         experiment_root=str(experiment.root), services=_services(sections, dotenv), prepare=_prepare(sections),
