@@ -11,8 +11,9 @@ Every iteration k (folder `<out>/iter_<k>/`):
               `--temperature`; vLLM, or `--backend hf`: the model in this process): `explore.jsonl`;
   2. SFT      verl's SFT trainer (the `recipe/sft` program, started by `beyond_agent.sft.run_sft`) on the
               successful episodes of the base set and of every exploration so far, starting from the base
-              model each time, as AgentGym does (so errors do not compound; `--base-weight K` repeats the base set K times, so the model's own
-              successes cannot outweigh the expert's): `sft/`, the model in `sft/global_step_<N>/huggingface`;
+              model each time, as AgentGym does (so errors do not compound; `--base-weight K` repeats the
+              base set K times, so the model's own successes cannot outweigh the expert's): `sft/`, the
+              model in `sft/global_step_<N>/huggingface`;
   3. evaluate greedy episodes of the new model on the evaluation tasks: `eval.jsonl`.
 The starting model is evaluated first (iteration 0). `<out>/agentevol.json` has every iteration's figures,
 rewritten after each one, so an interrupted run keeps what it measured.
