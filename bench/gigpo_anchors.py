@@ -25,7 +25,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from beyond_agent.algorithms.gigpo import EpisodeSteps, step_advantages  # noqa: E402
-from beyond_agent.rollout.dataflow import state_anchor  # noqa: E402
+from beyond_agent.rollout.episode_loop import state_anchor  # noqa: E402
 from envservice.envs import babyai, frozenlake, sokoban, terminal_env, two_player  # noqa: E402
 
 TERMINAL_COMMANDS = ("ls", "cat *.txt", "wc -l *", "echo done > out.txt", "rm -f out.txt", "mkdir -p tmp",

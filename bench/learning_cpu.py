@@ -39,7 +39,7 @@ policy exists):
                `--rl` names one or more variants (GRPO with a fixed horizon, ScalingInter, RLOO, ...),
                each trained from the same warm model.
 
-After each stage the bench plays every map through the same `Dataflow` that training uses, against a real
+After each stage the bench plays every map through the same `EpisodeLoop` that training uses, against a real
 envservice, with a Hugging Face `generate` as the policy: greedy (one episode per map) and sampled at
 temperature 1 (`--samples` episodes per map, fixed torch seed). With several `--seeds` every stage after
 `base` is repeated per seed (warm-up data order and init of RL sampling), and the table gives the mean and
@@ -82,7 +82,7 @@ from envservice.contamination import TaskSet, contamination  # noqa: E402
 from envservice.envs.frozenlake import shortest_path_actions  # noqa: E402
 from envservice.protocol import CreateResponse  # noqa: E402
 from beyond_agent.evaluation import EvaluationConfig, Policy, evaluate  # noqa: E402
-from beyond_agent.rollout.dataflow import Dataflow, DataflowConfig, EpisodeSpec  # noqa: E402
+from beyond_agent.rollout.episode_loop import EpisodeLoop, EpisodeConfig, EpisodeSpec  # noqa: E402
 from beyond_agent.rollout.hf_policy import TransformersPolicy  # noqa: E402
 from beyond_agent.rollout.scripted import ScriptedPolicy  # noqa: E402
 from beyond_agent.sft import DPO_PROGRAM, FP32_TRAINING, SFT_PROGRAM, hf_model_dir, run_sft  # noqa: E402
@@ -120,20 +120,20 @@ tokens of the tiny model's tokenizer (measured on 50 train maps) plus ~20 of cha
 
 class EpisodeLimits:
     """What every game shares: its episode limits from `episode_limits` (rounds, prompt tokens, response tokens),
-    as `DataflowConfig` keyword arguments and as the recipe's overrides."""
+    as `EpisodeConfig` keyword arguments and as the recipe's overrides."""
 
     episode_limits: tuple[int, int, int]
 
     @property
     def limits(self) -> dict:
-        """The round limit and `DataflowConfig`'s keyword arguments."""
+        """The round limit and `EpisodeConfig`'s keyword arguments."""
         rounds, prompt, response = self.episode_limits
         return dict(max_rounds=rounds, max_prompt_length=prompt, max_response_length=response, max_tokens_per_turn=6)
 
     @property
-    def dataflow_config(self) -> DataflowConfig:
+    def episode_config(self) -> EpisodeConfig:
         """The limits every episode shares (all but the round limit, `limits["max_rounds"]`)."""
-        return DataflowConfig(**{key: value for key, value in self.limits.items() if key != "max_rounds"})
+        return EpisodeConfig(**{key: value for key, value in self.limits.items() if key != "max_rounds"})
 
     def rl_overrides(self) -> list[str]:
         """The same limits for the recipe (bench/learning_cpu.yaml holds 4x4 FrozenLake's)."""
@@ -176,7 +176,7 @@ class Lake(EpisodeLimits):
 
 
 def limit_overrides(limits: dict) -> list[str]:
-    """An episode's limits (`DataflowConfig` keyword arguments) as the recipe's overrides."""
+    """An episode's limits (`EpisodeConfig` keyword arguments) as the recipe's overrides."""
     return [f"beyond_agent.rounds.rounds={limits['max_rounds']}",
             f"data.max_prompt_length={limits['max_prompt_length']}",
             f"data.max_response_length={limits['max_response_length']}",
@@ -240,13 +240,13 @@ def require_unseen(report: dict[str, dict]) -> None:
 
 def oracle_record(client: EnvClient, tokenizer, number: int, game: Game) -> TrajectoryRecord | None:
     """One train map played by the oracle (FrozenLake: a shortest path; BabyAI: the bot; TicTacToe: minimax; each
-    action plus end-of-turn, as the model should write it) through the same Dataflow as rollouts, as a trajectory
+    action plus end-of-turn, as the model should write it) through the same EpisodeLoop as rollouts, as a trajectory
     record; None for a game the oracle did not win (TicTacToe: a random opening may be lost or drawn already)."""
     [(task, seed)] = MapSet("oracle", "train", 1, number).task_set(game).tasks
     spec = EpisodeSpec(game.env_id, task_id=task, seed=seed, split="train", params=dict(game.params),
                        group_id=f"oracle-{number}")
     policy = game.oracle_policy(client, tokenizer, spec)
-    result = Dataflow(spec, client, policy, tokenizer, game.dataflow_config, game.limits["max_rounds"]).run()
+    result = EpisodeLoop(spec, client, policy, tokenizer, game.episode_config, game.limits["max_rounds"]).run()
     if result.infra_failure or not (result.success or game.oracle_may_lose):
         raise RuntimeError(f"the oracle failed on train map {number}: {result.termination} {result.error}")
     return episode_record(result, step=0, kind="train") if result.success else None
@@ -267,10 +267,10 @@ def scripted_oracle(client: EnvClient, tokenizer, spec: EpisodeSpec, actions_of)
 def play_maps(model, tokenizer, client: EnvClient, maps: MapSet, temperature: float, samples: int,
               seed: int, game: Game) -> list:
     """`samples` episodes of each map of the set, one at a time in map order, through the library's `evaluate`
-    (the real Dataflow); an infra failure stops the bench: it is never a failed episode."""
+    (the real EpisodeLoop); an infra failure stops the bench: it is never a failed episode."""
     torch.manual_seed(seed)
     policy = Policy(TransformersPolicy(model, tokenizer.eos_token_id, temperature), concurrency=1)
-    settings = EvaluationConfig(game.dataflow_config, game.limits["max_rounds"], samples=samples)
+    settings = EvaluationConfig(game.episode_config, game.limits["max_rounds"], samples=samples)
     return evaluate(policy, client, maps.task_set(game), settings, tokenizer).require_complete().results
 
 

@@ -33,7 +33,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 from envservice.client import EnvClient  # noqa: E402
-from beyond_agent.rollout.dataflow import DataflowConfig, EpisodeSpec, run_dataflows  # noqa: E402
+from beyond_agent.rollout.episode_loop import EpisodeConfig, EpisodeSpec, run_episode_loops  # noqa: E402
 from beyond_agent.rollout.env_manager import ParallelEnvManager  # noqa: E402
 from beyond_agent.rollout.batch import collate  # noqa: E402
 from beyond_agent.rollout.handler import RolloutHandler  # noqa: E402
@@ -75,7 +75,7 @@ def services(args):
 def measure_manager(args, tokenizer, vllm_url, model, env_url) -> dict[str, dict]:
     """Run the same episodes through ParallelEnvManager (first call, then warm calls) and one by one."""
     specs = [EpisodeSpec("babyai", task_id=i % 10, seed=i, group_id=f"t{i}", index=i) for i in range(args.episodes)]
-    config = DataflowConfig(max_prompt_length=1024, max_response_length=2048,
+    config = EpisodeConfig(max_prompt_length=1024, max_response_length=2048,
                             max_tokens_per_turn=args.max_tokens)
     sampling = SamplingParams(temperature=1.0)
     modes = ["first call"] + [f"warm call {i + 1}" for i in range(args.warm_calls)] + ["sequential"]
@@ -88,7 +88,7 @@ def measure_manager(args, tokenizer, vllm_url, model, env_url) -> dict[str, dict
                                              max_workers=args.episodes)
                 started = time.monotonic()
                 if mode == "sequential":
-                    results = run_dataflows(specs, lambda spec: manager.dataflow(spec, args.rounds))
+                    results = run_episode_loops(specs, lambda spec: manager.episode_loop(spec, args.rounds))
                 else:
                     results = manager.run(specs, args.rounds).results
                 figures[mode] = call_figures(results, started, time.monotonic(), llm.metrics())

@@ -6,7 +6,7 @@ around it is verl's: AgentLoopManager and its Ray AgentLoopWorkers, LLMServerCli
 vLLM servers, `apply_chat_template` / `turn_separator` and the post-processing into a padded batch. The loop is
 written the way verl's ToolAgentLoop tokenises (generated ids appended as sampled, mask 1; each observation
 rendered alone without the system prompt after `turn_separator`, mask 0; the same `response_length` rules) and
-plays the same episode as our Dataflow: the row's task (prompt, action parser) from our TaskTable, one env
+plays the same episode as our EpisodeLoop: the row's task (prompt, action parser) from our TaskTable, one env
 step per parsed action, a parse error shown to the model instead, at most `max_rounds` replies of at most
 `max_tokens_per_turn` tokens each, the score from /evaluate as the reward.
 

@@ -2,7 +2,7 @@
 
 Importing this package imports nothing else; each module is imported on its own:
 
-    rollout/         one episode's token bookkeeping (handler), the episode loop (dataflow), the thread pool
+    rollout/         one episode's token bookkeeping (handler), the episode loop (episode_loop), the thread pool
                      over many (env_manager), the LLM front (llm), round limits (rounds), batch assembly
                      (batch), the bounded-staleness pool (async_pool, versions), scripted and HF policies
     rollout_manager  verl's rollout seam: a step's batch of tasks -> episodes -> DataProto

@@ -29,7 +29,7 @@ from beyond_agent.evaluation import (
     evaluate,
     serve_policy,
 )
-from beyond_agent.rollout.dataflow import DataflowConfig, EpisodeResult
+from beyond_agent.rollout.episode_loop import EpisodeConfig, EpisodeResult
 from beyond_agent.tasks import TASKS, build_task
 from envservice.contamination import TaskSet
 
@@ -116,7 +116,7 @@ def from_args(args: argparse.Namespace) -> tuple[PolicyConfig, TaskSet, Evaluati
                           vllm_urls=tuple(args.vllm_url or ()), served_model_name=args.served_model_name,
                           max_model_len=args.max_model_len, max_in_flight=args.concurrency)
     tasks = TaskSet.of("collect", args.env, args.split, args.tasks, seed_offset=args.seed, params=args.params)
-    limits = DataflowConfig(max_prompt_length=args.max_prompt_length,
+    limits = EpisodeConfig(max_prompt_length=args.max_prompt_length,
                             max_response_length=args.max_response_length,
                             max_tokens_per_turn=args.max_tokens_per_turn)
     agent_task = build_task({"name": args.agent_task, "action_format": args.action_format}, "--agent-task")

@@ -7,7 +7,7 @@
         print(evaluation.success_rate)
 
 The collection CLI (`beyond_agent/collect.py`), the learning bench, AgentEvol and Agent-R all score
-models with `evaluate`; each episode runs through the same Dataflow training uses, so a figure measured
+models with `evaluate`; each episode runs through the same EpisodeLoop training uses, so a figure measured
 here is measured the way training plays.
 
 A set of tasks is `envservice.contamination.TaskSet` (env, split, (task index, seed) pairs, params): the same
@@ -20,7 +20,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from beyond_agent.rollout.dataflow import DataflowConfig, EpisodeResult, EpisodeSpec, GenerateFn, place_seeds
+from beyond_agent.rollout.episode_loop import EpisodeConfig, EpisodeResult, EpisodeSpec, GenerateFn, place_seeds
 from beyond_agent.rollout.env_manager import ParallelEnvManager, RolloutMetrics
 from beyond_agent.tasks import AgentTask, EnvTask
 from envservice.contamination import TaskSet
@@ -66,14 +66,14 @@ class Policy:
     """A served model: its generate function, how many episodes it can play at once, and its LLM front."""
 
     generate: GenerateFn
-    """generate(request_id, prompt_ids, max_tokens) -> the turn (Dataflow's contract)."""
+    """generate(request_id, prompt_ids, max_tokens) -> the turn (EpisodeLoop's contract)."""
     concurrency: int
     """Episodes worth playing at once: 1 in process, `max_in_flight` on vLLM."""
     llm: Any = None
     """The `AsyncLLMServerManager` behind `generate` on vLLM (its metrics), None in process."""
     sampling_seed: int | None = None
     """On vLLM, `PolicyConfig.seed`: each episode's turns sample with seeds from it and the episode's place
-    (`rollout.dataflow.place_seeds`); None in process, where `torch.manual_seed` seeds the sampling."""
+    (`rollout.episode_loop.place_seeds`); None in process, where `torch.manual_seed` seeds the sampling."""
 
 
 @contextlib.contextmanager
@@ -147,7 +147,7 @@ class Evaluation:
 class EvaluationConfig:
     """How each task is played: episodes per task, the limits of each, and the AgentTask that scores them."""
 
-    limits: DataflowConfig
+    limits: EpisodeConfig
     max_rounds: int
     """Assistant turns per episode at most."""
     samples: int = 1
@@ -171,7 +171,7 @@ def episode_specs(tasks: TaskSet, samples: int = 1, agent_task: AgentTask | None
 def evaluate(policy: Policy, env: Any, tasks: TaskSet, settings: EvaluationConfig, tokenizer: Any,
              on_result: Callable[[EpisodeResult], None] | None = None) -> Evaluation:
     """Play every task of `tasks` `settings.samples` times with `policy` on `env` (an `envservice.EnvClient`),
-    `policy.concurrency` episodes at once, each through the rollout's Dataflow; the episodes and figures.
+    `policy.concurrency` episodes at once, each through the rollout's EpisodeLoop; the episodes and figures.
 
     With one episode at a time the episodes run in task order, so an in-process sampled policy draws the
     same random numbers on every run (the seed is `PolicyConfig.seed`); on vLLM each request has its own seed."""

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from beyond_agent.rollout.dataflow import EpisodeResult
+from beyond_agent.rollout.episode_loop import EpisodeResult
 from beyond_agent.rollout.env_manager import summarize
 
 UNKNOWN_TASK = "unknown"

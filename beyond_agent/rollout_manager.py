@@ -41,7 +41,7 @@ from envservice.client import EnvClient
 from beyond_agent.multitask import VAL_PREFIX, task_name, task_names, task_rollout_metrics
 from beyond_agent.rollout.async_pool import AsyncEpisodePool, PendingRow
 from beyond_agent.rollout.batch import NothingToTrain, SegmentRows, segment_batch, training_batch, untrainable
-from beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec, place_seeds
+from beyond_agent.rollout.episode_loop import EpisodeResult, EpisodeSpec, place_seeds
 from beyond_agent.algorithms.gigpo import group_has_step_signal
 from beyond_agent.rollout.dynamic_sampling import GroupSieve, StepSignal
 from beyond_agent.gateway import Gateway, GatewayConfig
@@ -334,7 +334,7 @@ class BeyondAgentLoopManager:
 
         def run_episode(spec: EpisodeSpec, max_rounds: int) -> EpisodeResult:
             with self.gate.episode():
-                return manager.dataflow(spec, max_rounds).run()
+                return manager.episode_loop(spec, max_rounds).run()
 
         self._pool = AsyncEpisodePool(
             rows, make_specs, run_episode, self.round_limit.max_rounds, self.gate,

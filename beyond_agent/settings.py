@@ -2,7 +2,7 @@
 
 `BeyondAgentConfig.from_config(config)` reads our `beyond_agent:` section and the verl keys the rollout
 depends on (`data.max_prompt_length`, `data.max_response_length`, the rollout's sampling, the advantage
-estimator) and builds the objects the rollout uses as they are: the episode limits (`DataflowConfig`),
+estimator) and builds the objects the rollout uses as they are: the episode limits (`EpisodeConfig`),
 the LLM front's limits (`LLMManagerConfig`), the round schedule (`RoundsConfig`), the tasks
 (`TaskTable`), the sampling parameters and the multi-task options (`MultitaskConfig`). Each field is
 validated by its own class; errors come back naming the config key and, where there is a fixed set, the
@@ -20,7 +20,7 @@ from beyond_agent.algorithms.estimators import is_group_based
 from beyond_agent.algorithms.gigpo import GiGPOConfig
 from beyond_agent.multitask import MultitaskConfig
 from beyond_agent.rollout.async_pool import AsyncRolloutConfig
-from beyond_agent.rollout.dataflow import DataflowConfig
+from beyond_agent.rollout.episode_loop import EpisodeConfig
 from beyond_agent.gateway.agents import AgentConfig
 from beyond_agent.rollout.dynamic_sampling import DynamicSamplingConfig
 from beyond_agent.rollout.llm import LLMManagerConfig, SamplingParams
@@ -32,10 +32,10 @@ from beyond_agent.weights.delta import WeightSyncConfig
 
 ROLLOUT_MODES = ("sync", "async")
 CONFIG_KEYS = {
-    "DataflowConfig.max_prompt_length": "data.max_prompt_length",
-    "DataflowConfig.max_response_length": "data.max_response_length",
-    "DataflowConfig.max_tokens_per_turn": "beyond_agent.max_tokens_per_turn",
-    "DataflowConfig.episode_timeout_s": "beyond_agent.episode_timeout_s",
+    "EpisodeConfig.max_prompt_length": "data.max_prompt_length",
+    "EpisodeConfig.max_response_length": "data.max_response_length",
+    "EpisodeConfig.max_tokens_per_turn": "beyond_agent.max_tokens_per_turn",
+    "EpisodeConfig.episode_timeout_s": "beyond_agent.episode_timeout_s",
     "LLMManagerConfig.max_in_flight": "beyond_agent.concurrency",
     "LLMManagerConfig.request_timeout_s": "beyond_agent.llm_request_timeout_s",
     "SamplingParams.temperature": "actor_rollout_ref.rollout.temperature (or val_kwargs.temperature)",
@@ -153,7 +153,7 @@ class BeyondAgentConfig(BeyondAgentSectionConfig):
 
     tasks: TaskTable
     """The run's AgentTasks and the rule that gives each dataset row its own (built from `beyond_agent.tasks`)."""
-    episode: DataflowConfig
+    episode: EpisodeConfig
     """The limits every episode shares (the round limit comes from `rounds`, per training step)."""
     llm: LLMManagerConfig
     """Requests in flight at once and their deadline (the shared LLM front)."""
@@ -177,7 +177,7 @@ class BeyondAgentConfig(BeyondAgentSectionConfig):
         _check_rollout_engine(config, section.rollout_mode)
         written = {field.name: getattr(section, field.name) for field in fields(section)}
         return cls(**{**written, "tasks": TaskTable.from_config(section.tasks)},
-                   episode=_named(DataflowConfig, **_episode_limits(config, section)),
+                   episode=_named(EpisodeConfig, **_episode_limits(config, section)),
                    llm=_named(LLMManagerConfig, max_in_flight=section.concurrency,
                               request_timeout_s=float(section.llm_request_timeout_s)),
                    train_sampling=_sampling(config, validate=False), val_sampling=_sampling(config, validate=True),

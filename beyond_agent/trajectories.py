@@ -97,7 +97,7 @@ class TrajectoryRecord:
     """Version (verl global step) of the oldest weights that sampled it, when the rollout knows it
     (asynchronous rollout; `extra["turn_policy_versions"]` then has one version per assistant turn)."""
     sampling_seed: int | None = None
-    """The seed its turns' sampling seeds derived from (`rollout.dataflow.seeded`; None: the server drew them)."""
+    """The seed its turns' sampling seeds derived from (`rollout.episode_loop.seeded`; None: the server drew them)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Anything else a writer wants to keep; readers ignore what they do not know."""
 
@@ -126,7 +126,7 @@ class TrajectoryRecord:
 
 
 def episode_record(result: Any, step: int, kind: str, policy_version: int | None = None) -> TrajectoryRecord:
-    """The record of a finished `EpisodeResult` (rollout/dataflow.py); the policy version, unless given,
+    """The record of a finished `EpisodeResult` (rollout/episode_loop.py); the policy version, unless given,
     is the oldest of its turns' versions (async rollout tags each turn)."""
     spec, episode = result.spec, result.episode
     turn_versions = list(getattr(episode, "turn_policy_versions", None) or [])

@@ -30,7 +30,7 @@ import torch
 from verl.trainer.ppo.core_algos import register_adv_est
 
 from beyond_agent.algorithms.estimators import declare_estimator
-from beyond_agent.rollout.dataflow import TEXT_ANCHOR_PREFIX, EpisodeResult
+from beyond_agent.rollout.episode_loop import TEXT_ANCHOR_PREFIX, EpisodeResult
 from beyond_agent.rollout.dynamic_sampling import EQUAL_REWARD_TOLERANCE
 
 GIGPO_NORMS = ("std", "mean")

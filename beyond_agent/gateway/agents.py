@@ -50,7 +50,7 @@ from sandbox import SandboxConfig, run_sandboxed, sandbox_path
 from beyond_agent.sections import from_section
 from beyond_agent.gateway.episodes import MERGE_POLICIES, GatewayEpisode
 from beyond_agent.gateway.server import Gateway
-from beyond_agent.rollout.dataflow import (INFRA_FAILURES, DataflowConfig, EpisodeResult, EpisodeSpec, GenerateFn,
+from beyond_agent.rollout.episode_loop import (INFRA_FAILURES, EpisodeConfig, EpisodeResult, EpisodeSpec, GenerateFn,
                                            check_max_rounds, seeded, state_anchor)
 from beyond_agent.rollout.env_manager import ParallelEnvManager
 from beyond_agent.tasks import EpisodeOutcome
@@ -323,11 +323,11 @@ class AgentContext:
     """The gateway's Unix socket (how a sandboxed command agent reaches it)."""
 
 
-class AgentDataflow:
-    """One episode played by a user's agent (module docstring); `run()` never raises, like `Dataflow.run`."""
+class AgentEpisodeLoop:
+    """One episode played by a user's agent (module docstring); `run()` never raises, like `EpisodeLoop.run`."""
 
     def __init__(self, spec: EpisodeSpec, env_client: Any, gateway: Gateway, gateway_url: str,
-                 agent: Callable[[AgentContext], Any], config: DataflowConfig, max_rounds: int,
+                 agent: Callable[[AgentContext], Any], config: EpisodeConfig, max_rounds: int,
                  generate: GenerateFn | None = None, gateway_socket: str | None = None) -> None:
         self.spec, self.env, self.gateway, self.gateway_url = spec, env_client, gateway, gateway_url
         self.agent, self.config, self.generate, self.gateway_socket = agent, config, generate, gateway_socket
@@ -434,19 +434,19 @@ class AgentDataflow:
 
 
 class AgentEnvManager(ParallelEnvManager):
-    """A `ParallelEnvManager` whose episodes are played by a user's agent behind the gateway (`AgentDataflow`)."""
+    """A `ParallelEnvManager` whose episodes are played by a user's agent behind the gateway (`AgentEpisodeLoop`)."""
 
-    def __init__(self, env_client: Any, generate: GenerateFn, tokenizer: Any, config: DataflowConfig,
+    def __init__(self, env_client: Any, generate: GenerateFn, tokenizer: Any, config: EpisodeConfig,
                  gateway: Gateway, gateway_url: str, agent: Callable[[AgentContext], Any], max_workers: int = 64,
                  gateway_socket: str | None = None):
         super().__init__(env_client, generate, tokenizer, config, max_workers)
         self.gateway, self.gateway_url, self.agent = gateway, gateway_url, agent
         self.gateway_socket = gateway_socket
 
-    def dataflow(self, spec: EpisodeSpec, max_rounds: int) -> AgentDataflow:  # type: ignore[override]
-        """The AgentDataflow for one episode (sampled by this manager's `generate`; seeded in the order the agent's
+    def episode_loop(self, spec: EpisodeSpec, max_rounds: int) -> AgentEpisodeLoop:  # type: ignore[override]
+        """The AgentEpisodeLoop for one episode (sampled by this manager's `generate`; seeded in the order the agent's
         calls reach the gateway, which is the episode's own order unless the agent calls in parallel)."""
-        return AgentDataflow(spec, self.env_client, self.gateway, self.gateway_url, self.agent,
+        return AgentEpisodeLoop(spec, self.env_client, self.gateway, self.gateway_url, self.agent,
                              self.config, max_rounds, seeded(self.generate, spec.sampling_seed), self.gateway_socket)
 
 

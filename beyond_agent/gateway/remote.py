@@ -21,7 +21,7 @@ from typing import Any, Mapping
 import requests
 
 from beyond_agent.gateway.agents import AgentContext, EnvStep
-from beyond_agent.rollout.dataflow import EpisodeSpec
+from beyond_agent.rollout.episode_loop import EpisodeSpec
 
 
 class RemoteEnv:

@@ -62,7 +62,7 @@ from envservice.transport import server_options
 from beyond_agent.gateway.episodes import MERGE_POLICIES, CallRecord, GatewayEpisode
 from beyond_agent.gateway.wire import (ChatRequest, chat_response, error_body, longest_message, reply_message,
                                        stream_events, token_logprobs, unsupported)
-from beyond_agent.rollout.dataflow import GenerateFn
+from beyond_agent.rollout.episode_loop import GenerateFn
 
 
 @dataclass(frozen=True)

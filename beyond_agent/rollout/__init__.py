@@ -1,7 +1,7 @@
 """Playing episodes: the token bookkeeping, the episode loop, the thread pool and the LLM front.
 
-- `dataflow.py`: one episode (env session -> generate -> parse -> step -> observe ... -> evaluate -> release);
-- `env_manager.py`: ParallelEnvManager, a thread pool of dataflows sharing one LLM front;
+- `episode_loop.py`: one episode (env session -> generate -> parse -> step -> observe ... -> evaluate -> release);
+- `env_manager.py`: ParallelEnvManager, a thread pool of episode loops sharing one LLM front;
 - `handler.py`: RolloutHandler, the exact token ids and masks of one episode;
 - `batch.py`: episodes -> the DataProto verl's fit() consumes (failures masked);
 - `llm.py`: AsyncLLMServerManager, the one LLM front, and its backends (vLLM over HTTP, verl's client);

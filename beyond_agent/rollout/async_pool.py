@@ -33,7 +33,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
-from beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec
+from beyond_agent.rollout.episode_loop import EpisodeResult, EpisodeSpec
 from beyond_agent.rollout.dynamic_sampling import DynamicSamplingConfig, GroupSieve, StepSignal
 from beyond_agent.rollout.versions import PolicyVersionGate
 
@@ -85,7 +85,7 @@ class PendingRow:
         return all(future.done() for future in self.futures)
 
     def results(self) -> list[EpisodeResult]:
-        """The n results, in the order the episodes were submitted (Dataflow.run never raises)."""
+        """The n results, in the order the episodes were submitted (EpisodeLoop.run never raises)."""
         return [future.result() for future in self.futures]
 
 
@@ -115,7 +115,7 @@ class AsyncEpisodePool:
     Args:
         rows: an endless iterator of dataset rows (dicts), drawn from a background thread.
         make_specs: row key, row -> the n EpisodeSpecs of that row (one GRPO group).
-        run_episode: spec, max_rounds -> EpisodeResult (never raises; the manager's Dataflow).
+        run_episode: spec, max_rounds -> EpisodeResult (never raises; the manager's EpisodeLoop).
         max_rounds: training step -> the round limit (the RoundsConfig); rows use the step they are drawn at.
         gate: the weight-version gate shared with the trainer's weight sync.
         batch_size: rows per training step.

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import torch
 
-from beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec
+from beyond_agent.rollout.episode_loop import EpisodeResult, EpisodeSpec
 from beyond_agent.rollout.handler import TERMINATION_REASONS, Episode, RolloutHandler
 
 if TYPE_CHECKING:

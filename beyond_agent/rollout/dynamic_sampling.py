@@ -33,7 +33,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from beyond_agent.rollout.dataflow import EpisodeResult
+from beyond_agent.rollout.episode_loop import EpisodeResult
 
 DROP_RULES = ("none", "zero_variance", "all_success", "all_failure")
 SECTION = "beyond_agent.dynamic_sampling"

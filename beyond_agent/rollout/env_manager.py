@@ -1,4 +1,4 @@
-"""ParallelEnvManager: one Dataflow per episode in a thread pool, sharing one LLM front and one env client.
+"""ParallelEnvManager: one EpisodeLoop per episode in a thread pool, sharing one LLM front and one env client.
 
 Why threads: an episode spends its time waiting, on the environment service (blocking HTTP) or on the
 LLM server; threads let hundreds of episodes wait at once, so the LLM server always has work and no
@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from beyond_agent.rollout.dataflow import Dataflow, DataflowConfig, EpisodeResult, EpisodeSpec, GenerateFn, seeded
+from beyond_agent.rollout.episode_loop import EpisodeLoop, EpisodeConfig, EpisodeResult, EpisodeSpec, GenerateFn, seeded
 
 
 @dataclass
@@ -82,7 +82,7 @@ class ParallelEnvManager:
         max_workers: episodes in flight at once.
     """
 
-    def __init__(self, env_client: Any, generate: GenerateFn, tokenizer: Any, config: DataflowConfig,
+    def __init__(self, env_client: Any, generate: GenerateFn, tokenizer: Any, config: EpisodeConfig,
                  max_workers: int = 64):
         if max_workers < 1:
             raise ValueError(f"max_workers must be >= 1, got {max_workers}")
@@ -92,22 +92,22 @@ class ParallelEnvManager:
         self.config = config
         self.max_workers = max_workers
 
-    def dataflow(self, spec: EpisodeSpec, max_rounds: int) -> Dataflow:
-        """The Dataflow for one episode, played with the round limit `max_rounds`."""
-        return Dataflow(spec, self.env_client, seeded(self.generate, spec.sampling_seed), self.tokenizer,
+    def episode_loop(self, spec: EpisodeSpec, max_rounds: int) -> EpisodeLoop:
+        """The EpisodeLoop for one episode, played with the round limit `max_rounds`."""
+        return EpisodeLoop(spec, self.env_client, seeded(self.generate, spec.sampling_seed), self.tokenizer,
                         self.config, max_rounds)
 
     def run(self, specs: Sequence[EpisodeSpec], max_rounds: int,
             on_result: Callable[[EpisodeResult], None] | None = None) -> RolloutOutput:
-        """Run every spec (one Dataflow each, each with the round limit `max_rounds`) and return the results in
+        """Run every spec (one EpisodeLoop each, each with the round limit `max_rounds`) and return the results in
         the order of `specs`."""
         started = time.monotonic()
         results: list[EpisodeResult | None] = [None] * len(specs)
         with ThreadPoolExecutor(max_workers=min(self.max_workers, max(len(specs), 1)),
-                                thread_name_prefix="dataflow") as pool:
-            futures = {pool.submit(self.dataflow(spec, max_rounds).run): i for i, spec in enumerate(specs)}
+                                thread_name_prefix="episode") as pool:
+            futures = {pool.submit(self.episode_loop(spec, max_rounds).run): i for i, spec in enumerate(specs)}
             for future in as_completed(futures):
-                results[futures[future]] = future.result()  # Dataflow.run never raises
+                results[futures[future]] = future.result()  # EpisodeLoop.run never raises
                 if on_result is not None:
                     on_result(results[futures[future]])
         return RolloutOutput(results=results, metrics=summarize(results, time.monotonic() - started))

@@ -91,7 +91,7 @@ class Episode:
 class RolloutHandler:
     """Token bookkeeping for ONE episode: prompt, assistant turns as generated, observation deltas.
 
-    Typical loop (the dataflow thread):
+    Typical loop (the episode loop's thread):
 
         handler = RolloutHandler(tokenizer, [system, task], 512, 4096)
         while not handler.done:

@@ -1,4 +1,4 @@
-"""The one LLM front shared by every environment dataflow thread.
+"""The one LLM front shared by every episode loop's thread.
 
 Environment threads do blocking I/O; LLM calls are coroutines on one asyncio loop that this module owns
 (STYLE.md, habit 5). `AsyncLLMServerManager.generate` is the blocking bridge: it submits a coroutine to
@@ -43,7 +43,7 @@ else; the manager was closed."""
 class LLMError(RuntimeError):
     """A generation failed for an infrastructure reason; `kind` is one of `LLM_ERROR_KINDS`.
 
-    A dataflow ends its episode with `termination` ("timeout" or "llm_error"); such episodes are not reward.
+    An episode loop ends its episode with `termination` ("timeout" or "llm_error"); such episodes are not reward.
     """
 
     def __init__(self, kind: str, message: str):
@@ -264,7 +264,7 @@ class AsyncLLMServerManager:
         (see module doc)."""
         _check_request(request_id, prompt_ids, max_tokens, sampling)
         if threading.current_thread() is self._thread:
-            raise RuntimeError("AsyncLLMServerManager.generate blocks; call it from a dataflow thread, "
+            raise RuntimeError("AsyncLLMServerManager.generate blocks; call it from an episode loop's thread, "
                                "not from the manager's own loop (await backend.generate there instead)")
         if self._closed:
             raise LLMError("closed", "the AsyncLLMServerManager is closed")
@@ -326,8 +326,8 @@ class AsyncLLMServerManager:
         return err
 
     def with_sampling(self, sampling: SamplingParams):
-        """A dataflow's `generate(request_id, prompt_ids, max_tokens, seed=None)` that samples with `sampling`; a
-        `seed` replaces `sampling.seed` for that request (`rollout.dataflow.seeded` gives each turn its own)."""
+        """An episode loop's `generate(request_id, prompt_ids, max_tokens, seed=None)` that samples with `sampling`; a
+        `seed` replaces `sampling.seed` for that request (`rollout.episode_loop.seeded` gives each turn its own)."""
 
         def generate(request_id: str, prompt_ids: list[int], max_tokens: int, seed: int | None = None):
             chosen = sampling if seed is None else dataclasses.replace(sampling, seed=seed)

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from beyond_agent.rollout.dataflow import EpisodeResult
+from beyond_agent.rollout.episode_loop import EpisodeResult
 
 SCHEDULE_TYPES = ("fixed", "stepwise", "scaling_inter_stepwise", "adaptive")
 SIGNALS = ("truncated", "success")

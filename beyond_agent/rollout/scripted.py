@@ -1,7 +1,7 @@
-"""A scripted policy: a Dataflow `generate` function that writes given actions, one per assistant turn.
+"""A scripted policy: a EpisodeLoop `generate` function that writes given actions, one per assistant turn.
 
 Episodes whose actions are known in advance (an oracle's path, a recorded episode being replayed to reach
-one of its states, a hand-written failure for a test) run through the same Dataflow, RolloutHandler and
+one of its states, a hand-written failure for a test) run through the same EpisodeLoop, RolloutHandler and
 trajectory records as sampled ones, so their tokens and masks are exactly what a rollout would produce.
 """
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 @dataclass
 class ScriptedTurn:
-    """What the Dataflow receives: the reply's token ids (no log-probs: nothing was sampled)."""
+    """What the EpisodeLoop receives: the reply's token ids (no log-probs: nothing was sampled)."""
 
     token_ids: list[int]
     logprobs: list[float] | None = None
@@ -26,7 +26,7 @@ def reply_ids(tokenizer, text: str) -> list[int]:
 class ScriptedPolicy:
     """Writes `actions[0]`, `actions[1]`, ... each as its text plus the end-of-turn token.
 
-    Asked for more turns than it has actions, it raises (the Dataflow records an llm_error), so a script
+    Asked for more turns than it has actions, it raises (the EpisodeLoop records an llm_error), so a script
     that is too short is never mistaken for the policy's choice.
     """
 

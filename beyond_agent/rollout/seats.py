@@ -1,7 +1,7 @@
 """One game with a policy per seat: one env session, one conversation per seat (issue #57).
 
 An env with several seats names the seat to move in every answer (`info["seat"]`, envservice/envs/two_player.py)
-and shows that seat's view. `SeatedDataflow` keeps one `Dataflow` per seat, all on the same session: the seat to
+and shows that seat's view. `SeatedEpisodeLoop` keeps one `EpisodeLoop` per seat, all on the same session: the seat to
 move adds the observation to its own conversation, its own policy writes its move (the same model in self-play, an
 earlier checkpoint or a scripted player as an opponent), and the env's answer says who moves next. So each seat's
 conversation holds only its own view and its own sampled tokens, with the ids, masks and log-probs a one-player
@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from envservice.envs.two_player import SEAT, SEAT_REWARDS
-from beyond_agent.rollout.dataflow import (Dataflow, DataflowConfig, EpisodeResult, EpisodeSpec, GenerateFn,
+from beyond_agent.rollout.episode_loop import (EpisodeLoop, EpisodeConfig, EpisodeResult, EpisodeSpec, GenerateFn,
                                            _EpisodeFailure, seeded, state_anchor)
 from beyond_agent.rollout.env_manager import ParallelEnvManager
 from beyond_agent.rollout.handler import RolloutHandler
@@ -95,14 +95,14 @@ class SeatOrder:
 
 @dataclasses.dataclass
 class _Seat:
-    """One seat's episode in progress: its Dataflow (rounds, step rewards, anchors, timings) and conversation."""
+    """One seat's episode in progress: its EpisodeLoop (rounds, step rewards, anchors, timings) and conversation."""
 
-    flow: Dataflow
+    flow: EpisodeLoop
     handler: RolloutHandler | None = None
     termination: str | None = None
 
 
-class SeatedDataflow:
+class SeatedEpisodeLoop:
     """Plays one game of `spec` with `policies[seat]` writing each seat's moves; see the module docstring.
 
     Args:
@@ -112,18 +112,18 @@ class SeatedDataflow:
             outcome is the negative of its opponent's, so a group of both seats would only learn which seat won).
         env_client: the envservice client.
         policies: seat -> its generate function (every seat the env may name must have one), or a `SeatOrder`.
-        tokenizer, config, max_rounds: as for `Dataflow` (the round limit counts each seat's turns).
+        tokenizer, config, max_rounds: as for `EpisodeLoop` (the round limit counts each seat's turns).
     """
 
     def __init__(self, spec: EpisodeSpec, env_client: Any, policies: Mapping[int, GenerateFn] | SeatOrder,
-                 tokenizer: Any, config: DataflowConfig, max_rounds: int) -> None:
+                 tokenizer: Any, config: EpisodeConfig, max_rounds: int) -> None:
         self.spec = spec
         self.env = _LastAnswer(env_client)
         self.config = config
         self.max_rounds = max_rounds
         self.order = policies if isinstance(policies, SeatOrder) else None
         by_seat = {seat: self.order.rest for seat in range(self.order.seats)} if self.order else dict(policies)
-        self.seats = {seat: _Seat(Dataflow(self._seat_spec(seat), self.env, seeded(generate, self._seed(seat)),
+        self.seats = {seat: _Seat(EpisodeLoop(self._seat_spec(seat), self.env, seeded(generate, self._seed(seat)),
                                            tokenizer, config, max_rounds))
                       for seat, generate in sorted(by_seat.items())}
         self.first_seat: int | None = None
@@ -328,11 +328,11 @@ class SelfPlayConfig:
         return names[-1]
 
 
-class SelfPlayDataflow:
-    """One dataset row's episode as a game of `SeatedDataflow`, returned as one result: the first seat's that has
+class SelfPlayEpisodeLoop:
+    """One dataset row's episode as a game of `SeatedEpisodeLoop`, returned as one result: the first seat's that has
     one, carrying the others in `other_seats` (module docstring)."""
 
-    def __init__(self, game: SeatedDataflow) -> None:
+    def __init__(self, game: SeatedEpisodeLoop) -> None:
         self.game = game
 
     def run(self) -> EpisodeResult:
@@ -351,18 +351,18 @@ class SelfPlayDataflow:
 class SelfPlayEnvManager(ParallelEnvManager):
     """A `ParallelEnvManager` whose episodes of `self_play.envs` are games with the policy in every seat."""
 
-    def __init__(self, env_client: Any, generate: GenerateFn, tokenizer: Any, config: DataflowConfig,
+    def __init__(self, env_client: Any, generate: GenerateFn, tokenizer: Any, config: EpisodeConfig,
                  self_play: SelfPlayConfig, max_workers: int = 64, models: "OpponentModels | None" = None) -> None:
         super().__init__(env_client, generate, tokenizer, config, max_workers=max_workers)
         self.self_play = self_play
         self.models = models or OpponentModels(self_play.endpoints)
         """The frozen models of the pool (pass the run's own, so that their connections last across steps)."""
 
-    def dataflow(self, spec: EpisodeSpec, max_rounds: int) -> Dataflow | SelfPlayDataflow:
+    def episode_loop(self, spec: EpisodeSpec, max_rounds: int) -> EpisodeLoop | SelfPlayEpisodeLoop:
         """The game of one episode spec of a self-play env against its row's opponent (each seat samples with its
-        own seeds: `SeatedDataflow`); any other env's episode as usual."""
+        own seeds: `SeatedEpisodeLoop`); any other env's episode as usual."""
         if spec.env_id not in self.self_play.envs:
-            return super().dataflow(spec, max_rounds)
+            return super().episode_loop(spec, max_rounds)
         opponent = self.self_play.opponent_for(spec.group_id)
         frozen = opponent in self.self_play.endpoints
         # Against a scripted opponent the env plays the other seats inside its steps and names only the policy's.
@@ -371,7 +371,7 @@ class SelfPlayEnvManager(ParallelEnvManager):
         policies: Mapping[int, GenerateFn] | SeatOrder = (
             SeatOrder(self.generate, self.models.generate(opponent), self.self_play.seats) if frozen
             else {seat: self.generate for seat in range(self.self_play.seats)})
-        return SelfPlayDataflow(SeatedDataflow(game, self.env_client, policies, self.tokenizer, self.config, max_rounds))
+        return SelfPlayEpisodeLoop(SeatedEpisodeLoop(game, self.env_client, policies, self.tokenizer, self.config, max_rounds))
 
 
 class OpponentModels:

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
 
-from beyond_agent.rollout.dataflow import GeneratedTurn, GenerateFn
+from beyond_agent.rollout.episode_loop import GeneratedTurn, GenerateFn
 
 
 @dataclass

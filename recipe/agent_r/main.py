@@ -60,7 +60,7 @@ from beyond_agent.evaluation import (
     evaluate,
     serve_policy,
 )
-from beyond_agent.rollout.dataflow import DataflowConfig, GenerateFn
+from beyond_agent.rollout.episode_loop import EpisodeConfig, GenerateFn
 from beyond_agent.rollout.handler import RolloutHandler
 from beyond_agent.rollout.scripted import reply_ids
 from beyond_agent.sft import add_loop_options, hf_model_dir, parse_loop_args, repeated_files, report_iterations, run_sft
@@ -97,7 +97,7 @@ class AgentRConfig:
     eval_split: str
     seed: int
     """Task seed = seed + task index; also the sampling seed and each iteration's random choices."""
-    limits: DataflowConfig
+    limits: EpisodeConfig
     """Prompt and response lengths of every record and evaluation episode (`max_tokens`: a proposed action's)."""
     max_model_len: int
     """The context of a vLLM server the loop starts."""
@@ -121,7 +121,7 @@ JUDGE_PROMPT = (
 )
 
 
-def history_handler(node: SearchNode, tokenizer, agent_task: AgentTask, limits: DataflowConfig) -> RolloutHandler:
+def history_handler(node: SearchNode, tokenizer, agent_task: AgentTask, limits: EpisodeConfig) -> RolloutHandler:
     """The chat up to `node` as a rollout would hold it: first prompt, then each action and observation."""
     path = node.path()
     root = path[0].parent if path else node
@@ -133,7 +133,7 @@ def history_handler(node: SearchNode, tokenizer, agent_task: AgentTask, limits: 
     return handler
 
 
-def model_proposer(generate: GenerateFn, tokenizer, agent_task: AgentTask, limits: DataflowConfig,
+def model_proposer(generate: GenerateFn, tokenizer, agent_task: AgentTask, limits: EpisodeConfig,
                    max_tokens: int) -> Callable[[SearchNode, int], list[str]]:
     """propose(node, n): n samples of the model's next reply at `node`, parsed by the task's parser
     (replies it cannot parse are dropped)."""
@@ -366,7 +366,7 @@ def from_args(args: argparse.Namespace, replay_files: list[str]) -> AgentRConfig
     """`AgentRConfig` from `build_parser()`'s options."""
     search = MCTSConfig(exploration=args.exploration, iterations=args.mcts_iterations, n_gen=args.n_gen,
                         max_depth=args.max_depth, temperature=args.temperature, max_tokens=args.max_tokens)
-    limits = DataflowConfig(max_prompt_length=args.max_prompt_length, max_response_length=args.max_response_length,
+    limits = EpisodeConfig(max_prompt_length=args.max_prompt_length, max_response_length=args.max_response_length,
                             max_tokens_per_turn=args.max_tokens)
     return AgentRConfig(
         env=args.env, params=dict(args.params), tasks=tuple(args.tasks), model=args.model, iterations=args.iterations,

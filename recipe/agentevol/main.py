@@ -29,7 +29,7 @@ from pathlib import Path
 from beyond_agent.cli_args import json_object
 from beyond_agent.collect import collect
 from beyond_agent.evaluation import POLICY_BACKENDS, EvaluationConfig, PolicyConfig
-from beyond_agent.rollout.dataflow import DataflowConfig
+from beyond_agent.rollout.episode_loop import EpisodeConfig
 from beyond_agent.sft import add_loop_options, hf_model_dir, parse_loop_args, repeated_files, report_iterations, run_sft
 from beyond_agent.trajectory_data import TrajectoryDataError, TrajectoryFilter, read_trajectories
 from envservice.contamination import TaskSet
@@ -41,7 +41,7 @@ def collect_episodes(args: argparse.Namespace, model: str, tasks: list[int], spl
     scored episodes."""
     policy = PolicyConfig(model=model, backend=args.backend, temperature=temperature, seed=args.seed)
     task_set = TaskSet.of(f"{split} tasks", args.env, split, tasks, seed_offset=args.seed, params=args.params)
-    limits = DataflowConfig(max_prompt_length=args.max_prompt_length,
+    limits = EpisodeConfig(max_prompt_length=args.max_prompt_length,
                             max_response_length=args.max_response_length,
                             max_tokens_per_turn=args.max_tokens_per_turn)
     evaluation = collect(policy, task_set, EvaluationConfig(limits, args.max_rounds, samples=n), out, args.envservice_url)

@@ -16,7 +16,7 @@ from envservice.client import EnvClient
 from envservice.errors import EnvServiceError, EnvTimeoutError
 from envservice.envs.testing import ENTRY_POINT as FAULTY
 from envservice.process import EnvServiceProcess
-from beyond_agent.rollout.dataflow import Dataflow, DataflowConfig, EpisodeSpec
+from beyond_agent.rollout.episode_loop import EpisodeLoop, EpisodeConfig, EpisodeSpec
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]
 
@@ -127,10 +127,10 @@ def test_dead_worker_sessions_stop_counting_against_capacity_at_once(service, cl
 
 
 def test_hung_reset_ends_the_episode_with_timeout(service, client) -> None:
-    config = DataflowConfig(max_prompt_length=64, max_response_length=64, max_tokens_per_turn=8)
+    config = EpisodeConfig(max_prompt_length=64, max_response_length=64, max_tokens_per_turn=8)
     spec = EpisodeSpec("faulty", params={"hang_in_reset": "1"})
     open_before = client.health().sessions
-    result = Dataflow(spec, client, None, None, config, max_rounds=4).run()
+    result = EpisodeLoop(spec, client, None, None, config, max_rounds=4).run()
     assert (result.termination, result.infra_failure) == ("timeout", True)
     assert "did not finish reset within 3 s (--step-timeout); the session was not created" in result.error
     assert client.health().sessions == open_before

@@ -15,7 +15,7 @@ from envservice.backends import InProcessBackend
 from envservice.client import EnvClient
 from envservice.errors import EnvServiceError, EnvTimeoutError
 from envservice.protocol import ERROR_STATUS, ErrorCode, ErrorResponse
-from beyond_agent.rollout.dataflow import Dataflow, DataflowConfig, EpisodeSpec
+from beyond_agent.rollout.episode_loop import EpisodeLoop, EpisodeConfig, EpisodeSpec
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -78,17 +78,17 @@ class _HungEnvClient:
 
 
 def test_env_timeout_ends_the_episode_with_timeout_not_env_error() -> None:
-    config = DataflowConfig(max_prompt_length=64, max_response_length=64, max_tokens_per_turn=8)
-    result = Dataflow(EpisodeSpec("babyai"), _HungEnvClient(), None, None, config, max_rounds=4).run()
+    config = EpisodeConfig(max_prompt_length=64, max_response_length=64, max_tokens_per_turn=8)
+    result = EpisodeLoop(EpisodeSpec("babyai"), _HungEnvClient(), None, None, config, max_rounds=4).run()
     assert (result.termination, result.infra_failure, result.reward) == ("timeout", True, 0.0)
     assert "EnvTimeoutError" in result.error and "did not finish reset" in result.error
 
 
 def test_client_read_timeout_ends_the_episode_with_timeout() -> None:
     # Our own request deadline (beyond_agent.env.timeout_s) passing is a hung env too, not an env_error.
-    config = DataflowConfig(max_prompt_length=64, max_response_length=64, max_tokens_per_turn=8)
+    config = EpisodeConfig(max_prompt_length=64, max_response_length=64, max_tokens_per_turn=8)
     client = _HungEnvClient(requests.ReadTimeout("read timed out after 90 s"))
-    result = Dataflow(EpisodeSpec("babyai"), client, None, None, config, max_rounds=4).run()
+    result = EpisodeLoop(EpisodeSpec("babyai"), client, None, None, config, max_rounds=4).run()
     assert (result.termination, result.infra_failure) == ("timeout", True) and "ReadTimeout" in result.error
 
 

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from beyond_agent.rollout.async_pool import AsyncEpisodePool, AsyncRolloutConfig, row_staleness
-from beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec
+from beyond_agent.rollout.episode_loop import EpisodeResult, EpisodeSpec
 from beyond_agent.rollout.dynamic_sampling import DynamicSamplingConfig
 from beyond_agent.rollout.handler import Episode
 from beyond_agent.rollout.versions import PolicyVersionGate

@@ -12,10 +12,10 @@ import pytest
 
 from envservice.client import EnvClient
 from beyond_agent.gateway import Gateway, GatewayConfig
-from beyond_agent.gateway.agents import AgentConfig, AgentDataflow, CommandAgent, EnvSession
+from beyond_agent.gateway.agents import AgentConfig, AgentEpisodeLoop, CommandAgent, EnvSession
 from beyond_agent.gateway.remote import RemoteEnv, episode_context
 from beyond_agent.gateway.server import GatewayServer
-from beyond_agent.rollout.dataflow import DataflowConfig, EpisodeSpec
+from beyond_agent.rollout.episode_loop import EpisodeConfig, EpisodeSpec
 from beyond_agent.rollout.llm import GenerationResult
 from sandbox import SandboxConfig
 
@@ -63,8 +63,8 @@ def play(tokenizer, frozenlake_url):
 
     def run(agent, move: str = "right"):
         spec = EpisodeSpec(env_id="frozenlake", task_id=3, seed=0, group_id="g")
-        config = DataflowConfig(max_prompt_length=512, max_response_length=512, max_tokens_per_turn=8)
-        return AgentDataflow(spec, client, server.gateway, server.url, agent, config, 4, Moves(tokenizer, move),
+        config = EpisodeConfig(max_prompt_length=512, max_response_length=512, max_tokens_per_turn=8)
+        return AgentEpisodeLoop(spec, client, server.gateway, server.url, agent, config, 4, Moves(tokenizer, move),
                              server.socket_path).run()
 
     yield run

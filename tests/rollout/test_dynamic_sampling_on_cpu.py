@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from beyond_agent.algorithms.gigpo import GiGPOConfig, group_has_step_signal
-from beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec
+from beyond_agent.rollout.episode_loop import EpisodeResult, EpisodeSpec
 from beyond_agent.rollout.dynamic_sampling import DynamicSamplingConfig, GroupSieve, group_has_signal
 from beyond_agent.settings import BeyondAgentConfig
 

@@ -1,4 +1,4 @@
-"""ParallelEnvManager + Dataflow against a real envservice over loopback, with a scripted policy.
+"""ParallelEnvManager + EpisodeLoop against a real envservice over loopback, with a scripted policy.
 
 The policy stands in for the LLM: it returns token ids (the tiny tokenizer's encoding of an action plus
 the end-of-turn token) and log-probs, like a server would. The real-vLLM run is in
@@ -19,7 +19,7 @@ from envservice.client import EnvClient
 from envservice.envs.base import Task, TextEnv
 from envservice.envs.frozenlake import FrozenLakeEnv, generate_map, shortest_path_actions
 from envservice.server import EnvServiceConfig, create_app
-from beyond_agent.rollout.dataflow import DataflowConfig, EpisodeSpec
+from beyond_agent.rollout.episode_loop import EpisodeConfig, EpisodeSpec
 from beyond_agent.rollout.batch import training_batch, untrainable
 from beyond_agent.rollout.env_manager import ParallelEnvManager
 from beyond_agent.rollout.llm import GenerationResult, LLMError, request_seed
@@ -111,7 +111,7 @@ ROUNDS = 20
 
 def make_manager(env_client, tokenizer, policy, **config) -> ParallelEnvManager:
     limits = dict(max_prompt_length=512, max_response_length=1024, max_tokens_per_turn=16)
-    return ParallelEnvManager(env_client, policy, tokenizer, DataflowConfig(**{**limits, **config}), max_workers=8)
+    return ParallelEnvManager(env_client, policy, tokenizer, EpisodeConfig(**{**limits, **config}), max_workers=8)
 
 
 def frozenlake_specs(maps: list[int], n: int) -> list[EpisodeSpec]:

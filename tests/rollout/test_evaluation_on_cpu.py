@@ -17,7 +17,7 @@ from beyond_agent.evaluation import (
     episode_specs,
     evaluate,
 )
-from beyond_agent.rollout.dataflow import DataflowConfig
+from beyond_agent.rollout.episode_loop import EpisodeConfig
 from beyond_agent.rollout.scripted import ScriptedTurn
 from envservice.childproc import free_port
 from envservice.client import EnvClient
@@ -26,7 +26,7 @@ from envservice.envs.frozenlake import FrozenLakeEnv, generate_map, shortest_pat
 from envservice.server import EnvServiceConfig, create_app
 
 pytestmark = pytest.mark.timeout(300)
-LIMITS = DataflowConfig(max_prompt_length=512, max_response_length=1024, max_tokens_per_turn=16)
+LIMITS = EpisodeConfig(max_prompt_length=512, max_response_length=1024, max_tokens_per_turn=16)
 
 
 @pytest.fixture(scope="module")

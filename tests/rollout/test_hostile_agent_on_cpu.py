@@ -15,9 +15,9 @@ import psutil
 
 from envservice.client import EnvClient
 from beyond_agent.gateway import Gateway, GatewayConfig
-from beyond_agent.gateway.agents import AgentDataflow, CommandAgent
+from beyond_agent.gateway.agents import AgentEpisodeLoop, CommandAgent
 from beyond_agent.gateway.server import GatewayServer
-from beyond_agent.rollout.dataflow import DataflowConfig, EpisodeSpec
+from beyond_agent.rollout.episode_loop import EpisodeConfig, EpisodeSpec
 from beyond_agent.rollout.llm import GenerationResult
 from sandbox import SandboxConfig
 
@@ -122,9 +122,9 @@ def test_a_hostile_agent_is_contained_attack_by_attack(chatml_tokenizer, frozenl
             command = (f"python {script} {attack} {tmp_path / 'report.json'} {marker} {envservice_port} "
                        f"{server.port} 22")
             spec = EpisodeSpec(env_id="frozenlake", task_id=3, seed=0, group_id=attack)
-            config = DataflowConfig(max_prompt_length=512, max_response_length=512, max_tokens_per_turn=8)
+            config = EpisodeConfig(max_prompt_length=512, max_response_length=512, max_tokens_per_turn=8)
             started = time.monotonic()
-            results[attack] = AgentDataflow(spec, client, server.gateway, server.url,
+            results[attack] = AgentEpisodeLoop(spec, client, server.gateway, server.url,
                                             CommandAgent(command, timeout_s, sandbox), config, 4, Moves(tokenizer),
                                             server.socket_path).run()
             results[attack].wall_time_s = time.monotonic() - started

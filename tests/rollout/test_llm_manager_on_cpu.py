@@ -85,7 +85,7 @@ class SamplingBackend:
         return GenerationResult([1], [-0.5], "stop", 0.0)
 
 
-def test_a_seed_given_to_the_dataflow_s_generate_replaces_only_the_sampling_s_seed():
+def test_a_seed_given_to_the_episode_loop_s_generate_replaces_only_the_sampling_s_seed():
     backend = SamplingBackend()
     sampling = SamplingParams(temperature=0.7, top_p=0.9, stop_token_ids=[2])
     with AsyncLLMServerManager(backend) as manager:

@@ -19,7 +19,7 @@ from transformers import AutoTokenizer
 from envservice.childproc import ChildProcess, answers_200, free_port
 from envservice.client import EnvClient
 from envservice.process import EnvServiceProcess
-from beyond_agent.rollout.dataflow import DataflowConfig, EpisodeSpec
+from beyond_agent.rollout.episode_loop import EpisodeConfig, EpisodeSpec
 from beyond_agent.rollout.env_manager import ParallelEnvManager
 from beyond_agent.rollout.llm import AsyncLLMServerManager, HttpVLLMBackend, SamplingParams
 
@@ -65,7 +65,7 @@ def test_a_rollout_through_remote_envs_keeps_the_sampled_ids_and_closes_every_re
     specs = [EpisodeSpec(env, task_id=task, seed=task, group_id=f"{env}:{task}", index=i)
              for i, (env, task) in enumerate([("webshop-remote", 0), ("webshop-remote", 1), ("webshop-remote", 1),
                                                ("lake-openenv", 0), ("lake-openenv", 2), ("lake-openenv", 2)])]
-    config = DataflowConfig(max_prompt_length=1024, max_response_length=512, max_tokens_per_turn=16)
+    config = EpisodeConfig(max_prompt_length=1024, max_response_length=512, max_tokens_per_turn=16)
     service = EnvServiceProcess(["webshop-remote", "lake-openenv"], log_path=tmp_path / "service.log",
                                 extra_args=["--env-config", str(config_path)])
     with service, EnvClient(service.url) as env_client, \

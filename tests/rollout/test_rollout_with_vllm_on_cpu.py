@@ -17,7 +17,7 @@ from transformers import AutoTokenizer
 
 from envservice.client import EnvClient
 from envservice.process import EnvServiceProcess
-from beyond_agent.rollout.dataflow import DataflowConfig, EpisodeSpec
+from beyond_agent.rollout.episode_loop import EpisodeConfig, EpisodeSpec
 from beyond_agent.rollout.batch import training_batch
 from beyond_agent.rollout.env_manager import ParallelEnvManager
 from beyond_agent.rollout.llm import AsyncLLMServerManager, HttpVLLMBackend, SamplingParams, request_seed
@@ -52,7 +52,7 @@ def test_real_episodes_keep_sampled_ids_and_render_the_chat(tiny_vllm_server, ti
     specs = [EpisodeSpec(env, task_id=task, seed=task, group_id=f"{env}:{task}", index=i)
              for i, (env, task) in enumerate([("babyai", 0), ("babyai", 1), ("babyai", 1), ("textcraft", 0),
                                                ("textcraft", 3), ("textcraft", 3)])]
-    config = DataflowConfig(max_prompt_length=1024, max_response_length=512, max_tokens_per_turn=24)
+    config = EpisodeConfig(max_prompt_length=1024, max_response_length=512, max_tokens_per_turn=24)
     with EnvClient(envservice_url) as env_client, \
             AsyncLLMServerManager(HttpVLLMBackend([tiny_vllm_server.base_url], tiny_vllm_server.config.model)) as llm:
         generate = RecordingGenerate(llm.with_sampling(SamplingParams(temperature=1.0)))
@@ -111,7 +111,7 @@ def test_seeded_episodes_sample_the_same_tokens_again_at_any_concurrency(tiny_vl
     unseeded = [EpisodeSpec(env, task_id=task, seed=task, group_id=f"{env}:{task}", index=i)
                 for i, (env, task) in enumerate([("babyai", 0)] * 3 + [("textcraft", 3)] * 3)]
     seeded = [dataclasses.replace(spec, sampling_seed=request_seed(42, "step", 1, spec.index)) for spec in unseeded]
-    config = DataflowConfig(max_prompt_length=1024, max_response_length=512, max_tokens_per_turn=24)
+    config = EpisodeConfig(max_prompt_length=1024, max_response_length=512, max_tokens_per_turn=24)
 
     def play(specs, workers: int) -> list[list[int]]:
         manager = ParallelEnvManager(env_client, generate, tokenizer, config, max_workers=workers)

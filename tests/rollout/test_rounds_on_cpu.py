@@ -9,7 +9,7 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
-from beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec
+from beyond_agent.rollout.episode_loop import EpisodeResult, EpisodeSpec
 from beyond_agent.rollout.rounds import HORIZON_RECORD, RoundLimit, RoundsConfig, step_signal
 from beyond_agent.sections import from_section
 

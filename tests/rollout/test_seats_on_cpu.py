@@ -1,4 +1,4 @@
-"""SeatedDataflow (beyond_agent/rollout/seats.py): one TicTacToe game, a policy per seat, against a real envservice
+"""SeatedEpisodeLoop (beyond_agent/rollout/seats.py): one TicTacToe game, a policy per seat, against a real envservice
 over loopback with the tiny model's tokenizer. Each seat's episode holds only its own view and exactly the ids its
 policy wrote; outcomes, step rewards, groups, seeds and every way a game can end are checked by hand."""
 
@@ -14,11 +14,11 @@ from envservice.client import EnvClient
 from envservice.envs.two_player import SEAT_REWARDS
 from envservice.server import EnvServiceConfig, create_app
 from beyond_agent.actions import ParsedAction
-from beyond_agent.rollout.dataflow import DataflowConfig, EpisodeSpec
+from beyond_agent.rollout.episode_loop import EpisodeConfig, EpisodeSpec
 from beyond_agent.rollout.llm import GenerationResult, LLMError, request_seed
 from beyond_agent.tasks import AgentTask
 from beyond_agent.trajectories import episode_record
-from beyond_agent.rollout.seats import (SeatedDataflow, SelfPlayConfig, SelfPlayDataflow, SelfPlayEnvManager,
+from beyond_agent.rollout.seats import (SeatedEpisodeLoop, SelfPlayConfig, SelfPlayEpisodeLoop, SelfPlayEnvManager,
                                         seat_metrics)
 
 pytestmark = pytest.mark.timeout(120)
@@ -69,8 +69,8 @@ def game(opening_moves: int = 0, **fields) -> EpisodeSpec:
 
 def play(client, tokenizer, seat0, seat1, spec=None, max_rounds=ROUNDS, **limits):
     policies = {0: Moves(tokenizer, seat0[0], **seat0[1]), 1: Moves(tokenizer, seat1[0], **seat1[1])}
-    results = SeatedDataflow(spec or game(), client, policies, tokenizer,
-                             DataflowConfig(**{**LIMITS, **limits}), max_rounds).run()
+    results = SeatedEpisodeLoop(spec or game(), client, policies, tokenizer,
+                             EpisodeConfig(**{**LIMITS, **limits}), max_rounds).run()
     return results, policies
 
 
@@ -133,7 +133,7 @@ def test_a_seat_without_a_policy_or_a_one_player_env_is_an_env_error_before_any_
     """Seat 0 is to move and only seat 1 has a policy; FrozenLake names no seat. Each game is void before any seat
     moved, and is accounted for by one result without an episode."""
     policies = {1: Moves(chatml_tokenizer, ["[4]"])}
-    [result] = SeatedDataflow(game(), client, policies, chatml_tokenizer, DataflowConfig(**LIMITS), ROUNDS).run()
+    [result] = SeatedEpisodeLoop(game(), client, policies, chatml_tokenizer, EpisodeConfig(**LIMITS), ROUNDS).run()
     assert (result.termination, result.episode, result.spec.seat) == ("env_error", None, 1)
     assert "the env named seat 0 to move; this game has policies for seats [1]" in result.error
     results, _ = play(client, chatml_tokenizer, (["left"], {}), (["right"], {}),
@@ -172,7 +172,7 @@ def test_each_seats_figures_count_its_wins_draws_losses_and_cut_games(client, ch
     results = []
     for name, (seat0, seat1) in scripts.items():
         policies = {0: Moves(chatml_tokenizer, seat0), 1: Moves(chatml_tokenizer, seat1)}
-        first = SelfPlayDataflow(SeatedDataflow(game(), client, policies, chatml_tokenizer, DataflowConfig(**LIMITS),
+        first = SelfPlayEpisodeLoop(SeatedEpisodeLoop(game(), client, policies, chatml_tokenizer, EpisodeConfig(**LIMITS),
                                                 2 if name == "C" else ROUNDS)).run()
         assert first.spec.seat == 0 and [other.spec.seat for other in first.other_seats] == [1]
         results.append(first)
@@ -208,7 +208,7 @@ def test_the_self_play_manager_plays_each_spec_as_a_game_of_the_policy_against_i
     """Two seeded specs of one row, the policy in both seats: each comes back as seat 0's result with seat 1's in
     `other_seats`; on the empty board 'first free cell' against itself fills 0..6 and seat 0 wins on 2-4-6."""
     policy = FirstFreeCell(chatml_tokenizer)
-    manager = SelfPlayEnvManager(client, policy, chatml_tokenizer, DataflowConfig(**LIMITS),
+    manager = SelfPlayEnvManager(client, policy, chatml_tokenizer, EpisodeConfig(**LIMITS),
                                  SelfPlayConfig(envs=("tictactoe",)), max_workers=2)
     specs = [game(index=index, sampling_seed=request_seed(3, index)) for index in range(2)]
     output = manager.run(specs + [EpisodeSpec("frozenlake", task_id=0, seed=0, group_id="map0", index=2)], ROUNDS)
@@ -237,7 +237,7 @@ def test_each_rows_games_face_one_opponent_of_the_pool_drawn_by_weight(client, c
         "perfect"}
     row = next(f"row{i}" for i, name in enumerate(drawn) if name == "first")
     policy = FirstFreeCell(chatml_tokenizer)
-    manager = SelfPlayEnvManager(client, policy, chatml_tokenizer, DataflowConfig(**LIMITS), pool, max_workers=2)
+    manager = SelfPlayEnvManager(client, policy, chatml_tokenizer, EpisodeConfig(**LIMITS), pool, max_workers=2)
     results = manager.run([dataclasses.replace(game(index=index), group_id=row) for index in range(2)], ROUNDS).results
     for result in results:
         assert (result.spec.seat, result.success, result.rounds, result.other_seats) == (0, True, 4, [])
@@ -270,7 +270,7 @@ def test_against_a_frozen_model_the_policy_plays_the_first_seat_and_alone_trains
     endpoint = {"url": tiny_vllm_server.base_url, "model": tiny_vllm_server.config.model, "temperature": 1.0}
     pool = SelfPlayConfig(envs=("tictactoe",), opponents={"ckpt": 1.0}, endpoints={"ckpt": endpoint})
     policy = FirstFreeCell(chatml_tokenizer)
-    manager = SelfPlayEnvManager(client, policy, chatml_tokenizer, DataflowConfig(**LIMITS), pool, max_workers=2)
+    manager = SelfPlayEnvManager(client, policy, chatml_tokenizer, EpisodeConfig(**LIMITS), pool, max_workers=2)
     spec = EpisodeSpec("tictactoe", task_id=0, seed=0, params={"opening_moves": 3}, group_id="pos0",
                        agent_task=AnyCell())
     try:

@@ -20,7 +20,7 @@ from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, compute_
 from beyond_agent.algorithms.gigpo import (GiGPOConfig, add_step_advantages, compute_gigpo_episode_advantage,
                                            count_each_episode_once)
 from beyond_agent.rollout.batch import add_segment_rows, segment_batch, training_batch
-from beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec
+from beyond_agent.rollout.episode_loop import EpisodeResult, EpisodeSpec
 from beyond_agent.rollout.handler import Episode
 
 PAD = 0
@@ -162,7 +162,7 @@ def test_nothing_is_added_when_no_agent_rewrote_its_history_and_no_pad_when_the_
 
 
 def seat(game: EpisodeResult, number: int, response: list[int], score: float) -> EpisodeResult:
-    """A game's result for one seat (what SeatedDataflow returns): the game's spec with the seat set."""
+    """A game's result for one seat (what SeatedEpisodeLoop returns): the game's spec with the seat set."""
     result = sample(f"{game.spec.group_id}/seat{number}", game.spec.index, response, [1] * len(response), score)
     result.spec.seat = number
     return result
@@ -171,7 +171,7 @@ def seat(game: EpisodeResult, number: int, response: list[int], score: float) ->
 def test_the_other_seats_of_self_play_games_train_in_their_seats_groups():
     """One dataset row g0 played twice as a two-seat game: A (seat 0 wins: scores 1 and 0) and B (a draw: 0.5 and
     0.5); row g1's game failed (an llm_error voids both seats). Each game comes back as its seat 0's result with
-    seat 1's in `other_seats` (SelfPlayDataflow). After `add_segment_rows`, GRPO compares seat 0 of A with seat 0
+    seat 1's in `other_seats` (SelfPlayEpisodeLoop). After `add_segment_rows`, GRPO compares seat 0 of A with seat 0
     of B (1 vs 0.5: +-1/sqrt(2)) and seat 1 of A with seat 1 of B (0 vs 0.5: -+1/sqrt(2)); g1's rows are masked."""
     games = []
     for index, (first, second) in enumerate(((1.0, 0.0), (0.5, 0.5))):

@@ -115,7 +115,7 @@ FROZENLAKE_LIMITS = dict(max_rounds=6, max_prompt_length=256, max_response_lengt
 
 @pytest.fixture(scope="session")
 def frozenlake_episodes(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    """frozenlake_episodes(maps, scripts) -> records: each map played by each script through our Dataflow.
+    """frozenlake_episodes(maps, scripts) -> records: each map played by each script through our EpisodeLoop.
 
     A script is a function map -> actions ("oracle" gives the BFS shortest path); FrozenLake runs in a real
     envservice, the tokens come from the tiny model's tokenizer and chat template, exactly as a rollout's."""
@@ -124,12 +124,12 @@ def frozenlake_episodes(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathF
     from envservice.client import EnvClient
     from envservice.envs.frozenlake import shortest_path_actions
     from envservice.process import EnvServiceProcess
-    from beyond_agent.rollout.dataflow import Dataflow, DataflowConfig, EpisodeSpec
+    from beyond_agent.rollout.episode_loop import EpisodeLoop, EpisodeConfig, EpisodeSpec
     from beyond_agent.rollout.scripted import ScriptedPolicy
     from beyond_agent.trajectories import episode_record
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    limits = DataflowConfig(**{key: value for key, value in FROZENLAKE_LIMITS.items() if key != "max_rounds"})
+    limits = EpisodeConfig(**{key: value for key, value in FROZENLAKE_LIMITS.items() if key != "max_rounds"})
     log = tmp_path_factory.mktemp("frozenlake_episodes") / "envservice.log"
     with EnvServiceProcess(["frozenlake"], log_path=log) as service:
         client = EnvClient(service.url)
@@ -144,7 +144,7 @@ def frozenlake_episodes(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathF
                     actions = oracle if script == "oracle" else script(oracle)
                     spec = EpisodeSpec("frozenlake", task_id=task, seed=task, split="train", params=params or {},
                                        group_id=f"map-{task}", index=index)
-                    result = Dataflow(spec, client, ScriptedPolicy(actions, tokenizer), tokenizer, limits,
+                    result = EpisodeLoop(spec, client, ScriptedPolicy(actions, tokenizer), tokenizer, limits,
                                       FROZENLAKE_LIMITS["max_rounds"]).run()
                     records.append(episode_record(result, step=0, kind="train"))
             return records

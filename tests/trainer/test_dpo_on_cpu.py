@@ -1,7 +1,7 @@
 """DPO on pairs of trajectories (beyond_agent/dpo.py, the recipe/dpo program): pairing, the loss on trained tokens only, and
 verl's SFT trainer running it on CPU.
 
-The episodes are real: FrozenLake maps served by envservice, played through our Dataflow by scripted
+The episodes are real: FrozenLake maps served by envservice, played through our EpisodeLoop by scripted
 policies (beyond_agent/rollout/scripted.py), the oracle's shortest path (success, reward 1) and
 walking into the left wall (reward 0), so each map gives one pair with the same first prompt, tokenised by
 the tiny model's tokenizer and chat template exactly as a rollout would be.

@@ -78,7 +78,7 @@ def test_each_turn_s_advantage_lands_on_its_own_trained_tokens_only():
 
 
 def test_an_env_s_state_key_names_the_state_instead_of_the_observation_text():
-    from beyond_agent.rollout.dataflow import STATE_KEY, TEXT_ANCHOR_PREFIX, state_anchor
+    from beyond_agent.rollout.episode_loop import STATE_KEY, TEXT_ANCHOR_PREFIX, state_anchor
 
     # Two texts of one state (e.g. the same room after different feedback) are one anchor when the env says so.
     assert state_anchor("You moved.\nSFFH", {STATE_KEY: "cell-4"}) == state_anchor("Nothing happens.\nSFFH",

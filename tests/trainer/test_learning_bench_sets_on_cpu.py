@@ -54,7 +54,7 @@ def test_the_bench_refuses_a_held_out_set_that_was_trained_on(bench) -> None:
         bench.require_unseen({"heldout": contamination(pool_maps.task_set(args.game), trained)})
 
 
-def test_babyai_maps_are_layouts_of_one_level_and_the_bot_solves_them_through_the_dataflow(bench, serve_app,
+def test_babyai_maps_are_layouts_of_one_level_and_the_bot_solves_them_through_the_episode_loop(bench, serve_app,
                                                                                           tiny_model_dir) -> None:
     from transformers import AutoTokenizer
 
@@ -71,7 +71,7 @@ def test_babyai_maps_are_layouts_of_one_level_and_the_bot_solves_them_through_th
     assert all(record.rounds <= game.limits["max_rounds"] - 2 for record in records)
 
 
-def test_tictactoe_positions_are_won_by_minimax_through_the_dataflow_in_the_compact_view(bench, serve_app,
+def test_tictactoe_positions_are_won_by_minimax_through_the_episode_loop_in_the_compact_view(bench, serve_app,
                                                                                        tiny_model_dir) -> None:
     """The warm-up's oracle reads each view's board and plays minimax against the random player: it wins these
     positions within the limits, every move a free cell of the board it was shown."""

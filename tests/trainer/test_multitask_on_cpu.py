@@ -23,7 +23,7 @@ from beyond_agent.multitask import (
     task_names,
     task_rollout_metrics,
 )
-from beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec
+from beyond_agent.rollout.episode_loop import EpisodeResult, EpisodeSpec
 from beyond_agent.settings import BeyondAgentConfig
 from beyond_agent.sections import from_section
 

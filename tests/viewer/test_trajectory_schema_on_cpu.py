@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from beyond_agent.rollout.dataflow import EpisodeResult, EpisodeSpec
+from beyond_agent.rollout.episode_loop import EpisodeResult, EpisodeSpec
 from beyond_agent.rollout.handler import Episode
 from beyond_agent.trajectories import (SCHEMA_VERSION, TrajectoryFormatError, TrajectoryRecord, episode_record,
                                               parse_dump_file_name, read_dump, write_dump)

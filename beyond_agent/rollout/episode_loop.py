@@ -1,6 +1,6 @@
 """One episode, start to finish: env session -> (generate -> parse -> step -> observe)* -> evaluate -> release.
 
-A Dataflow runs in one thread of the ParallelEnvManager's pool. It does blocking environment I/O
+A EpisodeLoop runs in one thread of the ParallelEnvManager's pool. It does blocking environment I/O
 itself and sends every LLM call to the shared LLM front (which owns the one event loop). It never
 raises: whatever happens, it returns an `EpisodeResult` with exactly one termination reason, and its
 environment session is released in `finally`.
@@ -116,10 +116,10 @@ def place_seeds(specs: Sequence[EpisodeSpec], run_seed: int | None, *place: obje
 
 
 @dataclass(frozen=True)
-class DataflowConfig:
+class EpisodeConfig:
     """The limits every episode of a run shares (validated here; the recipe's settings hold one). The round limit
     is not among them: it may change from one training step to the next (`RoundLimit`), so each episode is given
-    its own (`Dataflow(..., max_rounds)`)."""
+    its own (`EpisodeLoop(..., max_rounds)`)."""
 
     max_prompt_length: int
     """Tokens of the first prompt (system + first observation)."""
@@ -134,9 +134,9 @@ class DataflowConfig:
         for name in ("max_prompt_length", "max_response_length", "max_tokens_per_turn"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"DataflowConfig.{name} must be an int >= 1; got {value!r}")
+                raise ValueError(f"EpisodeConfig.{name} must be an int >= 1; got {value!r}")
         if not self.episode_timeout_s > 0:
-            raise ValueError(f"DataflowConfig.episode_timeout_s must be > 0; got {self.episode_timeout_s!r}")
+            raise ValueError(f"EpisodeConfig.episode_timeout_s must be > 0; got {self.episode_timeout_s!r}")
 
 
 def check_max_rounds(value: Any) -> int:
@@ -208,11 +208,11 @@ class _EpisodeFailure(Exception):
         self.termination = termination
 
 
-class Dataflow:
+class EpisodeLoop:
     """Runs one episode against an envservice client and a generate function; see the module docstring."""
 
     def __init__(self, spec: EpisodeSpec, env_client: Any, generate: GenerateFn, tokenizer: Any,
-                 config: DataflowConfig, max_rounds: int):
+                 config: EpisodeConfig, max_rounds: int):
         self.spec = spec
         self.task = spec.agent_task
         self.env = env_client
@@ -399,6 +399,6 @@ def state_anchor(observation: str, info: Mapping[str, Any] | None) -> str:
     return TEXT_ANCHOR_PREFIX + hashlib.sha1(observation.encode()).hexdigest()[:16]
 
 
-def run_dataflows(specs: Sequence[EpisodeSpec], make_dataflow: Callable[[EpisodeSpec], Dataflow]) -> list[EpisodeResult]:
-    """Run dataflows one after another (the naive baseline the benchmark compares against)."""
-    return [make_dataflow(spec).run() for spec in specs]
+def run_episode_loops(specs: Sequence[EpisodeSpec], make_loop: Callable[[EpisodeSpec], EpisodeLoop]) -> list[EpisodeResult]:
+    """Run episode loops one after another (the naive baseline the benchmark compares against)."""
+    return [make_loop(spec).run() for spec in specs]

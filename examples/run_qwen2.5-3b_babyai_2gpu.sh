@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bash examples/run_qwen2.5-3b_dataflow_2gpu.sh [--dry-run] [--backup-dir D] [-- hydra overrides...]
+# bash examples/run_qwen2.5-3b_babyai_2gpu.sh [--dry-run] [--backup-dir D] [-- hydra overrides...]
 #
 # Qwen2.5-3B-Instruct on BabyAI with 2 GPUs: the BabyAI example (examples/babyai/babyai.yaml: envservice,
 # task files, GRPO with ScalingInter-RL rounds 10 -> 20 -> 30) resized for one 2-GPU node, vLLM and FSDP
