@@ -24,9 +24,11 @@ import argparse
 import contextlib
 import gc
 import json
+import os
 import random
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -110,11 +112,12 @@ def call_figures(results, started: float, ended: float, llm_metrics) -> dict:
 
 
 def measure_handler(tokenizer, episodes: int, turns: int, seed: int = 0, unique: bool = False,
-                    observation_words: int = 40, max_prompt: int = 1024, max_response: int = 8192):
+                    observation_words: int = 40, max_prompt: int = 1024, max_response: int = 8192, threads: int = 1):
     """Tokens/s of RolloutHandler assembly (prompt, assistant turns, observation deltas) and of collate.
 
     The observations (`observation_words` words each) are drawn from 64 texts, as an environment repeats
-    itself; `unique` makes every prompt and observation distinct instead.
+    itself; `unique` makes every prompt and observation distinct instead. `threads` > 1 assembles the episodes
+    on that many threads at once, as the rollout plays them (one episode per thread).
     """
     rng = random.Random(seed)
     vocab = [t for t in range(len(tokenizer)) if t not in tokenizer.all_special_ids]
@@ -124,20 +127,25 @@ def measure_handler(tokenizer, episodes: int, turns: int, seed: int = 0, unique:
                     for e in range(episodes) for t in range(turns + 1)]
     replies = [[rng.choice(vocab) for _ in range(48)] + [tokenizer.eos_token_id] for _ in range(64)]
     gc.collect()  # a full collection owed by earlier imports would otherwise land in the timed section
-    started, cpu_started = time.perf_counter(), time.process_time()
-    handlers = []
-    for e in range(episodes):
+
+    def play(e: int) -> RolloutHandler:
         handler = RolloutHandler(tokenizer, [{"role": "system", "content": "You are an agent."},
                                              {"role": "user", "content": observations[e * (turns + 1)]}],
-                                  max_prompt, max_response)
+                                 max_prompt, max_response)
         for t in range(turns):
             reply = replies[(e + t) % 64]
             handler.add_assistant(reply, [-1.0] * len(reply))
             if t < turns - 1:
                 handler.add_observation(observations[e * (turns + 1) + t + 1])
         handler.finish("max_rounds")
-        handlers.append(handler)
+        return handler
+
+    pool = ThreadPoolExecutor(max_workers=threads) if threads > 1 else None
+    started, cpu_started = time.perf_counter(), time.process_time()
+    handlers = list(pool.map(play, range(episodes))) if pool else [play(e) for e in range(episodes)]
     assembly, assembly_cpu = time.perf_counter() - started, time.process_time() - cpu_started
+    if pool:
+        pool.shutdown()
     tokens = sum(len(h.prompt_ids) + len(h.response_ids) for h in handlers)
     gc.collect()
     started = time.perf_counter()
@@ -187,7 +195,7 @@ def report_assembly(args) -> dict:
 
     # Warm-up on other texts (seed 1): the template gets compiled and probed once, as in a long run.
     shape = dict(unique=args.unique_observations, observation_words=args.observation_words,
-                 max_prompt=args.max_prompt, max_response=args.max_response)
+                 max_prompt=args.max_prompt, max_response=args.max_response, threads=args.assembly_threads)
     measure_handler(tokenizer, 8, args.handler_turns, seed=1, **shape)
     # Each repeat draws new texts (its own seed); the median over repeats is what a noisy shared machine can tell.
     runs = [measure_handler(tokenizer, args.handler_episodes, args.handler_turns, seed=100 + repeat, **shape)
@@ -195,7 +203,7 @@ def report_assembly(args) -> dict:
     for tokens, assembly, assembly_cpu, collate_s, limit in runs:
         print(f"RolloutHandler: {tokens} tokens in {assembly:.3f} s = {tokens / assembly / 1e6:.2f} M tokens/s "
               f"(CPU time {assembly_cpu:.3f} s = {tokens / assembly_cpu / 1e6:.2f} M tokens/s; "
-              f"{args.handler_episodes} episodes x {args.handler_turns} turns); "
+              f"{args.handler_episodes} episodes x {args.handler_turns} turns on {args.assembly_threads} thread(s)); "
               f"collate {collate_s * 1e3:.1f} ms = {tokens / collate_s / 1e6:.1f} M tokens/s; the tokenizer's own "
               f"encode_batch {limit / 1e6:.2f} M tokens/s: assembly + collate at "
               f"{100 * tokens / (assembly + collate_s) / limit:.0f} % of it")
@@ -210,6 +218,7 @@ def report_assembly(args) -> dict:
     print(f"the tokenizer's own encode_batch: median {limits[len(limits) // 2]:.2f} M tokens/s; assembly + collate at "
           f"median {shares[len(shares) // 2]:.0f} % of it")
     return {"episodes": args.handler_episodes, "turns": args.handler_turns, "observation_words": args.observation_words,
+            "assembly_threads": args.assembly_threads,
             "tokens_per_batch": tokens, "assembly_m_tokens_per_s": speeds[len(speeds) // 2],
             "collate_ms": collates[len(collates) // 2],
             "assembly_and_collate_m_tokens_per_s": both[len(both) // 2],
@@ -237,6 +246,9 @@ def main() -> None:
     parser.add_argument("--max-prompt", type=int, default=1024, help="part (c)'s prompt token limit")
     parser.add_argument("--max-response", type=int, default=8192, help="part (c)'s response token limit")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
+    parser.add_argument("--assembly-threads", type=int, default=os.cpu_count() or 1,
+                        help="part (c)'s episodes assembled on this many threads at once, as the rollout plays them "
+                             "(default: one per core; 1: one after another)")
     parser.add_argument("--unique-observations", action="store_true",
                         help="part (c) with every prompt and observation distinct (no text repeats)")
     args = parser.parse_args()

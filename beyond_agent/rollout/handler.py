@@ -314,8 +314,10 @@ class RolloutHandler:
                 and backend.encode_special_tokens == self._split_special_tokens:
             # The Rust tokenizer's own ids, as transformers' `encode` returns them in this state, without its
             # wrapper (a third of the encoding time); another caller's truncation or padding left on the backend
-            # sends the text through transformers, which resets them.
-            return backend.encode(text, add_special_tokens=False).ids
+            # sends the text through transformers, which resets them. `encode_batch` of one text, not `encode`:
+            # the same ids, but it releases the interpreter while it tokenizes (`encode` holds it), so the other
+            # episodes' threads render and step meanwhile, on other cores.
+            return backend.encode_batch([text], add_special_tokens=False)[0].ids
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     @cached_property

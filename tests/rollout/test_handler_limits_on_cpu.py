@@ -162,7 +162,8 @@ class CountingTokenizer:
 
 
 class _Counting:
-    """A Rust tokenizer whose `encode` records its text's length in `encoded` and in its own `calls`."""
+    """A Rust tokenizer whose `encode` and `encode_batch` record each text's length in `encoded` and in its own
+    `calls`."""
 
     def __init__(self, backend, encoded: list[int]) -> None:
         self.backend, self.encoded, self.calls = backend, encoded, []
@@ -171,6 +172,11 @@ class _Counting:
         self.encoded.append(len(text))
         self.calls.append(len(text))
         return self.backend.encode(text, **kwargs)
+
+    def encode_batch(self, texts, **kwargs):
+        self.encoded.extend(len(text) for text in texts)
+        self.calls.extend(len(text) for text in texts)
+        return self.backend.encode_batch(texts, **kwargs)
 
     def __getattr__(self, name):
         return getattr(self.backend, name)
