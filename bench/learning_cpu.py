@@ -865,7 +865,7 @@ def print_table(summary: dict, args) -> None:
           f"pool; sampled = {args.samples} "
           f"episodes per map at T=1; seeds {args.seeds}")
     header = f"{'stage':22s}" + "".join(f"{title:>22s}" for title in (
-        "held-out greedy", "held-out sampled", "train greedy", "train sampled")) + f"{'RL wall (min)':>16s}"
+        "held-out greedy", "held-out sampled", "train greedy", "train sampled")) + f"  {'RL wall (min)':>16s}"
     print(header)
     for stage, cells in summary.items():
         row = f"{stage:22s}"
@@ -874,7 +874,7 @@ def print_table(summary: dict, args) -> None:
                 row += f"{_cell(cells[maps][mode + '_per_seed']):>22s}"
         walls = cells.get("rl_wall_s_per_seed") or []
         wall_cells = " / ".join("?" if wall is None else f"{wall / 60:.1f}" for wall in walls)
-        row += f"{wall_cells or '-':>16s}"
+        row += f"  {wall_cells or '-':>16s}"
         print(row)
 
 
