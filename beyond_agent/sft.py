@@ -20,6 +20,7 @@ The trained model is written in Hugging Face format under `<default_local_dir>/g
 LoRA: `model.lora_rank=8 model.lora_alpha=16` trains an adapter (verl's own LoRA path); `hf_model_dir` then hands
 on the adapter merged into the base (exported once by `beyond_agent.export`).
 """
+
 from __future__ import annotations
 
 import contextlib
