@@ -140,12 +140,10 @@ def measure_handler(tokenizer, episodes: int, turns: int, seed: int = 0, unique:
         handler.finish("max_rounds")
         return handler
 
-    pool = ThreadPoolExecutor(max_workers=threads) if threads > 1 else None
-    started, cpu_started = time.perf_counter(), time.process_time()
-    handlers = list(pool.map(play, range(episodes))) if pool else [play(e) for e in range(episodes)]
-    assembly, assembly_cpu = time.perf_counter() - started, time.process_time() - cpu_started
-    if pool:
-        pool.shutdown()
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        started, cpu_started = time.perf_counter(), time.process_time()
+        handlers = list(pool.map(play, range(episodes)))
+        assembly, assembly_cpu = time.perf_counter() - started, time.process_time() - cpu_started
     tokens = sum(len(h.prompt_ids) + len(h.response_ids) for h in handlers)
     gc.collect()
     started = time.perf_counter()

@@ -75,44 +75,6 @@ class EnvserviceSectionConfig:
 
 
 @dataclass(frozen=True)
-class ServiceSectionConfig:
-    """One entry of `services:` (the fields of `ServiceConfig`, as written)."""
-
-    command: Any = None
-    host: Any = None
-    port: Any = None
-    health_url: Any = None
-    env: Any = None
-    env_file: Any = None
-    activate: Any = None
-    startup_timeout_s: Any = None
-    env_url: Any = None
-    hint: Any = None
-
-
-@dataclass(frozen=True)
-class PrepareSectionConfig:
-    """One step of `prepare:`."""
-
-    name: Any = None
-    command: Any = None
-    skip_if_exists: Any = None
-
-
-@dataclass(frozen=True)
-class TrainSectionConfig:
-    """`train:`: a Hydra module with overrides, or a raw command (the fields of `TrainConfig`, as written)."""
-
-    module: Any = None
-    config_path: Any = None
-    config_name: Any = None
-    cpu: Any = None
-    overrides: Any = None
-    command: Any = None
-    env: Any = None
-
-
-@dataclass(frozen=True)
 class LaunchFileSectionConfig:
     """The launcher YAML's top level (each section is read on its own, so that errors name it from the top:
     `envservice has unknown key(s) ...`)."""
@@ -124,9 +86,9 @@ class LaunchFileSectionConfig:
     services: Any = None
     """NAME -> a `ServiceSectionConfig` mapping each."""
     prepare: Any = None
-    """A list of `PrepareSectionConfig` mappings."""
+    """A list of `PrepareStep` mappings."""
     train: Any = None
-    """A `TrainSectionConfig` mapping; required (checked with a hint of what to give)."""
+    """A `TrainConfig` mapping; required (checked with a hint of what to give)."""
 
 
 def _mapping(value: Any, where: str) -> dict:
@@ -145,19 +107,14 @@ def _read(cls: type, node: Any, where: str) -> Any:
 
 
 @dataclass
-class ServiceConfig:
-    """One service the launcher starts when asked (`--with NAME`): a command in its own process group,
-    ready once `health_url` answers 200.
+class ServiceSectionConfig:
+    """One entry of `services:` as written (read by `from_section`; `ServiceConfig` adds its name).
 
     `command` and `health_url` may use the placeholders of `launch.training` plus `{host}` and `{port}`;
     `env` values and `activate` may use `$NAME` from `.env`, `env_file` or our environment.
     """
 
-    name: str
-    """The service's name (`--with NAME`; its log is logs/NAME.log)."""
-    where: str
-    """Its key in the YAML, for messages: `envservice` or `services.NAME`."""
-    command: list[str]
+    command: list[str] = field(default_factory=list)
     """Program and arguments; `{python}` is this interpreter (with `activate`: the activated `python`)."""
     host: str = "127.0.0.1"
     """Where it listens."""
@@ -178,6 +135,17 @@ class ServiceConfig:
     hint: str | None = None
     """For the user's own server (no `command`): what to do when it does not answer (how to start it)."""
 
+
+@dataclass(kw_only=True)
+class ServiceConfig(ServiceSectionConfig):
+    """One service the launcher starts when asked (`--with NAME`): a command in its own process group, ready once
+    `health_url` answers 200 (the fields of `ServiceSectionConfig`, checked, and its name)."""
+
+    name: str
+    """The service's name (`--with NAME`; its log is logs/NAME.log)."""
+    where: str
+    """Its key in the YAML, for messages: `envservice` or `services.NAME`."""
+
     @property
     def external(self) -> bool:
         """The user's own server (no `command`): waited for, never started or stopped by the launcher."""
@@ -191,16 +159,20 @@ class ServiceConfig:
 
 @dataclass
 class PrepareStep:
-    """A command run after the services are up and before training (e.g. writing the dataset)."""
+    """A command run after the services are up and before training (e.g. writing the dataset); one entry of
+    `prepare:`."""
 
     name: str
+    """Its name in the launcher's output (default: step<index>)."""
     command: list[str]
+    """Program and arguments (required)."""
     skip_if_exists: str | None = None
+    """A path: the step is skipped when it exists."""
 
 
 @dataclass
 class TrainConfig:
-    """How training is run: a Hydra module with overrides, or a raw `command`."""
+    """How training is run (`train:`, read by `from_section`): a Hydra module with overrides, or a raw `command`."""
 
     module: str = DEFAULT_TRAIN_MODULE
     config_path: str | None = None
@@ -313,9 +285,10 @@ def _envservice(section: EnvserviceSectionConfig, dotenv: dict[str, str]) -> Ser
 def _service(name: str, entry: Any) -> ServiceConfig:
     """One entry of `services:`."""
     where = f"services.{name}"
-    entry = _read(ServiceSectionConfig, _mapping(entry, where), where)
+    written = _mapping(entry, where)
+    entry = _read(ServiceSectionConfig, written, where)  # unknown keys refused; values checked below
     command = _str_list(entry.command, f"{where}.command")
-    if not command and not entry.health_url:
+    if not command and not written.get("health_url"):  # the default health URL is for a service we start
         raise LaunchConfigError(f"{where}: give a command (a list: program and arguments) to start it, or only a "
                                 "health_url to wait for a server you run yourself")
     return ServiceConfig(
@@ -323,7 +296,8 @@ def _service(name: str, entry: Any) -> ServiceConfig:
         port=int(_number(entry.port, ServiceConfig.port, f"{where}.port")),
         health_url=str(entry.health_url or ServiceConfig.health_url),
         env=_str_dict(entry.env, f"{where}.env"), env_file=entry.env_file, activate=entry.activate,
-        startup_timeout_s=_number(entry.startup_timeout_s, ServiceConfig.startup_timeout_s, f"{where}.startup_timeout_s"),
+        startup_timeout_s=_number(entry.startup_timeout_s, ServiceConfig.startup_timeout_s,
+                                  f"{where}.startup_timeout_s"),
         env_url=bool(entry.env_url or False), hint=entry.hint)
 
 
@@ -358,7 +332,7 @@ def _prepare(data: LaunchFileSectionConfig) -> list[PrepareStep]:
     for index, step in enumerate(steps):
         if not isinstance(step, dict):
             raise LaunchConfigError(f"prepare[{index}]: expected a mapping with keys name, command, skip_if_exists")
-        step = _read(PrepareSectionConfig, step, f"prepare[{index}]")
+        step = _read(PrepareStep, {"name": f"step{index}", "command": None, **step}, f"prepare[{index}]")
         command = _str_list(step.command, f"prepare[{index}].command")
         if not command:
             raise LaunchConfigError(f"prepare[{index}].command: required (a list: program and arguments)")
@@ -372,9 +346,10 @@ def _train(data: dict) -> TrainConfig:
     if "train" not in data:
         raise LaunchConfigError(f"train: required; give either train.module (default {DEFAULT_TRAIN_MODULE}) "
                                 "with overrides, or train.command")
-    section = _read(TrainSectionConfig, _mapping(data["train"], "train"), "train")
+    written = _mapping(data["train"], "train")
+    section = _read(TrainConfig, written, "train")  # unknown keys refused; values checked below
     command = _str_list(section.command, "train.command") or None
-    module_keys = [key for key in ("module", "config_path", "config_name", "cpu") if getattr(section, key) is not None]
+    module_keys = [key for key in ("module", "config_path", "config_name", "cpu") if written.get(key) is not None]
     if command and module_keys:
         raise LaunchConfigError(f"train.command cannot be combined with train.{module_keys[0]}: "
                                 "choose a module (Hydra) or a raw command")

@@ -398,7 +398,8 @@ class AgentEpisodeLoop:
         last = recorded.segments[-1] if recorded.segments else None
         if termination is None:
             termination = last.termination if last is not None and last.termination else session.termination
-        step_rewards, _ = session.turn_rewards_and_anchors(0, len(recorded.calls)) if session else ([], [])  # the whole episode's
+        # The whole episode's step rewards, over all of its calls.
+        step_rewards, _ = session.turn_rewards_and_anchors(0, len(recorded.calls)) if session else ([], [])
         reward = 0.0
         if termination not in INFRA_FAILURES:
             outcome = EpisodeOutcome(score=score, success=success, step_rewards=tuple(step_rewards),
@@ -421,8 +422,8 @@ class AgentEpisodeLoop:
         a new history); an infrastructure failure of the episode is every segment's."""
         handler = recorded.segments[index]
         calls = [call.index for call in recorded.calls if call.segment == index]
-        step_rewards, anchors = (session.turn_rewards_and_anchors(calls[0], calls[-1] + 1) if session is not None and calls
-                                 else ([], []))
+        step_rewards, anchors = (session.turn_rewards_and_anchors(calls[0], calls[-1] + 1)
+                                 if session is not None and calls else ([], []))
         ended = termination if termination in INFRA_FAILURES or not handler.termination else handler.termination
         handler.finish(ended)
         handler.reward, handler.step_rewards = reward, list(step_rewards)

@@ -17,6 +17,7 @@ be computed from the survivors only.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from itertools import chain
 from typing import TYPE_CHECKING, Any, Sequence
@@ -186,9 +187,7 @@ def untrainable(results: Sequence[EpisodeResult], response_mask: Any) -> str | N
     server killed for memory, an envservice gone."""
     if bool(response_mask.any()):
         return None
-    ends: dict[str, int] = {}
-    for result in results:
-        ends[result.termination] = ends.get(result.termination, 0) + 1
+    ends = Counter(result.termination for result in results)
     counts = ", ".join(f"{number} {termination}" for termination, number in sorted(ends.items()))
     first_error = next((result.error for result in results if result.error), None)
     return (f"no token of its {len(results)} episodes can be trained on ({counts}; an infrastructure failure masks "

@@ -399,6 +399,7 @@ def state_anchor(observation: str, info: Mapping[str, Any] | None) -> str:
     return TEXT_ANCHOR_PREFIX + hashlib.sha1(observation.encode()).hexdigest()[:16]
 
 
-def run_episode_loops(specs: Sequence[EpisodeSpec], make_loop: Callable[[EpisodeSpec], EpisodeLoop]) -> list[EpisodeResult]:
+def run_episode_loops(specs: Sequence[EpisodeSpec],
+                      make_loop: Callable[[EpisodeSpec], EpisodeLoop]) -> list[EpisodeResult]:
     """Run episode loops one after another (the naive baseline the benchmark compares against)."""
     return [make_loop(spec).run() for spec in specs]

@@ -371,7 +371,8 @@ class SelfPlayEnvManager(ParallelEnvManager):
         policies: Mapping[int, GenerateFn] | SeatOrder = (
             SeatOrder(self.generate, self.models.generate(opponent), self.self_play.seats) if frozen
             else {seat: self.generate for seat in range(self.self_play.seats)})
-        return SelfPlayEpisodeLoop(SeatedEpisodeLoop(game, self.env_client, policies, self.tokenizer, self.config, max_rounds))
+        return SelfPlayEpisodeLoop(SeatedEpisodeLoop(game, self.env_client, policies, self.tokenizer, self.config,
+                                                     max_rounds))
 
 
 class OpponentModels:
