@@ -1,7 +1,7 @@
 """Synchronous vs asynchronous rollout on CPU, with and without a slow env: what does async rollout hide?
 
     .venv/bin/python bench/async_cpu.py [--steps 6] [--env babyai] [--batch-size 2] [--n 2] [--rounds 2]
-        [--latency lognormal:median=1,sigma=1,max=8] [--max-staleness 2] [--only sync|async]
+        [--latency lognormal:median=1,sigma=1,max=8] [--max-staleness 2] [--only sync|async] [--extra-rows E ...]
         [--json PATH] [--keep-dir DIR]
 
 Each configuration is one real training run of the tiny CPU setup that tests/trainer uses
@@ -11,6 +11,7 @@ started here for that run alone (so every run draws the same seeded env delays).
 
     sync                                  verl's fit() rolls out, then trains, step after step
     async  (max_staleness K, M2PO loss)   episodes are played in the background while the actor trains
+    async+E (--extra-rows E)              the same with E rows in flight beyond the bound's (over-provisioning)
     ... each without, then with `python -m envservice --step-delay <--latency>` (envservice/latency.py)
 
 Figures of a run (from verl's metrics.jsonl, which the bench follows while the run writes it, and from the
@@ -95,11 +96,18 @@ class RunConfig:
     """sync or async."""
     latency: str | None
     """The envservice's --step-delay spec; None: no injected delay."""
+    extra_rows: int = 0
+    """async mode: `beyond_agent.async_rollout.extra_rows` (rows in flight beyond the bound's)."""
+
+    @property
+    def name(self) -> str:
+        """sync, async, or async+E with E extra rows."""
+        return f"{self.mode}+{self.extra_rows}" if self.extra_rows else self.mode
 
     @property
     def label(self) -> str:
         """E.g. 'async/latency', for progress lines."""
-        return f"{self.mode}/{'latency' if self.latency else 'no delay'}"
+        return f"{self.name}/{'latency' if self.latency else 'no delay'}"
 
 
 @dataclass
@@ -108,6 +116,7 @@ class RunFigures:
 
     mode: str
     latency: str | None
+    extra_rows: int
     steps: int
     process_wall_s: float
     loop_wall_s: float
@@ -220,14 +229,15 @@ def training_command(config: RunConfig, args: argparse.Namespace, model_dir: Pat
     ]
     if config.mode == "async":
         command += ["beyond_agent.rollout_mode=async", f"beyond_agent.async_rollout.max_staleness={args.max_staleness}",
-                    "actor_rollout_ref.actor.policy_loss.loss_mode=m2po"]
+                    "actor_rollout_ref.actor.policy_loss.loss_mode=m2po",
+                    f"beyond_agent.async_rollout.extra_rows={config.extra_rows}"]
     return command + cpu_overrides()
 
 
 def run_one(index: int, total: int, config: RunConfig, args: argparse.Namespace, model_dir: Path,
             data: tuple[Path, Path], work: Path) -> RunFigures:
     """Start an envservice for this run, train, follow its metrics and sessions; the run's figures."""
-    name = f"{index}_{config.mode}_{'latency' if config.latency else 'nodelay'}"
+    name = f"{index}_{config.name}_{'latency' if config.latency else 'nodelay'}"
     run_dir, log_path = work / name, work / f"{name}.log"
     delay = ["--step-delay", config.latency, "--step-delay-seed", "0"] if config.latency else []
     with EnvServiceProcess([args.env], extra_args=["--max-sessions", "256", *delay],
@@ -295,7 +305,8 @@ def compute_figures(config: RunConfig, steps: int, clock: StepClock, sessions: S
     for row in per_step.values():  # relative to the loop start, for the JSON
         row["metrics_line_at_s"] = round(row["metrics_line_at_s"] - loop_start, 3)
     return RunFigures(
-        mode=config.mode, latency=config.latency, steps=len(trained), process_wall_s=process_wall,
+        mode=config.mode, latency=config.latency, extra_rows=config.extra_rows, steps=len(trained),
+        process_wall_s=process_wall,
         loop_wall_s=loop_wall, loop_s_per_step=loop_wall / len(trained), steady_s_per_step=steady,
         step_mean_s=statistics.fmean(series("timing_s/step")),
         waits_fraction=(total("gen_s") + total("wait_for_rows_s")) / loop_wall,
@@ -335,7 +346,8 @@ def table_row(f: RunFigures) -> list[str]:
         return "-" if value is None else format(value, fmt)
 
     stale = "-" if f.staleness_mean is None else f"{f.staleness_mean:.2f}/{f.staleness_max:.0f}"
-    return [f.mode, f.latency.split(":")[0] if f.latency else "none", str(f.steps), f"{f.process_wall_s:.0f}",
+    mode = f"{f.mode}+{f.extra_rows}" if f.extra_rows else f.mode
+    return [mode, f.latency.split(":")[0] if f.latency else "none", str(f.steps), f"{f.process_wall_s:.0f}",
             f"{f.loop_wall_s:.1f}",
             f"{f.loop_s_per_step:.1f}", number(f.steady_s_per_step, ".1f"), f"{f.step_mean_s:.1f}",
             f"{f.waits_fraction:.0%}", f"{f.train_fraction:.0%}", f"{f.rollout_fraction:.0%}",
@@ -354,10 +366,13 @@ def print_table(rows: list[RunFigures], args: argparse.Namespace) -> None:
 
 
 def configurations(args: argparse.Namespace) -> list[RunConfig]:
-    """sync and async, each without then with the injected delay (or only `--only`, only `--only-delayed`)."""
-    modes = [args.only] if args.only else ["sync", "async"]
+    """sync and async (and async with each `--extra-rows`), each without then with the injected delay (or only
+    `--only`, only `--only-delayed`)."""
+    modes = [(args.only, 0)] if args.only else [("sync", 0), ("async", 0)]
+    if args.only != "sync":
+        modes += [("async", extra) for extra in args.extra_rows]
     latencies = (args.latency,) if args.only_delayed else (None, args.latency)
-    return [RunConfig(mode, latency) for latency in latencies for mode in modes]
+    return [RunConfig(mode, latency, extra) for latency in latencies for mode, extra in modes]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -373,6 +388,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-staleness", type=int, default=2, help="K of the async runs (default 2)")
     parser.add_argument("--only", choices=("sync", "async"), default=None, help="run one mode only")
     parser.add_argument("--only-delayed", action="store_true", help="only the runs with the injected env delay")
+    parser.add_argument("--extra-rows", type=int, nargs="*", default=[], metavar="E",
+                        help="also run async with E rows in flight beyond the bound's (over-provisioning), per E")
     parser.add_argument("--json", type=Path, default=None, help="also write every figure to this JSON file")
     parser.add_argument("--keep-dir", type=Path, default=None, metavar="DIR",
                         help="work in DIR and keep it (model, data, run folders, logs); default: a temporary "
@@ -383,8 +400,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parse_latency_spec(args.latency, "--latency")
     except LatencySpecError as error:
         parser.error(str(error))
-    if args.steps < 2 or args.batch_size < 1 or args.n < 1 or args.max_staleness < 0:
-        parser.error("--steps must be >= 2, --batch-size and --n >= 1, --max-staleness >= 0")
+    if args.steps < 2 or args.batch_size < 1 or args.n < 1 or args.max_staleness < 0 \
+            or any(extra < 1 for extra in args.extra_rows):
+        parser.error("--steps must be >= 2, --batch-size and --n >= 1, --max-staleness >= 0, --extra-rows >= 1")
     return args
 
 

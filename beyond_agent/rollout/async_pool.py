@@ -20,6 +20,10 @@ trainer trains step s on weights s - 1, so a token sampled with version u is `s 
   shows by how much).
 - With dynamic sampling (rollout/dynamic_sampling.py), a finished row whose group has no learning signal is
   dropped within the step's budget, counted, and the feeder draws another row in its place.
+- With `extra_rows` E, E rows more than that bound allows are in flight (over-provisioning): the first rows to
+  finish fill each batch, so a step waits less for a slow or dropped row, and the extra rows that finish past the
+  bound are dropped as stale (counted, like any other). It plays more episodes than it trains, and it trains the
+  fast ones first even more than the FIFO hand-over does: the drop mix per task shows the bias.
 - Every admitted episode is accounted for: trained, dropped (stale or without signal), in flight or ready at
   the end.
 """
@@ -54,6 +58,9 @@ class AsyncRolloutConfig:
     """What the policy loss uses as π_old. behaviour: the log-probs the rollout sampled with (the staleness
     is then in the ratio, as M2PO and off-policy PPO expect); recompute: verl's recomputation with the
     weights before the update (a proximal policy; combine with verl's algorithm.rollout_correction)."""
+    extra_rows: int = 0
+    """Rows drawn beyond what the staleness bound's FIFO admission allows (over-provisioning): the first rows to
+    finish fill each batch and extra rows that finish past the bound are dropped as stale. 0: none."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_staleness, int) or isinstance(self.max_staleness, bool) or self.max_staleness < 0:
@@ -61,6 +68,8 @@ class AsyncRolloutConfig:
         if not isinstance(self.partial_rollout, bool):
             raise ValueError(f"beyond_agent.async_rollout.partial_rollout must be true or false, "
                              f"got {self.partial_rollout!r}")
+        if not isinstance(self.extra_rows, int) or isinstance(self.extra_rows, bool) or self.extra_rows < 0:
+            raise ValueError(f"beyond_agent.async_rollout.extra_rows must be an int >= 0, got {self.extra_rows!r}")
         if self.old_log_probs not in OLD_LOG_PROB_SOURCES:
             raise ValueError(f"beyond_agent.async_rollout.old_log_probs={self.old_log_probs!r} is not valid; "
                              f"choose one of {', '.join(OLD_LOG_PROB_SOURCES)}")
@@ -251,12 +260,13 @@ class AsyncEpisodePool:
     # ---- the background side --------------------------------------------------------------------
 
     def _allowed_waiting_rows(self) -> int:
-        """Rows that may wait (drawn, not taken) without a FIFO row exceeding the bound (module docstring)."""
+        """Rows that may wait (drawn, not taken): as many as FIFO hand-over keeps within the bound, plus the
+        extra rows of over-provisioning (module docstring)."""
         steps_ahead = self.settings.max_staleness + self.gate.version - self._taken_steps
         allowed = self.batch_size * (steps_ahead + 1)
         if self.total_steps is not None:  # rows past the last step would only be played and thrown away
             allowed = min(allowed, self.batch_size * (self.total_steps - self._taken_steps))
-        return allowed
+        return allowed + self.settings.extra_rows if allowed > 0 else 0
 
     def _feed(self) -> None:
         try:

@@ -210,6 +210,57 @@ def test_rows_are_drawn_ahead_only_as_far_as_the_staleness_bound(max_staleness):
     pool.close()
 
 
+def test_extra_rows_are_drawn_beyond_the_bound_and_the_first_finished_fill_the_batch():
+    gate = PolicyVersionGate()
+    release = threading.Event()
+    script = ScriptedEpisodes(gate, blockers={0: release})  # task 0: the first row drawn, its env hangs
+    pool = make_pool(script, gate, batch_size=1, max_staleness=1, extra_rows=2)
+    pool.start()
+    wait_until(lambda: pool.counts["admitted_rows"] == 1 * (1 + 1) + 2)  # the bound's 2 rows and 2 extra
+    time.sleep(0.3)
+    assert pool.counts["admitted_rows"] == 4
+    taken = [pool.take_batch()]
+    train_step(gate, pool, 1)
+    taken.append(pool.take_batch())
+    train_step(gate, pool, 2)
+    # Steps 1-2 trained two of tasks 1-3 without waiting for task 0; after each take one row more was drawn.
+    first_two = [batch.rows[0].row["extra_info"]["task_id"] for batch in taken]
+    assert len(set(first_two)) == 2 and set(first_two) <= {1, 2, 3}
+    wait_until(lambda: pool.counts["admitted_rows"] == 6)
+    release.set()
+    wait_until(lambda: all(f.done() for row in list(pool._waiting) for f in row.futures))
+    third = pool.take_batch()  # against version 2: the rows sampled at version 0 are 2 > 1 versions stale
+    # The price of the extra rows: task 0 and the third of tasks 1-3 (both version 0) are dropped, counted.
+    assert third.rows[0].row["extra_info"]["task_id"] in (4, 5)  # drawn after the first sync
+    assert third.metrics["async/dropped_stale_episodes"] == 4
+    accounting = pool.close()
+    assert accounting["admitted"] == (accounting["trained"] + accounting["dropped_stale"]
+                                      + accounting["left_unfinished_at_end"] + accounting["left_finished_at_end"])
+
+
+def test_extra_rows_are_not_drawn_past_the_last_step_or_while_a_synchronous_step_trains():
+    gate = PolicyVersionGate()
+    script = ScriptedEpisodes(gate)
+    pool = make_pool(script, gate, batch_size=2, max_staleness=0, total_steps=2, extra_rows=1)
+    pool.start()
+    wait_until(lambda: pool.counts["admitted_rows"] == 3)  # K = 0: this step's 2 rows and 1 extra
+    pool.take_batch()
+    time.sleep(0.3)  # step 1 trains on weights 0: K = 0 draws nothing meanwhile, extra rows included
+    assert pool.counts["admitted_rows"] == 3
+    train_step(gate, pool, 1)
+    wait_until(lambda: pool.counts["admitted_rows"] == 5)  # the extra row still waits: 2 + 1 allowed, 2 drawn
+    wait_until(lambda: all(f.done() for row in list(pool._waiting) for f in row.futures))
+    second = pool.take_batch()
+    # The extra row sampled by version 0 is stale for step 2 (K = 0): dropped; the batch is the two new rows.
+    assert second.metrics["async/dropped_stale_episodes"] == 2 and second.metrics["async/staleness_max"] == 0
+    train_step(gate, pool, 2)
+    time.sleep(0.3)  # the last step is trained: nothing more is drawn, extra rows included
+    accounting = pool.close()
+    assert accounting["admitted_rows"] == 5 and accounting["trained_rows"] == 4
+    assert accounting["admitted"] == (accounting["trained"] + accounting["dropped_stale"]
+                                      + accounting["left_unfinished_at_end"] + accounting["left_finished_at_end"])
+
+
 def test_no_row_is_drawn_that_no_remaining_step_could_train():
     gate = PolicyVersionGate()
     script = ScriptedEpisodes(gate)
@@ -327,6 +378,9 @@ def test_async_settings_are_read_and_bad_values_are_named():
         BeyondAgentConfig.from_config(config(async_rollout={"staleness": 2}))
     with pytest.raises(ValueError, match=r"old_log_probs='proximal' is not valid; choose one of behaviour, recompute"):
         BeyondAgentConfig.from_config(config(async_rollout={"old_log_probs": "proximal"}))
+    assert BeyondAgentConfig.from_config(config(async_rollout={"extra_rows": 3})).async_rollout.extra_rows == 3
+    with pytest.raises(ValueError, match=r"extra_rows must be an int >= 0, got -1"):
+        BeyondAgentConfig.from_config(config(async_rollout={"extra_rows": -1}))
     with pytest.raises(ValueError, match=r"max_staleness must be an int >= 0"):
         BeyondAgentConfig.from_config(config(async_rollout={"max_staleness": -1}))
     sleeping = config(rollout_mode="async")
