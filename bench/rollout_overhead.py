@@ -147,9 +147,25 @@ def measure_handler(tokenizer, episodes: int, turns: int, seed: int = 0, unique:
     tokens = sum(len(h.prompt_ids) + len(h.response_ids) for h in handlers)
     gc.collect()
     started = time.perf_counter()
-    collate(handlers, tokenizer.pad_token_id, max_prompt, max_response)
+    batch = collate(handlers, tokenizer.pad_token_id, max_prompt, max_response)
     collate_s = time.perf_counter() - started
-    return tokens, assembly, assembly_cpu, collate_s, tokenizer_speed(tokenizer, handlers)
+    return tokens, assembly, assembly_cpu, collate_s, tokenizer_speed(tokenizer, handlers), padded_write(batch)
+
+
+def padded_write(batch) -> tuple[float, float]:
+    """Collate's floor: MB of its padded tensors, and the seconds to write that many fresh bytes alone (one
+    allocation and fill per tensor, of the same shapes and dtypes, the page faults included)."""
+    import torch
+
+    shapes = [(tensor.shape, tensor.dtype) for tensor in batch.batch.values()]
+    total = sum(tensor.numel() * tensor.element_size() for tensor in batch.batch.values())
+    del batch
+    gc.collect()
+    started = time.perf_counter()
+    written = [torch.full(shape, 1, dtype=dtype) for shape, dtype in shapes]
+    seconds = time.perf_counter() - started
+    del written
+    return total / 1e6, seconds
 
 
 def tokenizer_speed(tokenizer, handlers) -> float:
@@ -198,27 +214,31 @@ def report_assembly(args) -> dict:
     # Each repeat draws new texts (its own seed); the median over repeats is what a noisy shared machine can tell.
     runs = [measure_handler(tokenizer, args.handler_episodes, args.handler_turns, seed=100 + repeat, **shape)
             for repeat in range(args.repeats)]
-    for tokens, assembly, assembly_cpu, collate_s, limit in runs:
+    for tokens, assembly, assembly_cpu, collate_s, limit, (megabytes, write_s) in runs:
         print(f"RolloutHandler: {tokens} tokens in {assembly:.3f} s = {tokens / assembly / 1e6:.2f} M tokens/s "
               f"(CPU time {assembly_cpu:.3f} s = {tokens / assembly_cpu / 1e6:.2f} M tokens/s; "
               f"{args.handler_episodes} episodes x {args.handler_turns} turns on {args.assembly_threads} thread(s)); "
-              f"collate {collate_s * 1e3:.1f} ms = {tokens / collate_s / 1e6:.1f} M tokens/s; the tokenizer's own "
+              f"collate {collate_s * 1e3:.1f} ms = {tokens / collate_s / 1e6:.1f} M tokens/s (its {megabytes:.0f} MB "
+              f"of padded tensors written alone: {write_s * 1e3:.1f} ms); the tokenizer's own "
               f"encode_batch {limit / 1e6:.2f} M tokens/s: assembly + collate at "
               f"{100 * tokens / (assembly + collate_s) / limit:.0f} % of it")
     speeds = sorted(tokens / assembly / 1e6 for tokens, assembly, *_ in runs)
-    collates = sorted(collate_s * 1e3 for *_, collate_s, _ in runs)
-    limits = sorted(limit / 1e6 for *_, limit in runs)
-    shares = sorted(100 * tokens / (assembly + collate_s) / limit for tokens, assembly, _, collate_s, limit in runs)
+    collates = sorted(run[3] * 1e3 for run in runs)
+    limits = sorted(run[4] / 1e6 for run in runs)
+    writes = sorted(run[5][1] * 1e3 for run in runs)
+    shares = sorted(100 * tokens / (assembly + collate_s) / limit for tokens, assembly, _, collate_s, limit, _ in runs)
     print(f"RolloutHandler assembly over {len(runs)} batches of new texts: median {speeds[len(speeds) // 2]:.2f} "
-          f"M tokens/s (best {speeds[-1]:.2f}, worst {speeds[0]:.2f}); collate median {collates[len(collates) // 2]:.1f} ms")
+          f"M tokens/s (best {speeds[-1]:.2f}, worst {speeds[0]:.2f}); collate median {collates[len(collates) // 2]:.1f} ms "
+          f"(its padded tensors written alone: median {writes[len(writes) // 2]:.1f} ms)")
     tokens = runs[0][0]
-    both = sorted(tokens / (assembly + collate_s) / 1e6 for tokens, assembly, _, collate_s, _ in runs)
+    both = sorted(tokens / (assembly + collate_s) / 1e6 for tokens, assembly, _, collate_s, *_ in runs)
     print(f"the tokenizer's own encode_batch: median {limits[len(limits) // 2]:.2f} M tokens/s; assembly + collate at "
           f"median {shares[len(shares) // 2]:.0f} % of it")
     return {"episodes": args.handler_episodes, "turns": args.handler_turns, "observation_words": args.observation_words,
             "assembly_threads": args.assembly_threads,
             "tokens_per_batch": tokens, "assembly_m_tokens_per_s": speeds[len(speeds) // 2],
             "collate_ms": collates[len(collates) // 2],
+            "collate_output_mb": runs[0][5][0], "padded_write_alone_ms": writes[len(writes) // 2],
             "assembly_and_collate_m_tokens_per_s": both[len(both) // 2],
             "tokenizer_encode_batch_m_tokens_per_s": limits[len(limits) // 2],
             "assembly_and_collate_share_of_tokenizer_pct": shares[len(shares) // 2]}

@@ -30,7 +30,8 @@ FIGURES = {
     "envservice_1k_step": {"steps_per_s": 720.0},
     "assembly": {"assembly": {"assembly_and_collate_m_tokens_per_s": 0.36,
                               "assembly_and_collate_share_of_tokenizer_pct": 36.0,
-                              "tokenizer_encode_batch_m_tokens_per_s": 1.0}},
+                              "tokenizer_encode_batch_m_tokens_per_s": 1.0, "collate_ms": 129.4,
+                              "collate_output_mb": 117.4, "padded_write_alone_ms": 71.2}},
     "weight_sync": {"variants": [
         {"send_dtype": "float32", "lr": 1e-6, "mean": {"sent_fraction": 1.0}},
         {"send_dtype": "bfloat16", "lr": 1e-6, "mean": {"sent_fraction": 0.086}}]},
@@ -62,6 +63,7 @@ def test_each_row_takes_its_figure_and_judges_it_against_its_goal():
     assert rows["envservice, 1 000 sessions, each step alone (POST /step): steps/s"]["figure"] == 720.0
     share = rows["assembly + collate / the tokenizer's own encode_batch, same texts, same run"]
     assert (share["figure"], share["met"]) == (36.0, False)
+    assert share["limit"] == "collate 129 ms, of which writing its 117 MB of padded tensors alone: 71.2 ms"
     # Each limit is measured in the same run: the env alone, the tokenizer alone, sync's step over its training.
     assert rows["envservice, 1 000 sessions: steps/s"]["limit"] == "the env alone: 25 000"
     assert rows["envservice, 1 000 sessions: server CPU per step"]["limit"] == "the env alone: 40 us"
