@@ -154,13 +154,12 @@ def measure_handler(tokenizer, episodes: int, turns: int, seed: int = 0, unique:
 
 def padded_write(batch) -> tuple[float, float]:
     """Collate's floor: MB of its padded tensors, and the seconds to write that many fresh bytes alone (one
-    allocation and fill per tensor, of the same shapes and dtypes, the page faults included)."""
+    allocation and fill per tensor, of the same shapes and dtypes). The batch is still held meanwhile, so its
+    memory is not handed back: the new tensors get fresh pages and pay their page faults, as collate's did."""
     import torch
 
     shapes = [(tensor.shape, tensor.dtype) for tensor in batch.batch.values()]
     total = sum(tensor.numel() * tensor.element_size() for tensor in batch.batch.values())
-    del batch
-    gc.collect()
     started = time.perf_counter()
     written = [torch.full(shape, 1, dtype=dtype) for shape, dtype in shapes]
     seconds = time.perf_counter() - started
