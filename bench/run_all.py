@@ -1,7 +1,7 @@
 """One command for the performance figures (issue #32), each printed beside its goal.
 
     .venv/bin/python bench/run_all.py [--quick] [--only NAME ...] [--out outputs/bench/run_all]
-        [--json FILE] [--markdown docs/benchmarks_summary.md]
+        [--json FILE] [--markdown docs/benchmarks_summary.md] [--before bench/results/run_all_<date>.json]
 
 Runs each bench below as its own process (its output in `<out>/<name>.log`, a line of progress every 30 s) and
 keeps its figures in `<out>/<name>.json`; a bench whose JSON is there already is read back, not run again
@@ -219,6 +219,9 @@ ROWS = [
     Row("assembly + collate, WebShop-sized 16 x 30 turns (M tokens/s)",
         lambda f: _get(f, "assembly_webshop", "assembly", "assembly_and_collate_m_tokens_per_s"), ">= 5",
         lambda v: v >= 5, limit=lambda f: _tokenizer_alone(f, "assembly_webshop")),
+    Row("assembly + collate / the tokenizer's own encode_batch, WebShop-sized, same run",
+        lambda f: _get(f, "assembly_webshop", "assembly", "assembly_and_collate_share_of_tokenizer_pct"), ">= 80",
+        lambda v: v >= 80, " %", limit=lambda f: _collate_floor(f, "assembly_webshop")),
     Row("rollout wall / LLM busy, warm calls", lambda f: _get(f, "manager", "manager", "warm_wall_over_busy"),
         "<= 1.03", lambda v: v <= 1.03),
     Row("delta sync bytes / full, bf16, lr 1e-6", lambda f: _weight_sync_sent(f, "bfloat16", 1e-6), "<= 20",
@@ -277,16 +280,22 @@ def table(figures: dict) -> list[dict]:
     return rows
 
 
-def markdown(rows: list[dict], quick: bool, measured_on: str) -> str:
-    """The table as Markdown."""
-    lines = ["| what | figure | goal | met | physical limit, same run |", "|---|---|---|---|---|"]
+def markdown(rows: list[dict], quick: bool, measured_on: str, before: dict | None = None) -> str:
+    """The table as Markdown; with `before` (an earlier run's `--json`), its figure of each row beside today's."""
+    earlier = {row["what"]: row for row in (before or {}).get("table", [])}
+    head = f"| what | before ({before['measured_on'].split(' ')[0]}) " if before else "| what "
+    lines = [head + "| figure | goal | met | physical limit, same run |", "|---|---|---|---|---|" + ("---|" if before else "")]
     for row in rows:
         value = "not run" if row["figure"] is None else _number(row["figure"]) + row["unit"]
         met = "-" if row["met"] is None else ("yes" if row["met"] else "**no**")
         limit = row.get("limit") or "-"
-        lines.append(f"| {row['what']} | {value} | {row['goal']}{row['unit']} | {met} | {limit} |")
+        then = earlier.get(row["what"])
+        then = "-" if not then or then["figure"] is None else _number(then["figure"]) + then["unit"]
+        lines.append(f"| {row['what']} " + (f"| {then} " if before else "")
+                     + f"| {value} | {row['goal']}{row['unit']} | {met} | {limit} |")
     note = " (`--quick`: small runs, not figures to quote)" if quick else ""
-    return "\n".join(lines) + f"\n\nMeasured {measured_on}{note}.\n"
+    since = f"; before: {before['measured_on']}" if before else ""
+    return "\n".join(lines) + f"\n\nMeasured {measured_on}{note}{since}.\n"
 
 
 def _number(value: float) -> str:
@@ -294,13 +303,14 @@ def _number(value: float) -> str:
     return f"{value:,.0f}".replace(",", " ") if abs(value) >= 100 else f"{value:.3g}"
 
 
-def page(rows: list[dict], quick: bool, measured_on: str) -> str:
+def page(rows: list[dict], quick: bool, measured_on: str, before: dict | None = None) -> str:
     """docs/benchmarks_summary.md."""
     return ("# Benchmarks at a glance\n\n"
             "Written by `.venv/bin/python bench/run_all.py --markdown docs/benchmarks_summary.md` from the figures "
-            "of one run of every bench (issue #32's goals beside them). What each figure means, the profiles of "
-            "the goals not met and the older runs: [Benchmarks and the learning check](benchmarks.md).\n\n"
-            + markdown(rows, quick, measured_on))
+            "of one run of every bench (issue #32's and #56's goals beside them; `--before` an earlier run's "
+            "figures). What each figure means, the profiles of the goals not met and the older runs: "
+            "[Benchmarks and the learning check](benchmarks.md).\n\n"
+            + markdown(rows, quick, measured_on, before))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -311,6 +321,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="one JSON and one log per bench (resumable)")
     parser.add_argument("--json", type=Path, default=None, help="every figure and the table, as JSON")
     parser.add_argument("--markdown", type=Path, default=None, help="the table as a Markdown page")
+    parser.add_argument("--before", type=Path, default=None, metavar="JSON",
+                        help="an earlier run's --json (e.g. bench/results/run_all_2026-11-26.json): its figures "
+                        "in a column beside today's")
     args = parser.parse_args(argv)
     out = args.out.with_name(args.out.name + "-quick") if args.quick else args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -325,12 +338,13 @@ def main(argv: list[str] | None = None) -> int:
             figures[name] = json.loads((out / f"{name}.json").read_text())
     rows = table(figures)
     measured_on = f"{time.strftime('%Y-%m-%d')} on {_machine()}"
-    print("\n" + markdown(rows, args.quick, measured_on))
+    before = json.loads(args.before.read_text()) if args.before else None
+    print("\n" + markdown(rows, args.quick, measured_on, before))
     if args.json:
         args.json.write_text(json.dumps({"quick": args.quick, "measured_on": measured_on, "table": rows,
                                          "figures": figures}, indent=1, default=str))
     if args.markdown:
-        args.markdown.write_text(page(rows, args.quick, measured_on))
+        args.markdown.write_text(page(rows, args.quick, measured_on, before))
         print(f"[run_all] wrote {args.markdown}")
     return 0
 

@@ -102,3 +102,15 @@ def test_the_markdown_table_writes_thousands_with_a_space_and_marks_misses():
         in text
     assert "| envservice, 10 000 sessions held | not run | >= 10 000 | - | - |" in text
     assert text.endswith("Measured 2026-11-26 on 2 cores.\n")
+
+
+def test_an_earlier_run_stands_in_a_column_beside_todays_figures():
+    module = run_all_module()
+    before = {"measured_on": "2026-11-26 on 2 cores, 24 GiB",
+              "table": [{"what": "envservice, 1 000 sessions: steps/s", "figure": 1442, "unit": ""}]}
+    text = module.markdown(module.table(FIGURES), quick=False, measured_on="2026-11-28 on 2 cores", before=before)
+    assert text.startswith("| what | before (2026-11-26) | figure | goal | met | physical limit, same run |\n"
+                           "|---|---|---|---|---|---|\n")
+    assert "| envservice, 1 000 sessions: steps/s | 1 442 | 1 500 | >= 3 000 | **no** | the env alone: 25 000 |" in text
+    assert "| envservice, 1 000 sessions: p99 step latency | - | 12.5 ms |" in text  # a row the earlier run lacks
+    assert text.endswith("Measured 2026-11-28 on 2 cores; before: 2026-11-26 on 2 cores, 24 GiB.\n")
