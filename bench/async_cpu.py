@@ -88,6 +88,11 @@ ASYNC = "beyond_agent/async/"
 POLL_S = 0.05
 
 
+def run_name(mode: str, extra_rows: int) -> str:
+    """sync, async, or async+E for an async run with E extra rows in flight."""
+    return f"{mode}+{extra_rows}" if extra_rows else mode
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """One training run of the bench."""
@@ -102,7 +107,7 @@ class RunConfig:
     @property
     def name(self) -> str:
         """sync, async, or async+E with E extra rows."""
-        return f"{self.mode}+{self.extra_rows}" if self.extra_rows else self.mode
+        return run_name(self.mode, self.extra_rows)
 
     @property
     def label(self) -> str:
@@ -346,8 +351,7 @@ def table_row(f: RunFigures) -> list[str]:
         return "-" if value is None else format(value, fmt)
 
     stale = "-" if f.staleness_mean is None else f"{f.staleness_mean:.2f}/{f.staleness_max:.0f}"
-    mode = f"{f.mode}+{f.extra_rows}" if f.extra_rows else f.mode
-    return [mode, f.latency.split(":")[0] if f.latency else "none", str(f.steps), f"{f.process_wall_s:.0f}",
+    return [run_name(f.mode, f.extra_rows), f.latency.split(":")[0] if f.latency else "none", str(f.steps), f"{f.process_wall_s:.0f}",
             f"{f.loop_wall_s:.1f}",
             f"{f.loop_s_per_step:.1f}", number(f.steady_s_per_step, ".1f"), f"{f.step_mean_s:.1f}",
             f"{f.waits_fraction:.0%}", f"{f.train_fraction:.0%}", f"{f.rollout_fraction:.0%}",

@@ -266,6 +266,8 @@ class AsyncEpisodePool:
         allowed = self.batch_size * (steps_ahead + 1)
         if self.total_steps is not None:  # rows past the last step would only be played and thrown away
             allowed = min(allowed, self.batch_size * (self.total_steps - self._taken_steps))
+        # No extra row either where FIFO admission allows none: K = 0 draws nothing while the actor trains
+        # (synchronous), and no row past the last step could be trained.
         return allowed + self.settings.extra_rows if allowed > 0 else 0
 
     def _feed(self) -> None:
