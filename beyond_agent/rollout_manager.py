@@ -339,7 +339,7 @@ class BeyondAgentLoopManager:
         self._pool = AsyncEpisodePool(
             rows, make_specs, run_episode, self.round_limit.max_rounds, self.gate,
             batch_size, settings.async_rollout, settings.concurrency,
-            describe=lambda result: result.spec.agent_task.label, total_steps=total_steps,
+            describe=lambda spec: spec.agent_task.label, total_steps=total_steps,
             dynamic_sampling=settings.dynamic_sampling, step_signal=self._step_signal(), row_task=task_name)
         self._pool.start(trained_steps)
 

@@ -17,7 +17,9 @@ trainer trains step s on weights s - 1, so a token sampled with version u is `s 
   (`max_staleness`). With K = 0 nothing is drawn while the actor trains, which is synchronous rollout.
 - A row that finished late (carried over) can still exceed K by the time it would be trained: it is
   dropped, counted, and its env/task mix logged (dropping biases training toward short tasks; the mix
-  shows by how much).
+  shows by how much). A row still running is dropped as soon as one of its turns is past the bound (it can
+  only get staler), so its place is drawn again at once instead of when it ends; its episodes run out
+  unused.
 - With dynamic sampling (rollout/dynamic_sampling.py), a finished row whose group has no learning signal is
   dropped within the step's budget, counted, and the feeder draws another row in its place.
 - With `extra_rows` E, E rows more than that bound allows are in flight (over-provisioning): the first rows to
@@ -83,7 +85,11 @@ class PendingRow:
     row: dict[str, Any]
     """The dataset row as the dataloader gave it (one element of each batch field)."""
     admitted_version: int
+    specs: list[EpisodeSpec] = field(default_factory=list)
     futures: list[Future] = field(default_factory=list)
+    oldest_sampled: int | None = None
+    """The oldest policy version a turn of its episodes was sampled with so far (None: no turn seen yet, or
+    turns the pool cannot see, such as a gateway agent's)."""
     finished_at: float | None = None
     sieved: bool = False
     """Finished and passed a step's dynamic-sampling sieve (it trains, whichever step takes it)."""
@@ -130,7 +136,7 @@ class AsyncEpisodePool:
         batch_size: rows per training step.
         settings: the staleness bound.
         concurrency: episodes running at once.
-        describe: result -> the label its drop is counted under (env or task name).
+        describe: episode spec -> the label its drop is counted under (env or task name).
         total_steps: the run's last step, if known: no row is drawn that no remaining step could train.
         dynamic_sampling: which finished groups are dropped for lack of signal (default: none).
         step_signal: GiGPO's step-level test of a group (see rollout/dynamic_sampling.py); None: episode-level.
@@ -140,7 +146,7 @@ class AsyncEpisodePool:
     def __init__(self, rows: Iterator[dict[str, Any]], make_specs: Callable[[str, dict], Sequence[EpisodeSpec]],
                  run_episode: Callable[[EpisodeSpec, int], EpisodeResult], max_rounds: Callable[[int], int],
                  gate: PolicyVersionGate, batch_size: int, settings: AsyncRolloutConfig, concurrency: int,
-                 describe: Callable[[EpisodeResult], str] = lambda result: result.spec.env_id,
+                 describe: Callable[[EpisodeSpec], str] = lambda spec: spec.env_id,
                  total_steps: int | None = None, dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig(),
                  step_signal: StepSignal | None = None,
                  row_task: Callable[[dict], str] = lambda row: str(row.get("data_source", "unknown"))):
@@ -241,14 +247,21 @@ class AsyncEpisodePool:
             self._condition.notify_all()
 
     def _drop_stale_rows(self, trainer_version: int) -> list[tuple[PendingRow, int]]:
-        """Remove the finished rows already past the bound (called with the lock held)."""
+        """Remove the rows already past the bound, finished or still running (called with the lock held)."""
         dropped = []
-        for row in [row for row in self._waiting if row.done]:
-            staleness = row_staleness(row, trainer_version)
-            # Rule: beyond K the stale gradient is not taken; a finished row only gets staler, so it is
-            # dropped as soon as it is past the bound.
+        for row in list(self._waiting):
+            if row.done:
+                staleness = row_staleness(row, trainer_version)
+            elif row.oldest_sampled is not None:
+                staleness = trainer_version - row.oldest_sampled  # its oldest turn can only be older, never newer
+            else:
+                continue
+            # Rule: beyond K the stale gradient is not taken; a row only gets staler, so it is dropped as soon
+            # as it is past the bound, running or not (its episodes not started yet are cancelled).
             if staleness > self.settings.max_staleness:
                 self._waiting.remove(row)
+                for future in row.futures:
+                    future.cancel()
                 dropped.append((row, staleness))
         return dropped
 
@@ -296,12 +309,23 @@ class AsyncEpisodePool:
             specs = self._make_specs(key, row)
             max_rounds = self._max_rounds(step)
             for spec in specs:
-                future = self._executor.submit(self._run_episode, spec, max_rounds)
+                future = self._executor.submit(self._play, pending, spec, max_rounds)
                 future.add_done_callback(lambda _, p=pending: self._episode_finished(p))
+                pending.specs.append(spec)
                 pending.futures.append(future)
             self._waiting.append(pending)
             self.counts["admitted"] += len(specs)
             self.counts["admitted_rows"] += 1
+
+    def _play(self, row: PendingRow, spec: EpisodeSpec, max_rounds: int) -> EpisodeResult:
+        """One episode of a row, noting the version of each turn as it is sampled (see `_drop_stale_rows`)."""
+        with self.gate.observing(lambda version: self._turn_sampled(row, version)):
+            return self._run_episode(spec, max_rounds)
+
+    def _turn_sampled(self, row: PendingRow, version: int) -> None:
+        with self._condition:
+            if row.oldest_sampled is None or version < row.oldest_sampled:
+                row.oldest_sampled = version
 
     def _episode_finished(self, row: PendingRow) -> None:
         with self._condition:
@@ -325,22 +349,22 @@ class AsyncEpisodePool:
                 episode_staleness.append(trainer_version - min(versions))
                 token_staleness.extend(trainer_version - v for v in versions)
                 mixed += len(set(versions)) > 1
-        dropped_results = [result for row, _ in dropped for result in row.results()]
+        dropped_specs = [spec for row, _ in dropped for spec in row.specs]
         self.counts["trained"] += sum(len(row.futures) for row in taken)
         self.counts["trained_rows"] += len(taken)
-        self.counts["dropped_stale"] += len(dropped_results)
+        self.counts["dropped_stale"] += len(dropped_specs)
         self.counts["dropped_stale_rows"] += len(dropped)
         metrics = {
             "async/staleness_mean": _mean(episode_staleness), "async/staleness_max": float(max(episode_staleness, default=0)),
             "async/turn_staleness_mean": _mean(token_staleness),
             "async/partial_episodes": float(mixed),
             "async/carried_over_episodes": float(carried_over),
-            "async/dropped_stale_episodes": float(len(dropped_results)),
+            "async/dropped_stale_episodes": float(len(dropped_specs)),
             "async/wait_for_rows_s": waited_s, "async/update_wait_s": self.gate.take_update_wait(),
             "async/policy_version": float(trainer_version),
         }
         metrics.update({f"async/dropped_stale/{label}": float(count)
-                        for label, count in Counter(self._describe(r) for r in dropped_results).items()})
+                        for label, count in Counter(self._describe(spec) for spec in dropped_specs).items()})
         metrics.update({f"async/total_{name}": float(value) for name, value in self.counts.items()})
         return metrics
 

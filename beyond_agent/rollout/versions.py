@@ -23,7 +23,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 from beyond_agent.rollout.episode_loop import GeneratedTurn, GenerateFn
 
@@ -50,6 +50,7 @@ class PolicyVersionGate:
         self._syncing = False  # generation has drained and the weights are being replaced
         self._requests = 0
         self._episodes = 0
+        self._observers = threading.local()  # per thread: who is told each request's version (`observing`)
         self.update_wait_s = 0.0
         """Seconds updates spent waiting for generation to drain, summed (reset by `take_update_wait`)."""
 
@@ -68,12 +69,26 @@ class PolicyVersionGate:
             self._condition.wait_for(lambda: not (self._syncing if not self.partial_rollout else self._updating))
             self._requests += 1
             version = self._version
+        observer = getattr(self._observers, "observer", None)
+        if observer is not None:  # told outside the gate's lock: the observer may take its own
+            observer(version)
         try:
             yield version
         finally:
             with self._condition:
                 self._requests -= 1
                 self._condition.notify_all()
+
+    @contextmanager
+    def observing(self, observer: Callable[[int], None]) -> Iterator[None]:
+        """Tell `observer` the version of every request this thread makes meanwhile (an episode's turns: the
+        async pool learns which version a running episode sampled with, before it ends)."""
+        previous = getattr(self._observers, "observer", None)
+        self._observers.observer = observer
+        try:
+            yield
+        finally:
+            self._observers.observer = previous
 
     @contextmanager
     def episode(self) -> Iterator[None]:

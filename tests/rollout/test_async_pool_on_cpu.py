@@ -323,6 +323,50 @@ def test_a_row_that_finished_past_the_bound_is_dropped_counted_and_labelled():
                                       + accounting["left_unfinished_at_end"] + accounting["left_finished_at_end"])
 
 
+def test_a_running_row_past_the_bound_is_dropped_at_once_and_its_place_drawn_again():
+    gate = PolicyVersionGate()
+    release = threading.Event()
+    script = ScriptedEpisodes(gate, blockers={0: release})  # task 0: its turn sampled by version 0, then its env hangs
+    pool = make_pool(script, gate, batch_size=1, max_staleness=1)
+    pool.start()
+    for step in (1, 2):  # tasks 1 and 2 train; task 0, one version stale at step 2, is within the bound
+        assert pool.take_batch().metrics["async/dropped_stale_episodes"] == 0
+        train_step(gate, pool, step)
+    third = pool.take_batch()  # against version 2: task 0 is 2 > 1 versions stale, and still running
+    assert not release.is_set()
+    assert third.metrics["async/dropped_stale_episodes"] == 2 and third.metrics["async/dropped_stale/frozenlake"] == 2
+    assert third.metrics["async/staleness_max"] <= 1
+    # While step 3 trains one row may wait (K = 1); task 0 no longer holds that place, so task 4 is drawn now,
+    # not after task 0 ends.
+    wait_until(lambda: pool.counts["admitted_rows"] == 5)
+    assert sorted(script.started) == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+    release.set()
+    accounting = pool.close()
+    assert accounting["dropped_stale"] == 2 and accounting["trained"] == 6
+    assert accounting["admitted"] == (accounting["trained"] + accounting["dropped_stale"]
+                                      + accounting["left_unfinished_at_end"] + accounting["left_finished_at_end"])
+
+
+def test_the_gate_tells_an_observer_the_version_of_its_own_threads_requests_only():
+    gate = PolicyVersionGate(version=3)
+    seen = []
+
+    def request():
+        with gate.request():
+            pass
+
+    with gate.observing(seen.append):
+        request()
+        other = threading.Thread(target=request)  # another thread's request: not told
+        other.start()
+        other.join()
+        with gate.updating(4):
+            pass
+        request()
+    request()  # outside `observing`: not told
+    assert seen == [3, 4]
+
+
 def test_row_staleness_counts_from_the_oldest_turn():
     gate = PolicyVersionGate(version=5)
     script = ScriptedEpisodes(gate)
