@@ -26,9 +26,11 @@ import gc
 import json
 import os
 import random
+import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -111,8 +113,34 @@ def call_figures(results, started: float, ended: float, llm_metrics) -> dict:
     }
 
 
+@dataclass(frozen=True)
+class AssemblyRun:
+    """One batch of part (c): its tokens and what each stage took."""
+
+    tokens: int
+    assembly_s: float
+    assembly_cpu_s: float
+    collate_s: float
+    tokenizer_tokens_per_s: float
+    """The physical limit: the Rust tokenizer's own `encode_batch` over the same texts (`tokenizer_speed`)."""
+    collate_output_mb: float
+    padded_write_s: float
+    """Collate's floor: its padded tensors' bytes written alone into fresh pages (`padded_write`)."""
+
+    @property
+    def both_tokens_per_s(self) -> float:
+        """Assembly and collate together."""
+        return self.tokens / (self.assembly_s + self.collate_s)
+
+    @property
+    def share_of_tokenizer_pct(self) -> float:
+        """Assembly + collate as a share of the tokenizer's own speed."""
+        return 100 * self.both_tokens_per_s / self.tokenizer_tokens_per_s
+
+
 def measure_handler(tokenizer, episodes: int, turns: int, seed: int = 0, unique: bool = False,
-                    observation_words: int = 40, max_prompt: int = 1024, max_response: int = 8192, threads: int = 1):
+                    observation_words: int = 40, max_prompt: int = 1024, max_response: int = 8192,
+                    threads: int = 1) -> AssemblyRun:
     """Tokens/s of RolloutHandler assembly (prompt, assistant turns, observation deltas) and of collate.
 
     The observations (`observation_words` words each) are drawn from 64 texts, as an environment repeats
@@ -149,7 +177,8 @@ def measure_handler(tokenizer, episodes: int, turns: int, seed: int = 0, unique:
     started = time.perf_counter()
     batch = collate(handlers, tokenizer.pad_token_id, max_prompt, max_response)
     collate_s = time.perf_counter() - started
-    return tokens, assembly, assembly_cpu, collate_s, tokenizer_speed(tokenizer, handlers), padded_write(batch)
+    return AssemblyRun(tokens, assembly, assembly_cpu, collate_s, tokenizer_speed(tokenizer, handlers),
+                       *padded_write(batch))
 
 
 def padded_write(batch) -> tuple[float, float]:
@@ -213,34 +242,30 @@ def report_assembly(args) -> dict:
     # Each repeat draws new texts (its own seed); the median over repeats is what a noisy shared machine can tell.
     runs = [measure_handler(tokenizer, args.handler_episodes, args.handler_turns, seed=100 + repeat, **shape)
             for repeat in range(args.repeats)]
-    for tokens, assembly, assembly_cpu, collate_s, limit, (megabytes, write_s) in runs:
-        print(f"RolloutHandler: {tokens} tokens in {assembly:.3f} s = {tokens / assembly / 1e6:.2f} M tokens/s "
-              f"(CPU time {assembly_cpu:.3f} s = {tokens / assembly_cpu / 1e6:.2f} M tokens/s; "
-              f"{args.handler_episodes} episodes x {args.handler_turns} turns on {args.assembly_threads} thread(s)); "
-              f"collate {collate_s * 1e3:.1f} ms = {tokens / collate_s / 1e6:.1f} M tokens/s (its {megabytes:.0f} MB "
-              f"of padded tensors written alone: {write_s * 1e3:.1f} ms); the tokenizer's own "
-              f"encode_batch {limit / 1e6:.2f} M tokens/s: assembly + collate at "
-              f"{100 * tokens / (assembly + collate_s) / limit:.0f} % of it")
-    speeds = sorted(tokens / assembly / 1e6 for tokens, assembly, *_ in runs)
-    collates = sorted(run[3] * 1e3 for run in runs)
-    limits = sorted(run[4] / 1e6 for run in runs)
-    writes = sorted(run[5][1] * 1e3 for run in runs)
-    shares = sorted(100 * tokens / (assembly + collate_s) / limit for tokens, assembly, _, collate_s, limit, _ in runs)
-    print(f"RolloutHandler assembly over {len(runs)} batches of new texts: median {speeds[len(speeds) // 2]:.2f} "
-          f"M tokens/s (best {speeds[-1]:.2f}, worst {speeds[0]:.2f}); collate median {collates[len(collates) // 2]:.1f} ms "
-          f"(its padded tensors written alone: median {writes[len(writes) // 2]:.1f} ms)")
-    tokens = runs[0][0]
-    both = sorted(tokens / (assembly + collate_s) / 1e6 for tokens, assembly, _, collate_s, *_ in runs)
-    print(f"the tokenizer's own encode_batch: median {limits[len(limits) // 2]:.2f} M tokens/s; assembly + collate at "
-          f"median {shares[len(shares) // 2]:.0f} % of it")
+    for run in runs:
+        print(f"RolloutHandler: {run.tokens} tokens in {run.assembly_s:.3f} s = "
+              f"{run.tokens / run.assembly_s / 1e6:.2f} M tokens/s (CPU time {run.assembly_cpu_s:.3f} s = "
+              f"{run.tokens / run.assembly_cpu_s / 1e6:.2f} M tokens/s; {args.handler_episodes} episodes x "
+              f"{args.handler_turns} turns on {args.assembly_threads} thread(s)); collate {run.collate_s * 1e3:.1f} ms "
+              f"= {run.tokens / run.collate_s / 1e6:.1f} M tokens/s (its {run.collate_output_mb:.0f} MB of padded "
+              f"tensors written alone: {run.padded_write_s * 1e3:.1f} ms); the tokenizer's own encode_batch "
+              f"{run.tokenizer_tokens_per_s / 1e6:.2f} M tokens/s: assembly + collate at "
+              f"{run.share_of_tokenizer_pct:.0f} % of it")
+    speeds = [run.tokens / run.assembly_s / 1e6 for run in runs]
+    median = statistics.median_high  # a value one batch measured (the upper one of an even count)
+    figures = {"assembly_m_tokens_per_s": median(speeds), "collate_ms": median(run.collate_s * 1e3 for run in runs),
+               "padded_write_alone_ms": median(run.padded_write_s * 1e3 for run in runs),
+               "assembly_and_collate_m_tokens_per_s": median(run.both_tokens_per_s / 1e6 for run in runs),
+               "tokenizer_encode_batch_m_tokens_per_s": median(run.tokenizer_tokens_per_s / 1e6 for run in runs),
+               "assembly_and_collate_share_of_tokenizer_pct": median(run.share_of_tokenizer_pct for run in runs)}
+    print(f"RolloutHandler assembly over {len(runs)} batches of new texts: median {figures['assembly_m_tokens_per_s']:.2f} "
+          f"M tokens/s (best {max(speeds):.2f}, worst {min(speeds):.2f}); collate median {figures['collate_ms']:.1f} ms "
+          f"(its padded tensors written alone: median {figures['padded_write_alone_ms']:.1f} ms)")
+    print(f"the tokenizer's own encode_batch: median {figures['tokenizer_encode_batch_m_tokens_per_s']:.2f} M tokens/s; "
+          f"assembly + collate at median {figures['assembly_and_collate_share_of_tokenizer_pct']:.0f} % of it")
     return {"episodes": args.handler_episodes, "turns": args.handler_turns, "observation_words": args.observation_words,
-            "assembly_threads": args.assembly_threads,
-            "tokens_per_batch": tokens, "assembly_m_tokens_per_s": speeds[len(speeds) // 2],
-            "collate_ms": collates[len(collates) // 2],
-            "collate_output_mb": runs[0][5][0], "padded_write_alone_ms": writes[len(writes) // 2],
-            "assembly_and_collate_m_tokens_per_s": both[len(both) // 2],
-            "tokenizer_encode_batch_m_tokens_per_s": limits[len(limits) // 2],
-            "assembly_and_collate_share_of_tokenizer_pct": shares[len(shares) // 2]}
+            "assembly_threads": args.assembly_threads, "tokens_per_batch": runs[0].tokens,
+            "collate_output_mb": runs[0].collate_output_mb, **figures}
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ in one session) to a terminal or the depth limit and backs up that episode's sco
 envservice's /evaluate score in [0, 1]; an episode cut by the depth limit counts what it scored so far.
 
 `propose(node, n)` returns up to n candidate actions at a node: `model_proposer` samples them from a
-model through a EpisodeLoop-style `generate` function (vLLM or Hugging Face), rendering the node's history
+model through an EpisodeLoop-style `generate` function (vLLM or Hugging Face), rendering the node's history
 with the same RolloutHandler and AgentTask as rollouts; tests use a scripted proposer.
 """
 

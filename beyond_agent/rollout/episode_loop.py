@@ -1,6 +1,6 @@
 """One episode, start to finish: env session -> (generate -> parse -> step -> observe)* -> evaluate -> release.
 
-A EpisodeLoop runs in one thread of the ParallelEnvManager's pool. It does blocking environment I/O
+An EpisodeLoop runs in one thread of the ParallelEnvManager's pool. It does blocking environment I/O
 itself and sends every LLM call to the shared LLM front (which owns the one event loop). It never
 raises: whatever happens, it returns an `EpisodeResult` with exactly one termination reason, and its
 environment session is released in `finally`.

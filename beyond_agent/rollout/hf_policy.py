@@ -1,4 +1,4 @@
-"""A EpisodeLoop `generate` function backed by a Hugging Face model in this process (greedy or sampled).
+"""An EpisodeLoop `generate` function backed by a Hugging Face model in this process (greedy or sampled).
 
 For small models on CPU (the learning check, Agent-R's search with the tiny model, tests); runs at scale
 use vLLM through `AsyncLLMServerManager.with_sampling`, which has the same signature.

@@ -1,4 +1,4 @@
-"""A scripted policy: a EpisodeLoop `generate` function that writes given actions, one per assistant turn.
+"""A scripted policy: an EpisodeLoop `generate` function that writes given actions, one per assistant turn.
 
 Episodes whose actions are known in advance (an oracle's path, a recorded episode being replayed to reach
 one of its states, a hand-written failure for a test) run through the same EpisodeLoop, RolloutHandler and

@@ -97,7 +97,7 @@ class SeatOrder:
 class _Seat:
     """One seat's episode in progress: its EpisodeLoop (rounds, step rewards, anchors, timings) and conversation."""
 
-    flow: EpisodeLoop
+    loop: EpisodeLoop
     handler: RolloutHandler | None = None
     termination: str | None = None
 
@@ -133,19 +133,19 @@ class SeatedEpisodeLoop:
         """Play the game; one result per seat that moved, in seat order. Never raises; releases the session."""
         started = time.monotonic()
         for seat in self.seats.values():
-            seat.flow._deadline = started + self.config.episode_timeout_s
-        opener, session_id = next(iter(self.seats.values())).flow, None
+            seat.loop._deadline = started + self.config.episode_timeout_s
+        opener, session_id = next(iter(self.seats.values())).loop, None
         try:
             session_id, observation = opener._create_session()
             self.first_seat = self._seat_to_move()
             if self.order is not None:  # the first mover's policy, now that the env has named it
-                first = self.seats[self.first_seat].flow
+                first = self.seats[self.first_seat].loop
                 first.generate = seeded(self.order.first, self._seed(self.first_seat))
             outcomes = self._play(session_id, observation)
             results = [self._scored(seat, outcomes) for seat in self._moved()]
         except _EpisodeFailure as failure:  # the seats that moved, or the one to move: the game is accounted for
             failed = self._moved() or [self.seats[self.first_seat if self.first_seat is not None else min(self.seats)]]
-            results = [seat.flow._result(seat.handler, failure.termination, error=str(failure)) for seat in failed]
+            results = [seat.loop._result(seat.handler, failure.termination, error=str(failure)) for seat in failed]
         finally:
             opener._release(session_id)
         for result in results:
@@ -159,22 +159,22 @@ class SeatedEpisodeLoop:
         while True:
             number = self._seat_to_move()
             seat = self.seats[number]
-            seat.flow._state = state_anchor(observation, self.env.info)
+            seat.loop._state = state_anchor(observation, self.env.info)
             if seat.handler is None:
-                seat.handler = seat.flow._new_handler(observation)
+                seat.handler = seat.loop._new_handler(observation)
             else:
                 seat.handler.add_observation(observation)
             stop = self._limit(seat)
             if stop is not None:
                 return self._cut(number, stop)
-            seat.flow._rounds += 1
-            turn = seat.flow._generate(seat.handler)
+            seat.loop._rounds += 1
+            turn = seat.loop._generate(seat.handler)
             seat.handler.add_assistant(turn.token_ids, turn.logprobs, getattr(turn, "policy_version", None))
-            seat.flow._anchors.append(seat.flow._state)
+            seat.loop._anchors.append(seat.loop._state)
             if seat.handler.done:  # the reply hit max_response_length: the env does not step
-                seat.flow._step_rewards.append(0.0)
+                seat.loop._step_rewards.append(0.0)
                 return self._cut(number, "length")
-            observation, ended = seat.flow._act(session_id, turn.token_ids)
+            observation, ended = seat.loop._act(session_id, turn.token_ids)
             if ended == "done":
                 return self._finish(number)
             if ended is not None:  # the env's own step limit
@@ -184,7 +184,7 @@ class SeatedEpisodeLoop:
         """Why `seat` cannot take another turn, or None."""
         if seat.handler.done or seat.handler.remaining_response_length <= 0:
             return "length"  # the observation filled the response
-        if seat.flow._rounds >= self.max_rounds:
+        if seat.loop._rounds >= self.max_rounds:
             return "max_rounds"
         return None
 
@@ -203,7 +203,7 @@ class SeatedEpisodeLoop:
         except (AttributeError, TypeError, ValueError) as exc:
             raise _EpisodeFailure("env_error", f"a finished game's info[{SEAT_REWARDS!r}] must map each seat to "
                                   f"its outcome; got {rewards!r}") from exc
-        missing = [seat.flow.spec.seat for seat in self._moved() if seat.flow.spec.seat not in outcomes]
+        missing = [seat.loop.spec.seat for seat in self._moved() if seat.loop.spec.seat not in outcomes]
         if missing:
             raise _EpisodeFailure("env_error", f"info[{SEAT_REWARDS!r}] has no outcome for seats {missing}")
         for seat in self.seats.values():
@@ -224,14 +224,14 @@ class SeatedEpisodeLoop:
         """Each seat that moved (but `besides`) gets its outcome as its last move's step reward, so that step-level
         credit sees the game's result on every seat's last move alike."""
         for number, seat in self.seats.items():
-            if number != besides and seat.handler is not None and seat.flow._step_rewards:
-                seat.flow._step_rewards[-1] = outcomes[number]
+            if number != besides and seat.handler is not None and seat.loop._step_rewards:
+                seat.loop._step_rewards[-1] = outcomes[number]
 
     def _scored(self, seat: _Seat, outcomes: dict[int, float]) -> EpisodeResult:
-        number = seat.flow.spec.seat
+        number = seat.loop.spec.seat
         outcome = outcomes[number]
         seat.handler.finish(seat.termination)
-        return seat.flow._scored_result(seat.handler, (outcome + 1) / 2, outcome == 1)
+        return seat.loop._scored_result(seat.handler, (outcome + 1) / 2, outcome == 1)
 
     def _moved(self) -> list[_Seat]:
         return [seat for seat in self.seats.values() if seat.handler is not None]
