@@ -53,11 +53,18 @@ def fingerprints(task_set: TaskSet) -> list[str]:
     return found
 
 
+def folds(env_id: str) -> list[str]:
+    """The symmetries the env's fingerprint folds (`TextEnv.fingerprint_folds`): what "the same content" means in
+    its counts. Empty: tasks count as one only when the content the fingerprint digests is equal."""
+    return list(registry.get(env_id).env_class().fingerprint_folds)
+
+
 def contamination(evaluated: TaskSet, trained: Sequence[TaskSet]) -> dict[str, Any]:
     """How many tasks of `evaluated` have the content of a task in each of the `trained` sets.
 
     Returns {"tasks": n, "distinct": distinct contents among them, "shared": {trained set name: count},
-    "shared_any": count in any trained set}; a set is held-out only when "shared_any" is 0.
+    "shared_any": count in any trained set, "folds": {env id: what its fingerprint folds} for every env compared};
+    a set is held-out only when "shared_any" is 0.
     """
     evaluated_contents = fingerprints(evaluated)
     shared, seen_anywhere = {}, set()
@@ -66,5 +73,7 @@ def contamination(evaluated: TaskSet, trained: Sequence[TaskSet]) -> dict[str, A
         hits = [fingerprint for fingerprint in evaluated_contents if fingerprint in contents]
         shared[train_set.name] = len(hits)
         seen_anywhere.update(hits)
+    env_ids = dict.fromkeys(task_set.env_id for task_set in (evaluated, *trained))
     return {"tasks": len(evaluated_contents), "distinct": len(set(evaluated_contents)), "shared": shared,
-            "shared_any": sum(fingerprint in seen_anywhere for fingerprint in evaluated_contents)}
+            "shared_any": sum(fingerprint in seen_anywhere for fingerprint in evaluated_contents),
+            "folds": {env_id: folds(env_id) for env_id in env_ids}}

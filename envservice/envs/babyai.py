@@ -1,18 +1,22 @@
 """BabyAI (minigrid) levels with our own text description of the agent's egocentric view.
 
-A task is a level; the seed picks the layout. A layout belongs to one split by its content (`layout_fingerprint`,
-`envservice.envs.base.content_split`): an episode tries layout seeds in a fixed order until the layout is its
-split's, so no test layout is a train layout (offset seeds alone gave 40 shared layouts in 1000 tasks per split).
+A task is a level; the seed picks the layout. A layout belongs to one split by its content up to the room's
+symmetries (`layout_fingerprint`, `envservice.envs.base.content_split`): an episode tries layout seeds in a fixed
+order until the layout is its split's, so no test layout is a train layout, nor one turned, rotated or mirrored
+(offset seeds alone gave 40 shared layouts in 1000 tasks per split; content without the symmetries left 30 of the
+learning bench's 64 held-out GoToRedBallNoDists layouts rotations of a train layout, which play the same text).
 """
 
 from __future__ import annotations
 
 import itertools
+import re
 import threading
 from typing import Any, Iterator
 
 import gymnasium as gym
 import minigrid  # noqa: F401  (registers the BabyAI levels with gymnasium)
+import numpy as np
 from minigrid.minigrid_env import MiniGridEnv
 
 from envservice.envs.base import STATE_KEY, StepResult, Task, TextEnv
@@ -113,13 +117,54 @@ def layout_seeds(task: Task) -> Iterator[int]:
         yield int(content_digest("babyai-seed", task.split, task.seed, attempt), 16) % (1 << 63)
 
 
+FINGERPRINT_FOLDS = (
+    "the agent's facing: a layout one turn from another is one action away from it",
+    "the room's 4 rotations, the agent's cell moved with the grid: the egocentric view reads the same text after "
+    "every action (its facing turned along)",
+    "the room's 4 mirror images, with 'left' and 'right' swapped in the mission: the same task with left and right "
+    "swapped in every view and action (a conservative fold: the text tells them apart)",
+)
+"""What `layout_fingerprint` folds (`TextEnv.fingerprint_folds`). Missions that name a place relative to the start
+facing ('the door on your left', PickupLoc's and OpenDoor's) fold conservatively: with the facing left out, two
+layouts whose missions point at different objects may share a fingerprint (the same split, never two)."""
+
+_SIDE = re.compile(r"\b(left|right)\b")
+
+
+def mirrored_mission(mission: str) -> str:
+    """The mission of a mirrored room: 'left' and 'right' swapped (what was on the agent's left is on its right)."""
+    return _SIDE.sub(lambda word: "right" if word.group(1) == "left" else "left", mission)
+
+
+def layout_images(grid: np.ndarray, agent_pos: tuple[int, int], mission: str
+                  ) -> Iterator[tuple[np.ndarray, tuple[int, int], str]]:
+    """The 8 images of a layout under the room's symmetries: (encoded grid, the agent's cell, mission) for each
+    rotation by a quarter turn, then each of those mirrored. The agent's cell is carried through the same array
+    transform as the grid (a marker plane), so grid and cell never disagree, square room or not."""
+    marker = np.zeros(grid.shape[:2], dtype=np.uint8)
+    marker[agent_pos] = 1
+    for quarter_turns in range(4):
+        turned, turned_marker = np.rot90(grid, quarter_turns, axes=(0, 1)), np.rot90(marker, quarter_turns)
+        for mirrored in (False, True):
+            image, image_marker = (turned[::-1], turned_marker[::-1]) if mirrored else (turned, turned_marker)
+            cell = tuple(int(v) for v in np.argwhere(image_marker)[0])
+            yield np.ascontiguousarray(image), cell, mirrored_mission(mission) if mirrored else mission
+
+
+def layout_digest(grid: np.ndarray, agent_pos: tuple[int, int], mission: str) -> str:
+    """One image's content: the encoded grid (walls, doors and their state, objects), the agent's cell, the
+    mission. For the unturned image it is the fingerprint the layouts had before the symmetries were folded."""
+    return content_digest("babyai", grid.shape, grid.tobytes(), tuple(agent_pos), mission)
+
+
 def layout_fingerprint(env: MiniGridEnv) -> str:
-    """The content of the env's current layout: its grid (walls, doors, objects), where the agent stands, and the
-    mission. Not where the agent faces: one turn away from another task's start, a layout that differs only in
-    its facing is the same task to an agent (on GoToRedBallNoDists 91 of 200 test layouts were such turns of a
-    train layout), so the splits must not share it."""
-    grid = env.grid.encode()
-    return content_digest("babyai", grid.shape, grid.tobytes(), tuple(int(x) for x in env.agent_pos), env.mission)
+    """The content of the env's current layout up to the room's symmetries (`FINGERPRINT_FOLDS`): the least
+    `layout_digest` of its 8 images. Why: the view is egocentric, so a layout rotated with the agent reads the same
+    text whatever the agent does, and a mirrored one is that task with left and right swapped; the facing is left out
+    since a layout one turn from another's start is the same task. Without the rotations 30 of the learning bench's
+    64 held-out GoToRedBallNoDists layouts were a train layout rotated (without the facing, 91 of 200 earlier)."""
+    cell = (int(env.agent_pos[0]), int(env.agent_pos[1]))
+    return min(layout_digest(*image) for image in layout_images(env.grid.encode(), cell, env.mission))
 
 
 def reset_layout(env: MiniGridEnv, task: Task) -> tuple[int, str]:
@@ -140,6 +185,7 @@ class BabyAIEnv(TextEnv):
     description = "BabyAI grid-world missions (minigrid) with a text view; actions: " + ", ".join(ACTIONS) + "."
     splits = {"train": list(LEVELS), "test": list(LEVELS)}
     params: dict[str, str] = {}
+    fingerprint_folds = FINGERPRINT_FOLDS
 
     def __init__(self) -> None:
         self._env: MiniGridEnv | None = None
@@ -149,7 +195,8 @@ class BabyAIEnv(TextEnv):
 
     @classmethod
     def task_fingerprint(cls, task: Task) -> str:
-        """The task's layout (`layout_fingerprint`): grid, agent position and direction, mission."""
+        """The task's layout (`layout_fingerprint`): grid, the agent's cell and the mission, up to the room's
+        rotations and mirror images; not the agent's facing."""
         with _SCRATCH_LOCK:
             if task.name not in _SCRATCH_ENVS:
                 _SCRATCH_ENVS[task.name] = gym.make(task.name).unwrapped

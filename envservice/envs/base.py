@@ -104,6 +104,12 @@ class TextEnv(abc.ABC):
     """Names of `config_fields` a registration must give."""
     config: ClassVar[Mapping[str, Any]] = {}
     """The settings a configured subclass is bound to (see `configure`); empty on an unconfigured class."""
+    fingerprint_folds: ClassVar[tuple[str, ...]] = ()
+    """The symmetries `task_fingerprint` folds, one short phrase each (BabyAI: the room's rotations, whose egocentric
+    view reads the same): tasks that differ only by one of them share a fingerprint, so they are never in two
+    splits. Fold every symmetry the observation cannot tell apart (two tasks that give the same text and rewards
+    for every action sequence are one task). Empty: the fingerprint folds none, so tasks that differ in anything
+    it digests are different tasks. `envservice.contamination` reports it with every count."""
 
     @abc.abstractmethod
     def reset(self, task: Task) -> tuple[str, dict[str, Any]]:

@@ -15,7 +15,7 @@ def test_contamination_counts_content_not_labels() -> None:
     later, earlier = twins[0]
     report = contamination(TaskSet.of("eval", "frozenlake", "train", [later]),
                            [TaskSet.of("seen", "frozenlake", "train", [earlier])])
-    assert report == {"tasks": 1, "distinct": 1, "shared": {"seen": 1}, "shared_any": 1}
+    assert report == {"tasks": 1, "distinct": 1, "shared": {"seen": 1}, "shared_any": 1, "folds": {"frozenlake": []}}
     unseen = contamination(TaskSet.of("eval", "frozenlake", "test", range(200)),
                            [TaskSet.of("train", "frozenlake", "train", range(1000))])
     assert unseen["shared_any"] == 0 and unseen["distinct"] == 200
@@ -55,7 +55,19 @@ def test_rows_of_one_named_task_differ_by_their_seeds_and_the_test_split_is_chec
     assert all(prompt[0]["content"].startswith("Mission: go to the red ball.") for prompt in rows["prompt"])
     layouts = fingerprints(TaskSet("rows", "babyai", "train", ((LEVEL, 10), (LEVEL, 11), (LEVEL, 12))))
     assert len(set(layouts)) == 3  # three layouts (a first view may still look alike: the ball out of sight)
+    # 13 distinct: the level has about 34 test layouts up to the room's rotations and mirror images, so 16 repeat some
     assert validation_overlap("babyai", list(range(64)), list(range(16)), 0, "test", None, LEVEL) == (
-        "0 of 16 validation rows have the content of a train row (16 distinct): held-out")
+        "0 of 16 validation rows have the content of a train row (13 distinct): held-out")
     assert validation_overlap("babyai", list(range(64)), list(range(16)), 0, "train", None, LEVEL).startswith(
         "16 of 16 validation rows")
+
+
+def test_the_report_says_what_each_env_fingerprint_folds() -> None:
+    """A count of shared tasks means what the fingerprint calls one task: the report names the symmetries it folds
+    (BabyAI: the room's rotations and mirror images; FrozenLake: none)."""
+    from envservice.envs.babyai import BabyAIEnv
+
+    report = contamination(TaskSet.of("eval", "babyai", "test", range(8), task_name=LEVEL),
+                           [TaskSet.of("train", "babyai", "train", range(64), task_name=LEVEL)])
+    assert report["shared_any"] == 0 and report["folds"] == {"babyai": list(BabyAIEnv.fingerprint_folds)}
+    assert any("rotations" in fold for fold in report["folds"]["babyai"])

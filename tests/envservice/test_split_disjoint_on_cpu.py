@@ -88,15 +88,17 @@ def test_check_env_reports_the_clause_for_frozenlake_and_says_when_an_env_cannot
 # --- envs that draw their tasks from seeds: the leaks found by content, and the fix ----------------------------------
 
 import contextlib  # noqa: E402
+import copy  # noqa: E402
 import io  # noqa: E402
 import random  # noqa: E402
+import re  # noqa: E402
 from collections import defaultdict  # noqa: E402
 from typing import Any, Callable  # noqa: E402
 
 import gymnasium as gym  # noqa: E402
 
 from envservice import registry  # noqa: E402
-from envservice.envs.babyai import TEST_SEED_OFFSET, BabyAIEnv, layout_fingerprint  # noqa: E402
+from envservice.envs.babyai import ACTIONS, TEST_SEED_OFFSET, BabyAIEnv, layout_fingerprint  # noqa: E402
 from envservice.envs.base import content_digest, content_split  # noqa: E402
 from envservice.envs.gymnasium_text import GymnasiumTextEnv, start_content  # noqa: E402
 from envservice.envs.sokoban import SokobanEnv, _draw_room, room_fingerprint  # noqa: E402
@@ -265,6 +267,143 @@ def test_a_babyai_layout_turned_is_the_same_task_and_moved_is_another() -> None:
     x, y = env.agent_pos
     env.agent_pos = (x + 1 if env.grid.get(x + 1, y) is None else x - 1, y)
     assert layout_fingerprint(env) != start
+
+
+# The room's symmetries. Built here with minigrid's own `Grid.rotate_left` and a mirror written out cell by cell,
+# not with the fingerprint's array transforms, so that a mistake in those cannot hide in the test.
+
+def _unfolded(env: Any) -> str:
+    """A layout's content as the fingerprint digested it before #69: grid, agent cell, mission (no symmetry)."""
+    grid = env.grid.encode()
+    return content_digest("babyai", grid.shape, grid.tobytes(), tuple(int(x) for x in env.agent_pos), env.mission)
+
+
+def _quarter_turn(grid: Any, pos: tuple[int, int], facing: int) -> tuple[Any, tuple[int, int], int]:
+    """The room turned a quarter counter-clockwise: cell (x, y) goes to (y, W-1-x), and so does the facing's
+    vector (east (1, 0) becomes north (0, -1): direction d becomes d + 3 mod 4)."""
+    return grid.rotate_left(), (pos[1], grid.width - 1 - pos[0]), (facing + 3) % 4
+
+
+def _mirror(grid: Any, pos: tuple[int, int], facing: int) -> tuple[Any, tuple[int, int], int]:
+    """The room mirrored left to right: cell (x, y) goes to (W-1-x, y); east and west swap."""
+    from minigrid.core.grid import Grid
+
+    image = Grid(grid.width, grid.height)
+    for x in range(grid.width):
+        for y in range(grid.height):
+            image.set(grid.width - 1 - x, y, grid.get(x, y))
+    return image, (grid.width - 1 - pos[0], pos[1]), {0: 2, 2: 0}.get(facing, facing)
+
+
+def _images(env: Any) -> list[tuple[Any, tuple[int, int], int]]:
+    """The 8 images (grid, agent cell, facing) of env's layout: 4 quarter turns, each also mirrored; deep copies,
+    so that playing one never moves an object of another."""
+    state = (copy.deepcopy(env.grid), (int(env.agent_pos[0]), int(env.agent_pos[1])), int(env.agent_dir))
+    images = []
+    for _ in range(4):
+        images += [state, _mirror(*copy.deepcopy(state))]
+        state = _quarter_turn(*copy.deepcopy(state))
+    return images
+
+
+def _install(env: Any, grid: Any, pos: tuple[int, int], facing: int, mission: str) -> None:
+    """Put a layout into a freshly reset minigrid env, its mission's verifier re-read from the new grid."""
+    env.grid, env.agent_pos, env.agent_dir, env.mission = grid, pos, facing, mission
+    env.instrs.reset_verifier(env)
+
+
+def _swap_sides(text: str) -> str:
+    """'left' and 'right' swapped, as sides ('right in front of you' says 'just', not a side)."""
+    return re.sub(r"\b(left|right)\b(?! in front)", lambda word: {"left": "right", "right": "left"}[word.group(1)],
+                  text)
+
+
+def _play(env: BabyAIEnv, actions: list[str]) -> list[tuple]:
+    """(observation, reward, terminated, truncated) of the first view and of each action, until the episode ends."""
+    from envservice.envs.babyai import describe_view
+
+    played = [(describe_view(env._env), 0.0, False, False)]
+    for action in actions:
+        played.append(env.step(action)[:4])
+        if played[-1][2] or played[-1][3]:
+            break
+    return played
+
+
+_NO_DISTS = "BabyAI-GoToRedBallNoDists-v0"
+
+
+def test_a_babyai_layout_rotated_with_the_agent_reads_the_same_and_all_8_images_share_one_fingerprint() -> None:
+    """The view is egocentric: the room turned with the agent gives the same text and rewards for every action,
+    so it is the same task; mirrored, it is the task with left and right swapped. Regression (#69): the fingerprint
+    digested the grid as it lies, so the 8 images had 8 fingerprints and a test layout could be a train layout
+    turned (30 of the learning bench's 64 held-out layouts were)."""
+    task = BabyAIEnv.resolve_task(_NO_DISTS, "test", 4, {})
+    original = BabyAIEnv()
+    with contextlib.redirect_stdout(io.StringIO()):
+        original.reset(task)
+    images = _images(original._env)
+    assert len({_unfolded_image(original._env, image) for image in images}) == 8  # no image is the layout itself
+    actions = [random.Random(69).choice(ACTIONS[:3]) for _ in range(40)]
+    expected = _play(original, actions)
+    assert len(expected) > 14  # the random walk plays long enough to compare many views
+    for number, image in enumerate(images):
+        twin = BabyAIEnv()
+        with contextlib.redirect_stdout(io.StringIO()):
+            twin.reset(task)
+        mirrored = number % 2 == 1
+        _install(twin._env, *image, original._env.mission)
+        assert layout_fingerprint(twin._env) == BabyAIEnv.task_fingerprint(task)
+        if mirrored:  # left and right swap in every view and every turn
+            played = _play(twin, [_swap_sides(action) for action in actions])
+            assert [(_swap_sides(text), *rest) for text, *rest in played] == expected
+        else:
+            assert _play(twin, actions) == expected
+
+
+def _unfolded_image(env: Any, image: tuple) -> str:
+    scratch = copy.copy(env)
+    scratch.grid, scratch.agent_pos = image[0], image[1]
+    return _unfolded(scratch)
+
+
+def test_a_mirrored_babyai_mission_swaps_left_and_right() -> None:
+    """PickupLoc names the side from the agent's start ('the ball on your left'): its mirror image is the layout
+    mirrored with the side swapped, the same fingerprint; the mirrored room with the side kept is another task."""
+    env = _level_env("BabyAI-PickupLoc-v0")
+    with contextlib.redirect_stdout(io.StringIO()):
+        seed = next(seed for seed in range(500) if env.reset(seed=seed) and " on your left" in env.mission)
+    start, mission = layout_fingerprint(env), env.mission
+    grid, pos, facing = _mirror(copy.deepcopy(env.grid), tuple(env.agent_pos), env.agent_dir)
+    env.grid, env.agent_pos, env.agent_dir = grid, pos, facing
+    env.mission = mission.replace(" on your left", " on your right")
+    assert layout_fingerprint(env) == start
+    env.mission = mission
+    assert layout_fingerprint(env) != start, f"seed {seed}"
+
+
+def test_no_babyai_test_layout_is_a_train_layout_turned_rotated_or_mirrored() -> None:
+    """The learning bench's sets on GoToRedBallNoDists (64 held-out layouts; the RL pool, train 0..479, and the
+    warm-up's, train 500..899): no held-out layout has an image that is a train layout. Before #69, 30 had one."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        train = {_unfolded(_layout(_NO_DISTS, "train", number)) for number in (*range(480), *range(500, 900))}
+        shared = 0
+        for number in range(64):
+            env = _layout(_NO_DISTS, "test", number)
+            shared += any(_unfolded_image(env, image) in train for image in _images(env))
+    assert shared == 0
+
+
+def _layout(level: str, split: str, number: int) -> Any:
+    """The minigrid env reset to the layout the service plays for (split, task `level`, seed `number`)."""
+    env = BabyAIEnv()
+    env.reset(BabyAIEnv.resolve_task(level, split, number, {}))
+    return env._env
+
+
+def test_babyai_declares_what_its_fingerprint_folds() -> None:
+    folds = " ".join(BabyAIEnv.fingerprint_folds)
+    assert "facing" in folds and "rotations" in folds and "mirror" in folds
 
 
 _TAXI = {"gym_id": "Taxi-v4", "action_names": ["south", "north", "east", "west", "pickup", "dropoff"]}
