@@ -7,12 +7,13 @@ layouts, `--env babyai`) it never saw?
     .venv/bin/python bench/learning_cpu.py --rl rloo reinforce_plus_plus gae --rl-steps 15
     .venv/bin/python bench/learning_cpu.py --size 6 --rl grpo grpo_scaling m2po_async   # longer episodes
     .venv/bin/python bench/learning_cpu.py --size 6 --seeds 0 1 --reuse-warmup --rl gigpo grpo_dynamic grpo_adaptive
-    .venv/bin/python bench/learning_cpu.py --env babyai --seeds 0 1 2 --rl grpo gigpo  # BabyAI GoToRedBallNoDists
+    .venv/bin/python bench/learning_cpu.py --env babyai --seeds 0 1 2 --rl grpo gigpo  # BabyAI GoToRedBall
     .venv/bin/python bench/learning_cpu.py --env tictactoe --seeds 0 1 2 --rl grpo    # TicTacToe vs random, wins
 
-`--env babyai` plays one BabyAI level, GoToRedBallNoDists, in place of FrozenLake: a "map" is then one of its
-layouts (task = the level, seed = the map's number; held-out layouts are the test split's, by content), the oracle
-is minigrid's BabyAI bot, and everything else below is the same. `--env tictactoe` plays TicTacToe against the env's
+`--env babyai` plays one BabyAI level (`--babyai-level`, GoToRedBall: the red ball among 7 other objects) in place
+of FrozenLake: a "map" is then one of its layouts (task = the level, seed = the map's number; held-out layouts are the
+test split's, by content up to the room's rotations and mirror images), the oracle is minigrid's BabyAI bot, and
+everything else below is the same. `--env tictactoe` plays TicTacToe against the env's
 `random` player (issue #57): a "map" is a starting position (the board after 4 random moves; held-out positions are
 the test split's, by content up to the board's symmetries), success is a win, and the oracle is minimax, which
 the warm-up follows in the games it wins.
@@ -315,6 +316,7 @@ def warmup_stage(base_dir: Path, out_dir: Path, tokenizer, client: EnvClient, ar
     finished with the same settings is reused (`--reuse-warmup`), so a run can resume after it."""
     started = time.monotonic()
     settings = {**({"env": args.env} if args.env != "frozenlake" else {}),  # earlier runs' files: FrozenLake's
+                **({"level": args.game.level} if args.env == "babyai" else {}),
                 "size": args.size, "maps": args.warmup_maps, "steps": args.warmup_steps, "batch": args.warmup_batch,
                 "lr": args.warmup_lr, "seed": seed, "curve_every": args.warmup_curve_every}
     finished = out_dir / "warmup_settings.json"
@@ -473,23 +475,47 @@ def adaptive_overrides(steps: int, game: Game) -> list[str]:
             "beyond_agent.rounds.threshold=0.3", "beyond_agent.rounds.window=2", f"beyond_agent.val_max_rounds={rounds}"]
 
 
-BABYAI_LEVEL = "BabyAI-GoToRedBallNoDists-v0"
-BABYAI_LIMITS = (14, 256, 1280)
-"""(rounds, prompt tokens, response tokens) of a BabyAI episode. Why: the bot's path is at most 12 actions (mean 5.2
-on 50 train layouts), so 2 rounds to spare; a view is at most 58 tokens of the tiny model's tokenizer, the first
-observation 83, plus ~20 of chat template and action per turn (measured 2026-11-27)."""
+BABYAI_LEVELS = {
+    "BabyAI-GoToRedBall-v0": (17, 320, 2560),
+    "BabyAI-GoToRedBallNoDists-v0": (14, 256, 1280),
+}
+"""The levels `--env babyai` may play -> (rounds, prompt tokens, response tokens) of an episode, measured with the tiny
+model's tokenizer and the BabyAI bot.
+GoToRedBall (2026-11-28, 964 layouts: train 0..899 and test 0..63): the bot's path is at most 15 actions on the warm-up's
+layouts (mean 5.6; one RL-pool layout needs 19), so 2 rounds to spare; a first observation is at most 209 tokens (99 %
+at most 202), a later view at most 178 (mean 107), plus ~20 of chat template and action per turn.
+GoToRedBallNoDists (2026-11-27): the bot's path is at most 12 actions (mean 5.2 on 50 train layouts); a view is at most
+58 tokens, the first observation 83. It has too few unseen layouts for a held-out figure: up to the room's
+symmetries it has about 150 layouts, 34 of them test ones, so 64 held-out tasks are 25 distinct layouts, and 47 of
+the 64 start in a state that one of the warm-up's 400 bot episodes passes through (its ball has 6 places up to
+symmetry, and the agent walks through other layouts' starts)."""
+BABYAI_LEVEL = "BabyAI-GoToRedBall-v0"
+"""The default `--babyai-level`: every one of its 64 held-out layouts is new, none of them a state a warm-up episode
+passes through (the 7 other objects lie elsewhere in every layout)."""
 
 
 @dataclass(frozen=True)
 class Level(EpisodeLimits):
     """The BabyAI level a run plays (`--env babyai`): map `number` is the level's layout drawn from seed `number`;
-    the limits of its episodes. Same interface as `Lake`."""
+    the limits of its episodes (`BABYAI_LEVELS`). Same interface as `Lake`."""
 
+    level: str = BABYAI_LEVEL
     env_id = "babyai"
-    task_name = BABYAI_LEVEL
-    title = "BabyAI GoToRedBallNoDists"
     oracle_may_lose = False
-    episode_limits = BABYAI_LIMITS
+
+    @property
+    def task_name(self) -> str:  # type: ignore[override]
+        """Every map is a layout of this one level."""
+        return self.level
+
+    @property
+    def title(self) -> str:
+        return "BabyAI " + self.level.removeprefix("BabyAI-").removesuffix("-v0")
+
+    @property
+    def episode_limits(self) -> tuple[int, int, int]:  # type: ignore[override]
+        """The level's limits (`BABYAI_LEVELS`)."""
+        return BABYAI_LEVELS[self.level]
 
     def oracle_policy(self, client: EnvClient, tokenizer, spec: EpisodeSpec) -> ScriptedPolicy:
         """The bot's actions, planned on a twin of the layout."""
@@ -890,8 +916,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="one warm-up + RL run per seed")
     parser.add_argument("--env", default="frozenlake", choices=("frozenlake", "babyai", "tictactoe"),
-                        help="frozenlake (maps of --size), babyai (layouts of GoToRedBallNoDists) or tictactoe "
+                        help="frozenlake (maps of --size), babyai (layouts of --babyai-level) or tictactoe "
                              "(positions against the random player; success: a win)")
+    parser.add_argument("--babyai-level", default=BABYAI_LEVEL, choices=sorted(BABYAI_LEVELS),
+                        help="the BabyAI level of --env babyai (GoToRedBallNoDists has too few unseen layouts for a "
+                             "held-out figure: see BABYAI_LEVELS)")
     parser.add_argument("--size", type=int, default=4, choices=sorted(LAKE_LIMITS),
                         help="side of the maps (longer episodes: 6x6 needs 10 moves, 8x8 14)")
     parser.add_argument("--rl", nargs="*", default=["grpo"], choices=sorted(RL_VARIANTS),
@@ -930,7 +959,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "--out): a folder in the checkout carries a long comparison across machines")
     parser.add_argument("--json", type=Path, default=None, help="also write every figure of the table here")
     args = parser.parse_args(argv)
-    args.game = {"frozenlake": Lake(args.size), "babyai": Level(), "tictactoe": Board()}[args.env]
+    args.game = {"frozenlake": Lake(args.size), "babyai": Level(args.babyai_level), "tictactoe": Board()}[args.env]
     return args
 
 
