@@ -5,9 +5,11 @@ One mechanism, in one place, below both envservice and the library (it imports n
 
     from sandbox import SandboxConfig, run_sandboxed
 
-    result = run_sandboxed(["python", "solution.py"], SandboxConfig(), wall_s=30,
-                           files={"solution.py": code})
+    result = run_sandboxed(["python", "-c", code], SandboxConfig(), wall_s=30)
     result.returncode, result.ended, result.stdout.text()
+
+    peer = start_sandboxed([...], config, wall_s=30, pass_fds=(pipe_end,))   # runs beside the caller
+    ...; result = peer.stop()   # or peer.wait()
 
 With `kind: bwrap` (Debian's bubblewrap) a run gets: no network (its own loopback; with `forward`, one port on
 it reaches one Unix socket outside, e.g. the episode's gateway); the host's file system read-only and a private
@@ -21,7 +23,8 @@ with the same environment allowlist, output caps and wall clock, and warns: noth
 
 from sandbox.config import SANDBOX_KINDS, SandboxConfig
 from sandbox.output import CapturedOutput
-from sandbox.run import SandboxResult, SandboxUnavailable, check_sandbox, run_sandboxed, sandbox_path
+from sandbox.run import (SandboxedProcess, SandboxResult, SandboxUnavailable, check_sandbox, run_sandboxed,
+                         sandbox_path, start_sandboxed)
 
 __all__ = ["SANDBOX_KINDS", "CapturedOutput", "SandboxConfig", "SandboxResult", "SandboxUnavailable",
-           "check_sandbox", "run_sandboxed", "sandbox_path"]
+           "SandboxedProcess", "check_sandbox", "run_sandboxed", "sandbox_path", "start_sandboxed"]

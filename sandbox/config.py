@@ -43,6 +43,10 @@ class SandboxConfig:
     writable: tuple[str, ...] = ()
     """Host folders the sandbox may write to, at the same paths (e.g. where an agent writes its own logs); each
     must exist. Everything else of the host is read-only."""
+    hidden: tuple[str, ...] = ()
+    """Host paths the sandbox must not read (e.g. a package's data holding the answers a model's code is checked
+    against): an empty folder stands in a folder's place, an unreadable node in a file's. A path that does not exist is
+    skipped. Only `kind: bwrap` can hide anything."""
 
     def __post_init__(self) -> None:
         if self.kind not in SANDBOX_KINDS:
@@ -56,8 +60,11 @@ class SandboxConfig:
         if isinstance(self.writable, str) or not all(isinstance(p, str) and p.startswith("/")
                                                        for p in self.writable or ()):
             raise ValueError(f"sandbox.writable must be a list of absolute folder paths, got {self.writable!r}")
+        if isinstance(self.hidden, str) or not all(isinstance(p, str) and p.startswith("/") for p in self.hidden or ()):
+            raise ValueError(f"sandbox.hidden must be a list of absolute paths, got {self.hidden!r}")
         object.__setattr__(self, "pass_env", tuple(self.pass_env or ()))
         object.__setattr__(self, "writable", tuple(self.writable or ()))
+        object.__setattr__(self, "hidden", tuple(self.hidden or ()))
         object.__setattr__(self, "env", dict(self.env or {}))
         for name in (*self.pass_env, *self.env):
             if not _VARIABLE_NAME.fullmatch(name):

@@ -46,10 +46,10 @@ class SandboxResult:
     """How one sandboxed command ended."""
 
     returncode: int | None
-    """Its exit status (a shell's: 128 + N when killed by signal N); None when the wall clock killed it."""
+    """Its exit status (a shell's: 128 + N when killed by signal N); None when it was killed (wall clock, stop)."""
     ended: str
-    """`exit` (it ended by itself, whatever its status) or `wall_clock` (killed at the deadline, with
-    everything it started)."""
+    """`exit` (it ended by itself, whatever its status), `wall_clock` (killed at the deadline, with everything it
+    started) or `stopped` (its caller ended it early: `SandboxedProcess.stop`)."""
     stdout: CapturedOutput
     """What was kept of its stdout."""
     stderr: CapturedOutput
@@ -60,13 +60,25 @@ class SandboxResult:
 
 def run_sandboxed(argv: Sequence[str], config: SandboxConfig, *, wall_s: float,
                   environment: Mapping[str, str] | None = None, forward: Mapping[int, str] | None = None,
-                  cwd: str | None = None) -> SandboxResult:
+                  cwd: str | None = None, pass_fds: Sequence[int] = ()) -> SandboxResult:
     """Run `argv` in the sandbox and wait for it (at most `wall_s` seconds, then kill everything it started).
 
     `environment`: variables this run needs (e.g. the episode's URLs), added to the allowlist and the config's
     own (`SandboxConfig.env`, `pass_env`). `forward`: {port: unix socket path outside}; inside, 127.0.0.1:port
     reaches that socket (bwrap only: with `kind: none` the command shares the host's network). `cwd`: the
-    working directory inside (read-only unless it is the scratch folder; default: the scratch folder)."""
+    working directory inside (read-only unless it is the scratch folder; default: the scratch folder).
+    `pass_fds`: open file descriptors the command gets at the same numbers (e.g. the ends of pipes to a peer
+    process started with `start_sandboxed`); nothing else of the caller's is inherited."""
+    return start_sandboxed(argv, config, wall_s=wall_s, environment=environment, forward=forward, cwd=cwd,
+                           pass_fds=pass_fds).wait()
+
+
+def start_sandboxed(argv: Sequence[str], config: SandboxConfig, *, wall_s: float,
+                    environment: Mapping[str, str] | None = None, forward: Mapping[int, str] | None = None,
+                    cwd: str | None = None, pass_fds: Sequence[int] = ()) -> "SandboxedProcess":
+    """Start `argv` in the sandbox (as `run_sandboxed` does) and return at once: the caller works beside it (e.g.
+    talks to it over the pipes in `pass_fds`) and ends it with `SandboxedProcess.wait()` or `.stop()`; the wall
+    clock holds either way."""
     if not argv:
         raise ValueError("run_sandboxed: empty command")
     missing = [path for path in config.writable if not os.path.isdir(path)]
@@ -76,17 +88,18 @@ def run_sandboxed(argv: Sequence[str], config: SandboxConfig, *, wall_s: float,
     env = {**_allowlist(), **config.given_environment(os.environ), **dict(environment or {})}
     if not config.contained:
         resolved = shutil.which(argv[0], path=env["PATH"]) or argv[0]
-        return _supervise([resolved, *argv[1:]], config, wall_s, env, cwd)
+        return SandboxedProcess([resolved, *argv[1:]], config, wall_s, env, cwd, pass_fds)
     groups = SandboxCgroups(config.processes + _OWN_PROCESSES, config.memory_mb * _MIB)
     try:
         command = _limits_argv(config) + _bwrap_argv(config, env, dict(forward or {}), cwd or SCRATCH)
         command += _first_program(config, forward or {}) + list(argv)
         outer_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
                      "SANDBOX_CGROUP_PROCS": " ".join(groups.procs_files)}
-        return _supervise(["/bin/sh", "-c", _ENTER_GROUPS, "sh", *command], config, wall_s, outer_env, None,
-                          groups)
-    finally:
+        return SandboxedProcess(["/bin/sh", "-c", _ENTER_GROUPS, "sh", *command], config, wall_s, outer_env, None,
+                                pass_fds, groups)
+    except BaseException:
         groups.remove()
+        raise
 
 
 def _first_program(config: SandboxConfig, forward: Mapping[int, str]) -> list[str]:
@@ -173,12 +186,27 @@ def _bwrap_argv(config: SandboxConfig, env: dict[str, str], forward: dict[int, s
         argv += ["--ro-bind", cwd, cwd]  # a working directory under the host's /tmp, which the scratch hides
     for path in config.writable:
         argv += ["--bind", path, path]
+    argv += _hiding_argv(config.hidden)
     for port, outside in forward.items():
         argv += ["--bind", outside, f"{SOCKETS}/{port}.sock"]
     argv += ["--chdir", cwd, "--clearenv"]
     for name, value in env.items():
         argv += ["--setenv", name, value]
     return argv + ["--"]
+
+
+def _hiding_argv(hidden: Sequence[str]) -> list[str]:
+    """bubblewrap's arguments that put an empty, read-only stand-in over each hidden path (after every other
+    mount, so that nothing bound later shows it again): a folder gets an empty tmpfs, anything else /dev/null
+    (which cannot be opened there: the host's devices are not usable inside)."""
+    argv: list[str] = []
+    for path in hidden:
+        real = os.path.realpath(path)
+        if os.path.isdir(real):
+            argv += ["--size", "4096", "--tmpfs", real, "--remount-ro", real]
+        elif os.path.lexists(real):
+            argv += ["--ro-bind", "/dev/null", real]
+    return argv
 
 
 def _home_and_needed() -> tuple[str | None, list[str]]:
@@ -193,31 +221,56 @@ def _home_and_needed() -> tuple[str | None, list[str]]:
     return home, needed
 
 
-def _supervise(argv: list[str], config: SandboxConfig, wall_s: float, env: dict[str, str], cwd: str | None,
-               groups: SandboxCgroups | None = None) -> SandboxResult:
-    """Start `argv` in a session of its own, keep head and tail of its output, and at the deadline (or once it
-    ends: whatever it left running goes too) kill its process group and control groups."""
-    started = time.monotonic()
-    process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               env=env, cwd=cwd, start_new_session=True)
-    keepers = [StreamKeeper(process.stdout, config.output_kb * 1024),
-               StreamKeeper(process.stderr, config.output_kb * 1024)]
-    for keeper in keepers:
-        keeper.start()
-    ended = "exit"
-    try:
-        process.wait(timeout=max(0.0, wall_s))
-    except subprocess.TimeoutExpired:
-        ended = "wall_clock"
-    finally:
-        _kill_group(process.pid)
-        if groups is not None:
-            groups.kill_all()
-        process.wait()
-    for keeper in keepers:
-        keeper.join()
-    returncode = None if ended == "wall_clock" else exit_status(process.returncode)
-    return SandboxResult(returncode, ended, keepers[0].captured, keepers[1].captured, time.monotonic() - started)
+class SandboxedProcess:
+    """One sandboxed command, started in a session of its own with head and tail of its output kept; `wait()` or
+    `stop()` ends it: its process group and control groups are killed (whatever it left running goes too) and its
+    result returned."""
+
+    def __init__(self, argv: list[str], config: SandboxConfig, wall_s: float, env: dict[str, str],
+                 cwd: str | None, pass_fds: Sequence[int] = (), groups: SandboxCgroups | None = None) -> None:
+        self._started = time.monotonic()
+        self._deadline = self._started + max(0.0, wall_s)
+        self._groups = groups
+        self._result: SandboxResult | None = None
+        self._process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, env=env, cwd=cwd, start_new_session=True,
+                                         pass_fds=tuple(pass_fds))
+        self._keepers = [StreamKeeper(self._process.stdout, config.output_kb * 1024),
+                         StreamKeeper(self._process.stderr, config.output_kb * 1024)]
+        for keeper in self._keepers:
+            keeper.start()
+
+    def wait(self) -> SandboxResult:
+        """Wait until the command ends or its wall clock runs out, then end everything it started."""
+        if self._result is not None:
+            return self._result
+        try:
+            self._process.wait(timeout=max(0.0, self._deadline - time.monotonic()))
+            return self._finish("exit")
+        except subprocess.TimeoutExpired:
+            return self._finish("wall_clock")
+
+    def stop(self) -> SandboxResult:
+        """End it now (`ended` is `stopped` unless it had already ended by itself)."""
+        if self._result is not None:
+            return self._result
+        return self._finish("exit" if self._process.poll() is not None else "stopped")
+
+    def _finish(self, ended: str) -> SandboxResult:
+        try:
+            _kill_group(self._process.pid)
+            if self._groups is not None:
+                self._groups.kill_all()
+            self._process.wait()
+            for keeper in self._keepers:
+                keeper.join()
+        finally:
+            if self._groups is not None:
+                self._groups.remove()
+        returncode = exit_status(self._process.returncode) if ended == "exit" else None
+        self._result = SandboxResult(returncode, ended, self._keepers[0].captured, self._keepers[1].captured,
+                                     time.monotonic() - self._started)
+        return self._result
 
 
 def _kill_group(pgid: int) -> None:

@@ -179,3 +179,59 @@ def test_bad_config_names_the_field(bad, field):
         with pytest.raises(ValueError, match="bwrap, none"):
             SandboxConfig(**bad)
 
+
+
+def test_a_started_sandbox_talks_over_given_pipes_and_stops_with_everything_it_started():
+    """`start_sandboxed`: a peer process the caller talks to over the pipe ends it passes (and nothing else of
+    its own); `stop` ends it and whatever it started at once."""
+    from sandbox import start_sandboxed
+
+    marker = f"{uuid.uuid4().int % 900 + 100}.{os.getpid() % 1000 + 2}"
+    read_end, write_end = os.pipe()
+    other_read, other_write = os.pipe()
+    try:
+        code = (f"import os, subprocess; subprocess.Popen(['sleep', '{marker}']); "
+                f"os.write({write_end}, ' '.join(os.listdir('/proc/self/fd')).encode()); os.system('sleep {marker}')")
+        peer = start_sandboxed(["python", "-c", code], SandboxConfig(), wall_s=60, pass_fds=(write_end,))
+        os.close(write_end)
+        listed = os.read(read_end, 4096).decode().split()
+        assert str(write_end) in listed and str(other_write) not in listed and str(other_read) not in listed
+        result = peer.stop()
+    finally:
+        for fd in (read_end, other_read, other_write):
+            os.close(fd)
+    assert result.ended == "stopped" and result.returncode is None and result.wall_s < 10
+    left = [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+    assert left == []
+
+
+@pytest.fixture
+def host_folder():
+    """A folder the sandbox sees (the host's /tmp is hidden behind its scratch)."""
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="beyond-sandbox-test-"))
+    yield folder
+    shutil.rmtree(folder)
+
+
+def test_hidden_paths_cannot_be_read_inside(host_folder):
+    tmp_path = host_folder
+    (tmp_path / "answers").mkdir()
+    (tmp_path / "answers" / "key.txt").write_text("the answer")
+    (tmp_path / "solutions.txt").write_text("the solution")
+    code = f"""
+import os
+print(os.listdir({str(tmp_path / 'answers')!r}))
+for path in ({str(tmp_path / 'answers' / 'key.txt')!r}, {str(tmp_path / 'solutions.txt')!r}):
+    try:
+        print(open(path).read())
+    except OSError as error:
+        print(type(error).__name__)
+"""
+    hidden = SandboxConfig(hidden=(str(tmp_path / "answers"), str(tmp_path / "solutions.txt"), "/no/such/path"))
+    seen = python(code, hidden)
+    assert seen.returncode == 0, seen.stderr.text()
+    assert seen.stdout.text().split() == ["[]", "FileNotFoundError", "PermissionError"]
+    assert "the answer" in python(code).stdout.text()  # not hidden: readable
