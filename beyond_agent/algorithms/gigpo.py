@@ -11,6 +11,11 @@ Definitions, for the episodes i of one group G with returns R_i, and their turns
 - step return  R_{i,t} = sum_{k >= t} gamma^(k - t) r_{i,k}, over the env's step rewards r from turn t on, to
   the episode's end (a per_call agent's episode trains as several rows, its segments: a segment's returns run on
   through the later segments' turns, and the episode counts once in its group's A^E statistics);
+- a cut episode (a limit ended it; rollout/episode_loop.py adds its forfeit F to its last turn's step reward):
+  R_{i,t} = sum_{k >= t} gamma^(k - t) r_{i,k} over its real rewards, plus F undiscounted, at every turn (of
+  every segment). Why: discounted like a step reward, the forfeit of a state held until the limit L weighs
+  gamma^(L-1-t) F, which beats losing from that state sooner (-gamma^(m-1)) whenever L > m; counted whole, holding
+  a state is worth F <= -1 <= any loss's return, so stalling never beats losing;
 - anchor group  S(s) = the turns (i, t) of the episodes of G whose state before the turn is s (the exact
   observation text, or a key the env supplies instead); a state seen once is its own group;
 - step advantage  A^S_{i,t} = (R_{i,t} - mean_{S(s)} R) / F_{S(s)}, F as above; 0 in a group of one;
@@ -71,6 +76,9 @@ class EpisodeSteps:
     later_rewards: tuple[float, ...] = ()
     """The step rewards of the episode's turns after these (a per_call agent's later segments): a turn's step
     return runs on through them to the episode's end."""
+    forfeit: float | None = None
+    """When a limit cut the episode: the forfeit F already added to its last turn's step reward (the last of
+    `step_rewards + later_rewards`), counted undiscounted at every turn instead (`step_returns`); None otherwise."""
 
 
 @dataclass
@@ -97,6 +105,19 @@ def discounted_returns(rewards: Sequence[float], gamma: float) -> list[float]:
         running = float(rewards[t]) + gamma * running
         returns[t] = running
     return returns
+
+
+def step_returns(episode: EpisodeSteps, gamma: float) -> list[float]:
+    """R_t of each of the episode's turns, to the episode's end (its later rows' turns included); in a cut episode,
+    over its real rewards plus its forfeit, undiscounted (module docstring)."""
+    rewards = [*episode.step_rewards, *episode.later_rewards]
+    turns = len(episode.step_rewards)
+    if episode.forfeit is None or not rewards:
+        return discounted_returns(rewards, gamma)[:turns]
+    # Rule: the forfeit counts whole at every turn, so holding a state until the limit (F) never beats losing from
+    # it (-gamma^k >= -1 = F); the rollout added it to the episode's last turn, which keeps only its real reward here.
+    rewards[-1] -= episode.forfeit
+    return [value + episode.forfeit for value in discounted_returns(rewards, gamma)[:turns]]
 
 
 def normalized(values: Sequence[float], norm: str, epsilon: float = EPSILON) -> list[float]:
@@ -174,7 +195,7 @@ def step_advantages(episodes: Sequence[EpisodeSteps], gamma: float, norm: str,
         if len(episode.step_rewards) != len(episode.anchors):
             raise ValueError(f"episode {index}: {len(episode.step_rewards)} step rewards for "
                              f"{len(episode.anchors)} anchor states (one of each per turn)")
-    returns = [discounted_returns(e.step_rewards + e.later_rewards, gamma)[:len(e.step_rewards)] for e in episodes]
+    returns = [step_returns(e, gamma) for e in episodes]
     found = [[0.0] * len(e.step_rewards) for e in episodes]
     turns = [(i, t) for i, e in enumerate(episodes) for t in range(len(e.step_rewards))]
     anchor_groups = _members(turns, lambda turn: (episodes[turn[0]].group, episodes[turn[0]].anchors[turn[1]]))
@@ -203,9 +224,11 @@ def group_has_step_signal(results: Sequence[EpisodeResult], config: GiGPOConfig)
     """Whether any turn of one group's episodes (a per_call agent's segments included) gets a non-zero step
     advantage A^S: turns that start from the same state with different step returns. Dynamic sampling asks this
     of a group whose episode returns are all equal (rollout/dynamic_sampling.py), which GiGPO still trains on."""
-    rows = [row for result in results for row in (*result.earlier_segments, result)]
+    # A per_call agent's segments carry their episode's forfeit (rollout.batch._extra_rows).
+    rows = [(row, result.forfeit) for result in results for row in (*result.earlier_segments, result)]
     episodes = [EpisodeSteps(group="", reward=row.reward, step_rewards=tuple(row.step_rewards),
-                             anchors=tuple(row.anchors), later_rewards=tuple(row.later_step_rewards)) for row in rows]
+                             anchors=tuple(row.anchors), later_rewards=tuple(row.later_step_rewards), forfeit=forfeit)
+                for row, forfeit in rows]
     step, _ = step_advantages(episodes, config.gamma, "mean")
     # Step advantages closer to 0 than dynamic sampling's tolerance for equal rewards count as none.
     return any(abs(value) > EQUAL_REWARD_TOLERANCE for turns in step for value in turns)
@@ -273,7 +296,7 @@ def add_step_advantages(batch: Any, config: GiGPOConfig, norm: str) -> dict[str,
     turn by turn on each turn's trained tokens; the anchor-group metrics (`beyond_agent/gigpo/...`).
 
     Reads per row: verl's `uid` (the group), and from our rollout `anchors`, `turn_rewards`, `turn_ends`,
-    `later_turn_rewards` and `episode_key`. Where one episode has several rows (a per_call agent's segments, which
+    `later_turn_rewards`, `forfeit` (a cut episode's) and `episode_key`. Where one episode has several rows (a per_call agent's segments, which
     verl's estimator counted as that many samples of the group), A^E is redone with each episode once
     (`count_each_episode_once`).
     """
@@ -283,9 +306,11 @@ def add_step_advantages(batch: Any, config: GiGPOConfig, norm: str) -> dict[str,
         raise ValueError(f"adv_estimator=gigpo needs the per-turn fields {missing} that BeyondAgent's rollout "
                          "writes; this batch comes from another rollout")
     later = rows.get("later_turn_rewards", [()] * len(rows["uid"]))
+    forfeits = rows.get("forfeit", [None] * len(rows["uid"]))
     episodes = [EpisodeSteps(group=str(uid), reward=0.0, step_rewards=tuple(rewards), anchors=tuple(anchors),
-                             later_rewards=tuple(after))
-                for uid, rewards, anchors, after in zip(rows["uid"], rows["turn_rewards"], rows["anchors"], later)]
+                             later_rewards=tuple(after), forfeit=None if forfeit is None else float(forfeit))
+                for uid, rewards, anchors, after, forfeit in zip(rows["uid"], rows["turn_rewards"], rows["anchors"],
+                                                                 later, forfeits)]
     step, metrics = step_advantages(episodes, config.gamma, norm)
     mask = batch.batch["response_mask"]
     count_each_episode_once(batch, norm)

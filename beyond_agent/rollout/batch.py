@@ -2,7 +2,8 @@
 `generate_sequences`.
 
 - `collate` pads episodes into verl's tensors (prompts left-padded, responses right-padded) with the
-  episode reward as `rm_scores` and the per-turn env rewards as `step_rewards`.
+  episode reward as `rm_scores` and the per-turn env rewards as `step_rewards` (a cut episode's last turn with its
+  forfeit added: episode_loop.py; each row's `forfeit` says so, for GiGPO).
 - `training_batch` is what the rollout manager returns: infrastructure failures kept out of training
   (`excluded_rows`), collated, with the input rows' non-tensor fields and our own (`success`, `agent_task`).
 - `segment_batch` and `add_segment_rows`: a per_call agent episode's earlier samples, and the other seats of a
@@ -66,18 +67,28 @@ def segment_batch(results: Sequence[EpisodeResult], pad_token_id: int, max_promp
     Verl's `fit()` joins the rollout's rows one to one with its input rows, so these cannot come back from
     `generate_sequences`; the trainer adds them to the batch afterwards (`add_segment_rows`).
     """
-    added = [(row, extra) for row, result in enumerate(results)
-             for extra in (*result.earlier_segments, *result.other_seats)]
+    added = [(row, extra, forfeit) for row, result in enumerate(results) for extra, forfeit in _extra_rows(result)]
     if not added:
         return None
-    origins = [row for row, _ in added]
+    origins = [row for row, _, _ in added]
     excluded_episodes = excluded_rows(results, group_based)
     # Rule: a segment of an excluded episode (an infrastructure failure, or in a group with one) is excluded
     # with it: it is the same episode, and its group's baseline would lack the failed episodes. The same holds for
     # the other seats of a game: a failure voids every seat, and the row's groups go together.
     excluded = {i for i, origin in enumerate(origins) if origin in excluded_episodes}
-    return SegmentRows(origins, _result_rows([extra for _, extra in added], excluded, pad_token_id,
-                                             max_prompt_length, max_response_length))
+    return SegmentRows(origins, _result_rows([extra for _, extra, _ in added], excluded, pad_token_id,
+                                             max_prompt_length, max_response_length,
+                                             forfeits=[forfeit for _, _, forfeit in added]))
+
+
+def _extra_rows(result: EpisodeResult) -> list[tuple[EpisodeResult, float | None]]:
+    """The rows `result` trains besides its own, each with the forfeit its turns carry (`EpisodeResult.forfeit`).
+
+    Rule: a per_call agent's earlier segments carry their episode's forfeit: a limit cuts the episode, not a
+    segment, and a segment's step returns run on to the episode's last turn, which holds it. A self-play game's
+    other seats carry their own: only the seat the limit stopped forfeits, the others won by walkover."""
+    return ([(segment, result.forfeit) for segment in result.earlier_segments]
+            + [(seat, seat.forfeit) for seat in result.other_seats])
 
 
 def add_segment_rows(batch: DataProto, segments: SegmentRows | None, rows_multiple: int,
@@ -145,8 +156,9 @@ def _rows_of(batch: DataProto, origins: list[int], rows: DataProto) -> DataProto
 
 
 def _result_rows(results: Sequence[EpisodeResult], excluded: set[int], pad_token_id: int, max_prompt_length: int,
-                 max_response_length: int) -> DataProto:
-    """The results collated, rows `excluded` masked, with our non-tensor fields (anchors, success, task)."""
+                 max_response_length: int, forfeits: Sequence[float | None] | None = None) -> DataProto:
+    """The results collated, rows `excluded` masked, with our non-tensor fields (anchors, success, task);
+    `forfeits`: each row's forfeit (default: each result's own, `EpisodeResult.forfeit`)."""
     episodes = [_masked(_episode_or_placeholder(r, pad_token_id)) if i in excluded
                 else _episode_or_placeholder(r, pad_token_id) for i, r in enumerate(results)]
     batch = collate(episodes, pad_token_id, max_prompt_length, max_response_length)
@@ -155,6 +167,10 @@ def _result_rows(results: Sequence[EpisodeResult], excluded: set[int], pad_token
                                                       for i, r in enumerate(results)])
     batch.non_tensor_batch["later_turn_rewards"] = object_array([() if i in excluded else tuple(r.later_step_rewards)
                                                                  for i, r in enumerate(results)])
+    # The forfeit a cut episode's last turn carries (None: not cut): GiGPO counts it undiscounted at every turn.
+    forfeits = [r.forfeit for r in results] if forfeits is None else forfeits
+    batch.non_tensor_batch["forfeit"] = object_array([None if i in excluded else forfeit
+                                                      for i, forfeit in enumerate(forfeits)])
     # An episode's rows (a per_call agent's segments) share its key: GiGPO counts the episode once in its group.
     batch.non_tensor_batch["episode_key"] = np.array([f"{r.spec.group_id}/{r.spec.index}" for r in results],
                                                      dtype=object)

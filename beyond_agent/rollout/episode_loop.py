@@ -10,6 +10,15 @@ messages, parses each reply into an action and turns the env's final score and p
 episode's reward. Each assistant turn gets one step reward: what the env returned for its action, 0.0
 when the env did not step (the reply was not an action, or the turn hit the length limit).
 
+**A limit cut is a forfeit** (issue #69). An episode a limit cuts (`LIMIT_CUTS`: our round, token or call limit,
+or the env's own step limit) has no result of its own, and a reply that is no action leaves the env where it
+was: scored like a draw, holding a state until the limit would beat losing from it. So the cut episode's last
+turn is credited with the forfeit F (`Forfeit`: the env's declared `forfeit_reward`, else `FORFEIT` in a game,
+whose answers name a seat, else 0.0, a cut scoring like failing), added to its step reward, and the result
+carries F (`EpisodeResult.forfeit`) so that GiGPO counts it undiscounted at every turn of the episode
+(beyond_agent/algorithms/gigpo.py). `SeatedEpisodeLoop` (seats.py) credits the seat a limit stopped with the
+same rule.
+
 Termination reasons (see `handler.TERMINATION_REASONS`):
 - `done`       the environment said the task ended (terminated, success or failure);
 - `max_rounds` the round limit of this training step;
@@ -35,6 +44,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import requests
 
 from envservice.envs.base import STATE_KEY
+from envservice.envs.two_player import FORFEIT_REWARD, SEAT
 from envservice.errors import EnvServiceError, EnvTimeoutError
 from beyond_agent.rollout.handler import Episode, RolloutHandler
 from beyond_agent.rollout.llm import request_seed
@@ -53,6 +63,52 @@ class GeneratedTurn(Protocol):
 
     token_ids: list[int]
     logprobs: list[float] | None
+
+
+FORFEIT = -1.0
+"""A game's forfeit: the loss of a seat that did not finish it (TextArena's rule for a seat that does not move)."""
+LIMIT_CUTS = ("max_rounds", "length", "max_calls", "truncated")
+"""Terminations by a limit, not by the task's end: our round limit, the response length, the gateway's call limit
+(rounds.CUT_BY_OUR_LIMITS), and the env's own step limit. Each is a forfeit (module docstring)."""
+
+
+class Forfeit:
+    """F, what a limit cut credits to an episode's last turn, as the env's answers tell it (module docstring).
+
+    Why one rule for every env: a cut must never score above losing, or holding a state until the limit pays.
+    A game's loss is `FORFEIT`; an env may declare its own F in its answers' info (`FORFEIT_REWARD`); an env
+    with neither has no loss value, so a cut credits 0.0 and scores like failing."""
+
+    def __init__(self) -> None:
+        self.declared: float | None = None
+        """The env's own F (its answers' `info[FORFEIT_REWARD]`), once one said it."""
+        self.seated = False
+        """Whether an answer named a seat (`info[SEAT]`): the env is a game."""
+
+    def note(self, info: Mapping[str, Any] | None) -> None:
+        """Learn from one create or step answer's info."""
+        info = info or {}
+        if info.get(FORFEIT_REWARD) is not None:
+            self.declared = float(info[FORFEIT_REWARD])
+        self.seated = self.seated or info.get(SEAT) is not None
+
+    @property
+    def value(self) -> float:
+        """F: the declared value, else `FORFEIT` in a game, else 0.0."""
+        if self.declared is not None:
+            return self.declared
+        return FORFEIT if self.seated else 0.0
+
+    def credit(self, step_rewards: list[float]) -> float | None:
+        """Add F to the last turn's step reward of an episode a limit cut (in place); the F credited, or None when
+        the episode has no turn to credit.
+
+        Rule: added, not replacing: the turn keeps what the env paid for its action, and the episode's step rewards
+        sum to its real rewards plus F (a summed task reward, `StepRewardTask`, sees the forfeit once)."""
+        if not step_rewards:
+            return None
+        step_rewards[-1] += self.value
+        return self.value
 
 
 GenerateFn = Callable[..., GeneratedTurn]
@@ -160,7 +216,13 @@ class EpisodeResult:
     score: float = 0.0
     """The env's final `evaluate()` score (0.0 when the episode never got that far)."""
     step_rewards: list[float] = field(default_factory=list)
-    """One per assistant turn: the env's reward for that turn's action (0.0 where it did not step)."""
+    """One per assistant turn: the env's reward for that turn's action (0.0 where it did not step); the last turn of
+    an episode a limit cut also carries the forfeit (`forfeit`)."""
+    forfeit: float | None = None
+    """The forfeit F added to the last turn's step reward when a limit cut this episode (a seat's: the seat the
+    limit stopped; the seats that won the walkover have none); None otherwise. GiGPO counts it undiscounted at
+    every turn of the episode, so that from any state holding it until the limit (F) is never worth more than
+    losing from it (a loss's -gamma^k >= -1)."""
     anchors: list[str] = field(default_factory=list)
     """One per assistant turn: the env state the turn started from (`state_anchor`), GiGPO's anchor states."""
     refused_turns: int = 0
@@ -230,6 +292,9 @@ class EpisodeLoop:
         self._anchors: list[str] = []  # one per turn, beside _step_rewards
         self._state = ""  # the env state the next turn starts from (`state_anchor`)
         self._refused = 0  # turns whose reply was no action, or an action the env refused
+        self.forfeit = Forfeit()
+        """F, learnt from this episode's env answers (a game's seats share their game's: seats.py)."""
+        self._forfeited: float | None = None  # the F credited to the last turn, once a limit cut the episode
 
     def run(self) -> EpisodeResult:
         """Play the episode; always returns a result and always releases the session."""
@@ -240,6 +305,8 @@ class EpisodeLoop:
             session_id, first_observation = self._create_session()
             handler = self._new_handler(first_observation)
             self._play(handler, session_id)
+            if handler.termination in LIMIT_CUTS:
+                self._forfeit()
             score, success = self._evaluate(session_id)
             result = self._scored_result(handler, score, success)
         except _EpisodeFailure as failure:
@@ -290,6 +357,7 @@ class EpisodeLoop:
         step = self._env_call(self.env.step, session_id, parsed.action)
         self._step_rewards.append(float(step.reward))
         info = getattr(step, "info", None) or {}
+        self.forfeit.note(info)
         self._refused += bool(info.get("invalid"))
         self._state = state_anchor(step.observation, info)  # no action: unchanged
         if step.terminated:
@@ -297,6 +365,11 @@ class EpisodeLoop:
         if step.truncated:
             return step.observation, "truncated"
         return step.observation, None
+
+    def _forfeit(self) -> None:
+        """A limit cut this episode: its last turn is credited with the forfeit (`Forfeit.credit`), and the result
+        carries it. The one-player loop and a game's seat (seats.py) both forfeit through here."""
+        self._forfeited = self.forfeit.credit(self._step_rewards)
 
     # ---- calls with their failure mapping --------------------------------------------------------
 
@@ -333,6 +406,7 @@ class EpisodeLoop:
         s = self.spec
         created = self._env_call(self.env.create, s.env_id, s.task_id, s.seed, s.split, s.params)
         self._state = state_anchor(created.observation, getattr(created, "info", None))
+        self.forfeit.note(getattr(created, "info", None))
         return created.session_id, created.observation
 
     def _new_handler(self, first_observation: str) -> RolloutHandler:
@@ -379,8 +453,8 @@ class EpisodeLoop:
             episode.termination = termination  # an infra failure after a length stop is still a failure
         return EpisodeResult(
             spec=self.spec, episode=episode, termination=termination, reward=reward, success=success, score=score,
-            step_rewards=list(self._step_rewards), anchors=list(self._anchors), refused_turns=self._refused,
-            rounds=self._rounds,
+            step_rewards=list(self._step_rewards), forfeit=self._forfeited, anchors=list(self._anchors),
+            refused_turns=self._refused, rounds=self._rounds,
             messages=list(handler.messages) if handler else [], error=error,
             env_time_s=self._env_time, llm_time_s=self._llm_time,
         )

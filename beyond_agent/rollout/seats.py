@@ -17,8 +17,12 @@ How a game ends for its seats:
 - a limit cuts it (a seat's round limit, the env's own step limit, a seat's response length): the game has no
   result; the seat the limit stopped forfeits it (outcome -1, as TextArena's rule loses a game for a seat that does
   not move) and every other seat wins it (1). Scored as a draw for all, a cut paid a seat that was losing to stall
-  (envservice/envs/two_player.py tells how a policy learnt to). The seat that hit the length limit ends with
-  `length`, the others with the reason that stopped the game for everyone (`max_rounds`, `truncated`).
+  (envservice/envs/two_player.py tells how a policy learnt to). The stopped seat's last move is credited with the
+  forfeit by the one-player loop's own rule (`EpisodeLoop._forfeit`: F, `FORFEIT` unless the env declares its own)
+  and its result carries F (`EpisodeResult.forfeit`: GiGPO counts it undiscounted at every turn of that seat's
+  episode, so a seat never gains by holding a position until the limit); every other seat's last move gets its
+  walkover (1), an ordinary step reward. The seat that hit the length limit ends with `length`, the others with the
+  reason that stopped the game for everyone (`max_rounds`, `truncated`).
 - an infrastructure failure of any seat (`env_error`, `llm_error`, `timeout`) voids the game: every seat that moved
   ends with it (or, when none had, the seat to move, with a result without an episode), and none is trained
   (`EpisodeResult.infra_failure`).
@@ -43,14 +47,15 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from envservice.envs.two_player import SEAT, SEAT_REWARDS
-from beyond_agent.rollout.episode_loop import (EpisodeLoop, EpisodeConfig, EpisodeResult, EpisodeSpec, GenerateFn,
-                                           _EpisodeFailure, seeded, state_anchor)
+from beyond_agent.rollout.episode_loop import (FORFEIT, EpisodeLoop, EpisodeConfig, EpisodeResult, EpisodeSpec,
+                                               Forfeit, GenerateFn, _EpisodeFailure, seeded, state_anchor)
 from beyond_agent.rollout.env_manager import ParallelEnvManager
 from beyond_agent.rollout.handler import RolloutHandler
 from beyond_agent.rollout.llm import request_seed
 
-FORFEIT, WALKOVER = -1.0, 1.0
-"""The outcomes of a game a limit cut before its end: the seat the limit stopped loses, every other seat wins."""
+WALKOVER = 1.0
+"""The outcome of a game a limit cut before its end for every seat but the one the limit stopped, which forfeits
+(`FORFEIT`, -1, episode_loop.py: one forfeit for the one-player and the seated loops)."""
 
 SELF = "self"
 """The opponent that is the policy itself: every seat of the game is the policy's, and every seat trains."""
@@ -126,6 +131,10 @@ class SeatedEpisodeLoop:
         self.seats = {seat: _Seat(EpisodeLoop(self._seat_spec(seat), self.env, seeded(generate, self._seed(seat)),
                                            tokenizer, config, max_rounds))
                       for seat, generate in sorted(by_seat.items())}
+        self.forfeit = Forfeit()
+        """The game's F: one env session, so its seats share what its answers tell (each seat's loop notes them)."""
+        for seat in self.seats.values():
+            seat.loop.forfeit = self.forfeit
         self.first_seat: int | None = None
         """The seat the env named to move first (set once the game is created)."""
 
@@ -213,11 +222,16 @@ class SeatedEpisodeLoop:
 
     def _cut(self, stopped_by: int, reason: str) -> dict[int, float]:
         """A limit ended the game: `reason` for the seat it stopped, `max_rounds` / `truncated` for the others; that
-        seat forfeits the game."""
+        seat forfeits the game, the others win it by walkover."""
         outcomes = {number: FORFEIT if number == stopped_by else WALKOVER for number in self.seats}
         for number, seat in self.seats.items():
             seat.termination = reason if number == stopped_by or reason != "length" else "truncated"
-        self._credit_last_moves(outcomes)
+        # Rule: the stopped seat forfeits as a one-player episode a limit cuts does (one rule: EpisodeLoop._forfeit),
+        # so its episode carries the forfeit GiGPO counts at every turn; the others' walkover is a plain step reward.
+        stopped = self.seats[stopped_by]
+        if stopped.handler is not None:
+            stopped.loop._forfeit()
+        self._credit_last_moves(outcomes, besides=stopped_by)
         return outcomes
 
     def _credit_last_moves(self, outcomes: dict[int, float], besides: int | None = None) -> None:

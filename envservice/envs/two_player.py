@@ -49,6 +49,12 @@ SEAT = "seat"
 next action is that seat's move. Absent once the game is over."""
 SEAT_REWARDS = "seat_rewards"
 """The `info` key of a finished game's outcome per seat, by seat number as text: {"0": 1.0, "1": -1.0}."""
+FORFEIT_REWARD = "forfeit_reward"
+"""The `info` key by which an env declares, in its create answer, what a game or episode a limit cuts is worth to the
+player it stopped (the trainer credits it to that player's last turn: beyond_agent/rollout/episode_loop.py). Here
+-1, a loss: a cut game scores as lost (see the module docstring), in one-player mode too."""
+CUT_FORFEIT = -1.0
+"""This env's declared forfeit (`FORFEIT_REWARD`): a loss."""
 OPPONENTS = ("none", "random", "first", "perfect")
 """Who plays the seat the client does not (module docstring)."""
 NO_MOVE = "(no cell named)"
@@ -177,7 +183,8 @@ class TicTacToeEnv(TextEnv):
         for cell in self.opening(task)[0]:
             self.game.step(f"[{cell}]")
         self._client_seat = self.seat_to_move()
-        return self._observation(), self._info()
+        # A cut game is lost (module docstring): declared, so that a client need not infer it from the seat key.
+        return self._observation(), {**self._info(), FORFEIT_REWARD: CUT_FORFEIT}
 
     def step(self, action: str) -> StepResult:
         """The move of the seat to move; with an opponent, then the opponent's reply (module docstring)."""
