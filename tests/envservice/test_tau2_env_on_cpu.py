@@ -141,6 +141,10 @@ def test_the_database_copied_on_write_equals_a_whole_copy(domain):
     whole deep copy; after every call the episode holds only the entries it changed (a read copies nothing, a
     write keeps what it changed, not what it read); the shared initial database is as it was."""
     loaded = load_domain(domain)
+    read_only = tau2_env.READ_ONLY_TOOLS[domain]
+    assert read_only < set(loaded.server.BUSINESS_TOOLS)
+    if domain == "airline":  # its package lists its write tools (retail's does not)
+        assert read_only == set(loaded.server.BUSINESS_TOOLS) - loaded.server.WRITE_TOOLS
     initial = json.dumps(loaded.initial, sort_keys=True)
     view, whole = loaded.fresh_database(), copy.deepcopy(loaded.initial)
     calls = [(action["name"], action["arguments"]) for task in loaded.tasks.values()
