@@ -151,6 +151,31 @@ def test_gigpo_runs_a_segment_s_returns_to_the_episode_s_end_and_counts_each_epi
     assert first[1] == pytest.approx([0.5] * 2)
 
 
+def test_a_cut_per_call_episodes_segments_carry_its_forfeit_and_never_beat_a_loss():
+    """Group g0 (#69): row 0 lost at its only turn, from s0 (step reward -1). Row 1's per_call episode stalled at s0
+    until a limit cut it: an earlier segment (a turn from s0, reward 0) and its last row (a turn from s0, reward 0
+    plus the forfeit F = -1 the rollout added; `forfeit` -1). Both score 0."""
+    results = [sample("g0", 0, [1, 2], [1, 1], 0.0, anchors=("s0",), step_rewards=(-1.0,)),
+               sample("g0", 1, [5, 6], [1, 1], 0.0, anchors=("s0",), step_rewards=(-1.0,))]
+    results[1].forfeit = -1.0
+    results[1].earlier_segments = [sample("g0", 1, [21, 22], [1, 1], 0.0, anchors=("s0",))]
+    results[1].earlier_segments[0].later_step_rewards = [-1.0]  # as the gateway sets them
+    batch = fit_batch(results)
+    add_segment_rows(batch, segment_batch(results, PAD, 4, 6, group_based=True), 1, PAD)
+    rewards = batch.batch["rm_scores"].float()
+    batch.batch["token_level_rewards"] = rewards
+    batch.batch["advantages"], _ = compute_gigpo_episode_advantage(rewards, batch.batch["response_mask"],
+                                                                   batch.non_tensor_batch["uid"],
+                                                                   {"norm_adv_by_std_in_grpo": False})
+    add_step_advantages(batch, GiGPOConfig(gamma=0.5, omega=1.0), norm="mean")
+    # A^E: 0 and 0 -> 0. (g0, s0): the loss -1, the last row 0 + F = -1, the segment 0 + F = -1 (F whole at every
+    # turn): all equal -> 0. Before: the segment's return was 0.5 * -1 = -0.5, above the loss's -1 (+1/3 vs -1/6).
+    first = [batch.batch["advantages"][row][0].item() for row in range(3)]
+    assert first == pytest.approx([0.0, 0.0, 0.0])
+    # The forfeit belongs to the episode: its earlier segment's row carries it too.
+    assert list(batch.non_tensor_batch["forfeit"]) == [None, -1.0, -1.0]
+
+
 def test_nothing_is_added_when_no_agent_rewrote_its_history_and_no_pad_when_the_rows_fit():
     plain = [sample("g0", 0, [1], [1], 0.0), sample("g0", 1, [2], [1], 1.0)]
     assert segment_batch(plain, PAD, 4, 6, group_based=True) is None
