@@ -21,7 +21,7 @@ from envservice.envs.tau2_env import GO_AHEAD, GOODBYE, MAX_CUSTOMER_TURNS, Scri
 from envservice.server import EnvServiceConfig, create_app
 
 ENV_IDS = {"retail": "tau2_retail", "airline": "tau2_airline"}
-EVERY_TASK_IDS = {"retail": "tau2_retail_every_task", "airline": "tau2_airline_every_task"}
+EVERY_TASK_IDS = {"retail": "tau2_retail_with_hang_ups", "airline": "tau2_airline_with_hang_ups"}
 """The same domains registered with `hang_up_tasks: include` (τ²'s whole splits)."""
 SPLIT_SIZES = {"retail": {"train": 74, "test": 40}, "airline": {"train": 30, "test": 20}}
 """τ²'s splits (`split_tasks.json`)."""
@@ -507,3 +507,18 @@ def test_the_documented_llm_customer_env_config_registers(repo_root, tmp_path):
             SPLIT_SIZES["retail"]["test"] - HANG_UP_COUNTS["retail"]["test"])
     finally:
         registry.unregister("tau2_retail_llm")
+
+
+def test_the_documented_every_task_env_config_registers(repo_root, tmp_path):
+    """docs/environments.md's env-config with `hang_up_tasks: include`, as written there, serves τ²'s whole
+    airline splits."""
+    from envservice.env_config import load_env_config
+
+    page = (repo_root / "docs" / "environments.md").read_text()
+    block = page[page.index("```yaml\ntau2_airline_every_task:"):].split("```")[1].removeprefix("yaml\n")
+    (tmp_path / "envs.yaml").write_text(block)
+    registrations = load_env_config(tmp_path / "envs.yaml")
+    try:
+        assert registrations[0].env_class().task_counts() == SPLIT_SIZES["airline"]
+    finally:
+        registry.unregister("tau2_airline_every_task")
