@@ -15,6 +15,8 @@ trainer trains step s on weights s - 1, so a token sampled with version u is `s 
 - Admission keeps FIFO order within the bound: a row drawn now, with q rows already waiting, is trained
   `q // batch_size` steps after the next one, so rows are drawn only while that staleness is <= K
   (`max_staleness`). With K = 0 nothing is drawn while the actor trains, which is synchronous rollout.
+- A row's staleness is its oldest trained token's: every row its episodes train counts (`episode_versions`: a
+  gateway agent's earlier segments, a self-play game's other seats), not only each episode's last row.
 - A row that finished late (carried over) can still exceed K by the time it would be trained: it is
   dropped, counted, and its env/task mix logged (dropping biases training toward short tasks; the mix
   shows by how much). A row still running is dropped as soon as one of its turns is past the bound (it can
@@ -104,14 +106,27 @@ class PendingRow:
         return [future.result() for future in self.futures]
 
 
+def trained_rows(result: EpisodeResult) -> list[EpisodeResult]:
+    """Every row a result trains: a per_call agent's earlier segments, its own, and a self-play game's other seats
+    (rollout.batch.segment_batch adds the others beside it)."""
+    return [*result.earlier_segments, result, *result.other_seats]
+
+
 def episode_versions(result: EpisodeResult, admitted_version: int) -> list[int]:
-    """The policy version of each generated turn; an episode with no tagged turn counts as admitted."""
-    versions = [v for v in (result.episode.turn_policy_versions if result.episode else []) if v is not None]
+    """The policy version of each generated turn of every row the result trains; an episode with no tagged turn
+    counts as admitted.
+
+    Rule: every trained token is within the bound, so every row counts: a gateway episode's earlier segments and a
+    game's other seats train beside the result's own row and may be older than it (a segment sampled before an
+    update the last one came after)."""
+    versions = [version for row in trained_rows(result)
+                for version in (row.episode.turn_policy_versions if row.episode else []) if version is not None]
     return versions or [admitted_version]
 
 
 def row_staleness(row: PendingRow, trainer_version: int) -> int:
-    """Versions between the row's oldest generated turn and the weights it would be trained against."""
+    """Versions between the row's oldest generated turn (of any row its episodes train: `episode_versions`) and the
+    weights it would be trained against."""
     oldest = min(min(episode_versions(r, row.admitted_version)) for r in row.results())
     return trainer_version - oldest
 

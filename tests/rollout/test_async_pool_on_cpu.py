@@ -11,10 +11,11 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from concurrent.futures import Future
 
 import pytest
 
-from beyond_agent.rollout.async_pool import AsyncEpisodePool, AsyncRolloutConfig, row_staleness
+from beyond_agent.rollout.async_pool import AsyncEpisodePool, AsyncRolloutConfig, PendingRow, row_staleness
 from beyond_agent.rollout.episode_loop import EpisodeResult, EpisodeSpec
 from beyond_agent.rollout.dynamic_sampling import DynamicSamplingConfig
 from beyond_agent.rollout.handler import Episode
@@ -375,6 +376,78 @@ def test_row_staleness_counts_from_the_oldest_turn():
     row = pool.take_batch().rows[0]
     row.results()[1].episode.turn_policy_versions = [3, 5]  # a partial rollout: first turn on version 3
     assert row_staleness(row, 6) == 3
+    pool.close()
+
+
+def one_turn(version: int, seat: int | None = None) -> EpisodeResult:
+    """A row an episode trains, with one turn sampled by weights `version`."""
+    episode = Episode(prompt_ids=[1], response_ids=[2], response_mask=[1], response_logprobs=[-0.5],
+                      termination="done", num_turns=1, turn_ends=[0], turn_policy_versions=[version])
+    return EpisodeResult(spec=EpisodeSpec(env_id="tictactoe", seat=seat), episode=episode, termination="done")
+
+
+def finished_row(*results: EpisodeResult) -> PendingRow:
+    row = PendingRow(key="r1", row={}, admitted_version=0)
+    for result in results:
+        row.futures.append(Future())
+        row.futures[-1].set_result(result)
+    return row
+
+
+def test_row_staleness_counts_every_segment_and_every_seat():
+    """#69: a per_call episode whose last row was sampled by version 5 and its earlier segment by 1, and a self-play
+    game whose seat 0 played on version 5 and seat 1 (trained beside it) on 2: trained against version 5 they are 4
+    and 3 versions stale, not 0."""
+    segmented = one_turn(5)
+    segmented.earlier_segments = [one_turn(1)]
+    game = one_turn(5, seat=0)
+    game.other_seats = [one_turn(2, seat=1)]
+    assert row_staleness(finished_row(segmented), 5) == 4
+    assert row_staleness(finished_row(game), 5) == 3
+    assert row_staleness(finished_row(one_turn(5), game), 5) == 3
+
+
+class GatewayEpisodes(ScriptedEpisodes):
+    """Rows of per_call agent episodes of two segments. The gateway serves an agent's calls, so the pool never sees
+    their versions while the episode runs (no `gate.request` in its thread): each call reads the gate's version, as
+    the gateway tags a turn. A blocked task's agent waits for its event between its two segments."""
+
+    def run_episode(self, spec, max_rounds):
+        first = self.gate.version
+        if spec.task_id in self.blockers:
+            self.blockers[spec.task_id].wait(5)
+        result = one_turn(self.gate.version)
+        result.spec, result.earlier_segments = spec, [one_turn(first)]
+        result.reward, result.success = 1.0, True
+        return result
+
+
+@pytest.mark.parametrize("max_staleness", [1, 4])
+def test_an_earlier_segment_past_the_bound_drops_its_row(max_staleness):
+    """Task 0's first segment is sampled by version 0; its agent then waits while steps 1-4 train tasks 1-4, and its
+    last segment is sampled by version 4. Step 5 trains against version 4: the row's oldest trained token is 4
+    versions stale. K = 1: dropped (#69: it was trained, judged by its last segment alone, 0 stale). K = 4: trained,
+    its staleness 4 in the metrics (each episode's turns 4 and 0 stale: turn mean 2)."""
+    gate = PolicyVersionGate()
+    release = threading.Event()
+    script = GatewayEpisodes(gate, blockers={0: release})
+    pool = make_pool(script, gate, batch_size=1, max_staleness=max_staleness, total_steps=5)
+    pool.start()
+    for step in (1, 2, 3, 4):
+        assert [row.row["extra_info"]["task_id"] for row in pool.take_batch(timeout_s=10).rows] == [step]
+        train_step(gate, pool, step)
+    release.set()
+    wait_until(lambda: all(f.done() for row in list(pool._waiting) for f in row.futures))
+    fifth = pool.take_batch(timeout_s=10)
+    if max_staleness == 1:
+        assert fifth.metrics["async/dropped_stale_episodes"] == 2
+        assert [row.row["extra_info"]["task_id"] for row in fifth.rows] == [5]
+        assert fifth.metrics["async/staleness_max"] == 0.0
+    else:
+        assert fifth.metrics["async/dropped_stale_episodes"] == 0
+        assert [row.row["extra_info"]["task_id"] for row in fifth.rows] == [0]
+        assert fifth.metrics["async/staleness_max"] == 4.0 and fifth.metrics["async/turn_staleness_mean"] == 2.0
+        assert fifth.metrics["async/partial_episodes"] == 2.0
     pool.close()
 
 
