@@ -11,11 +11,12 @@ Definitions, for the episodes i of one group G with returns R_i, and their turns
 - step return  R_{i,t} = sum_{k >= t} gamma^(k - t) r_{i,k}, over the env's step rewards r from turn t on, to
   the episode's end (a per_call agent's episode trains as several rows, its segments: a segment's returns run on
   through the later segments' turns, and the episode counts once in its group's A^E statistics);
-- a cut episode (a limit ended it; rollout/episode_loop.py adds its forfeit F to its last turn's step reward):
-  R_{i,t} = sum_{k >= t} gamma^(k - t) r_{i,k} over its real rewards, plus F undiscounted, at every turn (of
-  every segment). Why: discounted like a step reward, the forfeit of a state held until the limit L weighs
-  gamma^(L-1-t) F, which beats losing from that state sooner (-gamma^(m-1)) whenever L > m; counted whole, holding
-  a state is worth F <= -1 <= any loss's return, so stalling never beats losing;
+- a cut episode (a limit ended it; rollout/episode_loop.py adds its forfeit to its last turn's step reward):
+  R_{i,t} = sum_{k >= t} gamma^(k - t) r_{i,k} over its real rewards, plus the forfeit undiscounted, at every
+  turn (of every segment). Why: discounted like a step reward, the forfeit of a state held until the limit L
+  weighs gamma^(L-1-t) times as much, so in a game (forfeit -1) holding a state, -gamma^(L-1-t), beats losing
+  from it sooner, -gamma^(m-1), whenever L > m; counted whole, holding a state is worth -1 and a loss from it
+  -gamma^(m-1) >= -1: stalling never beats losing;
 - anchor group  S(s) = the turns (i, t) of the episodes of G whose state before the turn is s (the exact
   observation text, or a key the env supplies instead); a state seen once is its own group;
 - step advantage  A^S_{i,t} = (R_{i,t} - mean_{S(s)} R) / F_{S(s)}, F as above; 0 in a group of one;
@@ -77,7 +78,7 @@ class EpisodeSteps:
     """The step rewards of the episode's turns after these (a per_call agent's later segments): a turn's step
     return runs on through them to the episode's end."""
     forfeit: float | None = None
-    """When a limit cut the episode: the forfeit F already added to its last turn's step reward (the last of
+    """When a limit cut the episode: the forfeit already added to its last turn's step reward (the last of
     `step_rewards + later_rewards`), counted undiscounted at every turn instead (`step_returns`); None otherwise."""
 
 
@@ -114,8 +115,8 @@ def step_returns(episode: EpisodeSteps, gamma: float) -> list[float]:
     turns = len(episode.step_rewards)
     if episode.forfeit is None or not rewards:
         return discounted_returns(rewards, gamma)[:turns]
-    # Rule: the forfeit counts whole at every turn, so holding a state until the limit (F) never beats losing from
-    # it (-gamma^k >= -1 = F); the rollout added it to the episode's last turn, which keeps only its real reward here.
+    # Rule: the forfeit counts whole at every turn, so holding a state until the limit (a game's -1) never beats
+    # losing from it (-gamma^k >= -1); the rollout added it to the episode's last turn, which keeps its real reward.
     rewards[-1] -= episode.forfeit
     return [value + episode.forfeit for value in discounted_returns(rewards, gamma)[:turns]]
 

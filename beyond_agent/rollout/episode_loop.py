@@ -10,14 +10,14 @@ messages, parses each reply into an action and turns the env's final score and p
 episode's reward. Each assistant turn gets one step reward: what the env returned for its action, 0.0
 when the env did not step (the reply was not an action, or the turn hit the length limit).
 
-**A limit cut is a forfeit** (issue #69). An episode a limit cuts (`LIMIT_CUTS`: our round, token or call limit,
-or the env's own step limit) has no result of its own, and a reply that is no action leaves the env where it
-was: scored like a draw, holding a state until the limit would beat losing from it. So the cut episode's last
-turn is credited with the forfeit F (`Forfeit`: the env's declared `forfeit_reward`, else `FORFEIT` in a game,
-whose answers name a seat, else 0.0, a cut scoring like failing), added to its step reward, and the result
-carries F (`EpisodeResult.forfeit`) so that GiGPO counts it undiscounted at every turn of the episode
-(beyond_agent/algorithms/gigpo.py). `SeatedEpisodeLoop` (seats.py) credits the seat a limit stopped with the
-same rule.
+**A limit cut is a forfeit** (issue #69). An episode a limit cuts (`LIMIT_CUTS`: the round limit, the response
+length, the env's own step limit) has no result of its own, and a reply that is no action leaves the env where it
+was: with step returns of 0, like a draw's, holding a state until the limit would beat losing from it. So the cut
+episode's last turn is credited with the forfeit F (`Forfeit`: the env's declared `forfeit_reward`, else
+`FORFEIT` in a game, whose answers name a seat, else 0.0, a cut scoring like failing), added to its step reward,
+and the result carries F (`EpisodeResult.forfeit`) so that GiGPO counts it undiscounted at every turn of the
+episode (beyond_agent/algorithms/gigpo.py). `SeatedEpisodeLoop` (seats.py) credits the seat a limit stopped by
+the same rule (`EpisodeLoop._forfeit`).
 
 Termination reasons (see `handler.TERMINATION_REASONS`):
 - `done`       the environment said the task ended (terminated, success or failure);
@@ -86,10 +86,14 @@ class Forfeit:
         """Whether an answer named a seat (`info[SEAT]`): the env is a game."""
 
     def note(self, info: Mapping[str, Any] | None) -> None:
-        """Learn from one create or step answer's info."""
+        """Learn from one create or step answer's info; a declared forfeit that is not a number is the env's error."""
         info = info or {}
-        if info.get(FORFEIT_REWARD) is not None:
-            self.declared = float(info[FORFEIT_REWARD])
+        declared = info.get(FORFEIT_REWARD)
+        if declared is not None:
+            if isinstance(declared, bool) or not isinstance(declared, (int, float)):
+                raise _EpisodeFailure("env_error", f"the env's info[{FORFEIT_REWARD!r}] must be a number; "
+                                      f"got {declared!r}")
+            self.declared = float(declared)
         self.seated = self.seated or info.get(SEAT) is not None
 
     @property
@@ -221,8 +225,8 @@ class EpisodeResult:
     forfeit: float | None = None
     """The forfeit F added to the last turn's step reward when a limit cut this episode (a seat's: the seat the
     limit stopped; the seats that won the walkover have none); None otherwise. GiGPO counts it undiscounted at
-    every turn of the episode, so that from any state holding it until the limit (F) is never worth more than
-    losing from it (a loss's -gamma^k >= -1)."""
+    every turn of the episode, so that from any state, holding it until the limit (a game's -1) is never worth
+    more than losing from it (-gamma^k >= -1)."""
     anchors: list[str] = field(default_factory=list)
     """One per assistant turn: the env state the turn started from (`state_anchor`), GiGPO's anchor states."""
     refused_turns: int = 0

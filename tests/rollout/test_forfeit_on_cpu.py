@@ -162,6 +162,9 @@ def test_the_forfeit_is_the_envs_declared_value_else_a_games_loss_else_zero(clie
     rule.note({"seat": 1})
     assert rule.value == -2.5  # declared wins over the seat key
     assert rule.credit([]) is None  # no turn to credit
+    with pytest.raises(Exception, match=r"info\['forfeit_reward'\] must be a number; got 'lose'") as raised:
+        rule.note({"forfeit_reward": "lose"})
+    assert raised.value.termination == "env_error"  # the env's fault: the episode ends as an env error, not reward
     rewards = [0.5, 0.25]
     assert rule.credit(rewards) == -2.5 and rewards == [0.5, -2.25]  # added: the turn keeps its real reward
 
