@@ -41,21 +41,24 @@ episode is not scored), never a reply.
 
 τ²'s `NL_ASSERTION` criteria need an LLM judge and are not scored here (the retail tasks list them in
 `reward_basis`; the score here asks for the database and the communicated items instead). `info` at the end holds
-each part (`db_match`, `communicated`). The `COMMUNICATE` check is τ²'s substring rule as it is: a message holding
-many numbers says every short number item (airline task 3's "4" is in any message with a 4 in it), which scores
-only where the gold actions change nothing (3 training tasks: airline 3, retail 24 and 67).
+each part (`db_match`, `communicated`). The `COMMUNICATE` check is τ²'s, made hard to guess: an item counts as said
+when it stands as a whole word or number in a message of at most `MAX_TELLING_CHARS` characters (lower case, commas
+removed, trailing zeros of a decimal allowed: "481.50" says 481.5). τ²'s substring rule took any message with a 4
+in it for airline task 3's "4", so a flood of numbers scored; a wall of guesses now says nothing.
 
 **Tasks a hang-up scores on.** On 7 retail and 23 airline tasks the gold actions change nothing in the database
 and there is no `communicate_info`: the initial database is the gold one, so an episode that does nothing (says
 goodbye twice, transfers at once) scores 1 there, as much as one that serves the customer; a policy trained on them
-learns to hang up. They are found from the task data (`Domain.hang_up_tasks`: gold database equal to the initial
-one and nothing to say), marked in the reset `info` (`hang_up_scores`: true or false, on every task), and left out
+learns to hang up. So do 2 more (retail 24, airline 3) whose gold changes nothing and whose items to say can be
+guessed without the database (a number of one or two digits, a single word: "goodbye, 4"). They are
+found from the task data (`Domain.hang_up_tasks`: gold database equal to the initial one and nothing to say that
+cannot be guessed), marked in the reset `info` (`hang_up_scores`: true or false, on every task), and left out
 of both splits by default: in the test split too, since a score there would count what a policy that hangs up
 also earns. A registration's `config: {hang_up_tasks: include}` keeps them (τ²'s whole splits); `exclude` is the
 default.
 
 **Splits** are τ²-bench's own (`split_tasks.json`: retail 74 train / 40 test, airline 30 / 20), less the tasks a
-hang-up scores on unless they are included (retail 69 / 38, airline 14 / 13); a task's fingerprint is its user
+hang-up scores on unless they are included (retail 68 / 38, airline 13 / 13); a task's fingerprint is its user
 scenario and gold actions, and the test tasks share none with the train ones.
 
 **The state** an observation shows (`STATE_KEY`) is what the agent's next action starts from: the database's
@@ -79,6 +82,7 @@ import importlib
 import importlib.resources
 import json
 import os
+import re
 from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -105,6 +109,10 @@ HANG_UP_CHOICES = ("exclude", "include")
 """The `hang_up_tasks` settings: leave the tasks a hang-up scores on (`Domain.hang_up_tasks`) out of both splits
 (the default), or keep them (τ²'s whole splits)."""
 HANG_UP_MARK = "hang_up_scores"
+MAX_TELLING_CHARS = 600
+"""Longest message that can say a `communicate_info` item (a wall of guessed numbers says none)."""
+_GUESSABLE = re.compile(r"\d{1,2}|[^\W\d_]+")
+"""An item a policy can say without the database: a number of one or two digits, or a single word."""
 """The reset `info` key that says whether the task is one a hang-up scores on (always there, true or false)."""
 
 
@@ -307,9 +315,11 @@ class Domain:
         that changes nothing and says nothing (a goodbye, an immediate transfer) scores 1, as much as one that does
         the task; computed from the task data (the gold actions replayed), once per process."""
         initial = self.fresh_database()
-        # Both parts of the reward then hold for an episode that does nothing: nothing to say, nothing to change.
+        # Both parts of the reward then hold for an episode that does nothing but say its guesses: nothing to change,
+        # nothing to say that a guess does not cover.
         return frozenset(task_id for task_id, task in self.tasks.items()
-                         if not task["evaluation_criteria"].get("communicate_info")
+                         if all(_GUESSABLE.fullmatch(str(item).strip())
+                                for item in task["evaluation_criteria"].get("communicate_info") or ())
                          and same_database(self.gold_database(task_id), initial))
 
     def splits(self, hang_up_tasks: str) -> dict[str, tuple[str, ...]]:
@@ -457,6 +467,14 @@ def check_customer(settings: Any) -> None:
         raise ValueError("customer.api_key_env must be the name of an environment variable (a string)")
 
 
+def says(message: str, item: str) -> bool:
+    """Whether `message` (lower case, commas removed) holds `item` as a whole word or number: not inside a longer
+    word or number ("4" is not said by "14" or "4.5"), a decimal's trailing zeros allowed ("481.50" says 481.5)."""
+    item = item.lower().replace(",", "").strip()
+    zeros = "0*" if re.fullmatch(r"\d+\.\d+", item) else ""
+    return re.search(rf"(?<![\w.]){re.escape(item)}{zeros}(?!\w|\.\d)", message) is not None
+
+
 def check_hang_up_tasks(choice: Any) -> None:
     """Refuse a `hang_up_tasks` setting that is not one of `HANG_UP_CHOICES` (ValueError naming them)."""
     if choice not in HANG_UP_CHOICES:
@@ -570,8 +588,10 @@ class Tau2Env(TextEnv):
     def _score(self) -> tuple[float, dict[str, bool]]:
         criteria = self._task["evaluation_criteria"]
         db_match = same_database(self._database, self._domain.gold_database(self._task["id"]))
-        said = [message.lower().replace(",", "") for message in self._said]
-        communicated = all(any(str(item).lower() in message for message in said)
+        # Why: an item is said only as a whole word or number of a message short enough to be an answer, so that a
+        # flood of guesses says nothing (τ²'s substring rule took every message with a 4 in it for "4").
+        said = [message.lower().replace(",", "") for message in self._said if len(message) <= MAX_TELLING_CHARS]
+        communicated = all(any(says(message, str(item)) for message in said)
                            for item in criteria.get("communicate_info") or ())
         return float(db_match and communicated), {"db_match": db_match, "communicated": communicated}
 

@@ -25,7 +25,7 @@ EVERY_TASK_IDS = {"retail": "tau2_retail_with_hang_ups", "airline": "tau2_airlin
 """The same domains registered with `hang_up_tasks: include` (τ²'s whole splits)."""
 SPLIT_SIZES = {"retail": {"train": 74, "test": 40}, "airline": {"train": 30, "test": 20}}
 """τ²'s splits (`split_tasks.json`)."""
-HANG_UP_COUNTS = {"retail": {"train": 5, "test": 2}, "airline": {"train": 16, "test": 7}}
+HANG_UP_COUNTS = {"retail": {"train": 6, "test": 2}, "airline": {"train": 17, "test": 7}}
 """Tasks a hang-up scores on, per split (docs/environments.md counts them)."""
 
 
@@ -302,10 +302,11 @@ def test_an_airline_episode_over_the_service(service):
 
 
 def test_a_hang_up_scores_on_exactly_the_marked_tasks_and_they_are_left_out_by_default(service):
-    """Every task of both domains played over the service as a hang-up (a hello, then a goodbye, no tool call):
-    it scores 1 exactly where the reset info marks the task (`hang_up_scores`), which is where the gold actions
-    change nothing and there is nothing to say; the default registrations leave those tasks out of both splits,
-    `hang_up_tasks: include` keeps τ²'s whole splits."""
+    """Every task of both domains played over the service as a hang-up (a hello, then a goodbye with the task's
+    items to say where a guess can say them: a number of one or two digits, a single word; no tool call): it scores
+    1 exactly where the reset info marks the task (`hang_up_scores`), which is where the gold actions change nothing
+    and there is nothing to say that a guess does not cover; the default registrations leave those tasks out of
+    both splits, `hang_up_tasks: include` keeps τ²'s whole splits."""
     for domain, env_id in EVERY_TASK_IDS.items():
         loaded = load_domain(domain)
         unchanged = loaded.fresh_database()
@@ -314,7 +315,9 @@ def test_a_hang_up_scores_on_exactly_the_marked_tasks_and_they_are_left_out_by_d
             for name in names:
                 created = service.create(env_id, task_id=name, split=split)
                 assert not service.step(created.session_id, "Hello, how can I help you?").terminated
-                goodbye = service.step(created.session_id, "Goodbye.")
+                guesses = [str(item) for item in loaded.tasks[name]["evaluation_criteria"].get("communicate_info") or ()
+                           if tau2_env._GUESSABLE.fullmatch(str(item))]
+                goodbye = service.step(created.session_id, " ".join(["Goodbye:", *guesses, "."]))
                 assert goodbye.terminated, (domain, name)
                 scored.setdefault(split, set()).update({name} if goodbye.reward == 1.0 else set())
                 marked.setdefault(split, set()).update({name} if created.info["hang_up_scores"] else set())
@@ -323,7 +326,8 @@ def test_a_hang_up_scores_on_exactly_the_marked_tasks_and_they_are_left_out_by_d
         assert {split: len(names) for split, names in scored.items()} == HANG_UP_COUNTS[domain]
         criteria = {name: task["evaluation_criteria"] for name, task in loaded.tasks.items()}
         assert set().union(*scored.values()) == {
-            name for name in loaded.tasks if not criteria[name]["communicate_info"]
+            name for name in loaded.tasks
+            if all(tau2_env._GUESSABLE.fullmatch(str(item)) for item in criteria[name]["communicate_info"] or ())
             and tau2_env.same_database(database_after(domain, criteria[name]["actions"]), unchanged)}
         assert registry.get(env_id).env_class().task_counts() == SPLIT_SIZES[domain]
         default = registry.get(ENV_IDS[domain]).env_class()
@@ -370,17 +374,17 @@ ATTACKS = {
     "the items said, nothing done": lambda task, domain: [summary(task), "Goodbye."],
 }
 """What a policy after the reward may try, without doing the task: action lists per task."""
-TAUS_OWN_SCORES = {"flood": {("airline", "3")},
-                   "the items said, nothing done": {("airline", "3"), ("retail", "24"), ("retail", "67")}}
-"""The (domain, training task)s where an attack scores by τ²'s own COMMUNICATE rule (docs/environments.md): the
-gold actions change nothing and the task is to say its items (airline 3: "4" suitcases; retail 24: "polyester",
-"cotton"; retail 67: "829.43"), and the attack's messages hold them."""
+TAUS_OWN_SCORES = {"the items said, nothing done": {("retail", "67")}}
+"""The (domain, training task)s where an attack scores by the COMMUNICATE rule (docs/environments.md): the gold
+actions change nothing and the task is to say its item (retail 67: "829.43", which only the database tells), and the
+attack's message holds it. Airline 3 ("4" suitcases) and retail 24 ("polyester", "cotton"), whose items a guess
+can say, are hang-up tasks, left out; the flood's messages are too long to say anything (#69: airline 3 scored)."""
 
 
 def told(items: list, messages: list[str]) -> bool:
-    """τ²'s COMMUNICATE rule: every item, in lower case, is a substring of a message in lower case, commas out."""
-    said = [message.lower().replace(",", "") for message in messages]
-    return all(any(str(item).lower() in message for message in said) for item in items)
+    """The COMMUNICATE rule: every item stands as a whole word or number in a message short enough to count."""
+    said = [message.lower().replace(",", "") for message in messages if len(message) <= tau2_env.MAX_TELLING_CHARS]
+    return all(any(tau2_env.says(message, str(item)) for message in said) for item in items)
 
 
 @pytest.mark.parametrize("attack", list(ATTACKS))
