@@ -142,6 +142,16 @@ def test_one_player_stalling_earns_no_more_than_losing_for_grpo_and_rloo(client,
     assert rloo[:, 0].tolist() == pytest.approx([2.0, -1.0, -1.0])
 
 
+def test_a_stall_cut_by_the_response_length_forfeits_too(client, chatml_tokenizer):
+    """The token budget is a limit like the round limit: 60 response tokens hold a few empty replies and the env's
+    answers to them; the episode ends with `length`, its last turn credited with -1 (a summed task: -1, not 0)."""
+    config = EpisodeConfig(max_prompt_length=1024, max_response_length=60, max_tokens_per_turn=16)
+    stall = EpisodeLoop(one_player(0, StepRewardTask()), client, ScriptedPolicy([""] * 20, chatml_tokenizer),
+                        chatml_tokenizer, config, 20).run()
+    assert stall.termination == "length" and stall.rounds < 20
+    assert stall.step_rewards == [0.0] * (stall.rounds - 1) + [FORFEIT] and stall.reward == FORFEIT
+
+
 def test_the_forfeit_is_the_envs_declared_value_else_a_games_loss_else_zero(client, chatml_tokenizer):
     """TicTacToe declares its forfeit at create; FrozenLake names no seat and declares none: its cut credits 0, so
     a cut episode there scores like failing, as before, and its step rewards stay the env's."""
