@@ -50,8 +50,9 @@ from sandbox import SandboxConfig, run_sandboxed, sandbox_path
 from beyond_agent.sections import from_section
 from beyond_agent.gateway.episodes import MERGE_POLICIES, GatewayEpisode
 from beyond_agent.gateway.server import Gateway
-from beyond_agent.rollout.episode_loop import (INFRA_FAILURES, EpisodeConfig, EpisodeResult, EpisodeSpec, GenerateFn,
-                                           check_max_rounds, seeded, state_anchor)
+from beyond_agent.rollout.episode_loop import (INFRA_FAILURES, LIMIT_CUTS, EpisodeConfig, EpisodeResult, EpisodeSpec,
+                                           Forfeit, GenerateFn, _EpisodeFailure, check_max_rounds, seeded,
+                                           state_anchor)
 from beyond_agent.rollout.env_manager import ParallelEnvManager
 from beyond_agent.tasks import EpisodeOutcome
 
@@ -182,6 +183,11 @@ class EnvSession:
         episode ends with it even if the agent caught the exception."""
         self._client, self._calls_so_far, self._deadline = client, calls_so_far, deadline
         self._first_state = state_anchor(observation, info)
+        self.forfeit = Forfeit()
+        """What a limit cut credits this episode's last turn, as the env's answers tell it (`Forfeit`)."""
+        self.forfeited: tuple[int, float] | None = None
+        """(the call credited, F) once a limit cut the episode (`credit_forfeit`)."""
+        self._note(info, in_step=False)
         self._steps: list[tuple[int, float, str]] = []  # (gateway calls answered before it, reward, state after)
         self._stepping = threading.Lock()
 
@@ -214,12 +220,31 @@ class EnvSession:
             self.env_time_s += time.monotonic() - started
         step = EnvStep(answer.observation, float(answer.reward), bool(answer.terminated), bool(answer.truncated),
                        dict(getattr(answer, "info", None) or {}))
+        self._note(step.info)
         self._steps.append((self._calls_so_far(), step.reward, state_anchor(step.observation, step.info)))
         self.observation = step.observation
         self.ended_by_env = step.terminated
         self.truncated_by_env = step.truncated and not step.terminated
         self.done = step.done or len(self._steps) >= self.max_steps
         return step
+
+    def _note(self, info: dict[str, Any] | None, in_step: bool = True) -> None:
+        """Learn the forfeit from an answer; a declaration that is not a number is the env's error (it ends the
+        episode; raised to the agent only from a step, never from the session's making)."""
+        try:
+            self.forfeit.note(info)
+        except _EpisodeFailure as failure:
+            if in_step:
+                self._failed(failure.termination, str(failure))
+            self.failure, self.done = (failure.termination, str(failure)), True
+
+    def credit_forfeit(self, calls: int) -> float | None:
+        """A limit cut the episode after `calls` gateway calls: its last call's turn is credited with the forfeit,
+        the same rule as our own loop's (`Forfeit.credit`); F, or None when there is no call to credit."""
+        if calls < 1:
+            return None
+        self.forfeited = (calls - 1, self.forfeit.value)
+        return self.forfeit.value
 
     def _failed(self, termination: str, message: str) -> None:
         """Record an infrastructure failure and end the episode: the agent sees it raised and should return."""
@@ -236,6 +261,8 @@ class EnvSession:
         for calls_before, reward, _ in self._steps:
             if first_call < calls_before <= calls:
                 rewards[calls_before - first_call - 1] += reward
+        if self.forfeited is not None and first_call <= self.forfeited[0] < calls:
+            rewards[self.forfeited[0] - first_call] += self.forfeited[1]  # the cut's forfeit, on the last turn
         return rewards, anchors
 
     @property
@@ -398,6 +425,9 @@ class AgentEpisodeLoop:
         last = recorded.segments[-1] if recorded.segments else None
         if termination is None:
             termination = last.termination if last is not None and last.termination else session.termination
+        # Rule: a limit cut is a forfeit here as in our own loop (episode_loop.py): stalling until the limit never
+        # beats losing.
+        forfeit = session.credit_forfeit(len(recorded.calls)) if session and termination in LIMIT_CUTS else None
         # The whole episode's step rewards, over all of its calls.
         step_rewards, _ = session.turn_rewards_and_anchors(0, len(recorded.calls)) if session else ([], [])
         reward = 0.0
@@ -413,7 +443,7 @@ class AgentEpisodeLoop:
         return dataclasses.replace(
             head, termination=termination, reward=reward, success=success, score=score, rounds=len(step_rewards),
             error=error, llm_time_s=sum(call.latency_s for call in recorded.calls), agent_mode=recorded.mode,
-            earlier_segments=samples[:-1])
+            earlier_segments=samples[:-1], forfeit=forfeit)
 
     def _segment_result(self, recorded: GatewayEpisode, index: int, session: EnvSession | None, termination: str,
                         reward: float, success: bool, score: float) -> EpisodeResult:

@@ -228,3 +228,56 @@ def test_a_seat_that_stalls_until_the_limit_ranks_below_one_that_loses(client, c
     batch = verl_batch([lost, stalled], uids=["pos0", "pos0"])
     assert list(batch.non_tensor_batch["uid"]) == ["pos0/seat0", "pos0/seat0", "pos0/seat1", "pos0/seat1"]
     assert list(batch.non_tensor_batch["forfeit"]) == [None, None, None, FORFEIT]  # the other seat's, in its row
+
+
+def test_an_agent_behind_the_gateway_that_stalls_until_the_limit_forfeits(client, chatml_tokenizer):
+    """The gateway's path (a user's agent, `AgentEpisodeLoop`): an agent that asks the model again and again and
+    never moves is cut by the call limit (`max_calls`); the cut forfeits the game like our own loop's stall (its last
+    turn's step reward -1, the result's `forfeit` -1), and an agent that moves and loses gets its loss (-1 at its
+    last move) with no forfeit. Before, the stall's step rewards stayed 0: above the loss's."""
+    from beyond_agent.gateway import Gateway, GatewayConfig
+    from beyond_agent.gateway.agents import AgentEpisodeLoop
+    from beyond_agent.gateway.server import GatewayServer
+    from beyond_agent.rollout.llm import GenerationResult
+
+    class Replies:
+        """The model behind the gateway: these replies in turn (then the last again), with log-probs."""
+
+        def __init__(self, replies):
+            self.ids = [chatml_tokenizer.encode(reply, add_special_tokens=False) + [chatml_tokenizer.eos_token_id]
+                        for reply in replies or ["."]]
+            self.calls = 0
+
+        def __call__(self, request_id, prompt_ids, max_tokens, **_):
+            ids = self.ids[min(self.calls, len(self.ids) - 1)]
+            self.calls += 1
+            return GenerationResult(list(ids), [-0.5] * len(ids), "stop", 0.0)
+
+    def asking_only(ctx):
+        import openai
+
+        model = openai.OpenAI(base_url=ctx.base_url, api_key=ctx.api_key, max_retries=0)
+        while True:  # past max_calls the gateway refuses: the agent's error, then a limit the episode reached
+            model.chat.completions.create(model=ctx.model, messages=[{"role": "user", "content": ctx.env.observation}])
+
+    def moving(ctx):
+        import openai
+
+        model = openai.OpenAI(base_url=ctx.base_url, api_key=ctx.api_key, max_retries=0)
+        while not ctx.env.done:
+            reply = model.chat.completions.create(model=ctx.model, messages=[
+                {"role": "user", "content": ctx.env.observation}]).choices[0].message.content
+            ctx.env.step(reply)
+
+    server = GatewayServer(Gateway(GatewayConfig(max_tokens_per_turn=16, max_calls=ROUNDS), chatml_tokenizer)).start()
+    try:
+        results = [AgentEpisodeLoop(one_player(index), client, server.gateway, server.url, agent, LIMITS, ROUNDS,
+                                    Replies(replies), server.socket_path).run()
+                   for index, (agent, replies) in enumerate(((asking_only, ["Let me think."]), (moving, LOSS)))]
+    finally:
+        server.stop()
+    stall, loss = results
+    assert stall.termination == "max_calls" and stall.forfeit == FORFEIT and stall.step_rewards[-1] == FORFEIT
+    assert sum(stall.step_rewards) == FORFEIT  # the forfeit, counted once
+    assert loss.termination == "done" and loss.forfeit is None and loss.step_rewards[-1] == -1.0
+    assert stall.reward == loss.reward == 0.0  # the env's score: both lost
