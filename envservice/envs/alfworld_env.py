@@ -351,6 +351,12 @@ class AlfWorldEnv(TextEnv):
     splits = _OFFICIAL or _generated_splits()
     official = _OFFICIAL is not None
     params: dict[str, str] = {}
+    fingerprint_folds = () if official else (
+        "which object of a type is numbered 1, 2, ...: their ids hold random positions the agent never sees, so the "
+        "fingerprint keeps each object's type and receptacle",
+        "the goal sentence's wording (one of its task type's templates, the same goal)",
+    )
+    """Generated games (`game_fingerprint`); an official game is its folder and folds nothing."""
 
     def __init__(self) -> None:
         self._env: textworld.Environment | None = None

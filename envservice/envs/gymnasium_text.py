@@ -134,6 +134,8 @@ class GymnasiumTextEnv(TextEnv):
     """The configured action names (index i names action i)."""
     seed_starts: Mapping[str, int] = {}
     """First reset seed of each split, in split order (train first); see the module docstring."""
+    fingerprint_folds = ("what the reset observation does not show (Blackjack's cards to come): a task is its start "
+                         "state",)
 
     @classmethod
     def task_fingerprint(cls, task: Task) -> str:

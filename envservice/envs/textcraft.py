@@ -105,6 +105,8 @@ class TextCraftEnv(TextEnv):
     description = "TextCraft (Minecraft recipes): get base items and craft up to the goal item."
     splits = _split(_goal_names())
     params: dict[str, str] = {}
+    fingerprint_folds = ("the distractor recipes the seed lists and the order of the list: the same goal item (a "
+                         "conservative fold, the list's text differs)",)
 
     def __init__(self) -> None:
         self._env = _new_game()
