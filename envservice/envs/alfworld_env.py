@@ -23,6 +23,7 @@ import importlib.resources
 import json
 import os
 import random
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -269,13 +270,30 @@ def game_data(game: Game) -> dict[str, Any]:
             "pddl_problem": game.pddl_problem, "solvable": True}
 
 
+_TEXTWORLD_LOCK = threading.Lock()
+"""Held while a game is loaded, reset or stepped: TextWorld's PDDL stack is not thread-safe. Its parser
+(`textworld.envs.pddl.logic`) is one object per process, its reset runs Fast Downward's translator with `sys.stdout`
+swapped for a buffer (`fast_downward.interface.CapturingStdout`), and a step derives its texts with grammars that
+games of one goal share. Two at once (sessions of the service's threads; found by `python -m envservice.check
+--hacks alfworld`, issue #69) failed with a parse error, a NameError in a step, or left the process's stdout
+pointing at a dropped buffer. One process thus plays one ALFWorld call at a time: serve it with worker processes
+(`--backend process`) for more."""
+
+
 def start_game(data: dict[str, Any], policy: bool = False, facts: bool = False) -> textworld.Environment:
     """ALFWorld's TextWorld stack (PDDL env, name demangler, infos) loaded with a game; `facts`: each state also
     lists the game's true facts (for `state_key`)."""
     infos = textworld.EnvInfos(won=True, admissible_commands=True, policy_commands=policy, facts=facts)
     env = AlfredInfos(AlfredDemangler(PddlEnv(infos), shuffle=False))
-    env.load(data)
+    with _TEXTWORLD_LOCK:  # why: TextWorld parses the PDDL with one module-level parser (see the lock)
+        env.load(data)
     return env
+
+
+def reset_game(env: textworld.Environment) -> Any:
+    """The game's first state (`env.reset()`), one thread at a time: the translator swaps `sys.stdout`."""
+    with _TEXTWORLD_LOCK:
+        return env.reset()
 
 
 def state_key(state: Any) -> str:
@@ -288,7 +306,7 @@ def plan(data: dict[str, Any]) -> list[str]:
     """A command sequence that solves a game, from the Fast Downward planner (an oracle; takes seconds)."""
     env = start_game(data, policy=True)
     try:
-        return list(env.reset()["policy_commands"])
+        return list(reset_game(env)["policy_commands"])
     finally:
         env.close()
 
@@ -374,7 +392,7 @@ class AlfWorldEnv(TextEnv):
         data, info = load_official(task) if self.official else load_generated(task)
         self.close()
         self._env = start_game(data, facts=True)
-        state = self._env.reset()
+        state = reset_game(self._env)
         self._won = False
         info.setdefault("goal", state.feedback.rsplit("Your task is to: ", 1)[-1].rstrip("."))
         info["admissible_commands"] = list(state["admissible_commands"])
@@ -382,7 +400,8 @@ class AlfWorldEnv(TextEnv):
         return state.feedback, info
     def step(self, action: str) -> StepResult:
         """Run one command ('Nothing happens.' for an invalid one); reward 1 when the task is done."""
-        state, score, done = self._env.step(action.strip())
+        with _TEXTWORLD_LOCK:
+            state, score, done = self._env.step(action.strip())
         self._won = self._won or bool(state["won"])
         info = {"admissible_commands": list(state["admissible_commands"]), STATE_KEY: state_key(state)}
         return state.feedback, float(score), bool(done), False, info
