@@ -1,6 +1,7 @@
 """`check_env(env_id)`: does a registered environment keep the service's contract?
 
     python -m envservice.check ENV_ID [--json] [--register ID=module:Class]
+    python -m envservice.check --hacks ENV_ID [--tasks N] [--url URL] [--only NAME,...]   # is its reward hackable?
 
 One small function per clause. A failing clause raises `EnvCheckError` whose message says what was seen,
 what was expected and the likely cause. The command line checks any registered env, plugins included,
@@ -338,10 +339,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--register", action="append", default=[], metavar="ID=MODULE:CLASS")
     parser.add_argument("--env-config", action="append", default=[], metavar="FILE",
                         help="a YAML file of envs (remote servers, Gymnasium games; see envservice/env_config.py)")
+    parser.add_argument("--hacks", action="store_true",
+                        help="play hostile policies against the env over HTTP instead (envservice/hacks.py): fails "
+                             "when one earns more than doing nothing or turns into an env error")
+    parser.add_argument("--tasks", type=int, default=2, help="--hacks: train tasks each hack plays (default 2)")
+    parser.add_argument("--url", help="--hacks: check the env on this running service instead of one served here")
+    parser.add_argument("--only", help="--hacks: comma-separated hack names to play (default: all)")
+    parser.add_argument("--params", default="{}", help="--hacks: the create request's params, as JSON")
     args = parser.parse_args(argv)
     from envservice.__main__ import register_classes
 
     register_classes(args.register, args.env_config)
+    if args.hacks:
+        return _main_hacks(args)
     try:
         clauses, failure = check_env(args.env_id, seed=args.seed, split_samples=args.split_samples), None
     except (EnvCheckError, EnvServiceError) as exc:
@@ -350,6 +360,28 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(report) if args.json else
           (f"{args.env_id}: every clause holds ({', '.join(clauses)})" if failure is None else failure))
     return 0 if failure is None else 1
+
+
+def _main_hacks(args: Any) -> int:
+    """`--hacks`: the report of `envservice.hacks.check_hacks`; 0 when no hack beats doing nothing."""
+    import json
+    import logging
+
+    from envservice.hacks import check_hacks
+
+    for name in ("envservice", "mcp", "uvicorn"):  # the served envs' errors still show; their chatter does not
+        logging.getLogger(name).setLevel(logging.WARNING)
+    if args.tasks < 1:
+        raise SystemExit("--tasks must be >= 1")
+    try:
+        params = json.loads(args.params)
+        only = [name.strip() for name in args.only.split(",") if name.strip()] if args.only else None
+        report = check_hacks(args.env_id, url=args.url, tasks=args.tasks, params=params, only=only)
+    except (ValueError, EnvServiceError) as exc:  # a bad --only / --params, an env that cannot load
+        print(f"envservice.check --hacks {args.env_id}: {exc}")
+        return 2
+    print(json.dumps(report.to_json()) if args.json else report.table())
+    return 0 if report.passed else 1
 
 
 if __name__ == "__main__":

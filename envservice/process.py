@@ -120,6 +120,32 @@ def _flags(**values: object) -> list[str]:
 
 
 @contextmanager
+def serve_in_thread(app, host: str = "127.0.0.1", startup_timeout_s: float = 30.0) -> Iterator[str]:
+    """`app` (an envservice app) served by uvicorn in a thread of this process on a free loopback port; yields its
+    URL and stops it after (the tests, and `python -m envservice.check --hacks`)."""
+    import time
+
+    import uvicorn
+
+    from envservice.childproc import free_port
+
+    port = free_port(host)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True, name="envservice-in-thread")
+    thread.start()
+    deadline = time.monotonic() + startup_timeout_s
+    while not server.started and time.monotonic() < deadline and thread.is_alive():
+        time.sleep(0.05)
+    if not server.started:
+        raise EnvServiceStartError(f"the in-thread envservice did not start within {startup_timeout_s:.0f} s")
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@contextmanager
 def envservice_url(envs: list[str], url: str | None = None, **process_kwargs) -> Iterator[str]:
     """`url` when given (a running service), else the URL of an EnvServiceProcess started (and stopped) here."""
     if url:

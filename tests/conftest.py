@@ -3,18 +3,14 @@ top-level `tests` package into site-packages, so `import tests.x` could resolve 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
-import threading
-import time
 from pathlib import Path
 
 import pytest
-import uvicorn
 
 from dev_tools.tiny_model import build_tiny_model
-from envservice.childproc import free_port
+from envservice.process import serve_in_thread
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 COSTLY_SESSION_FIXTURES = ("tiny_vllm_server", "move_writing_model", "frozenlake_episodes")
@@ -113,24 +109,7 @@ def tiny_vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFact
         os.killpg(server.process.pid, 0)
 
 
-@contextlib.contextmanager
-def _serving(app):
-    """`app` (an envservice app) served by uvicorn in a thread on a free loopback port; yields its URL."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-
-
 @pytest.fixture(scope="session")
 def serve_app():
     """`with serve_app(app) as url:` serves an envservice app in this process over loopback."""
-    return _serving
+    return serve_in_thread

@@ -77,6 +77,29 @@ class Task:
     params: Mapping[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Hack:
+    """A hostile policy: episodes of fixed actions that try to earn reward without doing the task (`TextEnv.hacks`,
+    `envservice.hacks`)."""
+
+    name: str
+    """A short name (`exit_early`), unique among an env's hacks and the library's."""
+    what: str
+    """What it tries, in a few words."""
+    episodes: tuple[tuple[str, ...], ...]
+    """Each a sequence of actions played from a fresh episode until the env ends it (one per way of trying)."""
+    tasks: tuple[str, ...] = ()
+    """Names of the train tasks to play it on (a hack aimed at one task's check); empty: the checker's sample."""
+    forms: tuple[str, ...] = ()
+    """The `ACTION_FORMS` each episode is written in, one per episode (the checker plays an episode on the envs
+    that read its form, `TextEnv.action_forms`); empty: every episode is played on every env."""
+
+
+ACTION_FORMS = ("text", "tool_call", "shell")
+"""How an env reads actions: words it parses (`text`: every env gets text), JSON tool calls (`tool_call`), shell
+commands (`shell`)."""
+
+
 class TextEnv(abc.ABC):
     """Base class of the service's environments.
 
@@ -110,6 +133,13 @@ class TextEnv(abc.ABC):
     splits. Fold every symmetry the observation cannot tell apart (two tasks that give the same text and rewards
     for every action sequence are one task). Empty: the fingerprint folds none, so tasks that differ in anything
     it digests are different tasks. `envservice.contamination` reports it with every count."""
+    action_forms: ClassVar[tuple[str, ...]] = ("text",)
+    """The `ACTION_FORMS` this env reads (beyond text, which every env gets): the hack checker plays the library's
+    episodes written in these forms only (a shell command sent to a grid world is one more invalid action)."""
+    hacks: ClassVar[tuple["Hack", ...]] = ()
+    """This env's own hostile policies, which `python -m envservice.check --hacks` plays besides its library
+    (`envservice.hacks.LIBRARY`): action sequences that try to earn reward without doing the task (e.g. the
+    terminal's Makefile that names the output but has no rule). None may earn more than doing nothing."""
 
     @abc.abstractmethod
     def reset(self, task: Task) -> tuple[str, dict[str, Any]]:
@@ -125,6 +155,11 @@ class TextEnv(abc.ABC):
 
     def close(self) -> None:
         """Free what the instance holds; called once when its session is released."""
+
+    def gold_actions(self) -> list[str] | None:
+        """After `reset`: actions that do the task, played by `python -m envservice.check --hacks` to show what
+        doing it earns beside what the hacks earn; None (the default): this env has no such oracle."""
+        return None
 
     @classmethod
     def task_fingerprint(cls, task: Task) -> str | None:

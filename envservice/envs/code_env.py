@@ -218,6 +218,7 @@ class CodeEnv(TextEnv):
     description = "HumanEval's 164 Python problems: write a function, run the visible tests, submit (sandboxed)"
     splits = _splits()
     max_steps = 16
+    action_forms = ("tool_call",)
     max_sessions = 256
     params = {"visible_reward": Param("Weight of the step reward for newly passed visible tests at a run "
                                       "(default 0: only the hidden tests at submit are rewarded).", float)}
@@ -271,6 +272,11 @@ class CodeEnv(TextEnv):
         if name == "submit":
             return self._submit()
         return f"Invalid action: there is no tool {clip(name, 80)!r}. {TOOLS_HELP}", 0.0, False, False, {}
+
+    def gold_actions(self) -> list[str]:
+        """Write HumanEval's canonical solution, then submit."""
+        return [json.dumps({"name": "write", "arguments": {"code": self._problem.canonical_solution}}),
+                json.dumps({"name": "submit"})]
 
     def evaluate(self) -> tuple[float, bool]:
         """1 and success when the last written solution passes the hidden tests (run at submit, or now)."""

@@ -139,6 +139,10 @@ class FrozenLakeEnv(TextEnv):
         return (f"{outcome}\n{self._render()}", float(reward), bool(terminated), bool(truncated),
                 {STATE_KEY: self._state_key()})
 
+    def gold_actions(self) -> list[str]:
+        """A shortest path from S to G (every generated map has one); on a slippery lake it may not arrive."""
+        return shortest_path_actions(self._desc)
+
     def evaluate(self) -> tuple[float, bool]:
         """Score 1 when the goal was reached, else 0."""
         success = self._reward > 0

@@ -492,6 +492,7 @@ class Tau2Env(TextEnv):
                                             f"splits; default {HANG_UP_CHOICES[0]!r})", str)}
     required_config = ("domain",)
     max_steps = 40
+    action_forms = ("tool_call",)
     max_sessions = 512
 
     def __init__(self) -> None:

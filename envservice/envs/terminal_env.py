@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from envservice.envs.base import (STATE_KEY, StepResult, Task, TextEnv, content_digest, content_split,
+from envservice.envs.base import (STATE_KEY, Hack, StepResult, Task, TextEnv, content_digest, content_split,
                                    parse_tool_call, passable_as_argument)
 from sandbox import SandboxConfig, SandboxUnavailable, run_sandboxed
 
@@ -757,6 +757,21 @@ class TerminalEnv(TextEnv):
     splits = _splits()
     max_steps = 20
     max_sessions = 256
+    action_forms = ("shell", "tool_call")
+    hacks = (
+        Hack("make_without_rule", "write the output by hand and a Makefile that only names it",
+             (("printf 'Hello, Ada!\\n' > greeting.txt && echo '# greeting.txt' > Makefile", "submit"),),
+             tasks=("build",), forms=("shell",)),
+        Hack("rule_for_the_seen_name", "a Makefile rule that writes the greeting for the one name it saw",
+             (("printf 'greeting.txt: name.txt\\n\\techo \"Hello, Ada!\" > greeting.txt\\n' > Makefile && make",
+               "submit"),), tasks=("build",), forms=("shell",)),
+        Hack("archive_bomb", "a gzip'd tar of a few hundred KB whose first header is a 160 MiB long name",
+             (("python3 -c \"import io, tarfile\ninfo = tarfile.TarInfo('n' * (160 << 20))\n"
+               "with tarfile.open('notes.tar.gz', 'w:gz', format=tarfile.GNU_FORMAT) as archive:\n"
+               "    archive.addfile(info, io.BytesIO())\" && ls -la notes.tar.gz", "submit"),),
+             tasks=("archive",), forms=("shell",)),
+    )
+    """Attempts at this env's own checks, besides the hack library (`python -m envservice.check --hacks terminal`)."""
 
     def __init__(self) -> None:
         """An instance without an episode; `reset` starts one."""
@@ -811,6 +826,10 @@ class TerminalEnv(TextEnv):
                     "ends.", 0.0, True, False, {"ended": "workspace_limit", "exit": status})
         said = f"(stopped after {COMMAND_TIMEOUT_S:g} s)" if ended == "wall_clock" else f"(exit {status})"
         return f"{said}\n{output}" if output else said, 0.0, False, False, {"exit": status}
+
+    def gold_actions(self) -> list[str]:
+        """The task's reference commands, then `submit`."""
+        return [*self._task.solution, "submit"]
 
     def evaluate(self) -> tuple[float, bool]:
         """1 and success when the task's check holds over the workspace now."""
