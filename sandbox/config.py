@@ -45,8 +45,9 @@ class SandboxConfig:
     must exist. Everything else of the host is read-only."""
     hidden: tuple[str, ...] = ()
     """Host paths the sandbox must not read (e.g. a package's data holding the answers a model's code is checked
-    against): an empty folder stands in a folder's place, an unreadable node in a file's. A path that does not exist is
-    skipped. Only `kind: bwrap` can hide anything."""
+    against, or the folder other sessions' workspaces are in): an empty folder stands in a folder's place, an
+    unreadable node in a file's; a `writable` folder inside a hidden one stays reachable. A path that does not exist
+    is skipped. Only `kind: bwrap` can hide anything."""
 
     def __post_init__(self) -> None:
         if self.kind not in SANDBOX_KINDS:

@@ -184,9 +184,11 @@ def _bwrap_argv(config: SandboxConfig, env: dict[str, str], forward: dict[int, s
             argv += ["--ro-bind", path, path]
     if cwd != SCRATCH and os.path.commonpath([SCRATCH, os.path.realpath(cwd)]) == SCRATCH:
         argv += ["--ro-bind", cwd, cwd]  # a working directory under the host's /tmp, which the scratch hides
-    for path in config.writable:
+    hide, seal = _hiding_argv(config.hidden)
+    argv += hide
+    for path in config.writable:  # after the hidden paths: a writable folder inside one stays reachable
         argv += ["--bind", path, path]
-    argv += _hiding_argv(config.hidden)
+    argv += seal
     for port, outside in forward.items():
         argv += ["--bind", outside, f"{SOCKETS}/{port}.sock"]
     argv += ["--chdir", cwd, "--clearenv"]
@@ -195,18 +197,23 @@ def _bwrap_argv(config: SandboxConfig, env: dict[str, str], forward: dict[int, s
     return argv + ["--"]
 
 
-def _hiding_argv(hidden: Sequence[str]) -> list[str]:
-    """bubblewrap's arguments that put an empty, read-only stand-in over each hidden path (after every other
-    mount, so that nothing bound later shows it again): a folder gets an empty tmpfs, anything else /dev/null
-    (which cannot be opened there: the host's devices are not usable inside)."""
-    argv: list[str] = []
+def _hiding_argv(hidden: Sequence[str]) -> tuple[list[str], list[str]]:
+    """bubblewrap's arguments that put an empty stand-in over each hidden path (a folder gets an empty tmpfs,
+    anything else /dev/null, which cannot be opened there: the host's devices are not usable inside), and those
+    that make each tmpfs read-only once the writable folders inside it are bound. A path under the scratch folder
+    is hidden already (the host's /tmp is not seen)."""
+    hide: list[str] = []
+    seal: list[str] = []
     for path in hidden:
         real = os.path.realpath(path)
+        if real == SCRATCH or real.startswith(SCRATCH + os.sep):
+            continue
         if os.path.isdir(real):
-            argv += ["--size", "4096", "--tmpfs", real, "--remount-ro", real]
+            hide += ["--size", "4096", "--tmpfs", real]
+            seal += ["--remount-ro", real]
         elif os.path.lexists(real):
-            argv += ["--ro-bind", "/dev/null", real]
-    return argv
+            hide += ["--ro-bind", "/dev/null", real]
+    return hide, seal
 
 
 def _home_and_needed() -> tuple[str | None, list[str]]:

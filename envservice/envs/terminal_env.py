@@ -271,8 +271,7 @@ def _make_greets(folder: Path, name: str) -> bool:
     _backdate_top_level(folder)  # so that the new name.txt is newer than every output, whatever the clock's tick
     if not _write_new_file(folder, "name.txt", f"{name}\n"):
         return False
-    config = SandboxConfig(writable=(str(folder),), **COMMAND_SANDBOX)
-    done = run_sandboxed(["make"], config, wall_s=COMMAND_TIMEOUT_S, cwd=str(folder))
+    done = run_sandboxed(["make"], command_sandbox(folder), wall_s=COMMAND_TIMEOUT_S, cwd=str(folder))
     if done.ended != "exit" or done.returncode != 0:  # why: a failing or endless make built nothing
         return False
     return _lines(Workspace(folder).text("greeting.txt")) == [f"Hello, {name}!"]
@@ -488,10 +487,17 @@ def _splits() -> dict[str, tuple[str, ...]]:
     return {key: tuple(names) for key, names in split.items()}
 
 
+def command_sandbox(workspace: Path) -> SandboxConfig:
+    """The sandbox of a command run in `workspace`: the workspace its only writable folder, and the folder holding
+    every session's workspace hidden, so that no command reads another session's files (under the host's /tmp, the
+    default, the sandbox's own scratch hides them already)."""
+    return SandboxConfig(writable=(str(workspace),), hidden=(str(workspace.parent),), **COMMAND_SANDBOX)
+
+
 def run_command(command: str, workspace: Path) -> tuple[int | None, str, str]:
     """(exit status or None past the wall clock, the end of its output, how it ended) of one command."""
-    config = SandboxConfig(writable=(str(workspace),), **COMMAND_SANDBOX)
-    done = run_sandboxed(["bash", "-c", command], config, wall_s=COMMAND_TIMEOUT_S, cwd=str(workspace))
+    done = run_sandboxed(["bash", "-c", command], command_sandbox(workspace), wall_s=COMMAND_TIMEOUT_S,
+                         cwd=str(workspace))
     output = (done.stdout.text() + done.stderr.text()).strip()
     if len(output) > OUTPUT_CHARS:
         output = f"{output[:OUTPUT_CHARS // 2]}\n[...]\n{output[-OUTPUT_CHARS // 2:]}"

@@ -343,3 +343,26 @@ def test_the_extract_task_starts_from_the_same_bytes_at_every_reset(monkeypatch)
         finally:
             env.close()
     assert keys[0] == keys[1]
+
+
+def test_a_command_cannot_read_another_sessions_workspace_outside_tmp(monkeypatch):
+    """Workspaces live in the temporary folder; under the host's /tmp the sandbox's scratch hides them, but with
+    TMPDIR elsewhere (here /var/tmp) a command read a sibling session's files before #69 (each command's sandbox
+    now hides the folder of every workspace but its own)."""
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(dir="/var/tmp", prefix="beyond-terminal-test-")
+    monkeypatch.setattr(tempfile, "tempdir", folder)
+    first, second = TerminalEnv(), TerminalEnv()
+    try:
+        first.reset(TerminalEnv.resolve_task("make-file", "train", 0, {}))
+        second.reset(TerminalEnv.resolve_task("make-file", "train", 1, {}))
+        first.step("echo the-first-sessions-secret > secret.txt")
+        seen = second.step(f"cat {folder}/*/secret.txt; ls {folder} | wc -l; echo mine > mine.txt; cat mine.txt")[0]
+        assert "the-first-sessions-secret" not in seen
+        assert "mine" in seen  # its own workspace is still writable
+    finally:
+        first.close()
+        second.close()
+        shutil.rmtree(folder)
