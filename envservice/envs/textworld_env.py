@@ -130,8 +130,16 @@ def ensure_game(task: Task) -> Path:
     path = game_path(task)
     with _generation_lock(str(path)):
         if not path.is_file():
-            _generate(task, path)
+            with _TEXTWORLD_LOCK:  # why: the generator parses with TextWorld's one parser (see the lock)
+                _generate(task, path)
     return path
+
+
+_TEXTWORLD_LOCK = threading.Lock()
+"""Held while a game is made and compiled, and while one is started and reset: TextWorld parses its logic with one
+parser per process (tatsu's), which two threads must not share. Two sessions created at once (the service's threads;
+found by `python -m envservice.check --hacks textworld`, issue #69) failed in reset with a parse error, an IndexError
+or a TypeError."""
 
 
 def _generation_lock(key: str) -> threading.Lock:
@@ -220,10 +228,10 @@ class TextWorldEnv(TextEnv):
         """Load (generating on first use) the task's game and start it."""
         path = ensure_game(task)
         self.close()
-        with warnings.catch_warnings():  # jericho warns that it cannot track TextWorld games; TextWorld does
+        with warnings.catch_warnings(), _TEXTWORLD_LOCK:  # jericho warns it cannot track TextWorld games; TextWorld does
             warnings.filterwarnings("ignore", message=".*is not fully supported")
             self._env = textworld.start(str(path), request_infos=_REQUEST_INFOS)
-        self._state = self._env.reset()
+            self._state = self._env.reset()
         self._policy = list(self._state["policy_commands"])
         info = {"game": task.name, "objective": self._state["objective"], "max_score": self._state["max_score"],
                 STATE_KEY: self._state_key()}
