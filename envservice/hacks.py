@@ -264,18 +264,24 @@ class HackChecker:
 
     # ---- playing -----------------------------------------------------------------------------------
 
-    def play(self, task: TaskPick, actions: Sequence[str]) -> EpisodeRun:
-        """One episode: create, the actions until the env ends it, evaluate, release (always)."""
+    def play(self, task: TaskPick, actions: Sequence[str], at_once: bool = False) -> EpisodeRun:
+        """One episode: create, the actions until the env ends it (`at_once`: all sent together, each from its own
+        thread), evaluate, release (always)."""
         run = EpisodeRun()
         created = self._create(run, task)
         if created is None:
             return run
         state = _state(created.observation, created.info)
         try:
-            for action in actions:
-                ended, state = self._step(run, created.session_id, action, state)
-                if ended:
-                    break
+            if at_once:
+                with ThreadPoolExecutor(len(actions)) as pool:
+                    list(pool.map(lambda action: self._step(run, created.session_id, action, state), actions))
+                run.unchanged_paid.clear()  # steps sent together start from states their thread did not see
+            else:
+                for action in actions:
+                    ended, state = self._step(run, created.session_id, action, state)
+                    if ended:
+                        break
             self._evaluate(run, created.session_id)
         finally:
             try:
@@ -375,31 +381,13 @@ class HackChecker:
         """Steps sent at once to one session, on each sampled task."""
         actions = ["", _JUNK, "submit", _SUBMIT, "done", _RUN][:CONCURRENT_STEPS]
         with ThreadPoolExecutor(self.parallel) as pool:
-            runs = list(pool.map(lambda task: self._play_at_once(task, actions), self.sample))
+            runs = list(pool.map(lambda task: self.play(task, actions, at_once=True), self.sample))
         score, step_return = _means(runs)
         failures = _env_failures(runs)
         if score > baseline[0] + EPSILON or step_return > baseline[1] + EPSILON:
             failures.append(f"steps at once earned {score:.3f} / {step_return:+.3f}, more than doing nothing")
         return HackResult("concurrent", "send several steps to one session at once", score, step_return, runs,
                           failures)
-
-    def _play_at_once(self, task: TaskPick, actions: Sequence[str]) -> EpisodeRun:
-        run = EpisodeRun()
-        created = self._create(run, task)
-        if created is None:
-            return run
-        state = _state(created.observation, created.info)
-        try:
-            with ThreadPoolExecutor(len(actions)) as pool:
-                list(pool.map(lambda action: self._step(run, created.session_id, action, state), actions))
-            self._evaluate(run, created.session_id)
-        finally:
-            try:
-                self.client.release(created.session_id)
-            except (EnvServiceError, requests.RequestException) as error:
-                run.env_errors.append(f"release: {_error_text(error)}")
-        run.unchanged_paid.clear()  # concurrent steps start from states this thread did not see
-        return run
 
     # ---- the gold ----------------------------------------------------------------------------------
 

@@ -181,3 +181,29 @@ def step_all_at_once() -> Callable[..., tuple[list, list[str]]]:
             return envs, list(pool.map(lambda env: env.step("inc")[0], envs))
 
     return run
+
+
+@pytest.fixture
+def play_in_threads():
+    """`play_in_threads(env_class, tasks, actions)`: one session per task (each reset, then the actions), four at
+    once in threads as the service runs them; each session's outcome, "ok" or its traceback."""
+    import traceback
+    from concurrent.futures import ThreadPoolExecutor
+
+    def play_all(env_class: type[TextEnv], tasks: list[Task], actions: tuple[str, ...]) -> list[str]:
+        def play(task: Task) -> str:
+            env = env_class()
+            try:
+                env.reset(task)
+                for action in actions:
+                    env.step(action)
+                return "ok"
+            except Exception:
+                return traceback.format_exc()
+            finally:
+                env.close()
+
+        with ThreadPoolExecutor(4) as pool:
+            return list(pool.map(play, tasks))
+
+    return play_all

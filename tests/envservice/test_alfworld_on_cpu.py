@@ -114,30 +114,15 @@ def test_no_official_games_without_alfworld_data(monkeypatch, tmp_path) -> None:
 
 
 @pytest.mark.timeout(240)
-def test_sessions_reset_and_stepped_at_once_in_threads_all_work_and_stdout_stays_put() -> None:
+def test_sessions_reset_and_stepped_at_once_in_threads_all_work_and_stdout_stays_put(play_in_threads) -> None:
     """The service runs each session's calls in a thread of its own. TextWorld's PDDL stack shares a parser and
     grammars per process, and its reset swaps `sys.stdout` for a buffer: before #69 four sessions at once failed
     (a parse error in reset, a NameError in a step; found by `python -m envservice.check --hacks alfworld`) and the
     process's stdout was left pointing at a dropped buffer."""
     import sys
-    import traceback
-    from concurrent.futures import ThreadPoolExecutor
 
     stdout = sys.stdout
-
-    def play(index: int) -> str:
-        env = AlfWorldEnv()
-        try:
-            env.reset(AlfWorldEnv.resolve_task(index % 2, "train", index % 2, {}))
-            for action in ("look", "inventory"):
-                env.step(action)
-            return "ok"
-        except Exception:
-            return traceback.format_exc()
-        finally:
-            env.close()
-
-    with ThreadPoolExecutor(4) as pool:
-        outcomes = list(pool.map(play, range(8)))
+    tasks = [AlfWorldEnv.resolve_task(index % 2, "train", index % 2, {}) for index in range(8)]
+    outcomes = play_in_threads(AlfWorldEnv, tasks, ("look", "inventory"))
     assert outcomes == ["ok"] * 8, next(outcome for outcome in outcomes if outcome != "ok")
     assert sys.stdout is stdout

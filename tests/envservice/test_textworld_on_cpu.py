@@ -96,28 +96,12 @@ def test_check_env_passes() -> None:
 
 
 @pytest.mark.timeout(240)
-def test_games_made_and_played_at_once_in_threads_all_work(monkeypatch, tmp_path) -> None:
+def test_games_made_and_played_at_once_in_threads_all_work(monkeypatch, tmp_path, play_in_threads) -> None:
     """The service runs each session's calls in a thread of its own, and TextWorld parses with one parser per
     process: before #69 sessions created at once failed in reset (a parse error, an IndexError, a TypeError; found
     by `python -m envservice.check --hacks textworld`). Three games made at once from an empty cache, then played
     by four threads."""
-    import traceback
-    from concurrent.futures import ThreadPoolExecutor
-
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "empty-cache"))
-
-    def play(index: int) -> str:
-        env = TextWorldEnv()
-        try:
-            env.reset(_task(10 + index % 3))
-            for action in ("look", "inventory", "go north"):
-                env.step(action)
-            return "ok"
-        except Exception:
-            return traceback.format_exc()
-        finally:
-            env.close()
-
-    with ThreadPoolExecutor(4) as pool:
-        outcomes = list(pool.map(play, range(8)))
+    tasks = [_task(10 + index % 3) for index in range(8)]
+    outcomes = play_in_threads(TextWorldEnv, tasks, ("look", "inventory", "go north"))
     assert outcomes == ["ok"] * 8, next(outcome for outcome in outcomes if outcome != "ok")
