@@ -378,6 +378,8 @@ class AlfWorldEnv(TextEnv):
 
     def __init__(self) -> None:
         self._env: textworld.Environment | None = None
+        self._data: dict[str, Any] = {}
+        """The game's data (`game_data`) since the last reset."""
         self._won = False
 
     @classmethod
@@ -391,6 +393,7 @@ class AlfWorldEnv(TextEnv):
         """Load (or generate) the task's game and start it; info names the task and lists the valid commands."""
         data, info = load_official(task) if self.official else load_generated(task)
         self.close()
+        self._data = data
         self._env = start_game(data, facts=True)
         state = reset_game(self._env)
         self._won = False
@@ -405,6 +408,10 @@ class AlfWorldEnv(TextEnv):
         self._won = self._won or bool(state["won"])
         info = {"admissible_commands": list(state["admissible_commands"]), STATE_KEY: state_key(state)}
         return state.feedback, float(score), bool(done), False, info
+
+    def gold_actions(self) -> list[str]:
+        """The planner's solution of the game (`plan`: seconds)."""
+        return plan(self._data)
 
     def evaluate(self) -> tuple[float, bool]:
         """Score 1 once the task is done, else 0."""

@@ -596,6 +596,13 @@ class Tau2Env(TextEnv):
                            for item in criteria.get("communicate_info") or ())
         return float(db_match and communicated), {"db_match": db_match, "communicated": communicated}
 
+    def gold_actions(self) -> list[str]:
+        """The task's gold tool calls, a message saying its `communicate_info` items, then goodbye."""
+        criteria = self._task["evaluation_criteria"]
+        calls = [json.dumps({"name": action["name"], "arguments": action["arguments"]}) for action in criteria["actions"]]
+        items = "; ".join(str(item) for item in criteria.get("communicate_info") or ())
+        return [*calls, f"All done. {items}." if items else "All done.", "Thank you. Goodbye."]
+
     def evaluate(self) -> tuple[float, bool]:
         """The reward as if the conversation ended now (module docstring)."""
         if self._task is None:

