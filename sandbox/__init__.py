@@ -12,12 +12,18 @@ One mechanism, in one place, below both envservice and the library (it imports n
     ...; result = peer.stop()   # or peer.wait()
 
 With `kind: bwrap` (Debian's bubblewrap) a run gets: no network (its own loopback; with `forward`, one port on
-it reaches one Unix socket outside, e.g. the episode's gateway); the host's file system read-only and a private
-writable scratch folder (`/tmp`, also `HOME`); its own PID namespace, so everything it started dies with it;
-an environment built from an allowlist plus what the caller names on purpose, never the trainer's; a user id
-of its own when the trainer runs as root (files readable only by root stay unreadable); limits on memory,
-CPU time, processes, file size and open files; stdout and stderr kept as head and tail with a count of what
-was dropped; a wall clock that kills the whole sandbox. `kind: none` runs the command as a plain child process
+it reaches one Unix socket outside, e.g. the episode's gateway); the host's file system read-only, `/sys` empty,
+and a private writable scratch folder (`/tmp`, also `HOME`) and `/dev/shm`, both size-capped (`/run` and the
+hidden home read-only); its own PID namespace, so everything it started dies with it; no way to make namespaces
+of its own or reach kernel interfaces it never needs (`--disable-userns` and a seccomp filter, `sandbox/seccomp.py`:
+no nested user or mount namespace, mount, io_uring, keyrings, bpf, perf, userfaultfd, attaching to a process it did
+not start, sockets but AF_UNIX / AF_INET / AF_INET6); an environment built from an allowlist plus what the caller
+names on purpose, never the trainer's (nor in bubblewrap's own, which it can read as /proc/1/environ); limits on
+memory, CPU time, processes, file size and open files; stdout and stderr kept as head and tail with a count of
+what was dropped; a wall clock that kills the whole sandbox. Inside, it runs as uid 1000 of a user namespace of its
+own, which is the trainer's uid outside: when the trainer runs as root, files readable only by root are readable
+(read-only) to the sandbox, but for the hidden home folder; run training as a normal user where that matters
+(issue #70: a sandbox user that is unprivileged outside too is not done). `kind: none` runs the command as a plain child process
 with the same environment allowlist, output caps and wall clock, and warns: nothing else is contained.
 """
 

@@ -18,6 +18,7 @@ from sandbox.cgroups import SandboxCgroups
 from sandbox.config import SandboxConfig
 from sandbox.inside import exit_status
 from sandbox.output import CapturedOutput, StreamKeeper
+from sandbox.seccomp import program_fd
 
 SCRATCH = "/tmp"
 """The sandbox's private writable folder (also its HOME and TMPDIR); what is written there is gone after."""
@@ -33,8 +34,17 @@ _MIB = 1 << 20
 _OWN_PROCESSES = 4
 """Processes of the sandbox's own making (bubblewrap's two, the first program and its forwarding thread),
 allowed on top of `SandboxConfig.processes`."""
-_ENTER_GROUPS = 'for procs in $SANDBOX_CGROUP_PROCS; do echo $$ > "$procs" || exit 125; done; exec "$@"'
-"""A shell that enters the sandbox's control groups, then becomes bubblewrap: nothing starts outside them."""
+_ENTER_GROUPS = ('for procs in $SANDBOX_CGROUP_PROCS; do echo $$ > "$procs" || exit 125; done; '
+                 'unset SANDBOX_CGROUP_PROCS; exec "$@"')
+"""A shell that enters the sandbox's control groups, then becomes bubblewrap: nothing starts outside them (and the
+groups' paths do not stay in bubblewrap's environment, which the sandbox can read as /proc/1/environ)."""
+_OUTER_PATH = "/usr/bin:/bin"
+"""The PATH of the programs that start the sandbox (`prlimit` and `bubblewrap`, given by absolute paths): the
+sandbox reads bubblewrap's environment as /proc/1/environ, so nothing of the trainer's is in it."""
+RUN_MB = 1
+"""Size of the sandbox's /run (it holds the forwarded sockets' mount points, read-only once they are bound)."""
+SHM_MB = 64
+"""Size of the sandbox's /dev/shm at most (`scratch_mb` when smaller): shared memory is memory."""
 
 
 class SandboxUnavailable(RuntimeError):
@@ -90,16 +100,18 @@ def start_sandboxed(argv: Sequence[str], config: SandboxConfig, *, wall_s: float
         resolved = shutil.which(argv[0], path=env["PATH"]) or argv[0]
         return SandboxedProcess([resolved, *argv[1:]], config, wall_s, env, cwd, pass_fds)
     groups = SandboxCgroups(config.processes + _OWN_PROCESSES, config.memory_mb * _MIB)
+    seccomp_fd = program_fd()
     try:
-        command = _limits_argv(config) + _bwrap_argv(config, env, dict(forward or {}), cwd or SCRATCH)
+        command = _limits_argv(config) + _bwrap_argv(config, env, dict(forward or {}), cwd or SCRATCH, seccomp_fd)
         command += _first_program(config, forward or {}) + list(argv)
-        outer_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-                     "SANDBOX_CGROUP_PROCS": " ".join(groups.procs_files)}
+        outer_env = {"PATH": _OUTER_PATH, "SANDBOX_CGROUP_PROCS": " ".join(groups.procs_files)}
         return SandboxedProcess(["/bin/sh", "-c", _ENTER_GROUPS, "sh", *command], config, wall_s, outer_env, None,
-                                pass_fds, groups)
+                                (*pass_fds, seccomp_fd), groups)
     except BaseException:
         groups.remove()
         raise
+    finally:
+        os.close(seccomp_fd)  # bubblewrap holds its own copy once started
 
 
 def _first_program(config: SandboxConfig, forward: Mapping[int, str]) -> list[str]:
@@ -139,10 +151,16 @@ def _bwrap_problem() -> str:
     if shutil.which("bwrap") is None:
         return "no `bwrap` program on PATH"
     try:
-        probe = subprocess.run(_bwrap_argv(SandboxConfig(), {}, {}, SCRATCH) + ["true"], capture_output=True,
-                               text=True, timeout=30)
+        seccomp_fd = program_fd()
+    except (ImportError, OSError) as error:
+        return f"its seccomp filter cannot be built ({error}; `bash scripts/install.sh` installs pyseccomp)"
+    try:
+        probe = subprocess.run(_bwrap_argv(SandboxConfig(), {}, {}, SCRATCH, seccomp_fd) + ["true"],
+                               capture_output=True, text=True, timeout=30, pass_fds=(seccomp_fd,))
     except (OSError, subprocess.TimeoutExpired) as error:
         return f"a probe sandbox failed to start ({error})"
+    finally:
+        os.close(seccomp_fd)
     if probe.returncode != 0:
         return f"a probe sandbox failed ({probe.stderr.strip()[-300:]})"
     return ""
@@ -166,22 +184,33 @@ def _limits_argv(config: SandboxConfig) -> list[str]:
     inside, once the sandbox's user namespace exists, so that it counts the sandbox's processes only)."""
     limits = {"as": config.memory_mb * _MIB, "cpu": config.cpu_s, "fsize": config.file_size_mb * _MIB,
               "nofile": config.open_files, "core": 0}
-    return ["prlimit", *(f"--{name}={value}" for name, value in limits.items()), "--"]
+    return [_program("prlimit"), *(f"--{name}={value}" for name, value in limits.items()), "--"]
 
 
-def _bwrap_argv(config: SandboxConfig, env: dict[str, str], forward: dict[int, str], cwd: str) -> list[str]:
-    """bubblewrap's arguments: every namespace of its own (user and network included), the host read-only but
-    the `writable` folders, a fresh /tmp (size-capped), /run and the trainer's home hidden, the forwarded sockets
-    bound in, only `env` in the environment."""
-    argv = ["bwrap", "--unshare-all", "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
-            "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-            "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-            "--size", str(config.scratch_mb * _MIB), "--tmpfs", SCRATCH, "--tmpfs", "/run"]
+def _program(name: str) -> str:
+    """The absolute path of a program the sandbox is started with (its starters run with `_OUTER_PATH` only)."""
+    return shutil.which(name) or name
+
+
+def _bwrap_argv(config: SandboxConfig, env: dict[str, str], forward: dict[int, str], cwd: str,
+                seccomp_fd: int) -> list[str]:
+    """bubblewrap's arguments: every namespace of its own (user and network included) and no way to make more
+    (`--disable-userns`, the seccomp filter), the host read-only but the `writable` folders, a fresh /tmp and
+    /dev/shm (size-capped), /run, /sys and the trainer's home hidden (read-only once the sockets and what the run
+    needs are bound in), only `env` in the environment."""
+    argv = [_program("bwrap"), "--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID),
+            "--gid", str(SANDBOX_UID), "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+            "--seccomp", str(seccomp_fd), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+            "--size", str(config.scratch_mb * _MIB), "--tmpfs", SCRATCH,
+            "--size", str(min(config.scratch_mb, SHM_MB) * _MIB), "--tmpfs", "/dev/shm",
+            "--size", str(RUN_MB * _MIB), "--tmpfs", "/run", "--size", "4096", "--tmpfs", "/sys",
+            "--remount-ro", "/sys"]
     home, needed = _home_and_needed()
     if home is not None:  # the trainer's home (keys, tokens, caches) is hidden; what the run needs is put back
-        argv += ["--tmpfs", home]
+        argv += ["--size", "4096", "--tmpfs", home]
         for path in needed:
             argv += ["--ro-bind", path, path]
+        argv += ["--remount-ro", home]
     if cwd != SCRATCH and os.path.commonpath([SCRATCH, os.path.realpath(cwd)]) == SCRATCH:
         argv += ["--ro-bind", cwd, cwd]  # a working directory under the host's /tmp, which the scratch hides
     hide, seal = _hiding_argv(config.hidden)
@@ -191,7 +220,7 @@ def _bwrap_argv(config: SandboxConfig, env: dict[str, str], forward: dict[int, s
     argv += seal
     for port, outside in forward.items():
         argv += ["--bind", outside, f"{SOCKETS}/{port}.sock"]
-    argv += ["--chdir", cwd, "--clearenv"]
+    argv += ["--remount-ro", "/run", "--chdir", cwd, "--clearenv"]
     for name, value in env.items():
         argv += ["--setenv", name, value]
     return argv + ["--"]

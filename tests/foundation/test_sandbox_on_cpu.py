@@ -235,3 +235,82 @@ for path in ({str(tmp_path / 'answers' / 'key.txt')!r}, {str(tmp_path / 'solutio
     assert seen.returncode == 0, seen.stderr.text()
     assert seen.stdout.text().split() == ["[]", "FileNotFoundError", "PermissionError"]
     assert "the answer" in python(code).stdout.text()  # not hidden: readable
+
+
+# ---- Round two (issue #70): no way to lift its own limits, nothing of the host's shown ------------------------------
+
+ATTACKS = r'''
+import ctypes, errno, json, os, socket, subprocess, time
+libc = ctypes.CDLL(None, use_errno=True)
+def call(number, *args):
+    result = libc.syscall(number, *[ctypes.c_long(a) for a in args])
+    return "ok" if result >= 0 else errno.errorcode[ctypes.get_errno()]
+def sock(family, kind=socket.SOCK_STREAM):
+    try:
+        socket.socket(family, kind).close()
+        return "ok"
+    except OSError as error:
+        return errno.errorcode[error.errno]
+def read(path):
+    try:
+        return open(path, "rb").read().decode(errors="replace")
+    except OSError as error:
+        return errno.errorcode[error.errno]
+def write(path, megabytes):
+    try:
+        with open(path, "wb") as handle:
+            for _ in range(megabytes):
+                handle.write(b"x" * (1 << 20))
+        return "ok"
+    except OSError as error:
+        return errno.errorcode[error.errno]
+sleeper = subprocess.Popen(["sleep", "30"])
+found = {
+    "unshare a user namespace": call(272, 0x10000000),                 # unshare(CLONE_NEWUSER)
+    "unshare a mount namespace": call(272, 0x00020000),                # unshare(CLONE_NEWNS)
+    "clone into a user namespace": call(56, 0x10000000 | 17, 0, 0, 0, 0),  # clone(CLONE_NEWUSER | SIGCHLD)
+    "mount a tmpfs": call(165, 0, 0, 0, 0, 0),
+    "io_uring_setup": call(425, 1, 0),
+    "keyctl": call(250, 0, 0, 0, 0, 0),
+    "add_key": call(248, 0, 0, 0, 0, 0),
+    "bpf": call(321, 0, 0, 0),
+    "perf_event_open": call(298, 0, 0, -1, -1, 0),
+    "userfaultfd": call(323, 0),
+    "ptrace attach to a process it did not start": call(101, 16, sleeper.pid, 0, 0),
+    "an AF_VSOCK socket": sock(40),
+    "an AF_NETLINK socket": sock(socket.AF_NETLINK, socket.SOCK_RAW),
+    "an AF_PACKET socket": sock(socket.AF_PACKET, socket.SOCK_RAW),
+    "an AF_UNIX socket": sock(socket.AF_UNIX),
+    "an AF_INET socket": sock(socket.AF_INET),
+    "an AF_INET6 socket": sock(socket.AF_INET6),
+    "70 MB into /dev/shm": write("/dev/shm/fill", 70),
+    "a file in /run": write("/run/file", 1),
+    "bubblewrap's environment": read("/proc/1/environ"),
+    "/sys": sorted(os.listdir("/sys")),
+    "a child process still forks": subprocess.run(["true"]).returncode,
+}
+sleeper.kill()
+print(json.dumps(found))
+'''
+REFUSED = {"EPERM"}
+
+
+def test_from_inside_the_sandbox_cannot_lift_its_own_limits_or_read_the_hosts():
+    """Each a hostile program's attempt from inside (issue #70): new user or mount namespaces (with which a program
+    mounted cgroup v1 and raised its own pids.max and memory limit), mount, io_uring, keyrings, bpf, perf, userfaultfd,
+    attaching to a process it did not start, sockets of families without a route (AF_VSOCK reached the VM's transport),
+    filling /dev/shm and /run past any cap, and reading the control groups' paths from bubblewrap's environment or the
+    host's interfaces from /sys. Each is refused or shows nothing; what programs need still works."""
+    result = python(ATTACKS, SandboxConfig(file_size_mb=128))  # files may be large: /dev/shm's own cap must stop it
+    assert result.returncode == 0, result.stderr.text()
+    found = __import__("json").loads(result.stdout.text())
+    for attempt in ("unshare a user namespace", "unshare a mount namespace", "clone into a user namespace",
+                    "mount a tmpfs", "io_uring_setup", "keyctl", "add_key", "bpf", "perf_event_open", "userfaultfd",
+                    "ptrace attach to a process it did not start"):
+        assert found[attempt] == "EPERM", (attempt, found[attempt])
+    for family in ("an AF_VSOCK socket", "an AF_NETLINK socket", "an AF_PACKET socket"):
+        assert found[family] == "EAFNOSUPPORT", (family, found[family])
+    assert [found[f"an {name} socket"] for name in ("AF_UNIX", "AF_INET", "AF_INET6")] == ["ok", "ok", "ok"]
+    assert found["70 MB into /dev/shm"] == "ENOSPC" and found["a file in /run"] == "EROFS"
+    assert "cgroup" not in found["bubblewrap's environment"] and found["/sys"] == []
+    assert found["a child process still forks"] == 0
