@@ -257,7 +257,8 @@ class BeyondAgentLoopManager:
                                             max_response_length=episode.max_response_length,
                                             max_tokens_per_turn=episode.max_tokens_per_turn,
                                             merge=self.settings.agent.merge,
-                                            max_calls=self.settings.agent.max_calls), self.tokenizer)
+                                            max_calls=self.settings.agent.max_calls,
+                                            max_concurrent_calls=self.settings.concurrency), self.tokenizer)
             self._gateway = GatewayServer(gateway).start()
             agent = self.settings.agent.function or self.settings.agent.command
             print(f"[beyond_agent] gateway for the agent {agent} on {self._gateway.url}", flush=True)

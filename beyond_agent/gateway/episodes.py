@@ -82,6 +82,9 @@ class GatewayEpisode:
         """`max_calls` once a call was refused for the episode's call cap, `length` once one was refused because the
         segment's response budget (max_response_length) is spent: the episode ends as that, scored, even when the
         agent raises on the refusal (like a round limit of our own loop)."""
+        self.refused_calls = 0
+        """Calls refused with an error (bad requests, a call while another was answered): they count toward
+        `max_calls` as answered ones do, so that no agent can send requests without end."""
         self.infra_failures: list[str] = []
         """Why LLM calls failed (each ended its segment as `llm_error`)."""
         self._last_messages: list[dict[str, Any]] | None = None

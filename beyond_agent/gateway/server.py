@@ -37,6 +37,7 @@ import asyncio
 import hmac
 import os
 import shutil
+import logging
 import socket
 import tempfile
 import threading
@@ -46,11 +47,11 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import uvicorn
+from anyio import CapacityLimiter, to_thread
 from fastapi import FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict
-from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -63,6 +64,8 @@ from beyond_agent.gateway.episodes import MERGE_POLICIES, CallRecord, GatewayEpi
 from beyond_agent.gateway.wire import (ChatRequest, chat_response, error_body, longest_message, reply_message,
                                        stream_events, token_logprobs, unsupported)
 from beyond_agent.rollout.episode_loop import GenerateFn
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -88,12 +91,15 @@ class GatewayConfig:
     `max_calls` (the agent's doing: scored, like a round limit)."""
     body_timeout_s: float = 10.0
     """Seconds a request body may take to arrive whole (408 past it)."""
+    max_concurrent_calls: int = 64
+    """Calls (chat completions and env steps) the gateway answers at once, all episodes together: the run's
+    `beyond_agent.concurrency`, since each episode's calls are answered one at a time."""
 
     def __post_init__(self) -> None:
         if self.merge not in MERGE_POLICIES:
             raise ValueError(f"gateway.merge={self.merge!r} is not valid; choose one of {', '.join(MERGE_POLICIES)}")
         for name in ("max_prompt_length", "max_response_length", "max_tokens_per_turn", "max_request_bytes",
-                     "max_message_chars", "max_calls"):
+                     "max_message_chars", "max_calls", "max_concurrent_calls"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"gateway.{name} must be an integer >= 1, got {getattr(self, name)!r}")
 
@@ -138,15 +144,20 @@ class Gateway:
         return episode_id
 
     def authorize(self, episode_id: str, authorization: str | None) -> None:
-        """Refuse (401) a request on an episode opened with a key unless its `Authorization` header is
-        `Bearer <key>`. An episode that is not open is left to the route (404)."""
+        """Refuse (401) a request that carries a key unless it is the key of an open episode of that id; an episode
+        opened without a key answers any request. Why one answer for a wrong key and an unknown id: a 404 for the
+        one and a 401 for the other told an agent which ids are open."""
         with self._lock:
             episode = self._episodes.get(episode_id)
-        if episode is None or episode.key is None:
+        if episode is not None and episode.key is None:
             return
-        if not hmac.compare_digest((authorization or "").encode(), f"Bearer {episode.key}".encode()):
-            raise GatewayError(401, f"episode {episode_id!r} answers only requests with its key (the OPENAI_API_KEY "
-                               "its agent was given, sent as 'Authorization: Bearer <key>')", "authentication_error")
+        if episode is None and not authorization:
+            return  # no key shown: the route says the episode is not open (404)
+        if episode is None or not hmac.compare_digest((authorization or "").encode(),
+                                                      f"Bearer {episode.key}".encode()):
+            raise GatewayError(401, "the request's key is not the key of an open episode of this id (the "
+                               "OPENAI_API_KEY its agent was given, sent as 'Authorization: Bearer <key>')",
+                               "authentication_error")
 
     def attach_env(self, episode_id: str, env: Any) -> None:
         """Serve `env` (an `agents.EnvSession`: `observation`, `done`, `max_steps`, `step(action)`) under the open
@@ -218,14 +229,19 @@ class Gateway:
                                f"{self.config.max_message_chars} (gateway.max_message_chars)", param=f"messages.{index}")
         episode = self._open(episode_id)
         if not episode.lock.acquire(blocking=False):
+            episode.refused_calls += 1  # why: a refusal counts toward max_calls, as an answered call does
             raise GatewayError(409, f"episode {episode_id!r} is answering another call; an episode's calls are "
                                "answered one at a time", "conflict_error")
         try:
-            if len(episode.calls) >= self.config.max_calls:
+            if len(episode.calls) + episode.refused_calls >= self.config.max_calls:
                 episode.limit_reached = "max_calls"
                 raise GatewayError(429, f"episode {episode_id!r} made its {self.config.max_calls} calls "
                                    "(gateway.max_calls): it is over, stop and return", "rate_limit_error")
-            return self._answer(episode, request)
+            try:
+                return self._answer(episode, request)
+            except GatewayError as error:
+                episode.refused_calls += error.status < 500  # the agent's bad request; not an LLM failure
+                raise
         finally:
             episode.lock.release()
 
@@ -283,6 +299,9 @@ def create_gateway_app(gateway: Gateway) -> FastAPI:
     """The HTTP face of `gateway`: `/episodes/{episode_id}/v1/chat/completions` and `/v1/models` (also under
     each episode's base URL), every error in OpenAI's format."""
     app = FastAPI(title="BeyondAgent gateway", docs_url=None, redoc_url=None, openapi_url=None)
+    # Calls answered at once, all episodes together (each episode's one at a time): the run's concurrency, in
+    # threads of their own, not the default pool's 40 that every route of the process shares.
+    calls = CapacityLimiter(gateway.config.max_concurrent_calls)
 
     @app.exception_handler(StarletteHTTPException)  # unknown routes and methods: OpenAI's format too
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
@@ -291,6 +310,15 @@ def create_gateway_app(gateway: Gateway) -> FastAPI:
     @app.exception_handler(GatewayError)
     async def gateway_error(request: Request, error: GatewayError) -> JSONResponse:
         return JSONResponse(error_body(error.message, error.kind, error.param), status_code=error.status)
+
+    @app.exception_handler(RecursionError)  # a body nested past the parser's depth: the client's doing
+    async def too_deep(request: Request, error: RecursionError) -> JSONResponse:
+        return JSONResponse(error_body("the request nests its JSON too deeply to be read"), status_code=400)
+
+    @app.exception_handler(Exception)  # a bug of ours: OpenAI's format too, never a traceback
+    async def failed(request: Request, error: Exception) -> JSONResponse:
+        logger.exception("gateway: %s %s failed", request.method, request.url.path)
+        return JSONResponse(error_body("the gateway failed on this request", "server_error"), status_code=500)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
@@ -302,7 +330,7 @@ def create_gateway_app(gateway: Gateway) -> FastAPI:
     async def chat_completions(episode_id: str, request: ChatRequest,
                                authorization: str | None = Header(None)) -> Response:
         gateway.authorize(episode_id, authorization)
-        answer = await run_in_threadpool(gateway.complete, episode_id, request)
+        answer = await to_thread.run_sync(gateway.complete, episode_id, request, limiter=calls)
         if request.stream:
             include_usage = bool((request.stream_options or {}).get("include_usage"))
             return StreamingResponse(iter(stream_events(answer, include_usage)), media_type="text/event-stream")
@@ -324,7 +352,7 @@ def create_gateway_app(gateway: Gateway) -> FastAPI:
     async def env_step(episode_id: str, request: EnvAction, authorization: str | None = Header(None)
                        ) -> dict[str, Any]:
         gateway.authorize(episode_id, authorization)
-        return await run_in_threadpool(gateway.env_step, episode_id, request.action)
+        return await to_thread.run_sync(gateway.env_step, episode_id, request.action, limiter=calls)
 
     return app
 
@@ -413,7 +441,12 @@ class GatewayServer:
         self._unix.listen(128)
         app = RequestBounds(create_gateway_app(gateway), gateway.config, (host, "127.0.0.1", "localhost"))
         # envservice's connection guards: a deadline and a size cap on every request head, a connection cap.
-        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", **server_options()))
+        # No loop slots per client host: every sandboxed agent comes through one Unix socket, one "host", so 4 slots
+        # held through each LLM call capped a whole run at 4 calls at once (and 4 half-sent heads of one agent held
+        # up every other episode). Each episode is answered one call at a time instead (Gateway.complete), within
+        # `max_concurrent_calls`, and a request head still has a deadline.
+        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning",
+                                                     **server_options(loop_slots_per_host=0)))
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._tcp, self._unix]},
                                         name="beyond-agent-gateway", daemon=True)
 

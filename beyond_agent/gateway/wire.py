@@ -139,14 +139,34 @@ def _text(content: Any) -> str:
     raise ValueError(f"message content must be a string or a list of parts, got {type(content).__name__}")
 
 
+MAX_ARGUMENT_DEPTH = 32
+"""Deepest nesting of a tool call's arguments read as an object; deeper ones stay the string they came as."""
+
+
 def _arguments(raw: Any) -> Any:
-    """Tool-call arguments as an object (OpenAI sends a JSON string; templates read an object)."""
+    """Tool-call arguments as an object (OpenAI sends a JSON string; templates read an object). Arguments that are
+    not JSON, or nested deeper than MAX_ARGUMENT_DEPTH (which parsing, comparing and rendering walk recursively:
+    a 100 000-deep array was a RecursionError and a plain-text 500), stay the string they came as."""
     if isinstance(raw, str):
         try:
-            return json.loads(raw)
-        except json.JSONDecodeError:
+            parsed = json.loads(raw)
+        except (json.JSONDecodeError, RecursionError):
             return raw
+        return parsed if _depth(parsed) <= MAX_ARGUMENT_DEPTH else raw
     return raw
+
+
+def _depth(value: Any) -> int:
+    """How deeply containers nest in a parsed JSON value, counted without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth)
+            if depth > MAX_ARGUMENT_DEPTH:
+                return depth
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 def _calls(message: dict[str, Any]) -> list[tuple[str, Any]]:

@@ -209,3 +209,94 @@ def test_log_probs_are_answered_and_what_would_change_the_sample_is_refused(gate
         refused = chat(gateway.url, "e", {**hello(), field: value, "logprobs": True})
         assert is_openai_error(refused, 400)["param"] == field
     assert chat(gateway.url, "e", {**hello(), "response_format": {"type": "text"}, "stop": None}).status_code == 200
+
+
+# ---- Round two (issue #70): episodes side by side, errors in OpenAI's format and counted ---------------------------
+
+class Slow(Echo):
+    """The policy: answers after `seconds`, counting how many calls are being answered at once (the most seen)."""
+
+    def __init__(self, tokenizer, seconds: float) -> None:
+        super().__init__(tokenizer)
+        self.seconds, self.now, self.most = seconds, 0, 0
+        self._lock = __import__("threading").Lock()
+
+    def __call__(self, request_id: str, prompt_ids: list[int], max_tokens: int) -> GenerationResult:
+        with self._lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        time.sleep(self.seconds)
+        with self._lock:
+            self.now -= 1
+        return super().__call__(request_id, prompt_ids, max_tokens)
+
+
+def test_episodes_calls_are_answered_side_by_side_not_four_at_a_time(tokenizer):
+    """Every sandboxed agent reaches the gateway through one Unix socket, one client host: its 4 loop slots per host,
+    held through each LLM call, answered 4 calls at once for a whole run (8 episodes with a 1 s generation took 2 s).
+    Now 8 episodes' calls are answered at once (within `max_concurrent_calls`), one at a time per episode."""
+    policy = Slow(tokenizer, 1.0)
+    server = GatewayServer(Gateway(GatewayConfig(max_concurrent_calls=8), tokenizer, policy)).start()
+    try:
+        episodes = [server.gateway.open_episode(key=f"key-{index}") for index in range(8)]
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda index: chat(server.url, episodes[index], hello(), key=f"key-{index}"),
+                                    range(8)))
+        assert [answer.status_code for answer in answers] == [200] * 8
+        assert policy.most == 8
+        bounded = Slow(tokenizer, 0.5)
+        server.gateway._generate = bounded
+        more = [server.gateway.open_episode(key=f"more-{index}") for index in range(12)]
+        with ThreadPoolExecutor(12) as pool:
+            list(pool.map(lambda index: chat(server.url, more[index], hello(), key=f"more-{index}"), range(12)))
+        assert bounded.most == 8  # the run's concurrency bounds them all together
+    finally:
+        server.stop()
+
+
+def test_half_sent_requests_of_one_agent_do_not_hold_up_another_episode(gateway):
+    """One agent holding 4 half-sent request heads delayed another episode's call by 9.8 s (the host's 4 loop
+    slots); now the other call is answered at once."""
+    gateway.gateway.open_episode("patient", key="patient-key")
+    host, port = gateway.url.removeprefix("http://").split(":")
+    stalled = []
+    for _ in range(4):
+        connection = socket.create_connection((host, int(port)))
+        connection.sendall(b"POST /episodes/x/v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        stalled.append(connection)
+    try:
+        started = time.monotonic()
+        assert chat(gateway.url, "patient", hello(), key="patient-key").status_code == 200
+        assert time.monotonic() - started < 3.0
+    finally:
+        for connection in stalled:
+            connection.close()
+
+
+def test_a_deeply_nested_tool_call_is_an_openai_error_or_a_string_and_counts_toward_max_calls(gateway):
+    """A tool call's arguments nested 100 000 deep were a RecursionError: a plain-text 500 with a traceback, not
+    counted toward max_calls. Now they stay the string they came as (or the request is refused in OpenAI's
+    format), and every call, refused or answered, counts (max_calls is 3 here)."""
+    gateway.gateway.open_episode("deep", key="deep-key")
+    deep = "[" * 100_000 + "]" * 100_000
+    body = {"model": "policy", "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": deep[:90_000]}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"}]}
+    statuses = []
+    for _ in range(3):
+        answer = chat(gateway.url, "deep", body, key="deep-key")
+        assert answer.headers["content-type"].startswith("application/json"), answer.text[:200]
+        statuses.append(answer.status_code)
+    assert all(status in (200, 400) for status in statuses), statuses
+    refused = chat(gateway.url, "deep", hello(), key="deep-key")
+    assert "made its 3 calls" in is_openai_error(refused, 429)["message"]
+
+
+def test_a_wrong_key_and_an_unknown_episode_get_the_same_401(gateway):
+    """A wrong key on an open episode got 401 but an unknown id 404: an agent could tell which ids are open."""
+    gateway.gateway.open_episode("open", key="right-key")
+    wrong = is_openai_error(chat(gateway.url, "open", hello(), key="wrong-key"), 401)
+    unknown = is_openai_error(chat(gateway.url, "no-such-episode", hello(), key="wrong-key"), 401)
+    assert wrong == unknown

@@ -156,11 +156,13 @@ def test_refusals_are_openai_errors_that_name_the_parameter(tokenizer, serve) ->
     with pytest.raises(openai.BadRequestError) as bad_role:
         client.chat.completions.create(model="policy", messages=[{"role": "robot", "content": "hi"}])
     assert "valid roles: system, developer, user, assistant, tool" in str(bad_role.value)
-    with pytest.raises(openai.NotFoundError):
+    # An id that is not open, with a key (an SDK always sends one): 401 as for a wrong key, so that no answer tells
+    # which ids are open (#70: it was 404 here, 401 there).
+    with pytest.raises(openai.AuthenticationError):
         _client(url, "no-such-episode").chat.completions.create(model="policy", messages=messages)
     assert [model.id for model in client.models.list()] == ["policy"]
     gateway.close_episode(episode_id)
-    with pytest.raises(openai.NotFoundError):  # closed: later calls are refused
+    with pytest.raises(openai.AuthenticationError):  # closed: later calls are refused
         client.chat.completions.create(model="policy", messages=messages)
 
 
