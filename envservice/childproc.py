@@ -72,7 +72,8 @@ class ChildProcess:
         log = None
         if log_path is not None:
             log_path.parent.mkdir(parents=True, exist_ok=True)
-            log = log_path.open("w")
+            log_path.write_text("")
+            log = log_path.open("a")  # appending: what we copy into it too (its stdout) never overwrites its own lines
             popen.setdefault("stdout", log)
             popen.setdefault("stderr", subprocess.STDOUT if popen["stdout"] is log else log)
         try:

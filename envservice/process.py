@@ -81,9 +81,10 @@ class EnvServiceProcess:
         return self
 
     def _ready_line(self) -> str:
-        """The first line of stdout, read on a side thread so that a silent child cannot block us."""
+        """The first line of stdout, read on a side thread so that a silent child cannot block us; the thread then
+        copies the rest of stdout into the log to its end."""
         box: list[str] = []
-        threading.Thread(target=lambda: box.append(self.child.process.stdout.readline()), daemon=True).start()
+        threading.Thread(target=self._read_stdout, args=(box,), daemon=True, name="envservice-stdout").start()
         try:
             self.child.wait_until(lambda: bool(box and box[0]), self.startup_timeout_s, "printing its ready line",
                                   poll_s=0.05)
@@ -92,6 +93,17 @@ class EnvServiceProcess:
             raise EnvServiceStartError(f"envservice {state} after {error.elapsed_s:.0f} s without a ready line.\n"
                                        f"{error.log_tail}") from None
         return box[0]
+
+    def _read_stdout(self, box: list[str]) -> None:
+        """Put the ready line in `box`, then drain stdout into the log. Why: an env that prints (minigrid prints
+        every layout it rejects) filled the pipe once nobody read it, and every env call of the service then blocked
+        in its print (a BabyAI service hung 40 minutes)."""
+        stdout = self.child.process.stdout
+        box.append(stdout.readline())
+        with open(self.log_path, "a", encoding="utf-8", errors="replace") as log:
+            for line in stdout:
+                log.write(line)
+                log.flush()
 
     def log_tail(self, lines: int = 20) -> str:
         """The last lines of the service's stderr."""

@@ -7,7 +7,8 @@ it: the tests do, as `faulty`, with `python -m envservice --register faulty=envs
 or `envservice.register(...)`, so it never shows up in a normal service.
 
 Actions: `inc` counts (reaching 3 solves the task), `boom` raises, `exit` calls `os._exit(3)`, `segfault`
-crashes the interpreter, `hang` sleeps for an hour. Every observation's info carries the pid of the
+crashes the interpreter, `hang` sleeps for an hour, `chatter` prints 128 KB to stdout. Every observation's info
+carries the pid of the
 process that ran the step, so a test can tell workers apart.
 """
 
@@ -49,6 +50,8 @@ class FaultyEnv(TextEnv):
             ctypes.string_at(0)  # reads address 0: SIGSEGV
         if action == "hang":
             time.sleep(3600)
+        if action == "chatter":  # as minigrid does for each layout it rejects: more than a pipe holds
+            print("sampling rejected, trying again\n" * 4000, flush=True)
         if action != "inc":
             return f"Invalid action {clip_text(action)!r}. Valid actions: inc.", 0.0, False, False, {"pid": os.getpid()}
         self.value += 1

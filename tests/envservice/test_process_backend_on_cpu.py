@@ -137,3 +137,18 @@ def test_hung_reset_ends_the_episode_with_timeout(service, client) -> None:
     (session_id, _), = _open(client, 1)  # the service still serves
     client.release(session_id)
 
+
+
+def test_an_env_that_prints_much_does_not_stall_a_service_it_was_started_as(tmp_path) -> None:
+    """An EnvServiceProcess read its service's stdout for the ready line only: an env that printed (minigrid prints
+    every BabyAI layout it rejects) filled the pipe, and every env call then blocked in its print (the learning
+    bench's BabyAI service hung 40 minutes, #69). Now the rest of stdout goes to the service's log."""
+    log = tmp_path / "service.log"
+    with EnvServiceProcess(["faulty"], log_path=log, step_timeout_s=30,
+                           extra_args=["--register", f"faulty={FAULTY}"]) as process:
+        with EnvClient(process.url, timeout=20, retries=0) as client:
+            session = client.create("faulty", task_id=0).session_id
+            for _ in range(3):  # 384 KB in all, past any pipe's buffer
+                assert "Invalid action" in client.step(session, "chatter").observation
+            client.release(session)
+    assert log.read_text().count("sampling rejected") == 3 * 4000
