@@ -69,6 +69,15 @@ elif attack == "forkbomb":
             os.fork()
         except OSError:
             pass
+elif attack == "escape":  # issue #70: lift its own limits through a namespace of its own, or leave by vsock
+    tried = {"unshare": subprocess.run(["unshare", "-Urm", "--cgroup", "true"], capture_output=True).returncode}
+    try:
+        socket.socket(40, socket.SOCK_STREAM).close()  # AF_VSOCK
+        tried["vsock"] = "made"
+    except OSError as error:
+        tried["vsock"] = error.errno
+    json.dump(tried, open(report + ".escape", "w"))
+    play_one_turn()
 elif attack == "loop":
     while True:
         client.chat.completions.create(model=ctx.model, messages=[{"role": "user", "content": ctx.env.observation}])
@@ -118,7 +127,7 @@ def test_a_hostile_agent_is_contained_attack_by_attack(chatml_tokenizer, frozenl
     results = {}
     try:
         for attack, timeout_s in [("snoop", 60), ("daemon", 60), ("flood", 60), ("allocate", 60),
-                                  ("forkbomb", 5), ("loop", 60)]:
+                                  ("forkbomb", 5), ("escape", 60), ("loop", 60)]:
             command = (f"python {script} {attack} {tmp_path / 'report.json'} {marker} {envservice_port} "
                        f"{server.port} 22")
             spec = EpisodeSpec(env_id="frozenlake", task_id=3, seed=0, group_id=attack)
@@ -150,6 +159,10 @@ def test_a_hostile_agent_is_contained_attack_by_attack(chatml_tokenizer, frozenl
     assert results["allocate"].termination == "agent_error" and "MemoryError" in results["allocate"].error
     assert results["forkbomb"].termination == "timeout" and results["forkbomb"].wall_time_s < 20
     assert results["loop"].termination == "max_calls" and results["loop"].error is None
+    # No user namespace of its own (with one it mounted cgroup v1 and raised its own limits), no vsock (#70).
+    escape = json.loads((tmp_path / "report.json.escape").read_text())
+    assert escape["unshare"] != 0 and escape["vsock"] == 97  # EAFNOSUPPORT
+    assert results["escape"].termination in ("done", "max_rounds") and results["escape"].rounds == 1
     assert [r.reward for r in results.values() if r.termination in ("agent_error", "timeout")] == [0.0, 0.0]
 
     time.sleep(0.5)
