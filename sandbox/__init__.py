@@ -21,9 +21,9 @@ not start, sockets but AF_UNIX / AF_INET / AF_INET6); an environment built from 
 names on purpose, never the trainer's (nor in bubblewrap's own, which it can read as /proc/1/environ); limits on
 memory, CPU time, processes, file size and open files; stdout and stderr kept as head and tail with a count of
 what was dropped; a wall clock that kills the whole sandbox. Inside, it runs as uid 1000 of a user namespace of its
-own, which is the trainer's uid outside: when the trainer runs as root, files readable only by root are readable
-(read-only) to the sandbox, but for the hidden home folder; run training as a normal user where that matters
-(issue #70: a sandbox user that is unprivileged outside too is not done). `kind: none` runs the command as a plain child process
+own, with no capabilities; outside, that user is the trainer's uid, or `nobody` when the trainer is root, so files
+and sockets only root may open stay closed (`sandbox/outside_user.py`: the `writable` folders and forwarded sockets
+are handed to `nobody` at each start). `kind: none` runs the command as a plain child process
 with the same environment allowlist, output caps and wall clock, and warns: nothing else is contained.
 """
 

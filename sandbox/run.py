@@ -18,6 +18,7 @@ from sandbox.cgroups import SandboxCgroups
 from sandbox.config import SandboxConfig
 from sandbox.inside import exit_status
 from sandbox.output import CapturedOutput, StreamKeeper
+from sandbox.outside_user import drop_to_sandbox_user, hand_to_sandbox_user, trainer_is_root, user_namespace_fd
 from sandbox.seccomp import program_fd
 
 SCRATCH = "/tmp"
@@ -100,27 +101,52 @@ def start_sandboxed(argv: Sequence[str], config: SandboxConfig, *, wall_s: float
         resolved = shutil.which(argv[0], path=env["PATH"]) or argv[0]
         return SandboxedProcess([resolved, *argv[1:]], config, wall_s, env, cwd, pass_fds)
     groups = SandboxCgroups(config.processes + _OWN_PROCESSES, config.memory_mb * _MIB)
-    seccomp_fd = program_fd()
+    fds = _SetupFds()
     try:
-        command = _limits_argv(config) + _bwrap_argv(config, env, dict(forward or {}), cwd or SCRATCH, seccomp_fd)
-        command += _first_program(config, forward or {}) + list(argv)
+        if fds.userns is not None:
+            hand_to_sandbox_user(config.writable, dict(forward or {}).values())
+        command = _limits_argv(config) + _bwrap_argv(config, env, dict(forward or {}), cwd or SCRATCH, fds)
+        command += _first_program(config, forward or {}, dropping_root=fds.userns is not None) + list(argv)
         outer_env = {"PATH": _OUTER_PATH, "SANDBOX_CGROUP_PROCS": " ".join(groups.procs_files)}
         return SandboxedProcess(["/bin/sh", "-c", _ENTER_GROUPS, "sh", *command], config, wall_s, outer_env, None,
-                                (*pass_fds, seccomp_fd), groups)
+                                (*pass_fds, *fds.passed), groups)
     except BaseException:
         groups.remove()
         raise
     finally:
-        os.close(seccomp_fd)  # bubblewrap holds its own copy once started
+        fds.close()  # bubblewrap holds its own copies once started
 
 
-def _first_program(config: SandboxConfig, forward: Mapping[int, str]) -> list[str]:
+class _SetupFds:
+    """The fds bubblewrap is given: the seccomp filter's program and, when the trainer is root, the user namespace
+    where the sandbox's user is unprivileged outside (sandbox/outside_user.py)."""
+
+    def __init__(self) -> None:
+        self.seccomp = program_fd()
+        try:
+            self.userns = user_namespace_fd(SANDBOX_UID) if trainer_is_root() else None
+        except BaseException:
+            os.close(self.seccomp)
+            raise
+
+    @property
+    def passed(self) -> tuple[int, ...]:
+        return (self.seccomp,) if self.userns is None else (self.seccomp, self.userns)
+
+    def close(self) -> None:
+        for fd in self.passed:
+            os.close(fd)
+
+
+def _first_program(config: SandboxConfig, forward: Mapping[int, str], dropping_root: bool) -> list[str]:
     """What runs first inside, before the command: util-linux `prlimit` setting the process cap (a C program:
-    ~1 ms), or, when ports are forwarded, our Python first program that also serves the forwards (~130 ms)."""
+    ~1 ms), or, when ports are forwarded, our Python first program that also serves the forwards (~130 ms); when
+    the trainer is root, `setpriv` first makes everything the sandbox's unprivileged user."""
     processes = config.processes + _OWN_PROCESSES
+    drop = drop_to_sandbox_user(SANDBOX_UID) if dropping_root else []
     if not forward:
-        return ["prlimit", f"--nproc={processes}", "--"]
-    command = [sys.executable, "-I", str(INSIDE), "--nproc", str(processes)]
+        return [*drop, "prlimit", f"--nproc={processes}", "--"]
+    command = [*drop, sys.executable, "-I", str(INSIDE), "--nproc", str(processes)]
     for port in forward:
         command += ["--forward", f"{port}={SOCKETS}/{port}.sock"]
     return command + ["--"]
@@ -151,16 +177,18 @@ def _bwrap_problem() -> str:
     if shutil.which("bwrap") is None:
         return "no `bwrap` program on PATH"
     try:
-        seccomp_fd = program_fd()
-    except (ImportError, OSError) as error:
+        fds = _SetupFds()
+    except ImportError as error:
         return f"its seccomp filter cannot be built ({error}; `bash scripts/install.sh` installs pyseccomp)"
+    except OSError as error:
+        return f"its seccomp filter or user namespace cannot be made ({error})"
     try:
-        probe = subprocess.run(_bwrap_argv(SandboxConfig(), {}, {}, SCRATCH, seccomp_fd) + ["true"],
-                               capture_output=True, text=True, timeout=30, pass_fds=(seccomp_fd,))
+        probe = subprocess.run(_bwrap_argv(SandboxConfig(), {}, {}, SCRATCH, fds) + ["true"],
+                               capture_output=True, text=True, timeout=30, pass_fds=fds.passed)
     except (OSError, subprocess.TimeoutExpired) as error:
         return f"a probe sandbox failed to start ({error})"
     finally:
-        os.close(seccomp_fd)
+        fds.close()
     if probe.returncode != 0:
         return f"a probe sandbox failed ({probe.stderr.strip()[-300:]})"
     return ""
@@ -193,37 +221,54 @@ def _program(name: str) -> str:
 
 
 def _bwrap_argv(config: SandboxConfig, env: dict[str, str], forward: dict[int, str], cwd: str,
-                seccomp_fd: int) -> list[str]:
+                fds: _SetupFds) -> list[str]:
     """bubblewrap's arguments: every namespace of its own (user and network included) and no way to make more
-    (`--disable-userns`, the seccomp filter), the host read-only but the `writable` folders, a fresh /tmp and
-    /dev/shm (size-capped), /run, /sys and the trainer's home hidden (read-only once the sockets and what the run
-    needs are bound in), only `env` in the environment."""
-    argv = [_program("bwrap"), "--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID),
-            "--gid", str(SANDBOX_UID), "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-            "--seccomp", str(seccomp_fd), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-            "--size", str(config.scratch_mb * _MIB), "--tmpfs", SCRATCH,
-            "--size", str(min(config.scratch_mb, SHM_MB) * _MIB), "--tmpfs", "/dev/shm",
+    (the seccomp filter, and `--disable-userns` where bubblewrap makes the user namespace), the host read-only but
+    the `writable` folders, a fresh /tmp and /dev/shm (size-capped, writable by all: their root is the namespace's),
+    /run, /sys and the trainer's home hidden (read-only once the sockets and what the run needs are bound in), only
+    `env` in the environment."""
+    argv = [_program("bwrap"), *_user_argv(fds.userns), "--die-with-parent", "--new-session",
+            "--seccomp", str(fds.seccomp), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+            "--size", str(config.scratch_mb * _MIB), "--perms", "1777", "--tmpfs", SCRATCH,
+            "--size", str(min(config.scratch_mb, SHM_MB) * _MIB), "--perms", "1777", "--tmpfs", "/dev/shm",
             "--size", str(RUN_MB * _MIB), "--tmpfs", "/run", "--size", "4096", "--tmpfs", "/sys",
             "--remount-ro", "/sys"]
-    home, needed = _home_and_needed()
-    if home is not None:  # the trainer's home (keys, tokens, caches) is hidden; what the run needs is put back
-        argv += ["--size", "4096", "--tmpfs", home]
+    for cover, needed in _covers_and_needed(fds.userns is not None):
+        argv += ["--size", "4096", "--tmpfs", cover]
         for path in needed:
-            argv += ["--ro-bind", path, path]
-        argv += ["--remount-ro", home]
+            argv += _bind("--ro-bind", path, path)
+        argv += ["--remount-ro", cover]
     if cwd != SCRATCH and os.path.commonpath([SCRATCH, os.path.realpath(cwd)]) == SCRATCH:
-        argv += ["--ro-bind", cwd, cwd]  # a working directory under the host's /tmp, which the scratch hides
+        argv += _bind("--ro-bind", cwd, cwd)  # a working directory under the host's /tmp, which the scratch hides
     hide, seal = _hiding_argv(config.hidden)
     argv += hide
     for path in config.writable:  # after the hidden paths: a writable folder inside one stays reachable
-        argv += ["--bind", path, path]
+        argv += _bind("--bind", path, path)
     argv += seal
     for port, outside in forward.items():
-        argv += ["--bind", outside, f"{SOCKETS}/{port}.sock"]
+        argv += _bind("--bind", outside, f"{SOCKETS}/{port}.sock")
     argv += ["--remount-ro", "/run", "--chdir", cwd, "--clearenv"]
     for name, value in env.items():
         argv += ["--setenv", name, value]
     return argv + ["--"]
+
+
+def _bind(kind: str, source: str, dest: str) -> list[str]:
+    """A bind mount whose missing parent folders are made searchable by all: bubblewrap makes them 0700 and
+    owned by the namespace's root, which the sandbox's user is not when the trainer is root."""
+    parents = [str(parent) for parent in reversed(Path(dest).parents) if str(parent) != "/"]
+    return [*(arg for parent in parents for arg in ("--perms", "0755", "--dir", parent)), kind, source, dest]
+
+
+def _user_argv(userns_fd: int | None) -> list[str]:
+    """Who the sandbox is: bubblewrap's own user namespace (the sandbox's user is the trainer outside, no
+    capabilities), or, when the trainer is root, the namespace of `outside_user` (root during the setup only:
+    the first program drops to the sandbox's user, unprivileged outside)."""
+    if userns_fd is None:
+        return ["--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID),
+                "--gid", str(SANDBOX_UID), "--cap-drop", "ALL"]
+    return ["--userns", str(userns_fd), "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
+            "--unshare-cgroup-try"]
 
 
 def _hiding_argv(hidden: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -245,16 +290,35 @@ def _hiding_argv(hidden: Sequence[str]) -> tuple[list[str], list[str]]:
     return hide, seal
 
 
-def _home_and_needed() -> tuple[str | None, list[str]]:
-    """The trainer's home folder (None when there is none to hide), and the folders under it a sandboxed Python
-    needs: the interpreter's installation, the virtual environment, the working directory, this package's."""
-    home = os.path.realpath(os.path.expanduser("~"))
-    if home == "/" or not os.path.isdir(home):
-        return None, []
+def _covers_and_needed(dropping_root: bool) -> list[tuple[str, list[str]]]:
+    """Folders an empty read-only one stands in for, each with the folders under it a sandboxed Python needs
+    (the interpreter's installation, the virtual environment, the working directory, this package's), bound back
+    in: the trainer's home (keys, tokens, caches), and, when the sandbox drops root, the topmost folder above
+    what it needs that others may not search (the sandbox's user could not pass it, so it loses nothing)."""
     wanted = {os.path.realpath(path) for path in (sys.base_prefix, sys.prefix, os.getcwd(), INSIDE.parent.parent)}
-    under = sorted(path for path in wanted if path != home and os.path.commonpath([home, path]) == home)
-    needed = [path for path in under if not any(path.startswith(other + os.sep) for other in under)]
-    return home, needed
+    home = os.path.realpath(os.path.expanduser("~"))
+    covers = {home} if home != "/" and os.path.isdir(home) else set()
+    if dropping_root:
+        covers |= {closed for path in wanted if (closed := _first_closed_folder(path)) is not None}
+    covers = {cover for cover in covers if not any(_is_under(cover, other) for other in covers)}
+    result = []
+    for cover in sorted(covers):
+        under = sorted(path for path in wanted if _is_under(path, cover))
+        result.append((cover, [path for path in under if not any(_is_under(path, other) for other in under)]))
+    return result
+
+
+def _first_closed_folder(path: str) -> str | None:
+    """The topmost folder above `path` that others may not search (mode without o+x), if any."""
+    for parent in reversed(Path(path).parents):
+        if str(parent) != "/" and not os.stat(parent).st_mode & 0o001:
+            return str(parent)
+    return None
+
+
+def _is_under(path: str, folder: str) -> bool:
+    """Whether `path` lies strictly inside `folder`."""
+    return path != folder and os.path.commonpath([folder, path]) == folder
 
 
 class SandboxedProcess:

@@ -36,6 +36,7 @@ ensure_debian_packages() {
   [ -x /usr/bin/chromium ] || missing+=(chromium)
   command -v bwrap >/dev/null || missing+=(bubblewrap)
   command -v make >/dev/null || missing+=(make)   # the terminal env's build task
+  command -v setpriv >/dev/null && command -v unshare >/dev/null || missing+=(util-linux)   # the sandbox drops root
   ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2' || missing+=(libseccomp2)   # the sandbox's seccomp filter
   [ "${#missing[@]}" -eq 0 ] && return 0
   local sudo=()

@@ -3,8 +3,10 @@ sandbox must contain, and asserts the containment, not just that the program fai
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import stat
 import threading
 import uuid
 import warnings
@@ -212,6 +214,7 @@ def host_folder():
     import tempfile
 
     folder = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="beyond-sandbox-test-"))
+    folder.chmod(0o755)  # mkdtemp's 0700 would close it to a sandbox that drops root
     yield folder
     shutil.rmtree(folder)
 
@@ -235,6 +238,58 @@ for path in ({str(tmp_path / 'answers' / 'key.txt')!r}, {str(tmp_path / 'solutio
     assert seen.returncode == 0, seen.stderr.text()
     assert seen.stdout.text().split() == ["[]", "FileNotFoundError", "PermissionError"]
     assert "the answer" in python(code).stdout.text()  # not hidden: readable
+
+
+def test_files_and_sockets_only_root_may_open_stay_closed_when_the_trainer_is_root(host_folder):
+    """Issue #70: with the trainer as root, bubblewrap mapped the sandbox's user to root outside, and a sandboxed
+    program read a mode-0600 root file, /etc/shadow and connected to a root-only socket. Now it is nobody outside
+    (sandbox/outside_user.py), with no capabilities, while a writable folder the trainer made stays writable."""
+    root_only = host_folder / "root-only"
+    root_only.mkdir(mode=0o700)
+    (root_only / "key").write_text("root's key")
+    (host_folder / "key.pem").write_text("root's pem")
+    (host_folder / "key.pem").chmod(0o600)
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(host_folder / "root.sock"))
+    (host_folder / "root.sock").chmod(0o700)
+    listener.listen()
+    workspace = host_folder / "workspace"
+    workspace.mkdir(mode=0o700)
+    (workspace / "task.txt").write_text("edit me")
+    code = f"""
+import json, os, socket
+def try_open(path):
+    try:
+        return open(path).read()
+    except OSError as error:
+        return type(error).__name__
+def try_connect(path):
+    try:
+        socket.socket(socket.AF_UNIX).connect(path)
+        return "connected"
+    except OSError as error:
+        return type(error).__name__
+open({str(workspace / 'task.txt')!r}, "a").write(" - edited")
+open({str(workspace / 'made.txt')!r}, "w").write("new")
+status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines())
+print(json.dumps({{"shadow": try_open("/etc/shadow"), "pem": try_open({str(host_folder / 'key.pem')!r}),
+                  "folder": try_open({str(root_only / 'key')!r}), "socket": try_connect({str(host_folder / 'root.sock')!r}),
+                  "uid": os.getuid(), "caps": status["CapEff"].strip(), "bounding": status["CapBnd"].strip()}}))
+"""
+    try:
+        result = python(code, SandboxConfig(writable=(str(workspace),)))
+    finally:
+        listener.close()
+    assert result.returncode == 0, result.stderr.text()
+    seen = json.loads(result.stdout.text())
+    closed = "PermissionError"
+    assert seen["shadow"] == closed
+    if os.geteuid() == 0:  # the files and socket are root's only when the trainer is root
+        assert (seen["pem"], seen["folder"], seen["socket"]) == (closed, closed, closed)
+    assert (seen["uid"], seen["caps"], seen["bounding"]) == (1000, "0000000000000000", "0000000000000000")
+    assert (workspace / "task.txt").read_text() == "edit me - edited"
+    made = (workspace / "made.txt").lstat()
+    assert made.st_uid == (65534 if os.geteuid() == 0 else os.geteuid()) and stat.S_ISREG(made.st_mode)
 
 
 # ---- Round two (issue #70): no way to lift its own limits, nothing of the host's shown ------------------------------
