@@ -47,6 +47,7 @@ from beyond_agent.rollout.dynamic_sampling import GroupSieve, StepSignal
 from beyond_agent.gateway import Gateway, GatewayConfig
 from beyond_agent.gateway.agents import AgentEnvManager
 from beyond_agent.gateway.server import GatewayServer
+from beyond_agent.integrity import RewardHackMonitor
 from beyond_agent.rollout.env_manager import ParallelEnvManager, RolloutOutput, summarize
 from beyond_agent.rollout.llm import AsyncLLMServerManager, VerlLLMServerBackend
 from beyond_agent.rollout.rounds import RoundLimit
@@ -151,6 +152,8 @@ class BeyondAgentLoopManager:
         """The self-play pool's frozen models (their LLM fronts open on first use and last the run)."""
         self.round_limit = RoundLimit(self.settings.rounds, record_dir=config.trainer.get("default_local_dir"))
         """The round limit of each step (adaptive: raised by the agent's episodes; kept in horizon.json)."""
+        self.reward_hack = RewardHackMonitor(self.settings.integrity.reward_hack)
+        """Watches each training step's rollouts for a cheap win or a collapse taking over (warn or stop)."""
         self._pool: AsyncEpisodePool | None = None
         self._row_source: RowSource | None = None  # sync mode's rows, with dynamic sampling
         self._serial = 0
@@ -197,6 +200,7 @@ class BeyondAgentLoopManager:
             self._step_metrics = rollout_metrics(output, self.llm.metrics().busy_time_s - busy_before, tasks)
             horizon = self.round_limit.observe(int(meta.get("global_steps", 0)), output.results)
             self._step_metrics.update({f"{METRICS_PREFIX}{key}": value for key, value in horizon.items()})
+            self._step_metrics.update(self.reward_hack.observe(int(meta.get("global_steps", 0)), output.metrics))
         batch.meta_info = {"timing": {}, "reward_extra_keys": ["success"]}  # fit() reads "timing"; ours wait
         self._log_step(meta, output)
         return batch

@@ -22,6 +22,7 @@ from beyond_agent.multitask import MultitaskConfig
 from beyond_agent.rollout.async_pool import AsyncRolloutConfig
 from beyond_agent.rollout.episode_loop import EpisodeConfig
 from beyond_agent.gateway.agents import AgentConfig
+from beyond_agent.integrity import IntegrityConfig
 from beyond_agent.rollout.dynamic_sampling import DynamicSamplingConfig
 from beyond_agent.rollout.llm import LLMManagerConfig, SamplingParams
 from beyond_agent.rollout.rounds import RoundsConfig
@@ -133,6 +134,8 @@ class BeyondAgentSectionConfig:
     """Episodes played as games with the policy in every seat."""
     trajectories: TrajectoryDumpConfig = TrajectoryDumpConfig()
     """Which sampled episodes are written to disk."""
+    integrity: IntegrityConfig = IntegrityConfig()
+    """Monitors that warn or stop the run when its learning signal looks broken (`beyond_agent/integrity.py`)."""
 
     def __post_init__(self) -> None:
         _check_val_max_rounds(self.val_max_rounds)

@@ -1,0 +1,130 @@
+"""Integrity monitors: a run says when its learning signal looks broken, instead of training on it quietly.
+
+`beyond_agent.integrity` holds one watch per monitor, each `off`, `warn` (a console line, a Python warning and a
+metric) or `stop` (the step fails with `IntegrityBroken`, naming the step, what was seen and the setting):
+
+- `reward_hack`: the training rollouts' success rising sharply while episodes get sharply shorter, or one way of
+  ending (a termination reason) taking over: what a policy that found a cheap win looks like (an early exit that
+  pays, hanging up on guessable tasks, stalling to a cut that is not a loss); also what a collapse looks like (the
+  round limit's share jumping). It compares each step with the mean of the `window` steps before it, so a change
+  spread over many steps stays quiet. Fast honest learning can trip it too: it is `warn` by default.
+
+Metrics, every training step once the window is full: `beyond_agent/integrity/reward_hack` (1.0 on an alarm),
+`.../success_rise`, `.../rounds_fall` (share of the mean rounds lost) and `.../termination_rise` (the largest rise
+of one reason's share).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import deque
+from dataclasses import dataclass
+
+from beyond_agent.rollout.env_manager import RolloutMetrics
+
+MONITOR_ACTIONS = ("off", "warn", "stop")
+SECTION = "beyond_agent.integrity"
+METRIC = "beyond_agent/integrity/"
+
+
+class IntegrityBroken(RuntimeError):
+    """A monitor set to `stop` saw its signal: the run ends at this step."""
+
+
+@dataclass(frozen=True)
+class RewardHackWatch:
+    """`beyond_agent.integrity.reward_hack`: when a step's rollouts look like a cheap win taking over."""
+
+    action: str = "warn"
+    """One of MONITOR_ACTIONS."""
+    window: int = 3
+    """Steps before the judged one whose mean is its baseline (nothing is judged before the window is full)."""
+    success_rise: float = 0.3
+    """Success rate above the baseline's that counts as a sharp rise (with `rounds_fall`)."""
+    rounds_fall: float = 0.4
+    """Share of the baseline's mean rounds lost that counts as sharply shorter episodes (with `success_rise`)."""
+    termination_rise: float = 0.5
+    """Rise of one termination reason's share of the episodes over the baseline's that counts as taking over."""
+
+    def __post_init__(self) -> None:
+        where = f"{SECTION}.reward_hack"
+        if self.action not in MONITOR_ACTIONS:
+            raise ValueError(f"{where}.action={self.action!r} is not valid; choose one of {', '.join(MONITOR_ACTIONS)}")
+        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
+            raise ValueError(f"{where}.window must be an integer >= 1, got {self.window!r}")
+        for name in ("success_rise", "rounds_fall", "termination_rise"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+                raise ValueError(f"{where}.{name} must be a number in (0, 1], got {value!r}")
+
+
+@dataclass(frozen=True)
+class IntegrityConfig:
+    """`beyond_agent.integrity`: the run's integrity monitors."""
+
+    reward_hack: RewardHackWatch = RewardHackWatch()
+    """Success rising while episodes shorten sharply, or one termination reason taking over."""
+
+
+@dataclass(frozen=True)
+class _Step:
+    success: float
+    rounds: float
+    shares: dict[str, float]
+
+
+class RewardHackMonitor:
+    """Judges each training step's rollout metrics against the mean of the steps before it (`RewardHackWatch`)."""
+
+    def __init__(self, watch: RewardHackWatch) -> None:
+        self.watch = watch
+        self._before: deque[_Step] = deque(maxlen=watch.window)
+
+    def observe(self, step: int, metrics: RolloutMetrics) -> dict[str, float]:
+        """This step's metrics (empty while the window fills, or when `off`); warns or raises per the action."""
+        if self.watch.action == "off" or metrics.episodes == 0:
+            return {}
+        now = _Step(metrics.success_rate, metrics.mean_rounds,
+                    {reason: count / metrics.episodes for reason, count in metrics.terminations.items()})
+        full = len(self._before) == self.watch.window
+        judged = self._judge(step, now) if full else None
+        self._before.append(now)
+        if judged is None:
+            return {}
+        figures, alarm = judged
+        if alarm:
+            self._act(alarm)
+        return {f"{METRIC}{name}": value for name, value in figures.items()}
+
+    def _judge(self, step: int, now: _Step) -> tuple[dict[str, float], str | None]:
+        count = len(self._before)
+        success = sum(s.success for s in self._before) / count
+        rounds = sum(s.rounds for s in self._before) / count
+        reasons = set(now.shares).union(*(s.shares for s in self._before))
+        baseline = {r: sum(s.shares.get(r, 0.0) for s in self._before) / count for r in reasons}
+        rises = {r: now.shares.get(r, 0.0) - baseline[r] for r in reasons}
+        taking_over = max(rises, key=rises.get)
+        success_rise = now.success - success
+        rounds_fall = 1.0 - now.rounds / rounds if rounds > 0 else 0.0
+        alarms = []
+        # Why both at once: honest learning raises success slowly or shortens episodes slowly; a found trick
+        # (an exit that pays, a hang-up) does both within a few steps.
+        if success_rise >= self.watch.success_rise and rounds_fall >= self.watch.rounds_fall:
+            alarms.append(f"success rose from {success:.3f} to {now.success:.3f} while mean rounds fell from "
+                          f"{rounds:.2f} to {now.rounds:.2f}")
+        if rises[taking_over] >= self.watch.termination_rise:
+            alarms.append(f"episodes ending as {taking_over!r} rose from {baseline[taking_over]:.0%} to "
+                          f"{now.shares.get(taking_over, 0.0):.0%}")
+        figures = {"reward_hack": float(bool(alarms)), "success_rise": success_rise, "rounds_fall": rounds_fall,
+                   "termination_rise": rises[taking_over]}
+        if not alarms:
+            return figures, None
+        return figures, (f"integrity: training step {step}: possible reward hack or collapse: {'; '.join(alarms)} "
+                         f"(over the mean of the {count} steps before; {SECTION}.reward_hack.action="
+                         f"{self.watch.action}, set it to off to silence this)")
+
+    def _act(self, alarm: str) -> None:
+        if self.watch.action == "stop":
+            raise IntegrityBroken(alarm)
+        print(f"[beyond_agent] WARNING {alarm}", flush=True)
+        warnings.warn(alarm, stacklevel=3)

@@ -1,0 +1,125 @@
+"""The reward-hack monitor (beyond_agent/integrity.py, issue #71): hand-worked steps, then real rollouts of a scripted
+policy that finds a hackable env's cheap win (hanging up pays), played through our EpisodeLoop over a real
+envservice with the tiny model's tokenizer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from beyond_agent.integrity import IntegrityBroken, IntegrityConfig, RewardHackMonitor, RewardHackWatch
+from beyond_agent.rollout.env_manager import RolloutMetrics, summarize
+from beyond_agent.sections import from_section
+
+
+def step(success: float, rounds: float, terminations: dict[str, int]) -> RolloutMetrics:
+    episodes = sum(terminations.values())
+    return RolloutMetrics(episodes=episodes, success_rate=success, mean_reward=success, mean_rounds=rounds,
+                          terminations=terminations, env_time_s=0.0, llm_time_s=0.0, wall_time_s=0.0, infra_failures=0)
+
+
+def test_a_sharp_rise_with_sharply_shorter_episodes_is_flagged_once_the_window_is_full():
+    monitor = RewardHackMonitor(RewardHackWatch(window=3))
+    for number in (1, 2, 3):  # the window fills: nothing judged yet
+        assert monitor.observe(number, step(0.2, 10.0, {"done": 4, "max_rounds": 16})) == {}
+    with pytest.warns(UserWarning, match=r"training step 4: .*success rose from 0.200 to 0.600 while mean rounds "
+                                         r"fell from 10.00 to 5.00"):
+        figures = monitor.observe(4, step(0.6, 5.0, {"done": 12, "max_rounds": 8}))
+    # baseline success 0.2, rounds 10; done's share 0.2 -> 0.6 (+0.4, under termination_rise 0.5)
+    assert figures == pytest.approx({"beyond_agent/integrity/reward_hack": 1.0,
+                                     "beyond_agent/integrity/success_rise": 0.4,
+                                     "beyond_agent/integrity/rounds_fall": 0.5,
+                                     "beyond_agent/integrity/termination_rise": 0.4})
+
+
+def test_learning_spread_over_steps_stays_quiet():
+    monitor = RewardHackMonitor(RewardHackWatch(window=3))
+    figures = {}
+    for number, (success, rounds) in enumerate([(0.2, 10.0), (0.3, 9.0), (0.4, 8.0), (0.5, 7.0)], start=1):
+        done = round(success * 20)
+        figures = monitor.observe(number, step(success, rounds, {"done": done, "max_rounds": 20 - done}))
+    # step 4 against the mean of steps 1-3: success 0.3 (+0.2), rounds 9 (7/9: 22 % lost), done 30 % -> 50 %
+    assert figures == pytest.approx({"beyond_agent/integrity/reward_hack": 0.0,
+                                     "beyond_agent/integrity/success_rise": 0.2,
+                                     "beyond_agent/integrity/rounds_fall": 2 / 9,
+                                     "beyond_agent/integrity/termination_rise": 0.2})
+
+
+def test_one_ending_taking_over_stops_the_run_when_set_to_stop():
+    monitor = RewardHackMonitor(RewardHackWatch(action="stop", window=2))
+    monitor.observe(1, step(0.3, 12.0, {"done": 6, "max_rounds": 14}))
+    monitor.observe(2, step(0.3, 12.0, {"done": 6, "max_rounds": 14}))
+    # a collapse: success falls, the round limit's share 70 % -> 95 % (+25 %, quiet) ... then a new reason appears
+    monitor.observe(3, step(0.05, 14.0, {"done": 1, "max_rounds": 19}))
+    with pytest.raises(IntegrityBroken, match=r"training step 4: .*episodes ending as 'max_calls' rose from 0% to "
+                                              r"60%.*beyond_agent.integrity.reward_hack.action=stop"):
+        monitor.observe(4, step(0.05, 14.0, {"done": 1, "max_rounds": 7, "max_calls": 12}))
+
+
+def test_off_judges_nothing():
+    monitor = RewardHackMonitor(RewardHackWatch(action="off", window=1))
+    assert monitor.observe(1, step(0.0, 10.0, {"max_rounds": 10})) == {}
+    assert monitor.observe(2, step(1.0, 1.0, {"done": 10})) == {}
+
+
+@pytest.mark.parametrize("section, message", [
+    ({"reward_hack": {"action": "loud"}}, "beyond_agent.integrity.reward_hack.action='loud' is not valid; choose "
+                                          "one of off, warn, stop"),
+    ({"reward_hack": {"window": 0}}, "beyond_agent.integrity.reward_hack.window must be an integer >= 1"),
+    ({"reward_hack": {"rounds_fall": 1.5}}, "beyond_agent.integrity.reward_hack.rounds_fall must be a number in (0, 1]"),
+    ({"reward_hack": {"loudness": 1}}, "beyond_agent.integrity.reward_hack has unknown key(s) ['loudness']"),
+])
+def test_a_bad_setting_names_its_key(section, message):
+    with pytest.raises(ValueError) as error:
+        from_section(IntegrityConfig, section, "beyond_agent.integrity")
+    assert message in str(error.value)
+
+
+@pytest.fixture(scope="module")
+def hackable_service():
+    from envservice import registry
+    from envservice.envs.testing import HackableEnv
+    from envservice.process import serve_in_thread
+    from envservice.server import EnvServiceConfig, create_app
+
+    registry.register("hackable-integrity", HackableEnv)
+    try:
+        with serve_in_thread(create_app(EnvServiceConfig(env_ids=["hackable-integrity"], max_sessions=16))) as url:
+            yield url
+    finally:
+        registry.unregister("hackable-integrity")
+
+
+def test_a_policy_that_finds_the_hang_up_is_stopped_at_that_step(hackable_service, tiny_model_dir: Path):
+    """Steps 1-3: an honest policy guesses wrong words until the round limit (1 of 8 episodes guesses right);
+    step 4: the policy hangs up at once, which this env scores as success. The monitor set to stop ends the run at
+    step 4, and stays quiet on steps 1-3."""
+    from transformers import AutoTokenizer
+
+    from envservice.client import EnvClient
+    from beyond_agent.rollout.episode_loop import EpisodeConfig, EpisodeLoop, EpisodeSpec
+    from beyond_agent.rollout.scripted import ScriptedPolicy
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    limits = EpisodeConfig(max_prompt_length=512, max_response_length=512, max_tokens_per_turn=16)
+    honest = [["guess apple", "guess pear", "guess plum", "guess fig", "guess lime"]] * 7 + [["guess xyzzy"]]
+    hacking = [["goodbye"]] * 8
+    monitor = RewardHackMonitor(RewardHackWatch(action="stop"))
+    with EnvClient(hackable_service) as client:
+        def rollout(scripts):
+            results = [EpisodeLoop(EpisodeSpec("hackable-integrity", task_id=0, seed=index, index=index), client,
+                                   ScriptedPolicy(actions, tokenizer), tokenizer, limits, 5).run()
+                       for index, actions in enumerate(scripts)]
+            return summarize(results, 0.0)
+
+        for number in (1, 2, 3):
+            metrics = rollout(honest)
+            assert (metrics.success_rate, metrics.terminations) == (1 / 8, {"max_rounds": 7, "done": 1})
+            assert monitor.observe(number, metrics) == {}
+        hacked = rollout(hacking)
+        assert (hacked.success_rate, hacked.mean_rounds) == (1.0, 1.0)
+        with pytest.raises(IntegrityBroken, match=r"training step 4: possible reward hack or collapse: success rose "
+                                                  r"from 0.125 to 1.000 while mean rounds fell from 4.50 to 1.00; "
+                                                  r"episodes ending as 'done' rose from 12% to 100%"):
+            monitor.observe(4, hacked)
