@@ -15,11 +15,13 @@ With `kind: bwrap` (Debian's bubblewrap) a run gets: no network (its own loopbac
 it reaches one Unix socket outside, e.g. the episode's gateway); the host's file system read-only, `/sys` empty,
 and a private writable scratch folder (`/tmp`, also `HOME`) and `/dev/shm`, both size-capped (`/run` and the
 hidden home read-only); its own PID namespace, so everything it started dies with it; no way to make namespaces
-of its own or reach kernel interfaces it never needs (`--disable-userns` and a seccomp filter, `sandbox/seccomp.py`:
+of its own or reach kernel interfaces it never needs (a seccomp filter, `sandbox/seccomp.py`, and bubblewrap's `--disable-userns` where it makes the namespace:
 no nested user or mount namespace, mount, io_uring, keyrings, bpf, perf, userfaultfd, attaching to a process it did
 not start, sockets but AF_UNIX / AF_INET / AF_INET6); an environment built from an allowlist plus what the caller
 names on purpose, never the trainer's (nor in bubblewrap's own, which it can read as /proc/1/environ); limits on
-memory, CPU time, processes, file size and open files; stdout and stderr kept as head and tail with a count of
+memory, CPU time, processes, file size and open files (the files in its memory-backed folders are memory
+too: their inodes are charged to its memory group where one can be made; bubblewrap cannot cap a folder's inodes
+otherwise); stdout and stderr kept as head and tail with a count of
 what was dropped; a wall clock that kills the whole sandbox. Inside, it runs as uid 1000 of a user namespace of its
 own, with no capabilities; outside, that user is the trainer's uid, or `nobody` when the trainer is root, so files
 and sockets only root may open stay closed (`sandbox/outside_user.py`: the `writable` folders and forwarded sockets
