@@ -48,8 +48,8 @@ from envservice.errors import EnvServiceError, EnvTimeoutError
 from envservice.registry import import_object
 from sandbox import SandboxConfig, run_sandboxed, sandbox_path
 from beyond_agent.sections import from_section
-from beyond_agent.gateway.episodes import MERGE_POLICIES, GatewayEpisode
-from beyond_agent.gateway.server import Gateway
+from beyond_agent.gateway.episodes import GatewayEpisode
+from beyond_agent.gateway.server import Gateway, GatewayConfig, check_episode_limits
 from beyond_agent.rollout.episode_loop import (INFRA_FAILURES, LIMIT_CUTS, EpisodeConfig, EpisodeResult, EpisodeSpec,
                                            Forfeit, GenerateFn, _EpisodeFailure, check_max_rounds, seeded,
                                            state_anchor)
@@ -71,11 +71,12 @@ class AgentConfig:
     """Instead of `function`: a command line (split like a shell's, no shell) run once per episode; it talks
     to the policy and the env over HTTP (`CommandAgent`). Exit status 0: the episode is scored; otherwise, or
     past `beyond_agent.episode_timeout_s`, it is an infrastructure failure."""
-    merge: str = "auto"
-    """`auto`: an agent that appends to its history gives one multi-turn sample; `never`: one per call."""
-    max_calls: int = 256
+    merge: str = GatewayConfig.merge
+    """`auto`: an agent that appends to its history gives one multi-turn sample; `never`: one per call (the
+    gateway's `GatewayConfig.merge`, whose default this is)."""
+    max_calls: int = GatewayConfig.max_calls
     """Chat-completions calls (and so training samples) one episode may make; past it the episode ends as
-    `max_calls` (`GatewayConfig.max_calls`)."""
+    `max_calls` (the gateway's `GatewayConfig.max_calls`, whose default this is)."""
     sandbox: Any = None
     """`SandboxConfig` (a mapping in YAML) of the sandbox a `command` runs in; None: its defaults (bubblewrap).
     Nothing of the trainer's environment reaches the command but what `sandbox.pass_env` names."""
@@ -93,11 +94,7 @@ class AgentConfig:
         if self.function is not None and (not isinstance(self.function, str) or self.function.count(":") != 1):
             raise ValueError(f"beyond_agent.agent.function must be 'package.module:function' or "
                              f"'path/to/file.py:function', got {self.function!r}")
-        if self.merge not in MERGE_POLICIES:
-            raise ValueError(f"beyond_agent.agent.merge={self.merge!r} is not valid; choose one of "
-                             f"{', '.join(MERGE_POLICIES)}")
-        if isinstance(self.max_calls, bool) or not isinstance(self.max_calls, int) or self.max_calls < 1:
-            raise ValueError(f"beyond_agent.agent.max_calls must be an integer >= 1, got {self.max_calls!r}")
+        check_episode_limits("beyond_agent.agent", self.merge, self.max_calls)
 
     @property
     def active(self) -> bool:

@@ -96,12 +96,20 @@ class GatewayConfig:
     `beyond_agent.concurrency`, since each episode's calls are answered one at a time."""
 
     def __post_init__(self) -> None:
-        if self.merge not in MERGE_POLICIES:
-            raise ValueError(f"gateway.merge={self.merge!r} is not valid; choose one of {', '.join(MERGE_POLICIES)}")
+        check_episode_limits("gateway", self.merge, self.max_calls)
         for name in ("max_prompt_length", "max_response_length", "max_tokens_per_turn", "max_request_bytes",
-                     "max_message_chars", "max_calls", "max_concurrent_calls"):
+                     "max_message_chars", "max_concurrent_calls"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"gateway.{name} must be an integer >= 1, got {getattr(self, name)!r}")
+
+
+def check_episode_limits(where: str, merge: Any, max_calls: Any) -> None:
+    """The limits a run sets on its agents' episodes (`beyond_agent.agent.merge`, `.max_calls`), checked here for
+    the run's section and the gateway's own config alike: ValueError naming `where`'s key."""
+    if merge not in MERGE_POLICIES:
+        raise ValueError(f"{where}.merge={merge!r} is not valid; choose one of {', '.join(MERGE_POLICIES)}")
+    if isinstance(max_calls, bool) or not isinstance(max_calls, int) or max_calls < 1:
+        raise ValueError(f"{where}.max_calls must be an integer >= 1, got {max_calls!r}")
 
 
 class GatewayError(Exception):

@@ -26,13 +26,11 @@ from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 from beyond_agent.seams import patch
 
 
-def open_join_point(config: Any) -> bool:
-    """Turn `trainer.balance_batch` on so that `fit()` reaches `join_rows`; returns the user's setting (whether verl
-    should still reorder rows across data-parallel ranks)."""
-    reorders = bool(config.trainer.get("balance_batch", True))
+def open_join_point(config: Any) -> None:
+    """Turn `trainer.balance_batch` on so that `fit()` reaches `join_rows`. Whether verl still reorders rows across
+    data-parallel ranks is the user's setting, which the trainer reads before this (`reorders_rows`)."""
     with open_dict(config):
         config.trainer.balance_batch = True
-    return reorders
 
 
 def wrap_update_weights(manager: Any, wrapper: Callable[[Callable], Callable]) -> None:

@@ -300,3 +300,20 @@ def test_a_wrong_key_and_an_unknown_episode_get_the_same_401(gateway):
     wrong = is_openai_error(chat(gateway.url, "open", hello(), key="wrong-key"), 401)
     unknown = is_openai_error(chat(gateway.url, "no-such-episode", hello(), key="wrong-key"), 401)
     assert wrong == unknown
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("merge", "sometimes", "merge='sometimes' is not valid; choose one of auto, never"),
+    ("max_calls", 0, "max_calls must be an integer >= 1, got 0"),
+    ("max_calls", True, "max_calls must be an integer >= 1, got True"),
+])
+def test_the_episode_limits_are_checked_once_and_named_by_the_key_a_user_set(field, value, message):
+    """`merge` and `max_calls` are the gateway's; the run's `beyond_agent.agent` section takes its defaults from it
+    and the same check (issue #73: they were declared and checked twice)."""
+    from beyond_agent.gateway.agents import AgentConfig
+
+    assert (AgentConfig().merge, AgentConfig().max_calls) == (GatewayConfig().merge, GatewayConfig().max_calls)
+    for build, key in ((AgentConfig, "beyond_agent.agent"), (GatewayConfig, "gateway")):
+        with pytest.raises(ValueError) as error:
+            build(**{field: value})
+        assert str(error.value) == f"{key}.{message}"
