@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("beyond_agent", "recipe", "envservice", "launch", "dev_tools", "verl_cpu")
+PACKAGES = ("beyond_agent", "recipe", "envservice", "launch", "dev_tools", "verl_cpu", "sandbox")
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 
@@ -52,6 +52,9 @@ VIOLATIONS = {
     "the library imports a recipe": (
         "beyond_agent/trajectories.py", "import recipe.multiturn_rl.trainer\n",
         "programs above the library, the library above envservice"),
+    "the sandbox imports envservice": (
+        "sandbox/config.py", "import envservice.protocol\n",
+        "programs above the library, the library above envservice, the sandbox below all"),
     "an import circle inside envservice": (
         "envservice/backends.py", "import envservice.workers\n", "no import circles"),
 }
