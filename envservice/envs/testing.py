@@ -8,8 +8,7 @@ or `envservice.register(...)`, so it never shows up in a normal service.
 
 Actions: `inc` counts (reaching 3 solves the task), `boom` raises, `exit` calls `os._exit(3)`, `segfault`
 crashes the interpreter, `hang` sleeps for an hour, `chatter` prints 128 KB to stdout. Every observation's info
-carries the pid of the
-process that ran the step, so a test can tell workers apart.
+carries the pid of the process that ran the step, so a test can tell workers apart.
 """
 
 from __future__ import annotations
