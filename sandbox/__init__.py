@@ -12,8 +12,9 @@ One mechanism, in one place, below both envservice and the library (it imports n
     ...; result = peer.stop()   # or peer.wait()
 
 With `kind: bwrap` (Debian's bubblewrap) a run gets: no network (its own loopback; with `forward`, one port on
-it reaches one Unix socket outside, e.g. the episode's gateway); the host's file system read-only, `/sys` empty,
-and a private writable scratch folder (`/tmp`, also `HOME`) and `/dev/shm`, both size-capped (`/run` and the
+it reaches one Unix socket outside, e.g. the episode's gateway); the host's file system read-only (its top-level
+folders bound one by one on a root of the sandbox's own, so its mountinfo shows none of the host's mounts under
+/proc, /sys, /dev, /run or /tmp), `/sys` empty, and a private writable scratch folder (`/tmp`, also `HOME`) and `/dev/shm`, both size-capped (`/run` and the
 hidden home read-only); its own PID namespace, so everything it started dies with it; no way to make namespaces
 of its own or reach kernel interfaces it never needs (a seccomp filter, `sandbox/seccomp.py`, and bubblewrap's `--disable-userns` where it makes the namespace:
 no nested user or mount namespace, mount, io_uring, keyrings, bpf, perf, userfaultfd, attaching to a process it did

@@ -50,6 +50,8 @@ RUN_MB = 1
 """Size of the sandbox's /run (it holds the forwarded sockets' mount points, read-only once they are bound)."""
 SHM_MB = 64
 """Size of the sandbox's /dev/shm at most (`scratch_mb` when smaller): shared memory is memory."""
+MADE_FRESH = ("/dev", "/proc", "/run", "/sys", SCRATCH)
+"""Top-level folders the sandbox makes its own instead of showing the host's (nor the host's mounts under them)."""
 
 
 class SandboxUnavailable(RuntimeError):
@@ -232,7 +234,7 @@ def _bwrap_argv(config: SandboxConfig, env: dict[str, str], forward: dict[int, s
     /run, /sys and the trainer's home hidden (read-only once the sockets and what the run needs are bound in), only
     `env` in the environment."""
     argv = [_program("bwrap"), *_user_argv(fds.userns), "--die-with-parent", "--new-session",
-            "--seccomp", str(fds.seccomp), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+            "--seccomp", str(fds.seccomp), *_root_argv(), "--dev", "/dev", "--proc", "/proc",
             "--size", str(config.scratch_mb * _MIB), "--perms", "1777", "--tmpfs", SCRATCH,
             "--size", str(min(config.scratch_mb, SHM_MB) * _MIB), "--perms", "1777", "--tmpfs", "/dev/shm",
             "--size", str(RUN_MB * _MIB), "--tmpfs", "/run", "--size", "4096", "--tmpfs", "/sys",
@@ -251,10 +253,27 @@ def _bwrap_argv(config: SandboxConfig, env: dict[str, str], forward: dict[int, s
     argv += seal
     for port, outside in forward.items():
         argv += _bind("--bind", outside, f"{SOCKETS}/{port}.sock")
-    argv += ["--remount-ro", "/run", "--chdir", cwd, "--clearenv"]
+    argv += ["--remount-ro", "/run", "--remount-ro", "/", "--chdir", cwd, "--clearenv"]
     for name, value in env.items():
         argv += ["--setenv", name, value]
     return argv + ["--"]
+
+
+@functools.cache
+def _root_argv() -> tuple[str, ...]:
+    """The host's top-level folders bound read-only one by one (each with the mounts under it) on the sandbox's own
+    root, rather than `/` whole: the host's mounts under the folders it makes fresh (its control groups, its
+    /dev/shm and devpts, its /proc) then are not in the sandbox's mountinfo at all. Top-level links (a merged
+    /usr's /bin) are made again as links; top-level files (a container's notes about its host) are left out."""
+    argv: list[str] = []
+    for entry in sorted(os.scandir("/"), key=lambda entry: entry.name):
+        if entry.path in MADE_FRESH:
+            continue
+        if entry.is_symlink():
+            argv += ["--symlink", os.readlink(entry.path), entry.path]
+        elif entry.is_dir():
+            argv += ["--ro-bind", entry.path, entry.path]
+    return tuple(argv)
 
 
 def _bind(kind: str, source: str, dest: str) -> list[str]:
@@ -301,7 +320,8 @@ def _covers_and_needed(dropping_root: bool) -> list[tuple[str, list[str]]]:
     what it needs that others may not search (the sandbox's user could not pass it, so it loses nothing)."""
     wanted = {os.path.realpath(path) for path in (sys.base_prefix, sys.prefix, os.getcwd(), INSIDE.parent.parent)}
     home = os.path.realpath(os.path.expanduser("~"))
-    covers = {home} if home != "/" and os.path.isdir(home) else set()
+    shown = home != "/" and not any(home == fresh or _is_under(home, fresh) for fresh in MADE_FRESH)
+    covers = {home} if shown and os.path.isdir(home) else set()  # a home under /tmp is hidden with the host's /tmp
     if dropping_root:
         covers |= {closed for path in wanted if (closed := _first_closed_folder(path)) is not None}
     covers = {cover for cover in covers if not any(_is_under(cover, other) for other in covers)}

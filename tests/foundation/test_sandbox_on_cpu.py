@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import stat
+import tempfile
 import threading
 import uuid
 import warnings
@@ -72,9 +74,18 @@ print(connection.recv(100).decode())
     assert "hello from outside: ping" in result.stdout.text()
 
 
-def test_the_host_is_read_only_the_scratch_is_private_and_the_trainers_home_hidden(tmp_path, monkeypatch):
-    home = tmp_path / "home"
-    home.mkdir()
+@pytest.fixture
+def home_outside_tmp():
+    """A trainer's home at a host path the sandbox shows (not under /tmp, which it hides with the rest of the host's
+    /tmp): /var/tmp is writable by every user, root or not."""
+    home = Path(tempfile.mkdtemp(prefix="sandbox-home-", dir="/var/tmp"))
+    yield home
+    shutil.rmtree(home)
+
+
+def test_the_host_is_read_only_the_scratch_is_private_and_the_trainers_home_hidden(tmp_path, monkeypatch,
+                                                                                  home_outside_tmp):
+    home = home_outside_tmp
     (home / ".netrc").write_text("machine api.wandb.ai password wandb-secret")
     monkeypatch.setenv("HOME", str(home))
     outside = Path.cwd() / f".sandbox-probe-{uuid.uuid4().hex[:8]}"  # the host, outside /tmp (the scratch)
@@ -368,6 +379,8 @@ found = {
     "a file in /run": write("/run/file", 1),
     "bubblewrap's environment": read("/proc/1/environ"),
     "/sys": sorted(os.listdir("/sys")),
+    "a file at /": write("/file", 1),
+    "mounts": [line.split()[2:5] + [line.split(" - ")[1].split()[0]] for line in open("/proc/self/mountinfo")],
     "a child process still forks": subprocess.run(["true"]).returncode,
 }
 sleeper.kill()
@@ -394,4 +407,20 @@ def test_from_inside_the_sandbox_cannot_lift_its_own_limits_or_read_the_hosts():
     assert [found[f"an {name} socket"] for name in ("AF_UNIX", "AF_INET", "AF_INET6")] == ["ok", "ok", "ok"]
     assert found["70 MB into /dev/shm"] == "ENOSPC" and found["a file in /run"] == "EROFS"
     assert "cgroup" not in found["bubblewrap's environment"] and found["/sys"] == []
+    assert found["a file at /"] == "EROFS"
+    _assert_no_host_mount_under_what_the_sandbox_makes_fresh(found["mounts"])
     assert found["a child process still forks"] == 0
+
+
+def _assert_no_host_mount_under_what_the_sandbox_makes_fresh(inside: list[list[str]]):
+    """mountinfo inside (device, root, mount point, type) shows none of the host's mounts under the folders the
+    sandbox makes its own (the host's control groups, /dev/shm, devpts, /proc, ...: before, it listed them all), and
+    its root is its own, not the host's; what stays are the mounts under the folders it shows anyway."""
+    host = [line.split()[2:5] for line in open("/proc/self/mountinfo")]
+    device_of = {point: device for device, _, point in host}
+    shared = {device_of["/"], device_of.get("/dev")}  # binds of the host's folders and of its device nodes
+    hidden = {device for device, _, point in host if device not in shared
+              and any(point == top or point.startswith(top + "/") for top in sandbox_run.MADE_FRESH)}
+    assert hidden, "this machine has host mounts under /dev, /proc or /sys to hide"
+    assert not [mount for mount in inside if mount[0] in hidden]
+    assert [mount[3] for mount in inside if mount[2] == "/"] == ["tmpfs"]
