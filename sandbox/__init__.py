@@ -21,8 +21,8 @@ no nested user or mount namespace, mount, io_uring, keyrings, bpf, perf, userfau
 not start, sockets but AF_UNIX / AF_INET / AF_INET6); an environment built from an allowlist plus what the caller
 names on purpose, never the trainer's (nor in bubblewrap's own, which it can read as /proc/1/environ); limits on
 memory, CPU time, processes, file size and open files (the files in its memory-backed folders are memory
-too: their inodes are charged to its memory group where one can be made; bubblewrap cannot cap a folder's inodes
-otherwise); stdout and stderr kept as head and tail with a count of
+too: their inodes are charged to its memory group where one can be made, and counted otherwise, the sandbox killed
+past one file per KiB of the folder's size, `sandbox/inodes.py`); stdout and stderr kept as head and tail with a count of
 what was dropped; a wall clock that kills the whole sandbox. Inside, it runs as uid 1000 of a user namespace of its
 own, with no capabilities; outside, that user is the trainer's uid, or `nobody` when the trainer is root, so files
 and sockets only root may open stay closed (`sandbox/outside_user.py`: the `writable` folders and forwarded sockets

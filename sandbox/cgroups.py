@@ -19,6 +19,8 @@ class SandboxCgroups:
     def __init__(self, processes: int, memory_bytes: int) -> None:
         self.folders: list[Path] = []
         """One folder per controller that caps this run."""
+        self.capped: set[str] = set()
+        """The cap files written (`pids.max`, `memory.max` or `memory.limit_in_bytes`)."""
         name = f"beyond-sandbox-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         for controller, cap, value in _caps(processes, memory_bytes):
             folder = _own_group(controller) / name
@@ -32,6 +34,12 @@ class SandboxCgroups:
                 folder.rmdir()
                 continue
             self.folders.append(folder)
+            self.capped.add(cap)
+
+    @property
+    def caps_memory(self) -> bool:
+        """Whether a memory group holds this run (its memory-backed folders' inodes are then charged to it)."""
+        return bool(self.capped & {"memory.max", "memory.limit_in_bytes"})
 
     @property
     def procs_files(self) -> list[str]:

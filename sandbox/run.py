@@ -16,6 +16,7 @@ from typing import Mapping, Sequence
 
 from sandbox.cgroups import SandboxCgroups
 from sandbox.config import SandboxConfig
+from sandbox.inodes import FileCountWatch, file_caps
 from sandbox.inside import exit_status
 from sandbox.output import CapturedOutput, StreamKeeper
 from sandbox.outside_user import drop_to_sandbox_user, hand_to_sandbox_user, trainer_is_root, user_namespace_fd
@@ -114,8 +115,9 @@ def start_sandboxed(argv: Sequence[str], config: SandboxConfig, *, wall_s: float
         command = _limits_argv(config) + _bwrap_argv(config, env, dict(forward or {}), cwd or SCRATCH, fds)
         command += _first_program(config, forward or {}, dropping_root=fds.userns is not None) + list(argv)
         outer_env = {"PATH": _OUTER_PATH, "SANDBOX_CGROUP_PROCS": " ".join(groups.procs_files)}
+        files = {} if groups.caps_memory else file_caps(_memory_backed_mib(config))
         return SandboxedProcess(["/bin/sh", "-c", _ENTER_GROUPS, "sh", *command], config, wall_s, outer_env, None,
-                                (*pass_fds, *fds.passed), groups)
+                                (*pass_fds, *fds.passed), groups, files)
     except BaseException:
         groups.remove()
         raise
@@ -142,6 +144,12 @@ class _SetupFds:
     def close(self) -> None:
         for fd in self.passed:
             os.close(fd)
+
+
+def _memory_backed_mib(config: SandboxConfig) -> dict[str, int]:
+    """The sandbox's writable memory-backed folders and their sizes, MiB (/run and the home's stand-in are
+    read-only)."""
+    return {SCRATCH: config.scratch_mb, "/dev/shm": min(config.scratch_mb, SHM_MB)}
 
 
 def _first_program(config: SandboxConfig, forward: Mapping[int, str], dropping_root: bool) -> list[str]:
@@ -235,8 +243,7 @@ def _bwrap_argv(config: SandboxConfig, env: dict[str, str], forward: dict[int, s
     `env` in the environment."""
     argv = [_program("bwrap"), *_user_argv(fds.userns), "--die-with-parent", "--new-session",
             "--seccomp", str(fds.seccomp), *_root_argv(), "--dev", "/dev", "--proc", "/proc",
-            "--size", str(config.scratch_mb * _MIB), "--perms", "1777", "--tmpfs", SCRATCH,
-            "--size", str(min(config.scratch_mb, SHM_MB) * _MIB), "--perms", "1777", "--tmpfs", "/dev/shm",
+            *_memory_backed_argv(config),
             "--size", str(RUN_MB * _MIB), "--tmpfs", "/run", "--size", "4096", "--tmpfs", "/sys",
             "--remount-ro", "/sys"]
     for cover, needed in _covers_and_needed(fds.userns is not None):
@@ -257,6 +264,12 @@ def _bwrap_argv(config: SandboxConfig, env: dict[str, str], forward: dict[int, s
     for name, value in env.items():
         argv += ["--setenv", name, value]
     return argv + ["--"]
+
+
+def _memory_backed_argv(config: SandboxConfig) -> list[str]:
+    """The scratch and /dev/shm: size-capped tmpfs, writable by all (their root is the namespace's)."""
+    return [arg for folder, mib in _memory_backed_mib(config).items()
+            for arg in ("--size", str(mib * _MIB), "--perms", "1777", "--tmpfs", folder)]
 
 
 @functools.cache
@@ -351,7 +364,8 @@ class SandboxedProcess:
     result returned."""
 
     def __init__(self, argv: list[str], config: SandboxConfig, wall_s: float, env: dict[str, str],
-                 cwd: str | None, pass_fds: Sequence[int] = (), groups: SandboxCgroups | None = None) -> None:
+                 cwd: str | None, pass_fds: Sequence[int] = (), groups: SandboxCgroups | None = None,
+                 file_limits: Mapping[str, int] | None = None) -> None:
         self._started = time.monotonic()
         self._deadline = self._started + max(0.0, wall_s)
         self._groups = groups
@@ -363,6 +377,10 @@ class SandboxedProcess:
                          StreamKeeper(self._process.stderr, config.output_kb * 1024)]
         for keeper in self._keepers:
             keeper.start()
+        self._file_watch = None
+        if file_limits:  # no memory group holds the sandbox: count its files instead (sandbox/inodes.py)
+            self._file_watch = FileCountWatch(self._process.pid, file_limits, self._kill_everything)
+            self._file_watch.start()
 
     def wait(self) -> SandboxResult:
         """Wait until the command ends or its wall clock runs out, then end everything it started."""
@@ -380,11 +398,16 @@ class SandboxedProcess:
             return self._result
         return self._finish("exit" if self._process.poll() is not None else "stopped")
 
+    def _kill_everything(self) -> None:
+        _kill_group(self._process.pid)
+        if self._groups is not None:
+            self._groups.kill_all()
+
     def _finish(self, ended: str) -> SandboxResult:
         try:
-            _kill_group(self._process.pid)
-            if self._groups is not None:
-                self._groups.kill_all()
+            if self._file_watch is not None:
+                self._file_watch.stop()
+            self._kill_everything()
             self._process.wait()
             for keeper in self._keepers:
                 keeper.join()

@@ -134,30 +134,40 @@ def test_memory_past_the_limit_fails_inside():
     assert result.returncode == 1 and "MemoryError" in result.stderr.text()
 
 
+EMPTY_FILES_WITHOUT_END = """
+import os
+for i in range(300_000):
+    os.close(os.open(f"/tmp/{i}", os.O_CREAT | os.O_WRONLY))
+    if i % 1000 == 0:
+        print(i, flush=True)
+print("made them all")
+"""
+
+
 def test_empty_files_without_end_are_stopped_by_the_memory_group_where_there_is_one():
     """Issue #70: 200 000 inodes fitted in a 32 MiB scratch (bubblewrap sizes a tmpfs, not its inodes). A tmpfs
     inode is kernel memory charged to the sandbox's memory group, so the group bounds them: at memory_mb=128 the
     program is killed after 100 000-150 000 empty files, in about a second. Where no memory group can be made (a
-    trainer that is not root, without delegated control groups), nothing bounds them, as the docs say: all
-    300 000 are made."""
-    from sandbox.cgroups import SandboxCgroups
+    trainer that is not root, without delegated control groups), the file count's watcher stops it at 262 144 (one
+    file per KiB of the 256 MiB scratch)."""
+    result = python(EMPTY_FILES_WITHOUT_END, SandboxConfig(memory_mb=128))
+    assert result.returncode == 137 and "made them all" not in result.stdout.text()
 
-    groups = SandboxCgroups(8, 128 << 20)
-    has_memory_group = any("memory" in str(folder) or (folder / "memory.max").exists() for folder in groups.folders)
-    groups.remove()
-    code = """
-import os
-for i in range(300_000):
-    os.close(os.open(f"/tmp/{i}", os.O_CREAT | os.O_WRONLY))
-    if i % 10000 == 0:
-        print(i, flush=True)
-print("made them all")
-"""
-    result = python(code, SandboxConfig(memory_mb=128))
-    if has_memory_group:
-        assert result.returncode == 137 and "made them all" not in result.stdout.text()
-    else:
-        assert result.returncode == 0 and "made them all" in result.stdout.text()
+
+def test_without_any_control_group_the_files_are_counted_and_capped(monkeypatch):
+    """Issue #70: where no control group can be made at all (forced here: their root is a missing folder), nothing
+    charged a memory-backed folder's inodes to anyone and 300 000 empty files were made in a 32 MiB scratch; now a
+    watcher counts them and kills the sandbox past one file per KiB of the folder's size (32 768 here), at most one
+    look (`POLL_S`) late."""
+    import sandbox.cgroups
+    from sandbox.inodes import FILES_PER_MIB
+
+    monkeypatch.setattr(sandbox.cgroups, "_ROOT", Path("/nonexistent-cgroup-root"))
+    result = python(EMPTY_FILES_WITHOUT_END, SandboxConfig(scratch_mb=32))
+    made = [int(line) for line in result.stdout.text().split() if line.isdigit()]
+    assert result.returncode == 137 and "made them all" not in result.stdout.text()
+    cap = 32 * FILES_PER_MIB
+    assert cap - 1000 <= made[-1] < 2 * cap, made[-1]  # it got to the cap, and not far past it
 
 
 def test_output_is_kept_as_head_and_tail_and_the_rest_counted():
