@@ -8,6 +8,7 @@ import os
 import shutil
 import socket
 import stat
+import subprocess
 import tempfile
 import threading
 import uuid
@@ -407,7 +408,10 @@ def test_from_inside_the_sandbox_cannot_lift_its_own_limits_or_read_the_hosts():
     host's interfaces from /sys. Each is refused or shows nothing; what programs need still works."""
     result = python(ATTACKS, SandboxConfig(file_size_mb=128))  # files may be large: /dev/shm's own cap must stop it
     assert result.returncode == 0, result.stderr.text()
-    found = __import__("json").loads(result.stdout.text())
+    _assert_each_attack_refused(json.loads(result.stdout.text()))
+
+
+def _assert_each_attack_refused(found: dict):
     for attempt in ("unshare a user namespace", "unshare a mount namespace", "clone into a user namespace",
                     "mount a tmpfs", "io_uring_setup", "keyctl", "add_key", "bpf", "perf_event_open", "userfaultfd",
                     "ptrace attach to a process it did not start"):
@@ -434,3 +438,53 @@ def _assert_no_host_mount_under_what_the_sandbox_makes_fresh(inside: list[list[s
     assert hidden, "this machine has host mounts under /dev, /proc or /sys to hide"
     assert not [mount for mount in inside if mount[0] in hidden]
     assert [mount[3] for mount in inside if mount[2] == "/"] == ["tmpfs"]
+
+
+AS_AN_UNPRIVILEGED_TRAINER = r"""
+import json, sys
+from sandbox import SandboxConfig, run_sandboxed
+attacks, files = sys.argv[1:]
+def run(code, **config):
+    result = run_sandboxed(["python3", "-c", code], SandboxConfig(**config), wall_s=60)
+    return {"returncode": result.returncode, "stdout": result.stdout.text(), "stderr": result.stderr.text()}
+print(json.dumps({"attacks": run(attacks, file_size_mb=128), "files": run(files, scratch_mb=32),
+                  "shadow": run("open('/etc/shadow')")}))
+"""
+
+
+@pytest.fixture
+def unprivileged_copy():
+    """A copy of the sandbox package (and its one dependency, libseccomp's binding) where any user can read it, and
+    an interpreter any user can run: the trainer's may sit under a home only its owner can enter."""
+    import pyseccomp
+
+    folder = Path(tempfile.mkdtemp(prefix="sandbox-unprivileged-", dir="/var/tmp"))
+    shutil.copytree(Path(sandbox_run.__file__).parent, folder / "sandbox", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(pyseccomp.__file__, folder)
+    for path in (folder, *folder.rglob("*")):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    yield folder
+    shutil.rmtree(folder)
+
+
+def test_a_trainer_that_is_not_root_gets_the_same_containment(unprivileged_copy):
+    """The same attacks as a trainer that is not root (bubblewrap makes the user namespace itself, and no control
+    group can be made, so the file count's watcher caps the scratch's inodes): run as `nobody` when the suite runs as
+    root (CI does), so the path a cluster user takes is tested on every run."""
+    interpreter = "/usr/bin/python3"
+    assert os.access(interpreter, os.X_OK), "Debian's python3 runs the unprivileged trainer"
+    become = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"] if os.geteuid() == 0 else []
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "PYTHONPATH": str(unprivileged_copy),
+           "PYTHONDONTWRITEBYTECODE": "1"}
+    done = subprocess.run([*become, interpreter, "-c", AS_AN_UNPRIVILEGED_TRAINER, ATTACKS, EMPTY_FILES_WITHOUT_END],
+                          capture_output=True, text=True, env=env, cwd="/", timeout=300)
+    if done.returncode != 0:
+        # A kernel that refuses user namespaces to unprivileged users: the sandbox must refuse to start, saying so.
+        assert "SandboxUnavailable" in done.stderr and "cannot run here" in done.stderr, done.stderr
+        return
+    seen = json.loads(done.stdout)
+    assert seen["attacks"]["returncode"] == 0, seen["attacks"]["stderr"]
+    _assert_each_attack_refused(json.loads(seen["attacks"]["stdout"]))
+    made = [int(line) for line in seen["files"]["stdout"].split() if line.isdigit()]
+    assert seen["files"]["returncode"] == 137 and made[-1] < 2 * 32 * 1024, made[-1]
+    assert "PermissionError" in seen["shadow"]["stderr"]
