@@ -9,9 +9,15 @@ metric) or `stop` (the step fails with `IntegrityBroken`, naming the step, what 
   round limit's share jumping). It compares each step with the mean of the `window` steps before it, so a change
   spread over many steps stays quiet. Fast honest learning can trip it too: it is `warn` by default.
 
+- `log_prob_drift`: the rollout's sampling log-probs of the kept tokens against the trainer's recomputation of the
+  same ids, before the update: apart from numerical noise they differ only when the served model is not the
+  trained one (a weight sync that did not apply, LoRA rollouts sampling the base model, a wrong dtype or chat
+  template on one side) or, in async mode, by the policy's change over the tokens' staleness.
+
 Metrics, every training step once the window is full: `beyond_agent/integrity/reward_hack` (1.0 on an alarm),
 `.../success_rise`, `.../rounds_fall` (share of the mean rounds lost) and `.../termination_rise` (the largest rise
-of one reason's share).
+of one reason's share); every step with the rollout's log-probs: `.../log_prob_drift` (1.0 on an alarm) and
+`.../mean_log_prob_gap`.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from __future__ import annotations
 import warnings
 from collections import deque
 from dataclasses import dataclass
+
+import torch
 
 from beyond_agent.rollout.env_manager import RolloutMetrics
 
@@ -59,11 +67,34 @@ class RewardHackWatch:
 
 
 @dataclass(frozen=True)
+class LogProbDriftWatch:
+    """`beyond_agent.integrity.log_prob_drift`: when the served model is not the one being trained."""
+
+    action: str = "warn"
+    """One of MONITOR_ACTIONS."""
+    max_mean_log_prob_gap: float = 0.1
+    """Mean |log p_trainer - log p_rollout| over the step's response tokens, nats, above which the step is flagged.
+    The tiny model served with its weights off by Gaussian noise of std 0.01 / 0.05 is 0.11 / 0.34 nats a token
+    from itself (tests/trainer/test_integrity_on_cpu.py); noise between the two sides' kernels is far below 0.1
+    on CPU in fp32, but bf16 at a user's sizes is noisier and unmeasured here, hence `warn` by default."""
+
+    def __post_init__(self) -> None:
+        where = f"{SECTION}.log_prob_drift"
+        if self.action not in MONITOR_ACTIONS:
+            raise ValueError(f"{where}.action={self.action!r} is not valid; choose one of {', '.join(MONITOR_ACTIONS)}")
+        value = self.max_mean_log_prob_gap
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ValueError(f"{where}.max_mean_log_prob_gap must be a number > 0, got {value!r}")
+
+
+@dataclass(frozen=True)
 class IntegrityConfig:
     """`beyond_agent.integrity`: the run's integrity monitors."""
 
     reward_hack: RewardHackWatch = RewardHackWatch()
     """Success rising while episodes shorten sharply, or one termination reason taking over."""
+    log_prob_drift: LogProbDriftWatch = LogProbDriftWatch()
+    """The rollout's sampling log-probs far from the trainer's recomputation of the same tokens."""
 
 
 @dataclass(frozen=True)
@@ -124,7 +155,39 @@ class RewardHackMonitor:
                          f"{self.watch.action}, set it to off to silence this)")
 
     def _act(self, alarm: str) -> None:
-        if self.watch.action == "stop":
-            raise IntegrityBroken(alarm)
-        print(f"[beyond_agent] WARNING {alarm}", flush=True)
-        warnings.warn(alarm, stacklevel=3)
+        _act(self.watch.action, alarm)
+
+
+class LogProbDriftMonitor:
+    """Judges each training step's rollout log-probs against the trainer's recomputation (`LogProbDriftWatch`)."""
+
+    def __init__(self, watch: LogProbDriftWatch) -> None:
+        self.watch = watch
+
+    def observe(self, step: int, trainer: torch.Tensor, rollout: torch.Tensor,
+                response_mask: torch.Tensor) -> dict[str, float]:
+        """This step's metrics (empty when `off` or without response tokens); warns or raises per the action.
+        `trainer`, `rollout`: log-probs of the kept response tokens, [rows, response length]."""
+        mask = response_mask.bool()
+        if self.watch.action == "off" or not mask.any():
+            return {}
+        # Why log space: noise in the logits moves log p by about its own size whatever p is, while a gap in
+        # probability vanishes for unlikely tokens (a near-uniform policy shows none however wrong its weights).
+        gap = (trainer.float() - rollout.float()).abs()[mask].mean().item()
+        drifted = gap > self.watch.max_mean_log_prob_gap
+        if drifted:
+            _act(self.watch.action,
+                 f"integrity: training step {step}: the rollout's token log-probs are {gap:.3g} nats from the "
+                 f"trainer's on average (over {self.watch.max_mean_log_prob_gap:g}): the served model is not the one "
+                 f"being trained (a weight sync not applied, LoRA rollouts on the base model, a dtype or template "
+                 f"mismatch) or async tokens are very stale ({SECTION}.log_prob_drift.action={self.watch.action}, "
+                 f"set it to off to silence this)")
+        return {f"{METRIC}log_prob_drift": float(drifted), f"{METRIC}mean_log_prob_gap": gap}
+
+
+def _act(action: str, alarm: str) -> None:
+    """What a monitor does on an alarm: `stop` raises, `warn` prints a console line and warns."""
+    if action == "stop":
+        raise IntegrityBroken(alarm)
+    print(f"[beyond_agent] WARNING {alarm}", flush=True)
+    warnings.warn(alarm, stacklevel=4)

@@ -47,6 +47,7 @@ import os
 from typing import Any
 
 from beyond_agent.algorithms.gigpo import RECOUNTED_ESTIMATORS, add_step_advantages, count_each_episode_once, norm_of
+from beyond_agent.integrity import LogProbDriftMonitor
 from beyond_agent.multitask import apply_task_advantage_norm
 from beyond_agent.rollout.batch import add_segment_rows
 from beyond_agent.run_folder import METRICS_PATH_VARIABLE
@@ -77,7 +78,8 @@ class BeyondAgentTrainer(TrainerSeams):
         notice = align_total_epochs(self.config, len(self.train_dataloader), self.total_training_steps)
         if notice:
             print(notice, flush=True)
-        self._async_actor_metrics: dict[str, float] = {}
+        self.log_prob_drift = LogProbDriftMonitor(self.beyond_config.integrity.log_prob_drift)
+        self._log_prob_metrics: dict[str, float] = {}  # the old-log-prob step's, logged with the actor's
         self._last_actor_output = None  # the actor update whose metrics the next weight sync's join
 
     def init_workers(self) -> None:
@@ -125,16 +127,20 @@ class BeyondAgentTrainer(TrainerSeams):
         return rows
 
     def after_old_log_prob(self, batch: Any, old_log_prob: Any) -> Any:
-        """In async mode the rollout/trainer gap is logged, and π_old = the behaviour policy when
-        `old_log_probs: behaviour`."""
+        """The log-prob drift monitor judges the rollout's log-probs against the trainer's recomputation
+        (`beyond_agent.integrity.log_prob_drift`); in async mode the gap is logged too, and π_old = the behaviour
+        policy when `old_log_probs: behaviour`."""
+        recomputed = old_log_prob.batch["old_log_probs"]
+        if "rollout_log_probs" in batch.batch:
+            self._log_prob_metrics = self.log_prob_drift.observe(
+                self.global_steps, recomputed, batch.batch["rollout_log_probs"], batch.batch["response_mask"])
         if not self.beyond_config.is_async:
             return old_log_prob
         if "rollout_log_probs" not in batch.batch:
             raise RuntimeError("async rollout needs the rollout's sampling log-probs (rollout_log_probs), and this "
                                "batch has none: the LLM server must return log-probs")
-        recomputed = old_log_prob.batch["old_log_probs"]
         behaviour = batch.batch["rollout_log_probs"].to(recomputed.dtype)
-        self._async_actor_metrics = log_prob_gap_metrics(recomputed, behaviour, batch.batch["response_mask"])
+        self._log_prob_metrics.update(log_prob_gap_metrics(recomputed, behaviour, batch.batch["response_mask"]))
         if self.beyond_config.async_rollout.old_log_probs == "behaviour":
             old_log_prob.batch["old_log_probs"] = behaviour
         return old_log_prob
@@ -148,7 +154,8 @@ class BeyondAgentTrainer(TrainerSeams):
         """With `adv_estimator=gigpo` GiGPO's step-level advantages are added (they need each turn's anchor state,
         which verl's estimator seam does not pass), and with gigpo, grpo or rloo a per_call agent's episode counts
         once in its group (`count_each_episode_once`); advantages are normalised within each task when
-        `multitask.task_advantage_norm`. Returns those metrics and the step's rollout/trainer log-prob gap."""
+        `multitask.task_advantage_norm`. Returns those metrics and the step's rollout/trainer log-prob figures
+        (`after_old_log_prob`)."""
         metrics = {}
         if self.config.algorithm.adv_estimator == "gigpo":  # verl computed A^E; the step part needs our turns
             metrics.update(add_step_advantages(batch, self.beyond_config.gigpo, norm_of(self.config.algorithm)))
@@ -156,8 +163,8 @@ class BeyondAgentTrainer(TrainerSeams):
             count_each_episode_once(batch, norm_of(self.config.algorithm), estimator=self.config.algorithm.adv_estimator)
         if self.beyond_config.multitask.task_advantage_norm:
             metrics.update(apply_task_advantage_norm(batch))
-        metrics.update(self._async_actor_metrics)
-        self._async_actor_metrics = {}
+        metrics.update(self._log_prob_metrics)
+        self._log_prob_metrics = {}
         return metrics
 
     def after_actor_update(self, output: Any) -> None:

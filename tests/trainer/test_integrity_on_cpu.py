@@ -7,8 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
-from beyond_agent.integrity import IntegrityBroken, IntegrityConfig, RewardHackMonitor, RewardHackWatch
+from beyond_agent.integrity import (IntegrityBroken, IntegrityConfig, LogProbDriftMonitor, LogProbDriftWatch,
+                                    RewardHackMonitor, RewardHackWatch)
 from beyond_agent.rollout.env_manager import RolloutMetrics, summarize
 from beyond_agent.sections import from_section
 
@@ -123,3 +125,64 @@ def test_a_policy_that_finds_the_hang_up_is_stopped_at_that_step(hackable_servic
                                                   r"from 0.125 to 1.000 while mean rounds fell from 4.50 to 1.00; "
                                                   r"episodes ending as 'done' rose from 12% to 100%"):
             monitor.observe(4, hacked)
+
+
+# ---- log_prob_drift: the rollout's token probabilities against the trainer's recomputation ----------------------
+
+def test_the_mean_log_prob_gap_is_over_response_tokens_only():
+    monitor = LogProbDriftMonitor(LogProbDriftWatch(max_mean_log_prob_gap=0.1))
+    trainer = torch.tensor([[-1.0, -0.5, -9.0], [-2.0, -0.25, -1.0]])
+    rollout = torch.tensor([[-1.0, -0.7, -1.0], [-1.5, -0.25, -5.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0]])  # the third token of each row is padding: its gap is not counted
+    with pytest.warns(UserWarning, match=r"training step 7: the rollout's token log-probs are 0.175 nats from"):
+        figures = monitor.observe(7, trainer, rollout, mask)
+    # (0 + 0.2 + 0.5 + 0) / 4 tokens
+    assert figures == pytest.approx({"beyond_agent/integrity/log_prob_drift": 1.0,
+                                     "beyond_agent/integrity/mean_log_prob_gap": 0.175})
+
+
+def test_identical_log_probs_stay_quiet_and_off_judges_nothing():
+    same = torch.tensor([[-0.7, -1.4]])
+    mask = torch.ones(1, 2)
+    assert LogProbDriftMonitor(LogProbDriftWatch()).observe(1, same, same, mask) == {
+        "beyond_agent/integrity/log_prob_drift": 0.0, "beyond_agent/integrity/mean_log_prob_gap": 0.0}
+    assert LogProbDriftMonitor(LogProbDriftWatch(action="off")).observe(1, same, same - 5, mask) == {}
+    assert LogProbDriftMonitor(LogProbDriftWatch()).observe(1, same, same - 5, torch.zeros(1, 2)) == {}
+
+
+def test_rollouts_served_from_other_weights_stop_the_run(tiny_model_dir: Path):
+    """The break the monitor exists for: tokens sampled by a model that is not the trained one (a sync that did not
+    apply, LoRA rollouts on the base model). The tiny model's own log-probs of a sequence against the same model's
+    once its weights moved by Gaussian noise of std 0.05 (0.34 nats a token apart): the monitor set to stop ends the
+    step, naming it; the same weights on both sides (0 apart) pass."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, torch_dtype=torch.float32).eval()
+    ids = torch.randint(0, model.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0))
+
+    def token_log_probs() -> torch.Tensor:
+        with torch.no_grad():
+            logits = model(ids).logits[:, :-1].float()
+        return torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+
+    served = token_log_probs()
+    mask = torch.ones_like(served)
+    healthy = LogProbDriftMonitor(LogProbDriftWatch(action="stop")).observe(3, token_log_probs(), served, mask)
+    assert healthy["beyond_agent/integrity/log_prob_drift"] == 0.0
+    with torch.no_grad():  # the trained weights move on; the server still samples from the old ones
+        for parameter in model.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=torch.Generator().manual_seed(1)) * 0.05)
+    with pytest.raises(IntegrityBroken, match=r"training step 4: .*the served model is not the one being trained.*"
+                                              r"log_prob_drift.action=stop"):
+        LogProbDriftMonitor(LogProbDriftWatch(action="stop")).observe(4, token_log_probs(), served, mask)
+
+
+@pytest.mark.parametrize("section, message", [
+    ({"log_prob_drift": {"action": "halt"}}, "beyond_agent.integrity.log_prob_drift.action='halt' is not valid"),
+    ({"log_prob_drift": {"max_mean_log_prob_gap": 0}},
+     "beyond_agent.integrity.log_prob_drift.max_mean_log_prob_gap must be a number > 0, got 0"),
+])
+def test_a_bad_drift_setting_names_its_key(section, message):
+    with pytest.raises(ValueError) as error:
+        from_section(IntegrityConfig, section, "beyond_agent.integrity")
+    assert message in str(error.value)

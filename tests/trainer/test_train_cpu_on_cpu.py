@@ -165,11 +165,22 @@ def test_the_reward_hack_monitor_judges_each_step_after_its_window_in_a_real_run
     assert not any(key.startswith("beyond_agent/integrity/") for key in first)
     fired = second["beyond_agent/integrity/reward_hack"]
     assert fired in (0.0, 1.0)
-    assert ("WARNING integrity: training step 2:" in lora_run.output) == (fired == 1.0)
+    assert ("WARNING integrity: training step 2: possible reward hack" in lora_run.output) == (fired == 1.0)
     assert second["beyond_agent/integrity/success_rise"] == pytest.approx(
         second["beyond_agent/success_rate"] - first["beyond_agent/success_rate"])
     assert second["beyond_agent/integrity/rounds_fall"] == pytest.approx(
         1 - second["beyond_agent/mean_rounds"] / first["beyond_agent/mean_rounds"])
+
+
+def test_the_log_prob_drift_monitor_stays_quiet_on_a_healthy_run(lora_run):
+    """`beyond_agent.integrity.log_prob_drift` (issue #71) judges every step: the served adapter is the trained one,
+    so the rollout's log-probs are the trainer's up to noise (verl's own probability gap below 1e-3 says the same),
+    well under the 0.1-nat bound, and nothing is said."""
+    for step in (1, 2):
+        metrics = lora_run.metrics[step]
+        assert metrics["beyond_agent/integrity/log_prob_drift"] == 0.0
+        assert 0.0 <= metrics["beyond_agent/integrity/mean_log_prob_gap"] < 0.01
+    assert "token log-probs are" not in lora_run.output
 
 
 def test_each_sync_of_the_first_run_sends_the_adapter_alone(lora_run):
@@ -288,6 +299,9 @@ def test_async_old_log_probs_are_the_behaviour_policys(resumed_run):
         assert metrics["training/rollout_probs_diff_max"] == 0.0
         assert metrics["beyond_agent/async/logprob_gap_abs_max"] > 0.0
         assert math.isfinite(metrics["beyond_agent/async/logprob_gap_abs_mean"])
+        # The drift monitor judges the same gap, before the swap (with the stale tokens' policy change in it).
+        assert metrics["beyond_agent/integrity/mean_log_prob_gap"] == pytest.approx(
+            metrics["beyond_agent/async/logprob_gap_abs_mean"])
 
 
 def test_m2po_is_the_policy_loss(resumed_run):
