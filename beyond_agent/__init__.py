@@ -9,8 +9,10 @@ Importing this package imports nothing else; each module is imported on its own:
     actions          parsers from model text to env actions
     tasks            what a dataset row asks an env to do, and its parsers
     multitask        several envs in one run: per-task settings and metrics
-    integrity        monitors that warn or stop a run whose learning signal looks broken (a reward hack taking over)
+    integrity        monitors that warn or stop a run whose learning signal looks broken (a reward hack, log-prob drift)
     settings         the recipe's config sections read from the Hydra config
+    run_recipe       what every RL recipe's main does around its trainer: config checks, verl's run_ppo, the
+                     TaskRunner (a recipe is its trainer, its YAML and `run_recipe(Trainer, config)`)
     trajectories     the episode dump schema and writer; trajectory_data reads dumps into SFT/DPO rows
     run_folder       the names and readers of an experiment folder; curves draws its metrics as a PNG
     weights/         weight-sync codecs (full and delta) and their verl seams
