@@ -86,8 +86,10 @@ from beyond_agent.evaluation import EvaluationConfig, Policy, evaluate  # noqa: 
 from beyond_agent.rollout.episode_loop import EpisodeLoop, EpisodeConfig, EpisodeSpec  # noqa: E402
 from beyond_agent.rollout.hf_policy import TransformersPolicy  # noqa: E402
 from beyond_agent.rollout.scripted import ScriptedPolicy  # noqa: E402
-from beyond_agent.sft import DPO_PROGRAM, FP32_TRAINING, SFT_PROGRAM, hf_model_dir, run_sft  # noqa: E402
+from beyond_agent.sft import FP32_TRAINING, hf_model_dir, run_sft  # noqa: E402
 from beyond_agent.trajectories import TrajectoryRecord, episode_record, write_dump  # noqa: E402
+
+SFT_PROGRAM, DPO_PROGRAM = "recipe.sft.main", "recipe.dpo.main"  # the recipes the bench runs as programs
 
 WARMUP_FIRST_MAP = 500
 """Warm-up transcripts come from train maps 500.. ; the RL pool is train maps 0..499 (other indices, but maps repeat:
@@ -339,7 +341,7 @@ def warmup_stage(base_dir: Path, out_dir: Path, tokenizer, client: EnvClient, ar
         f"trainer.default_local_dir={out_dir}", f"hydra.run.dir={out_dir / 'hydra'}",
         "checkpoint.save_contents=[model,hf_model]",
         *([f"trainer.save_freq={args.warmup_curve_every}"] if args.warmup_curve_every else []),
-    ], log_path=out_dir / "sft.log", progress=lambda: print_sft_progress("warm-up", out_dir, args.warmup_steps, started))
+    ], SFT_PROGRAM, log_path=out_dir / "sft.log", progress=lambda: print_sft_progress("warm-up", out_dir, args.warmup_steps, started))
     losses = logged_losses(out_dir)
     print(f"[learning] warm-up (seed {seed}): verl SFT on {len(records)} oracle episodes, {len(losses)} steps, loss "
           f"{losses[0]:.2f} -> {losses[-1]:.2f} in {time.monotonic() - started:.0f} s ({out_dir / 'sft.log'})",
@@ -446,7 +448,7 @@ def offline_stage(method: str, warm_dir: Path, episodes: Path, out_dir: Path, ar
         f"data.micro_batch_size_per_gpu={args.offline_batch * (2 if method == 'dpo' else 1)}",  # a step's rows at once
         f"trainer.default_local_dir={out_dir}", f"hydra.run.dir={out_dir / 'hydra'}",
         "checkpoint.save_contents=[model,hf_model]", *overrides,
-    ], log_path=out_dir / f"{method}.log", module=module,
+    ], module, log_path=out_dir / f"{method}.log",
         progress=lambda: print_sft_progress(method, out_dir, args.offline_steps, started))
     losses = logged_losses(out_dir)
     print(f"[learning] {method} (seed {seed}): {rows} rows, {len(losses)} steps, loss {losses[0]:.3f} -> "

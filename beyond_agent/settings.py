@@ -278,7 +278,8 @@ def _get(node: Any, key: str, default: Any = None) -> Any:
 def _section(node: Any, where: str) -> dict:
     """An OmegaConf node or mapping as a plain dict (interpolations resolved)."""
     if node is None:
-        raise ValueError(f"the config has no `{where}` section; see recipe/multiturn_rl/config/beyond_agent_trainer.yaml")
+        raise ValueError(f"the config has no `{where}` section: compose the config from an RL recipe's YAML "
+                         "(its config/beyond_agent_trainer.yaml sets every key)")
     from omegaconf import DictConfig, OmegaConf
 
     if isinstance(node, DictConfig):

@@ -60,10 +60,6 @@ FP32_TRAINING = "+engine.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buf
 tiny model did not learn to read its FrozenLake maps (the learning bench's warm-up, measured)."""
 LORA_EXPORT_FOLDER = "lora_export"
 """Where `hf_model_dir` exports a LoRA checkpoint (inside its `global_step_<N>` folder)."""
-SFT_PROGRAM = "recipe.sft.main"
-"""The SFT program (`recipe/sft`): what `run_sft` starts unless told another."""
-DPO_PROGRAM = "recipe.dpo.main"
-"""The DPO program (`recipe/dpo`)."""
 SFT_CPU_ENV = {"VERL_PLATFORM": "cpu", "VERL_ENGINE_DEVICE": "cuda", "TOKENIZERS_PARALLELISM": "false"}
 """VERL_PLATFORM selects verl_cpu's platform; verl registers its FSDP engines for cuda/npu only, and they run
 on CPU tensors all the same."""
@@ -166,27 +162,29 @@ def merged_lora_model(checkpoint: Path) -> Path:
     return merged
 
 
-def sft_command(overrides: list[str], module: str, cpu: bool | None = None,
+def sft_command(overrides: list[str], program: str, cpu: bool | None = None,
                 nproc: int | None = None) -> tuple[list[str], dict]:
-    """The torchrun command line and environment that run the program `module` (SFT_PROGRAM, DPO_PROGRAM) with
-    `overrides`: one process per `trainer.n_gpus_per_node`, the CPU settings on a machine without CUDA."""
+    """The torchrun command line and environment that run the trainer program `program` (a module run with
+    `python -m`, e.g. the `recipe/sft` recipe's `recipe.sft.main`) with `overrides`: one process per
+    `trainer.n_gpus_per_node`, the CPU settings on a machine without CUDA."""
     cpu = (not torch.cuda.is_available()) if cpu is None else cpu
     nproc = nproc or _n_gpus(overrides)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               "-m", module]
+               "-m", program]
     extra_env = dict(SFT_CPU_ENV) if cpu else {}
     cpu_keys = [override for override, _why in SFT_CPU_OVERRIDES] if cpu else []
     return command + cpu_keys + list(overrides), {**os.environ, **extra_env}
 
 
-def start_program(main: Callable[[], None], program: str) -> None:
-    """A trainer program's `__main__` (`recipe/sft`, `recipe/dpo`): started by torchrun (or in a dry run), be one
-    of its processes (`main`); started by a user, start torchrun running `program` with this command line and
-    exit with its status."""
+def start_program(main: Callable[[], None]) -> None:
+    """A trainer program's `__main__` (`recipe/sft`, `recipe/dpo`, run with `python -m`): started by torchrun (or
+    in a dry run), be one of its processes (`main`); started by a user, start torchrun running this same program
+    (the module `python -m` ran, under its own name: a forked recipe runs itself) with this command line and exit
+    with its status."""
     if "LOCAL_RANK" in os.environ or is_dry_run():
         main()
     else:
-        command, env = sft_command(sys.argv[1:], program)
+        command, env = sft_command(sys.argv[1:], sys.modules["__main__"].__spec__.name)
         sys.exit(subprocess.run(command, env=env).returncode)
 
 
@@ -197,13 +195,13 @@ def _n_gpus(overrides: list[str]) -> int:
     return 1
 
 
-def run_sft(overrides: list[str], cpu: bool | None = None, log_path: Path | None = None,
-            module: str = SFT_PROGRAM, progress: Callable[[], None] | None = None,
-            progress_every_s: float = 30.0) -> None:
-    """Run the SFT program (verl's SFT trainer on trajectories; or `module`, e.g. DPO_PROGRAM) to completion in a
-    child torchrun; raises when it fails. `progress`, when given, is called every
-    `progress_every_s` seconds while it runs (a long run whose output goes to `log_path` is not silent)."""
-    command, env = sft_command(overrides, module, cpu)
+def run_sft(overrides: list[str], program: str, cpu: bool | None = None, log_path: Path | None = None,
+            progress: Callable[[], None] | None = None, progress_every_s: float = 30.0) -> None:
+    """Run the trainer program `program` (e.g. the `recipe/sft` recipe's `recipe.sft.main`: verl's SFT trainer on
+    trajectories; the caller names it, the library names no recipe) to completion in a child torchrun; raises when
+    it fails. `progress`, when given, is called every `progress_every_s` seconds while it runs (a long run whose
+    output goes to `log_path` is not silent)."""
+    command, env = sft_command(overrides, program, cpu)
     with contextlib.ExitStack() as stack:
         log = stack.enter_context(open(log_path, "w")) if log_path is not None else None
         child = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT if log else None)

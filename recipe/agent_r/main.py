@@ -115,6 +115,11 @@ class AgentRConfig:
     """Where each iteration's records, SFT run and `agent_r.json` go."""
 
 
+SFT_PROGRAM = "recipe.sft.main"
+"""The SFT recipe this loop trains with, run as a program (`python -m`), never imported: the library names no
+recipe, and a fork of this folder may point it at its own SFT program."""
+
+
 JUDGE_PROMPT = (
     "You are checking an agent's steps in a task.\nTask: {task}\n{history}\n"
     "Was step {step} ({action}) a good step, a bad step, or are you uncertain? Answer with one word: good, bad or uncertain."
@@ -273,7 +278,7 @@ def run_iteration(config: AgentRConfig, iteration: int, model: str, client, toke
     row["replay_episodes"] = len(read_trajectories(list(config.replay_files))) if config.replay_files else 0
     run_sft([f"data.train_files=[{files}]", f"model.path={model}",
              f"trainer.default_local_dir={folder / 'sft'}", f"hydra.run.dir={folder / 'sft' / 'hydra'}", *config.sft],
-            log_path=folder / "sft.log")
+            SFT_PROGRAM, log_path=folder / "sft.log")
     return str(hf_model_dir(folder / "sft")), row
 
 

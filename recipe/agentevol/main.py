@@ -35,6 +35,11 @@ from beyond_agent.trajectory_data import TrajectoryDataError, TrajectoryFilter, 
 from envservice.contamination import TaskSet
 
 
+SFT_PROGRAM = "recipe.sft.main"
+"""The SFT recipe this loop trains with, run as a program (`python -m`), never imported: the library names no
+recipe, and a fork of this folder may point it at its own SFT program."""
+
+
 def collect_episodes(args: argparse.Namespace, model: str, tasks: list[int], split: str, n: int,
                      temperature: float, out: Path) -> float:
     """Play `tasks` of `split` with `model` (`n` samples each), write them to `out`; the success rate of the
@@ -55,7 +60,7 @@ def sft_on_successes(args: argparse.Namespace, sources: list[str], out: Path) ->
     files = ",".join(sources)
     run_sft([f"data.train_files=[{files}]", f"model.path={args.base_model}", "data.trajectory_filter.success=true",
              f"trainer.default_local_dir={out}", f"hydra.run.dir={out / 'hydra'}", *args.sft],
-            log_path=out.parent / "sft.log")
+            SFT_PROGRAM, log_path=out.parent / "sft.log")
     return hf_model_dir(out)
 
 

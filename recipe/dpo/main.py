@@ -11,7 +11,7 @@ and DPO's beta.
 import hydra
 
 from beyond_agent.dpo import dpo_trainer_class
-from beyond_agent.sft import DPO_PROGRAM, dry_run_checked, start_program, use_metrics_file
+from beyond_agent.sft import dry_run_checked, start_program, use_metrics_file
 
 
 @hydra.main(config_path="config", config_name="dpo", version_base=None)
@@ -30,4 +30,4 @@ def main(config) -> None:
 
 
 if __name__ == "__main__":
-    start_program(main, DPO_PROGRAM)
+    start_program(main)

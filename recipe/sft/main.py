@@ -10,7 +10,7 @@ on a machine without CUDA); each process is then this program again, as verl's S
 
 import hydra
 
-from beyond_agent.sft import SFT_PROGRAM, dry_run_checked, start_program, use_metrics_file
+from beyond_agent.sft import dry_run_checked, start_program, use_metrics_file
 
 
 @hydra.main(config_path="config", config_name="sft", version_base=None)
@@ -27,4 +27,4 @@ def main(config) -> None:
 
 
 if __name__ == "__main__":
-    start_program(main, SFT_PROGRAM)
+    start_program(main)

@@ -164,5 +164,5 @@ def move_writing_model(frozenlake_episodes, tiny_model_dir: Path, tmp_path_facto
     run_sft([f"data.train_files={out / 'oracle'}", f"model.path={tiny_model_dir}", "data.train_batch_size=16",
              "data.micro_batch_size_per_gpu=16", "trainer.total_training_steps=60", "trainer.total_epochs=15",
              "optim.lr=3e-3", "optim.weight_decay=0.0", FP32_TRAINING, f"trainer.default_local_dir={out / 'sft'}",
-             f"hydra.run.dir={out / 'hydra'}"], cpu=True, log_path=out / "sft.log")
+             f"hydra.run.dir={out / 'hydra'}"], "recipe.sft.main", cpu=True, log_path=out / "sft.log")
     return hf_model_dir(out / "sft")

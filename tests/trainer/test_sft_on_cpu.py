@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from beyond_agent.sft import SFT_PROGRAM, TrajectorySFTDataset, hf_model_dir, report_iterations, sft_command
+from beyond_agent.sft import TrajectorySFTDataset, hf_model_dir, report_iterations, sft_command
 from beyond_agent.trajectories import read_dump
 from beyond_agent.trajectory_data import (
     TrajectoryDataError,
@@ -175,7 +175,7 @@ def test_verls_sft_trainer_trains_a_lora_adapter_two_steps_on_trajectories_on_cp
         "data.train_batch_size=4", "data.micro_batch_size_per_gpu=2", "trainer.total_training_steps=2",
         "optim.lr=1e-3", f"trainer.default_local_dir={out}", f"hydra.run.dir={tmp_path / 'hydra'}",
         "model.lora_rank=8", "model.lora_alpha=16",
-    ], SFT_PROGRAM, cpu=True)
+    ], "recipe.sft.main", cpu=True)
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
 
