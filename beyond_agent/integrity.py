@@ -25,14 +25,25 @@ from __future__ import annotations
 import warnings
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # only tensors' own methods are called: the viewer reads this module without importing torch
+    import torch
 
-from beyond_agent.rollout.env_manager import RolloutMetrics
+    from beyond_agent.rollout.env_manager import RolloutMetrics
 
 MONITOR_ACTIONS = ("off", "warn", "stop")
 SECTION = "beyond_agent.integrity"
 METRIC = "beyond_agent/integrity/"
+MONITORS = ("reward_hack", "log_prob_drift")
+"""The monitors; each logs `METRIC + name` = 1.0 at a step where it fired (what the viewer's banner reads)."""
+
+
+def alarm_steps(series: dict[str, list[list[float]]]) -> dict[str, list[int]]:
+    """{monitor: the steps it fired at} from logged series ({metric key: [[step, value], ...]}); only monitors that
+    fired."""
+    fired = {name: [int(step) for step, value in series.get(METRIC + name, []) if value >= 1.0] for name in MONITORS}
+    return {name: steps for name, steps in fired.items() if steps}
 
 
 class IntegrityBroken(RuntimeError):

@@ -31,6 +31,7 @@ from fastapi.staticfiles import StaticFiles
 from envservice.childproc import host_allowed
 from beyond_agent.trajectories import KINDS, TrajectoryFormatError
 from beyond_agent.curves import PANELS
+from beyond_agent.integrity import METRIC, MONITORS, SECTION, alarm_steps
 from beyond_agent.viewer.episode_view import TokenTexts, episode_view
 from beyond_agent.viewer.episodes import EpisodeNotFound, EpisodeStore
 from beyond_agent.run_folder import MetricsLog, model_path_from_config, run_info, trajectory_folders
@@ -168,6 +169,13 @@ def create_app(folder: Path, tokenizer: str | None = None, hosts: tuple[str, ...
         steps = sorted(log.steps)
         return {"series": log.series(keys), "steps": len(steps), "last_step": steps[-1] if steps else None,
                 "last_update": log.last_update}
+
+    @app.get("/api/integrity")
+    def integrity():
+        """The steps at which each integrity monitor fired (beyond_agent/integrity.py), for the run's banner."""
+        series = state.refreshed_metrics().series([METRIC + name for name in MONITORS])
+        return {"alarms": [{"monitor": name, "steps": steps} for name, steps in alarm_steps(series).items()],
+                "setting": SECTION}
 
     @app.get("/api/steps")
     def steps():

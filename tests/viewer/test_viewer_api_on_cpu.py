@@ -126,6 +126,21 @@ def test_links_out_of_the_run_folder_are_not_followed_and_big_files_are_read_in_
     assert requests.get(f"{viewer_url}/api/episodes", params={"step": 60}, timeout=10).status_code == 404
 
 
+def test_the_integrity_alarms_name_each_monitor_and_the_steps_it_fired_at(viewer_url: str, run_folder: Path):
+    """Issue #71: the run's banner reads which monitor fired at which step from the metrics (1.0 = fired)."""
+    assert requests.get(f"{viewer_url}/api/integrity", timeout=10).json()["alarms"] == []  # a healthy run
+    step = metric_lines(run_folder)[-1]["step"]
+    with (run_folder / "metrics.jsonl").open("a") as out:
+        for number, figures in enumerate([{"reward_hack": 0.0, "log_prob_drift": 1.0},
+                                          {"reward_hack": 1.0, "log_prob_drift": 1.0}], start=step + 1):
+            out.write(json.dumps({"step": number, "data": {f"beyond_agent/integrity/{name}": value
+                                                         for name, value in figures.items()}}) + "\n")
+    answer = requests.get(f"{viewer_url}/api/integrity", timeout=10).json()
+    assert answer == {"alarms": [{"monitor": "reward_hack", "steps": [step + 2]},
+                                 {"monitor": "log_prob_drift", "steps": [step + 1, step + 2]}],
+                      "setting": "beyond_agent.integrity"}
+
+
 def test_the_viewer_answers_only_to_loopback_host_names(viewer_url: str):
     """#33 finding 6 (DNS rebinding): a foreign Host gets 400, the loopback names the page."""
     port = viewer_url.rsplit(":", 1)[1]

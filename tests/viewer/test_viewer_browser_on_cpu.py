@@ -75,6 +75,24 @@ def test_the_dashboard_draws_the_run_s_success_curve_and_follows_new_steps(page,
     assert all(tick.replace(",", "").isdigit() for tick in ticks), ticks
 
 
+def test_a_monitor_that_fired_puts_a_banner_on_every_view(page, viewer_url: str, run_folder: Path):
+    """Issue #71: no banner on a healthy run; once a step logs that the reward-hack monitor fired, the open
+    dashboard shows it (at its next poll), as text, and so does every other view."""
+    open_route(page, viewer_url, "#/dashboard")
+    banner = page.locator("#integrity-banner")
+    assert banner.is_hidden()
+    step = json.loads((run_folder / "metrics.jsonl").read_text().splitlines()[-1])["step"] + 1
+    with (run_folder / "metrics.jsonl").open("a") as out:
+        out.write(json.dumps({"step": step, "data": {"beyond_agent/integrity/reward_hack": 1.0,
+                                                     "beyond_agent/integrity/log_prob_drift": 0.0}}) + "\n")
+    page.wait_for_function("() => document.getElementById('integrity-banner').dataset.monitors === 'reward_hack'",
+                           timeout=LOAD_MS)
+    assert banner.is_visible()
+    assert banner.inner_text().startswith(f"Integrity monitor reward_hack fired at step {step} (")
+    open_route(page, viewer_url, "#/config")
+    assert banner.is_visible()
+
+
 def test_an_episode_marks_exactly_the_mask_1_tokens_trained(page, viewer_url: str, run_folder: Path):
     records = list(read_dump(run_folder / TRAJECTORIES / "step_1.jsonl"))
     line = next(number for number, r in enumerate(records, start=1) if 0 < sum(r.response_mask) < len(r.response_mask))

@@ -326,6 +326,18 @@ async function showConfig() {
   document.getElementById("command").textContent = run.command || "";
 }
 
+// ---------------------------------------------------------------- integrity banner
+async function showIntegrity() {
+  // A monitor that fired (beyond_agent/integrity.py) stays on the page, whatever view is open: the run's signal
+  // may be broken from that step on. Text only: the names come from the run's files.
+  const {alarms, setting} = await api("/api/integrity");
+  const banner = document.getElementById("integrity-banner");
+  banner.textContent = alarms.map(a => `Integrity monitor ${a.monitor} fired at step${a.steps.length > 1 ? "s" : ""} ` +
+    a.steps.join(", ")).join("; ") + (alarms.length ? ` (read those steps' trajectories; ${setting} in the config, docs/hacks.md)` : "");
+  banner.hidden = alarms.length === 0;
+  banner.dataset.monitors = alarms.map(a => a.monitor).join(",");
+}
+
 // ---------------------------------------------------------------- routing
 const VIEWS = {dashboard: drawDashboard, episodes: showEpisodes, episode: showEpisode, config: showConfig};
 
@@ -337,6 +349,7 @@ async function route() {
   lastRoute = location.hash;
   clearTimeout(pollTimer);
   try {
+    await showIntegrity();
     await VIEWS[view](params);
     document.body.dataset.loaded = location.hash || "#/dashboard";
   } catch (error) {
