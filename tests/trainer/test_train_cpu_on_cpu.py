@@ -162,7 +162,8 @@ def test_the_reward_hack_monitor_judges_each_step_after_its_window_in_a_real_run
     against it; its figures reach verl's tracker, computed from the steps' own rollout metrics, and the console
     says WARNING exactly when it fired."""
     first, second = lora_run.metrics[1], lora_run.metrics[2]
-    assert not any(key.startswith("beyond_agent/integrity/") for key in first)
+    hack_figures = ("reward_hack", "success_rise", "rounds_fall", "termination_rise")
+    assert not any(f"beyond_agent/integrity/{name}" in first for name in hack_figures)
     fired = second["beyond_agent/integrity/reward_hack"]
     assert fired in (0.0, 1.0)
     assert ("WARNING integrity: training step 2: possible reward hack" in lora_run.output) == (fired == 1.0)
