@@ -14,16 +14,23 @@ metric) or `stop` (the step fails with `IntegrityBroken`, naming the step, what 
   trained one (a weight sync that did not apply, LoRA rollouts sampling the base model, a wrong dtype or chat
   template on one side) or, in async mode, by the policy's change over the tokens' staleness.
 
+- `prefix`: every generation request's context (the ids the LLM continued) is the start of the ids its row
+  trains on, checked on the batch the actor update gets: the exact-ids promise (no re-tokenizing, no drift
+  between what was sampled and what is trained), broken only by a bug in our assembly or in a change to it.
+
 Metrics, every training step once the window is full: `beyond_agent/integrity/reward_hack` (1.0 on an alarm),
 `.../success_rise`, `.../rounds_fall` (share of the mean rounds lost) and `.../termination_rise` (the largest rise
 of one reason's share); every step with the rollout's log-probs: `.../log_prob_drift` (1.0 on an alarm) and
-`.../mean_log_prob_gap`.
+`.../mean_log_prob_gap`; every step: `.../prefix_breaks` (turns whose context is not the start of their row) of
+`.../prefix_turns`.
 """
 
 from __future__ import annotations
 
 import warnings
+import zlib
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -35,7 +42,7 @@ if TYPE_CHECKING:  # only tensors' own methods are called: the viewer reads this
 MONITOR_ACTIONS = ("off", "warn", "stop")
 SECTION = "beyond_agent.integrity"
 METRIC = "beyond_agent/integrity/"
-MONITORS = ("reward_hack", "log_prob_drift")
+MONITORS = ("reward_hack", "log_prob_drift", "prefix")
 """The monitors; each logs `METRIC + name` = 1.0 at a step where it fired (what the viewer's banner reads)."""
 
 
@@ -99,6 +106,20 @@ class LogProbDriftWatch:
 
 
 @dataclass(frozen=True)
+class PrefixWatch:
+    """`beyond_agent.integrity.prefix`: when a turn was generated from ids that are not the start of its row."""
+
+    action: str = "stop"
+    """One of MONITOR_ACTIONS. `stop` by default, unlike the others: this is no heuristic, a break means the row
+    trains on ids the policy was not given."""
+
+    def __post_init__(self) -> None:
+        if self.action not in MONITOR_ACTIONS:
+            raise ValueError(f"{SECTION}.prefix.action={self.action!r} is not valid; choose one of "
+                             f"{', '.join(MONITOR_ACTIONS)}")
+
+
+@dataclass(frozen=True)
 class IntegrityConfig:
     """`beyond_agent.integrity`: the run's integrity monitors."""
 
@@ -106,6 +127,8 @@ class IntegrityConfig:
     """Success rising while episodes shorten sharply, or one termination reason taking over."""
     log_prob_drift: LogProbDriftWatch = LogProbDriftWatch()
     """The rollout's sampling log-probs far from the trainer's recomputation of the same tokens."""
+    prefix: PrefixWatch = PrefixWatch()
+    """A turn generated from ids that are not the start of the ids its row trains on."""
 
 
 @dataclass(frozen=True)
@@ -194,6 +217,51 @@ class LogProbDriftMonitor:
                  f"mismatch) or async tokens are very stale ({SECTION}.log_prob_drift.action={self.watch.action}, "
                  f"set it to off to silence this)")
         return {f"{METRIC}log_prob_drift": float(drifted), f"{METRIC}mean_log_prob_gap": gap}
+
+
+class PrefixMonitor:
+    """Checks each training batch's rows against the contexts their turns were generated from (`PrefixWatch`)."""
+
+    def __init__(self, watch: PrefixWatch) -> None:
+        self.watch = watch
+
+    def observe(self, step: int, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                contexts: Sequence[Sequence[tuple[int, int]]]) -> dict[str, float]:
+        """This step's metrics (empty when `off`); warns or raises per the action. `contexts`: per row, the
+        (length, digest) of each generation request's ids (`Episode.turn_contexts`)."""
+        if self.watch.action == "off":
+            return {}
+        broken, turns = prefix_breaks(input_ids, attention_mask, contexts)
+        if broken:
+            row, turn = broken[0]
+            _act(self.watch.action,
+                 f"integrity: training step {step}: {len(broken)} of {turns} turns were generated from ids that are "
+                 f"not the start of the ids their row trains on (first: row {row}, generation request {turn}): the "
+                 f"batch trains on ids the policy was not given ({SECTION}.prefix.action={self.watch.action})")
+        return {f"{METRIC}prefix_breaks": float(len(broken)), f"{METRIC}prefix_turns": float(turns)}
+
+
+def prefix_breaks(input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                  contexts: Sequence[Sequence[tuple[int, int]]]) -> tuple[list[tuple[int, int]], int]:
+    """(row, request) of every generation request whose ids are not the start of its row's kept ids (the row's
+    ids where `attention_mask` is 1), and how many requests there were. Each row is hashed once, in order of its
+    requests' lengths (CRC-32 runs on from one length to the next)."""
+    import numpy as np
+
+    ids, kept = input_ids.cpu().numpy(), attention_mask.cpu().numpy().astype(bool)
+    broken, turns = [], 0
+    for row, requests in enumerate(contexts):
+        real = np.ascontiguousarray(ids[row][kept[row]], dtype=np.int64)
+        digest, hashed = 0, 0
+        for request, (length, expected) in sorted(enumerate(requests), key=lambda item: item[1][0]):
+            turns += 1
+            if length > len(real):
+                broken.append((row, request))
+                continue
+            digest, hashed = zlib.crc32(real[hashed:length].tobytes(), digest), length
+            if digest != expected:
+                broken.append((row, request))
+    return sorted(broken), turns
 
 
 def _act(action: str, alarm: str) -> None:

@@ -256,8 +256,9 @@ def collate(
     every row's prompt ends and response starts at the same column. `rm_scores` holds each episode's
     reward on its last policy token; `step_rewards` each turn's env reward on that turn's last token (for
     step-level credit methods; verl's estimators read only `rm_scores`). `rollout_log_probs` is present only
-    if every episode has log-probs. Non-tensor fields: `termination`, `__num_turns__`, `prompt_truncated`, and per
-    turn `turn_ends` (its last response position; -1 for a turn that kept no token) and `turn_rewards`.
+    if every episode has log-probs. Non-tensor fields: `termination`, `__num_turns__`, `prompt_truncated`, per
+    turn `turn_ends` (its last response position; -1 for a turn that kept no token) and `turn_rewards`, and per
+    generation request `turn_contexts` ((length, digest) of the ids the LLM was given).
     """
     from verl import DataProto  # imported here: importing verl takes seconds, the handler does not need it
 
@@ -279,6 +280,9 @@ def collate(
         # Per turn (GiGPO, beyond_agent/algorithms/gigpo.py): where it ends in the response, and its env reward.
         "turn_ends": object_array([tuple(row.turn_ends) for row in rows]),
         "turn_rewards": object_array([tuple(row.step_rewards) for row in rows]),
+        # Per generation request: (length, digest) of the ids the LLM continued, each a prefix of the row's ids
+        # (checked on the batch the actor trains on: beyond_agent.integrity.prefix).
+        "turn_contexts": object_array([tuple(row.turn_contexts) for row in rows]),
         "termination": np.array([row.termination for row in rows], dtype=object),
         "__num_turns__": np.array([row.num_turns for row in rows], dtype=np.int32),
         "prompt_truncated": np.array([row.prompt_truncated for row in rows], dtype=bool),

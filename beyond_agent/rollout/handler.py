@@ -41,10 +41,13 @@ from __future__ import annotations
 
 import json
 import threading
+import zlib
 from array import array
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable, Sequence
+
+import numpy as np
 
 MAX_CHARS_PER_TOKEN = 32
 """More characters than any token of a real vocabulary spans, bar rare runs: text beyond this many characters
@@ -86,6 +89,15 @@ class Episode:
     """One per assistant turn: the policy version (verl global step) of the weights that sampled it, None
     when the rollout does not track versions (synchronous rollout). With `turn_ends` it gives every
     generated token's version."""
+    turn_contexts: list[tuple[int, int]] = field(default_factory=list)
+    """One per generation request: (how many ids the LLM was given, their `ids_digest`). Each must be a prefix of
+    the ids the row trains on (`beyond_agent.integrity.prefix`)."""
+
+
+def ids_digest(ids: Any) -> int:
+    """CRC-32 of token ids as 64-bit integers (an `array("q")`, or anything numpy reads as int64): what a turn's
+    context is remembered by, cheaply (a 16k-token context hashes in ~0.1 ms)."""
+    return zlib.crc32(ids.tobytes() if isinstance(ids, array) else np.asarray(ids, dtype=np.int64).tobytes())
 
 
 class RolloutHandler:
@@ -146,6 +158,7 @@ class RolloutHandler:
         self._response_logprobs = array("d")
         self._turn_ends = array("q")
         self._turn_versions: list[int | None] = []
+        self._contexts: list[tuple[int, int]] = []
         self._check_first_messages()
         # Why the simple delta would be wrong for this template (probed once per template), or None.
         self._template_problem = template_problem(tokenizer, tools)
@@ -265,8 +278,11 @@ class RolloutHandler:
         return list(range(len(self._prompt_ids) + len(self._response_ids)))
 
     def prompt_ids_for_next_turn(self) -> list[int]:
-        """Prompt + response so far: the ids the LLM is asked to continue."""
-        return (self._prompt_ids + self._response_ids).tolist()
+        """Prompt + response so far: the ids the LLM is asked to continue (their length and digest are kept, to
+        check later that the row trains on exactly these ids before the turn's: `Episode.turn_contexts`)."""
+        context = self._prompt_ids + self._response_ids
+        self._contexts.append((len(context), ids_digest(context)))
+        return context.tolist()
 
     def to_episode(self) -> Episode:
         """Snapshot of the token lists, reward and termination for `collate`."""
@@ -282,6 +298,7 @@ class RolloutHandler:
             step_rewards=list(self.step_rewards),
             turn_ends=self._turn_ends.tolist(),
             turn_policy_versions=list(self._turn_versions),
+            turn_contexts=list(self._contexts),
         )
 
     # ----- template text ------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ import os
 from typing import Any
 
 from beyond_agent.algorithms.gigpo import RECOUNTED_ESTIMATORS, add_step_advantages, count_each_episode_once, norm_of
-from beyond_agent.integrity import LogProbDriftMonitor
+from beyond_agent.integrity import LogProbDriftMonitor, PrefixMonitor
 from beyond_agent.multitask import apply_task_advantage_norm
 from beyond_agent.rollout.batch import add_segment_rows
 from beyond_agent.run_folder import METRICS_PATH_VARIABLE
@@ -79,6 +79,7 @@ class BeyondAgentTrainer(TrainerSeams):
         if notice:
             print(notice, flush=True)
         self.log_prob_drift = LogProbDriftMonitor(self.beyond_config.integrity.log_prob_drift)
+        self.prefix = PrefixMonitor(self.beyond_config.integrity.prefix)
         self._log_prob_metrics: dict[str, float] = {}  # the old-log-prob step's, logged with the actor's
         self._last_actor_output = None  # the actor update whose metrics the next weight sync's join
 
@@ -154,8 +155,8 @@ class BeyondAgentTrainer(TrainerSeams):
         """With `adv_estimator=gigpo` GiGPO's step-level advantages are added (they need each turn's anchor state,
         which verl's estimator seam does not pass), and with gigpo, grpo or rloo a per_call agent's episode counts
         once in its group (`count_each_episode_once`); advantages are normalised within each task when
-        `multitask.task_advantage_norm`. Returns those metrics and the step's rollout/trainer log-prob figures
-        (`after_old_log_prob`)."""
+        `multitask.task_advantage_norm`. Returns those metrics, the step's rollout/trainer log-prob figures
+        (`after_old_log_prob`) and the prefix monitor's check of the rows the update trains on."""
         metrics = {}
         if self.config.algorithm.adv_estimator == "gigpo":  # verl computed A^E; the step part needs our turns
             metrics.update(add_step_advantages(batch, self.beyond_config.gigpo, norm_of(self.config.algorithm)))
@@ -165,6 +166,10 @@ class BeyondAgentTrainer(TrainerSeams):
             metrics.update(apply_task_advantage_norm(batch))
         metrics.update(self._log_prob_metrics)
         self._log_prob_metrics = {}
+        contexts = batch.non_tensor_batch.get("turn_contexts")  # our rollout's rows (another manager: none)
+        if contexts is not None:  # the rows the update trains on, each against the ids its turns were given
+            metrics.update(self.prefix.observe(self.global_steps, batch.batch["input_ids"],
+                                               batch.batch["attention_mask"], contexts))
         return metrics
 
     def after_actor_update(self, output: Any) -> None:

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from beyond_agent.integrity import (IntegrityBroken, IntegrityConfig, LogProbDriftMonitor, LogProbDriftWatch,
-                                    RewardHackMonitor, RewardHackWatch)
+                                    PrefixMonitor, PrefixWatch, RewardHackMonitor, RewardHackWatch, prefix_breaks)
+from beyond_agent.rollout.handler import ids_digest
 from beyond_agent.rollout.env_manager import RolloutMetrics, summarize
 from beyond_agent.sections import from_section
 
@@ -186,3 +187,61 @@ def test_a_bad_drift_setting_names_its_key(section, message):
     with pytest.raises(ValueError) as error:
         from_section(IntegrityConfig, section, "beyond_agent.integrity")
     assert message in str(error.value)
+
+
+# ---- prefix: every turn's context is the start of the ids its row trains on ---------------------------------------
+
+def contexts_of(rows: list[list[int]], lengths: list[list[int]]) -> list[tuple[tuple[int, int], ...]]:
+    return [tuple((n, ids_digest(row[:n])) for n in row_lengths) for row, row_lengths in zip(rows, lengths)]
+
+
+def test_a_changed_id_breaks_exactly_the_turns_whose_context_holds_it():
+    # Two rows, left-padded to 6 (0 = pad): [5, 6, 7, 8] and [9, 10, 11, 12, 13, 14]; turns from 2 and 3 ids on.
+    rows = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14]]
+    contexts = contexts_of(rows, [[2, 3], [2, 4, 6]])
+    input_ids = torch.tensor([[0, 0, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14]])
+    attention_mask = (torch.arange(6) >= torch.tensor([[2], [0]])).long()
+    monitor = PrefixMonitor(PrefixWatch())
+    assert monitor.observe(1, input_ids, attention_mask, contexts) == {
+        "beyond_agent/integrity/prefix_breaks": 0.0, "beyond_agent/integrity/prefix_turns": 5.0}
+    input_ids[1, 3] = 99  # the second row's 4th id: its turns from 4 and 6 ids saw 12 there, the one from 2 did not
+    with pytest.raises(IntegrityBroken, match=r"training step 2: 2 of 5 turns were generated from ids that are not "
+                                              r"the start of the ids their row trains on \(first: row 1, generation "
+                                              r"request 1\).*prefix.action=stop"):
+        monitor.observe(2, input_ids, attention_mask, contexts)
+    assert prefix_breaks(input_ids, attention_mask, contexts) == ([(1, 1), (1, 2)], 5)
+    # A context longer than its row (ids dropped after generation) breaks too.
+    assert prefix_breaks(input_ids[:1], attention_mask[:1], [contexts[0] + ((5, 0),)]) == ([(0, 2)], 3)
+
+
+def test_real_episodes_collated_keep_every_turn_s_context_and_a_corrupted_id_is_caught(hackable_service,
+                                                                                      tiny_model_dir: Path):
+    """Scripted multi-turn episodes over a real envservice with the tiny model's chat template, collated as the
+    trainer gets them: every generation request's ids are the start of its row; one id changed in the batch (as an
+    assembly bug would) is named at that step."""
+    from transformers import AutoTokenizer
+
+    from envservice.client import EnvClient
+    from beyond_agent.rollout.batch import collate
+    from beyond_agent.rollout.episode_loop import EpisodeConfig, EpisodeLoop, EpisodeSpec
+    from beyond_agent.rollout.scripted import ScriptedPolicy
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    limits = EpisodeConfig(max_prompt_length=512, max_response_length=512, max_tokens_per_turn=16)
+    scripts = [["guess apple", "guess pear", "guess xyzzy"], ["guess fig", "guess xyzzy"], ["goodbye"]]
+    with EnvClient(hackable_service) as client:
+        results = [EpisodeLoop(EpisodeSpec("hackable-integrity", task_id=0, seed=index, index=index), client,
+                               ScriptedPolicy(actions, tokenizer), tokenizer, limits, 5).run()
+                   for index, actions in enumerate(scripts)]
+    batch = collate([result.episode for result in results], tokenizer.pad_token_id, 512, 512)
+    contexts = batch.non_tensor_batch["turn_contexts"]
+    assert [len(requests) for requests in contexts] == [result.rounds for result in results] == [3, 2, 1]
+    monitor = PrefixMonitor(PrefixWatch())
+    figures = monitor.observe(1, batch.batch["input_ids"], batch.batch["attention_mask"], contexts)
+    assert figures == {"beyond_agent/integrity/prefix_breaks": 0.0, "beyond_agent/integrity/prefix_turns": 6.0}
+    # The last id the first row's second turn was given (its first turn's reply ends there): the second and third
+    # turns saw it, the first did not.
+    first_kept = int(batch.batch["attention_mask"][0].nonzero()[0])
+    batch.batch["input_ids"][0, first_kept + contexts[0][1][0] - 1] += 1
+    with pytest.raises(IntegrityBroken, match=r"training step 2: 2 of 6 turns .*\(first: row 0, generation request 1\)"):
+        monitor.observe(2, batch.batch["input_ids"], batch.batch["attention_mask"], contexts)

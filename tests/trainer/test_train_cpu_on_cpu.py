@@ -184,6 +184,16 @@ def test_the_log_prob_drift_monitor_stays_quiet_on_a_healthy_run(lora_run):
     assert "token log-probs are" not in lora_run.output
 
 
+def test_every_turn_trained_was_generated_from_the_start_of_its_row(lora_run, resumed_run):
+    """`beyond_agent.integrity.prefix` (issue #71, `stop` by default) checks the batch each actor update trains on,
+    sync and async: every generation request's ids are the start of its row's ids, in every step of both runs."""
+    for run, steps in ((lora_run, (1, 2)), (resumed_run, RESUMED_STEPS)):
+        for step in steps:
+            metrics = run.metrics[step]
+            assert metrics["beyond_agent/integrity/prefix_breaks"] == 0.0
+            assert metrics["beyond_agent/integrity/prefix_turns"] > 0
+
+
 def test_each_sync_of_the_first_run_sends_the_adapter_alone(lora_run):
     # The syncs before step 1, after step 1 and after step 2, each of the adapter's 28 tensors alone.
     assert [tuple(map(int, found)) for found in SERVED.findall(lora_run.output)] == \
