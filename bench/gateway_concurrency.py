@@ -3,7 +3,8 @@
     .venv/bin/python bench/gateway_concurrency.py [--agents 8 64] [--generation-s 1.0] [--calls 20] [--out FILE]
 
 Part 1: N agent episodes (each its own key) make one chat call each, at once, to a gateway whose model takes
-`--generation-s` to answer; the wall time of all N is printed (ideal: one generation, ~1 s). Part 2: 64 agents make
+`--generation-s` to answer, after one untimed call (the gateway's one-off start, printed apart); the wall time of
+all N is printed (ideal: one generation, ~1 s). Part 2: 64 agents make
 `--calls` calls each, one after another, to a model that answers at once: each call's latency is what the gateway
 adds (HTTP, validation, the chat template, tokenizing, recording), printed as p50 / p99. The gateway's
 `max_concurrent_calls` is the number of agents (the run's concurrency). The tiny model's tokenizer is built offline.
@@ -59,12 +60,15 @@ def side_by_side(tokenizer, agents: int, generation_s: float) -> dict:
     model = Model(tokenizer, generation_s)
     server = GatewayServer(Gateway(GatewayConfig(max_concurrent_calls=agents), tokenizer, model)).start()
     try:
+        # One call first, untimed: a new gateway's first call also pays its one-off start (the chat template's
+        # compilation, the first connection), which every later episode of a run does not.
+        first_s = call(server.url, server.gateway.open_episode(key="warm-up"), "warm-up")
         episodes = [(server.gateway.open_episode(key=f"k{i}"), f"k{i}") for i in range(agents)]
         started = time.perf_counter()
         with ThreadPoolExecutor(agents) as pool:
             list(pool.map(lambda pair: call(server.url, *pair), episodes))
         return {"agents": agents, "generation_s": generation_s, "wall_s": time.perf_counter() - started,
-                "most_at_once": model.most}
+                "most_at_once": model.most, "first_call_s": first_s}
     finally:
         server.stop()
 
@@ -103,7 +107,8 @@ def main() -> None:
              "overhead": overhead(tokenizer, 64, args.calls)}
     for row in found["side_by_side"]:
         print(f"{row['agents']} agents, one call each with a {row['generation_s']:g} s generation: "
-              f"{row['wall_s']:.2f} s for all ({row['most_at_once']} answered at once)")
+              f"{row['wall_s']:.2f} s for all ({row['most_at_once']} answered at once; the gateway's first call, "
+              f"before them: {row['first_call_s']:.2f} s)")
     row = found["overhead"]
     print(f"{row['agents']} agents x {args.calls} calls to a model that answers at once: the gateway adds "
           f"p50 {row['p50_ms']:.1f} ms, p99 {row['p99_ms']:.1f} ms a call ({row['calls_per_s']:.0f} calls/s in all: "
