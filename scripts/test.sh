@@ -2,9 +2,11 @@
 # The README's test command: install (once; seconds when up to date), check the import layering
 # (import-linter's contracts in pyproject.toml), then run the whole test suite.
 #   bash scripts/test.sh [--fast] [pytest args]
-#   --fast: everything but the end-to-end training runs (tests marked `training`), a few checks on a smaller
-#           budget (BEYOND_TEST_FAST=1): the development loop (docs/tests.md). CI and the README run it
-#           without the flag: everything.
+#   --fast: everything but the end-to-end training runs (tests marked `training`) and the tests that start a
+#           slow third-party program (`startup`: the session's vLLM server, ScienceWorld's JVMs, ALFWorld's
+#           planner, fresh verl-importing processes, long fuzzing), a few checks on a smaller budget
+#           (BEYOND_TEST_FAST=1): the development loop (docs/tests.md). CI and the README run it without the
+#           flag: everything.
 # Tests run in BEYOND_TEST_WORKERS pytest-xdist workers (default 2, one per core of the CI machine, and 3 with
 # --fast; 0: in this process), a file (or the files sharing a costly fixture) at a time, longest first (tests/conftest.py).
 set -euo pipefail
@@ -12,7 +14,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 fast=0
 pytest_args=()
 for arg in "$@"; do
-  if [ "$arg" = --fast ]; then fast=1; pytest_args+=(-m "not training"); export BEYOND_TEST_FAST=1; else pytest_args+=("$arg"); fi
+  if [ "$arg" = --fast ]; then fast=1; pytest_args+=(-m "not training and not startup"); export BEYOND_TEST_FAST=1; else pytest_args+=("$arg"); fi
 done
 # Three workers in the fast loop: its tests wait on servers and timeouts often enough that a third worker on two
 # cores finished it 14 % sooner (docs/tests.md); the full run's training runs want the memory of two.

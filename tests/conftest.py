@@ -40,7 +40,26 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return UnitScheduling(config, log)
 
 
+STARTUP_FIXTURES = {"tiny_vllm_server": "the session's vLLM server (~35 s of CPU to start)"}
+STARTUP_ENVS = {"alfworld": "ALFWorld's planner (Fast Downward translations at every reset)",
+                "sciworld": "ScienceWorld's JVMs"}
+"""What makes a test `startup` (the fast loop leaves it out, the full run keeps it), besides the files and tests
+marked so where they are (long fuzzing, fresh processes importing verl): a fixture it uses, or a built-in env it
+runs (its `env_id` parameter; an AgentGym dialect of the same name is a stand-in server, not the env)."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark `startup` the tests that use a STARTUP_FIXTURES fixture or run a STARTUP_ENVS env (their `env_id`); in an
+    xdist worker, order the files longest first."""
+    for item in items:
+        env_id = getattr(getattr(item, "callspec", None), "params", {}).get("env_id")
+        if set(item.fixturenames) & set(STARTUP_FIXTURES) or env_id in STARTUP_ENVS:
+            item.add_marker(pytest.mark.startup)
+    _longest_first(config, items)
+
+
+def _longest_first(config: pytest.Config, items: list[pytest.Item]) -> None:
     """In an xdist worker: the test files longest first (those with end-to-end trainings, then those sharing a
     costly session fixture, then the rest in their usual order), so that no worker is left with a training run
     at the end while the other idles; xdist hands the units out in this order (`--no-loadscope-reorder`)."""

@@ -12,6 +12,8 @@ from envservice.envs.base import STATE_KEY
 from envservice.envs.alfworld_env import (TASK_TYPES, AlfWorldEnv, generate_game, gold_actions, load_scene,
                                           scene_numbers)
 
+pytestmark = pytest.mark.startup  # ALFWorld's planner: the full run only (tests/conftest.py)
+
 FIRST_TEST_TASK_OF_TYPE = {"pick_and_place_simple": 0, "pick_cool_then_place_in_recep": 2,
                            "pick_two_obj_and_place": 3, "look_at_obj_in_light": 10,
                            "pick_clean_then_place_in_recep": 18, "pick_heat_then_place_in_recep": 52}

@@ -22,7 +22,7 @@ import pytest
 from envservice.client import EnvClient
 from envservice.process import EnvServiceProcess
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.startup]  # long fuzzing: the full run only
 
 FUZZ_BUDGET = {"full": (45, 500), "fast": (20, 150)}
 """(seconds, fewest generated cases) of one schemathesis run (two runs: without and with a token). The fast loop

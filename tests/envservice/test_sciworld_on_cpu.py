@@ -14,6 +14,8 @@ from envservice.envs import sciworld
 from envservice.envs.sciworld import VARIATIONS, ScienceWorldTextEnv, parse_task_name
 from envservice.errors import EnvServiceError
 
+pytestmark = pytest.mark.startup  # ScienceWorld's JVMs: the full run only (tests/conftest.py)
+
 
 def _java_children() -> set[psutil.Process]:
     """JVMs started by this test process (the module fixture's shared one included)."""

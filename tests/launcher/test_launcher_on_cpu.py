@@ -38,6 +38,7 @@ def started_pids(folder: Path, tmp_path: Path) -> list[int]:
     return pids
 
 
+@pytest.mark.startup  # a fresh entry process importing verl: the full run only
 def test_dry_run_prints_services_and_training_command_and_starts_nothing(launch, tmp_path):
     run = launch("--conf", QUICKSTART, "--with-envservice", "--dry-run", "--backup-dir", str(tmp_path / "exp"),
                  "--", "trainer.total_training_steps=1")
@@ -53,6 +54,7 @@ def test_dry_run_prints_services_and_training_command_and_starts_nothing(launch,
     assert not (tmp_path / "exp").exists()
 
 
+@pytest.mark.startup  # a fresh entry process importing verl: the full run only
 def test_dry_run_refuses_a_config_verl_would_refuse_and_names_why(launch, tmp_path):
     # 3 prompts x rollout.n=2 cannot be split into mini-batches of 4: verl's validate_config refuses it in
     # the TaskRunner, minutes into a run; the dry run says so at once.

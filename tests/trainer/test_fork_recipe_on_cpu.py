@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.startup  # fresh processes importing verl: the full run only (tests/conftest.py)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RECIPE_FOLDERS = ("multiturn_rl", "agentevol", "agent_r", "sft", "dpo")
 MAX_FILES_PER_RECIPE = 8
