@@ -193,7 +193,9 @@ def bench_size(args: argparse.Namespace, size: str) -> dict[str, Any]:
     model_dir = build_model(size, Path(args.models) / size)
     with EnvServiceProcess(["babyai"], log_path=out / f"envservice_{size}.log") as service:
         with EnvClient(service.url) as client:
-            rows = task_rows(client, "babyai", "train", list(range(args.rows)), seed=0)
+            # Rows are layouts of one level, drawn by seed: BabyAI's train split is its 10 levels, so task numbers
+            # 0..rows-1 past 9 do not exist (the 2026-11-28 H200 call failed on exactly that with the default 32).
+            rows = task_rows(client, "babyai", "train", list(range(args.rows)), seed=0, task_name=args.level)
         loop_config = write_agent_loop_config(out / "agent_loops.yaml", args.rounds, args.tokens_per_turn,
                                               args.rows * args.n)
         config = compose_config(args, model_dir, service.url, loop_config)
@@ -261,7 +263,8 @@ def summary(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", default=["0.5b", "1.5b"], choices=sorted(SIZES))
-    parser.add_argument("--rows", type=int, default=32, help="BabyAI tasks per rollout")
+    parser.add_argument("--rows", type=int, default=32, help="BabyAI layouts per rollout (seeds 0..rows-1 of --level)")
+    parser.add_argument("--level", default="BabyAI-GoToLocal-v0", help="the BabyAI level every row plays")
     parser.add_argument("--n", type=int, default=2, help="episodes per task")
     parser.add_argument("--rounds", type=int, default=4, help="replies per episode at most")
     parser.add_argument("--tokens-per-turn", type=int, default=256, help="new tokens per reply")
