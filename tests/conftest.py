@@ -40,7 +40,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return UnitScheduling(config, log)
 
 
-STARTUP_FIXTURES = {"tiny_vllm_server": "the session's vLLM server (~35 s of CPU to start)"}
+STARTUP_FIXTURES = {"tiny_vllm_server": "the session's vLLM server (~35 s of CPU to start)",
+                    "verl_cpu_seen": "a fresh process importing verl with the CPU platform"}
 STARTUP_ENVS = {"alfworld": "ALFWorld's planner (Fast Downward translations at every reset)",
                 "sciworld": "ScienceWorld's JVMs"}
 """What makes a test `startup` (the fast loop leaves it out, the full run keeps it), besides the files and tests

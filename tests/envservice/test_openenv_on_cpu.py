@@ -29,7 +29,8 @@ from envservice.errors import EnvServiceError
 from envservice.process import EnvServiceProcess
 from envservice.remote.openenv_env import OpenEnvEnv, OpenEnvServerError
 
-pytestmark = pytest.mark.timeout(120)
+# OpenEnv's example servers start in fresh processes: the full run only (tests/conftest.py).
+pytestmark = [pytest.mark.timeout(120), pytest.mark.startup]
 
 READY_PREFIX = "openenv example server ready on "
 """The line the example server prints once it listens (`envservice.remote.openenv_example_server`, stated here:

@@ -20,7 +20,7 @@ from envservice.protocol import CreateResponse, ErrorResponse
 from envservice.server import EnvServiceConfig, create_app
 
 ray = pytest.importorskip("ray")
-pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow, pytest.mark.startup]  # Ray's start: the full run only
 
 STEP_TIMEOUT_S = 5.0
 

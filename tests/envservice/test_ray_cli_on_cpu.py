@@ -12,7 +12,7 @@ from envservice.client import EnvClient
 from envservice.process import EnvServiceProcess
 
 pytest.importorskip("ray")
-pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow, pytest.mark.startup]  # Ray's start: the full run only
 
 
 def test_local_ray_service_plays_an_episode_and_stops_its_ray(tmp_path, play_frozenlake_oracle) -> None:

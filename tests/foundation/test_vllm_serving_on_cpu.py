@@ -59,6 +59,7 @@ def test_same_seed_gives_same_sample_and_concurrent_requests_all_answer(vllm_ser
     assert all(len(r.token_ids) == len(r.logprobs) >= 1 for r in results)
 
 
+@pytest.mark.startup  # vLLM's start (it fails late): the full run only
 def test_a_server_that_cannot_start_reports_its_log(tmp_path):
     missing = tmp_path / "no-such-model"
     server = VLLMServer(VLLMServerConfig(model=str(missing), startup_timeout_s=300, log_path=str(tmp_path / "v.log")))

@@ -108,6 +108,7 @@ def test_a_mode_change_that_moves_nothing_makes_no_garbage_collector_pass(monkey
         calls.clear()
 
 
+@pytest.mark.startup  # a fresh process importing verl: the full run only
 def test_entry_point_registers_nothing_without_verl_platform_cpu():
     out = run_python(
         """

@@ -315,6 +315,7 @@ def test_a_bad_budget_fails_naming_the_key(repo_root, override, value):
 
 # --- (f) registration in a fresh process ------------------------------------------------------------------
 
+@pytest.mark.startup  # a fresh process importing verl: the full run only
 def test_import_verl_registers_m2po_through_the_entry_point(tmp_path):
     from importlib.metadata import entry_points
 

@@ -268,6 +268,7 @@ def test_engine_turns_a_refusal_into_a_full_sync_request() -> None:
                for m in results)
 
 
+@pytest.mark.startup  # verl's own worker processes: the full run only (tests/conftest.py)
 def test_verl_bucket_transport_carries_the_stream(tmp_path: Path) -> None:
     """verl's own BucketedWeightSender/Receiver (shared memory, as on CPU), with buckets smaller than the sync and
     a parameter larger than a bucket, in a full sync and in deltas (before parts, verl refused it)."""
