@@ -36,7 +36,6 @@ CPU_OVERRIDES: tuple[tuple[str, str], ...] = (
     ("+actor_rollout_ref.rollout.engine_kwargs.vllm.no_enable_chunked_prefill=true",
      "the same reaching vLLM: verl 0.9.0 turns a false flag into no argument at all (build_cli_args_from_config), "
      "and vLLM's default is chunked prefill on"),
-    ("data.dataloader_num_workers=0", "dataloader worker processes only add memory on 2 cores"),
     ("actor_rollout_ref.rollout.agent.num_workers=1", "each Ray actor spends 25-40 s importing torch/verl"),
     ("reward.num_workers=1", "same: one reward worker is plenty for a small batch"),
 )
