@@ -47,7 +47,7 @@ def check_config(config) -> None:
     """Refuse configs this recipe cannot run, with the key to change."""
     if config.trainer.get("use_v1", False):
         raise SystemExit("BeyondAgent subclasses verl's legacy RayPPOTrainer: set trainer.use_v1=false "
-                         "(recipe/multiturn_rl/config/beyond_agent_trainer.yaml does)")
+                         "(the RL recipe's config/beyond_agent_trainer.yaml does)")
     # The checks below run on one resolved copy: the trainer prepares verl's config itself, and this dry run
     # refuses a run it cannot serve now, instead of inside Ray minutes later.
     resolved = copy.deepcopy(config)
