@@ -221,6 +221,13 @@ def write_backup(folder: Path, config: LaunchConfig, planned: list[PlannedServic
     (folder / "pip_freeze.txt").write_text(experiment.pip_freeze())
 
 
+def command_summary(command: list[str], shown: int = 3) -> str:
+    """A command's first words and how many follow: a recipe's training command runs to thousands of characters of
+    overrides, which the console does not need (command.txt keeps the whole line)."""
+    head = shlex.join(command[:shown])
+    return head if len(command) <= shown else f"{head} ... ({len(command) - shown} more arguments)"
+
+
 def run(config: LaunchConfig, args, overrides: list[str], argv: list[str], tracker: ProcessTracker) -> int:
     """Everything after the config is loaded: services, backup, preparation, training. Returns training's code."""
     services = services_to_start(config, args.services)
@@ -237,7 +244,8 @@ def run(config: LaunchConfig, args, overrides: list[str], argv: list[str], track
     env = train_env(config.train, config.dotenv, values)
     for step in config.prepare:
         run_prepare(step, values, env, folder / "logs", tracker, say)
-    say(f"training: {shlex.join(command)}")
+    say(f"training: {command_summary(command)} (the whole command: {folder / 'command.txt'}; its output: "
+        f"{folder / 'logs' / 'train.log'})")
     metrics = MetricsFollower(folder / METRICS_FILE, say)
     code = run_streamed("train", command, env, folder / "logs" / "train.log", tracker, on_line=metrics,
                         redact=REDACTOR.text)

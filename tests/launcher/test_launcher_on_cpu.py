@@ -84,6 +84,11 @@ def test_with_envservice_trains_and_writes_the_experiment_folder(launch, conf, f
     assert "pinned: 0.9.0" in (folder / "verl.txt").read_text() and "installed: " in (folder / "verl.txt").read_text()
     assert "pyyaml" in (folder / "pip_freeze.txt").read_text().lower()
     assert "--with-envservice" in (folder / "command.txt").read_text()
+    # The console names the training command in one short line (a recipe's runs to thousands of characters);
+    # command.txt keeps all of it.
+    line = next(line for line in text.splitlines() if line.startswith("[launcher] training: "))
+    assert f"(the whole command: {folder / 'command.txt'}; its output: {folder / 'logs' / 'train.log'})" in line
+    assert "extra=1" not in line and "extra=1" in (folder / "command.txt").read_text()
     assert "service_urls" in (folder / "config.yaml").read_text()
     assert [json.loads(line)["step"] for line in (folder / "metrics.jsonl").read_text().splitlines()] == [1, 2]
     assert "step:2" in (folder / "logs" / "train.log").read_text()
