@@ -31,7 +31,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch.utils.data import Dataset
@@ -234,31 +234,40 @@ def repeated_files(paths, times: int) -> list[str]:
     return [str(path) for path in trajectory_files(paths) for _ in range(times)]
 
 
-def add_loop_options(parser, default_out: str) -> None:
-    """The options every explore -> SFT loop (AgentEvol, Agent-R) shares."""
-    parser.add_argument("--max-prompt-length", type=int, default=1024)
-    parser.add_argument("--max-response-length", type=int, default=2048)
-    parser.add_argument("--envservice-url", default=None, help="a running envservice (default: start one)")
-    parser.add_argument("--sft", action="append", default=[], help="a Hydra override for every SFT run (repeatable)")
-    parser.add_argument("--out", type=Path, default=Path(default_out))
-
-
-def parse_loop_args(parser, argv: list[str] | None, task_options: tuple[str, ...]):
-    """Parse, then fail before any model starts: every task range must parse (each becomes its list of task
-    indices) and --iterations be >= 1."""
+def loop_args(config: Any, where: str, task_options: tuple[str, ...], choices: Mapping[str, Sequence[str]] = {}):
+    """An explore -> SFT loop's (AgentEvol's, Agent-R's) composed Hydra config as an attribute namespace, checked
+    before any model starts: every required key (`???` in its YAML) set, every task range parsed (each becomes its
+    list of task indices), `iterations` >= 1, each key of `choices` one of its values; `out` a Path, `sft` (Hydra
+    overrides of every SFT run) a list of strings, `envservice_url` the launcher's `beyond_agent.env.url`. A bad
+    key raises SystemExit naming `<where>.<key>` and what is valid."""
     import argparse
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
 
     from beyond_agent.cli_args import task_indices
 
-    args = parser.parse_args(argv)
-    for name in task_options:
+    missing = sorted(key for key in config if key != "hydra" and OmegaConf.is_missing(config, key))
+    if missing:
+        raise SystemExit(f"{where}: {', '.join(f'{where}.{key}' for key in missing)} required (e.g. {missing[0]}=...)")
+    values = OmegaConf.to_container(config, resolve=True)
+    values.pop("hydra", None)
+    for name in task_options:  # "0:64", "3,5,7" (quoted on a Hydra command line) or a list [3, 5, 7]
+        value = values[name]
         try:
-            setattr(args, name, task_indices(getattr(args, name)))
-        except argparse.ArgumentTypeError as error:
-            parser.error(f"--{name.replace('_', '-')}: {error}")
-    if args.iterations < 1:
-        parser.error(f"--iterations must be >= 1; got {args.iterations}")
-    return args
+            values[name] = [int(task) for task in value] if isinstance(value, list) else task_indices(str(value))
+        except (argparse.ArgumentTypeError, TypeError, ValueError) as error:
+            raise SystemExit(f"{where}.{name}: {error}") from None
+    for name, valid in choices.items():
+        if values[name] not in valid:
+            raise SystemExit(f"{where}.{name}={values[name]!r} is not valid; choose one of {', '.join(valid)}")
+    if not isinstance(values["iterations"], int) or values["iterations"] < 1:
+        raise SystemExit(f"{where}.iterations must be an integer >= 1; got {values['iterations']!r}")
+    values["params"] = values.get("params") or {}  # null in the YAML, so that a mapping can replace it on the command line
+    values["out"] = Path(values["out"])
+    values["sft"] = [str(override) for override in values["sft"] or []]
+    values["envservice_url"] = (values.pop("beyond_agent", None) or {}).get("env", {}).get("url")
+    return SimpleNamespace(**values)
 
 
 def report_iterations(figures: list[dict], path: Path, started: float, loop: str,

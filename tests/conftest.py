@@ -86,6 +86,22 @@ def fast_loop() -> bool:
 
 
 @pytest.fixture(scope="session")
+def recipe_config():
+    """`recipe_config(recipe, name, overrides, **values)`: a recipe's Hydra config (recipe/<recipe>/config/<name>.yaml)
+    composed with command-line `overrides`, then `values` set as they are (lists of Hydra overrides, paths)."""
+    from hydra import compose, initialize_config_dir
+
+    def composed(recipe: str, name: str, overrides: list[str], **values):
+        with initialize_config_dir(config_dir=str(REPO_ROOT / "recipe" / recipe / "config"), version_base=None):
+            config = compose(name, overrides=overrides)
+        for key, value in values.items():
+            config[key] = value
+        return config
+
+    return composed
+
+
+@pytest.fixture(scope="session")
 def repo_root() -> Path:
     """The checkout this test run belongs to."""
     return REPO_ROOT

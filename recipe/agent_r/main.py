@@ -1,42 +1,45 @@
 """Agent-R's iterative self-training: search each task with the current model, revise bad paths, SFT, repeat.
 
-    python -m recipe.agent_r.main --env frozenlake --params '{"around": true}' --tasks 0:64 \\
-        --model MODEL --iterations 2 --out outputs/agent_r --mcts-iterations 16 --n-gen 3 --max-depth 8 \\
-        --alpha 0.5 --beta 0.5 --eval-tasks 0:64 --eval-split test --sft trainer.total_epochs=3
+    python -m recipe.agent_r.main env=frozenlake 'params={around: true}' tasks=0:64 model=MODEL iterations=2 \\
+        out=outputs/agent_r mcts_iterations=16 n_gen=3 max_depth=8 alpha=0.5 beta=0.5 eval_tasks=0:64 \\
+        eval_split=test 'sft=[trainer.total_epochs=3]'
 
-Every iteration k (folder `<out>/iter_<k>/`), for each task of `--tasks` (progress bar):
-  1. MCTS (beyond_agent/algorithms/mcts.py) with the current model proposing `--n-gen` actions per expansion at
-     `--temperature`; states by reset + replay over envservice;
+The config is Hydra YAML like the other recipes' (config/agent_r.yaml: every key, its default and what it does).
+Every iteration k (folder `<out>/iter_<k>/`), for each task of `tasks` (progress bar):
+  1. MCTS (beyond_agent/algorithms/mcts.py) with the current model proposing `n_gen` actions per expansion at
+     `temperature`; states by reset + replay over envservice;
   2. pairs of a good and a bad root-to-leaf path (value(good) > alpha, gap > beta): every such pair, as Agent-R
-     does (`--pairing one_to_one`: each path in at most one pair);
+     does (`pairing=one_to_one`: each path in at most one pair);
   3. the first wrong step of the bad path, judged by the current model (good / bad / uncertain per step, shown
      the path only up to that step; the fallback when it cannot: the step where the paths part; a judge that
      raises is logged and counted as `judge_failed`);
   4. the revision trajectory (bad prefix, loss off; a reflection, loss on; the good continuation, loss on)
      and the good path itself, as trajectory records: `revisions.jsonl`, `good_paths.jsonl`;
-then SFT of the current model on them plus the `--replay` episodes (e.g. the expert episodes the model was
-warmed up on, `--replay-weight` times each, so self-training does not forget them; the recipe/sft program,
-started by beyond_agent.sft.run_sft; `--sft` adds overrides), and a greedy
-evaluation of the new model on `--eval-tasks` (before the first iteration too). `<out>/agent_r.json` holds
+then SFT of the current model on them plus the `replay` episodes (e.g. the expert episodes the model was
+warmed up on, `replay_weight` times each, so self-training does not forget them; the recipe/sft program,
+started by beyond_agent.sft.run_sft; `sft` adds overrides), and a greedy
+evaluation of the new model on `eval_tasks` (before the first iteration too). `<out>/agent_r.json` holds
 every iteration's figures, rewritten after each one.
 
-`--reflections FILE` replaces Agent-R's reflection sentences (one per line), e.g. with text in the
+`reflections=FILE` replaces Agent-R's reflection sentences (one per line), e.g. with text in the
 words the model already writes.
 
-`--backend hf` runs the model in this process with Hugging Face `generate` (small models on CPU); `vllm`
+`backend=hf` runs the model in this process with Hugging Face `generate` (small models on CPU); `vllm`
 (default) starts a vLLM server per model, as the collect CLI does.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import random
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable, Iterator
+
+import hydra
 
 from beyond_agent.algorithms.agent_r import (
     JUDGE_FAILED,
@@ -51,7 +54,7 @@ from beyond_agent.algorithms.agent_r import (
     revision_record,
 )
 from beyond_agent.algorithms.mcts import EnvReplayer, MCTSConfig, TaskRef, mcts_search, tree_nodes
-from beyond_agent.cli_args import json_object
+from beyond_agent.cli_args import DRY_RUN_MARKER, is_dry_run
 from beyond_agent.evaluation import (
     POLICY_BACKENDS,
     EvaluationConfig,
@@ -63,7 +66,7 @@ from beyond_agent.evaluation import (
 from beyond_agent.rollout.episode_loop import EpisodeConfig, GenerateFn
 from beyond_agent.rollout.handler import RolloutHandler
 from beyond_agent.rollout.scripted import reply_ids
-from beyond_agent.sft import add_loop_options, hf_model_dir, parse_loop_args, repeated_files, report_iterations, run_sft
+from beyond_agent.sft import hf_model_dir, loop_args, repeated_files, report_iterations, run_sft
 from beyond_agent.tasks import AgentTask, EnvTask
 from beyond_agent.trajectories import write_dump
 from beyond_agent.trajectory_data import TrajectoryDataError, read_trajectories
@@ -71,7 +74,7 @@ from envservice.contamination import TaskSet
 
 @dataclass(frozen=True)
 class AgentRConfig:
-    """One Agent-R run's options, read once from the command line (`from_args`) and passed to every step."""
+    """One Agent-R run's options, read once from its config (`checked_config`) and passed to every step."""
 
     env: str
     """The env id searched and evaluated."""
@@ -106,18 +109,16 @@ class AgentRConfig:
     reflections: tuple[str, ...]
     """The sentences a revision's reflection is drawn from."""
     replay_files: tuple[str, ...]
-    """Trajectory files added to every SFT run (each repeated `--replay-weight` times)."""
+    """Trajectory files added to every SFT run (each repeated `replay_weight` times)."""
     sft: tuple[str, ...]
     """Hydra overrides of every SFT run."""
+    sft_program: str
+    """The SFT recipe run as a program (`python -m`), never imported: the library names no recipe, and a fork of
+    this folder may point it at its own."""
     envservice_url: str | None
     """A running envservice (None: the loop starts one)."""
     out: Path
     """Where each iteration's records, SFT run and `agent_r.json` go."""
-
-
-SFT_PROGRAM = "recipe.sft.main"
-"""The SFT recipe this loop trains with, run as a program (`python -m`), never imported: the library names no
-recipe, and a fork of this folder may point it at its own SFT program."""
 
 
 JUDGE_PROMPT = (
@@ -278,7 +279,7 @@ def run_iteration(config: AgentRConfig, iteration: int, model: str, client, toke
     row["replay_episodes"] = len(read_trajectories(list(config.replay_files))) if config.replay_files else 0
     run_sft([f"data.train_files=[{files}]", f"model.path={model}",
              f"trainer.default_local_dir={folder / 'sft'}", f"hydra.run.dir={folder / 'sft' / 'hydra'}", *config.sft],
-            SFT_PROGRAM, log_path=folder / "sft.log")
+            config.sft_program, log_path=folder / "sft.log")
     return str(hf_model_dir(folder / "sft")), row
 
 
@@ -308,67 +309,33 @@ AGENT_R_COLUMNS = (("iteration", "iteration", "d"), ("pairs", "pairs", "d"), ("j
                    ("eval success (greedy)", "eval_success", ".1%"))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m recipe.agent_r.main", description=__doc__.splitlines()[0])
-    parser.add_argument("--env", required=True)
-    parser.add_argument("--params", type=json_object, default={}, help="env task parameters as JSON")
-    parser.add_argument("--tasks", default="0:16", help="train tasks searched each iteration (0:64 or 3,5,7)")
-    parser.add_argument("--model", required=True, help="Hugging Face model folder to start from")
-    parser.add_argument("--iterations", type=int, default=2)
-    parser.add_argument("--mcts-iterations", type=int, default=16)
-    parser.add_argument("--n-gen", type=int, default=3)
-    parser.add_argument("--max-depth", type=int, default=8)
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--max-tokens", type=int, default=64, help="tokens per proposed action")
-    parser.add_argument("--exploration", type=float, default=0.25, help="UCT constant c")
-    parser.add_argument("--alpha", type=float, default=0.5, help="a good path's value must exceed this")
-    parser.add_argument("--beta", type=float, default=0.5, help="value(good) - value(bad) must exceed this")
-    parser.add_argument("--pairing", choices=PAIRINGS, default="all",
-                        help="all: every good path with every worse-by-beta bad one (Agent-R's rule); one_to_one: "
-                             "each path in at most one pair")
-    parser.add_argument("--action-format", default="plain")
-    parser.add_argument("--eval-tasks", default="0:32")
-    parser.add_argument("--eval-split", default="test")
-    parser.add_argument("--seed", type=int, default=0, help="task seed = seed + task index")
-    parser.add_argument("--max-model-len", type=int, default=4096, help="context of a vLLM server we start")
-    parser.add_argument("--backend", choices=POLICY_BACKENDS, default="vllm")
-    parser.add_argument("--reflections", type=read_reflections, default=REFLECTIONS,
-                        help="a text file, one reflection sentence per line (default: Agent-R's sentences)")
-    parser.add_argument("--replay", nargs="+", type=Path, default=[],
-                        help="trajectory files or folders added to every SFT run (e.g. the warm-up's expert episodes)")
-    parser.add_argument("--replay-weight", type=int, default=1, help="times each --replay episode is repeated")
-    add_loop_options(parser, "outputs/agent_r")
-    return parser
-
-
 def read_reflections(path: str) -> tuple[str, ...]:
     """The non-empty lines of a text file: the reflection sentences one of which each revision gets."""
     try:
         sentences = tuple(line.strip() for line in Path(path).read_text().splitlines() if line.strip())
     except OSError as error:
-        raise argparse.ArgumentTypeError(f"cannot read {path}: {error.strerror}") from error
+        raise SystemExit(f"agent_r.reflections: cannot read {path}: {error.strerror}") from error
     if not sentences:
-        raise argparse.ArgumentTypeError(f"{path} holds no sentence (one reflection per line)")
+        raise SystemExit(f"agent_r.reflections: {path} holds no sentence (one reflection per line)")
     return sentences
 
 
-def parse_args(argv: list[str] | None = None) -> AgentRConfig:
-    """The run's options from the command line, checked before any model starts (task ranges, the replay set and
-    its weight, the search's values)."""
-    parser = build_parser()
-    args = parse_loop_args(parser, argv, ("tasks", "eval_tasks"))
+def checked_config(config) -> AgentRConfig:
+    """The run's options from its composed config (config/agent_r.yaml), checked before any model starts (keys,
+    task ranges, the replay set and its weight, the reflections file, the search's values)."""
+    args = loop_args(config, "agent_r", ("tasks", "eval_tasks"), {"backend": POLICY_BACKENDS, "pairing": PAIRINGS})
     try:
-        replay_files = repeated_files(args.replay, args.replay_weight) if args.replay else []
+        args.reflections = read_reflections(args.reflections) if args.reflections else REFLECTIONS
+        replay_files = repeated_files(list(args.replay), args.replay_weight) if args.replay else []
         return from_args(args, replay_files)
     except TrajectoryDataError as error:
-        parser.error(f"--replay/--replay-weight: {error}")
+        raise SystemExit(f"agent_r.replay/replay_weight: {error}") from None
     except ValueError as error:
-        parser.error(str(error))
-    raise AssertionError("unreachable: parser.error exits")
+        raise SystemExit(f"agent_r: {error}") from None
 
 
-def from_args(args: argparse.Namespace, replay_files: list[str]) -> AgentRConfig:
-    """`AgentRConfig` from `build_parser()`'s options."""
+def from_args(args: SimpleNamespace, replay_files: list[str]) -> AgentRConfig:
+    """`AgentRConfig` from the config's checked keys (`loop_args`)."""
     search = MCTSConfig(exploration=args.exploration, iterations=args.mcts_iterations, n_gen=args.n_gen,
                         max_depth=args.max_depth, temperature=args.temperature, max_tokens=args.max_tokens)
     limits = EpisodeConfig(max_prompt_length=args.max_prompt_length, max_response_length=args.max_response_length,
@@ -378,13 +345,24 @@ def from_args(args: argparse.Namespace, replay_files: list[str]) -> AgentRConfig
         search=search, alpha=args.alpha, beta=args.beta, pairing=args.pairing, action_format=args.action_format,
         eval_tasks=tuple(args.eval_tasks), eval_split=args.eval_split, seed=args.seed, limits=limits,
         max_model_len=args.max_model_len, backend=args.backend, reflections=tuple(args.reflections),
-        replay_files=tuple(replay_files), sft=tuple(args.sft), envservice_url=args.envservice_url, out=args.out)
+        replay_files=tuple(replay_files), sft=tuple(args.sft), sft_program=args.sft_program,
+        envservice_url=args.envservice_url, out=args.out)
 
 
-def main(argv: list[str] | None = None) -> int:
-    run(parse_args(argv))
-    return 0
+@hydra.main(config_path="config", config_name="agent_r", version_base=None)
+def main(config) -> None:
+    """Check the config (config/agent_r.yaml), then run every iteration (in a dry run, stop after the checks)."""
+    run_config(config)
+
+
+def run_config(config) -> list[dict] | None:
+    """The loop for a composed config, checked first; None in a dry run."""
+    checked = checked_config(config)
+    if is_dry_run():
+        print(DRY_RUN_MARKER, flush=True)
+        return None
+    return run(checked)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -1,17 +1,17 @@
 """AgentEvol (AgentGym): explore with the current model, keep the successful episodes, SFT the base model on
 them plus the base set, explore again; success on evaluation tasks is reported per iteration.
 
-    python -m recipe.agentevol.main --env frozenlake --params '{"around": true}' \\
-        --base-model MODEL --base-trajectories expert/ --explore-tasks 0:480 --n 4 \\
-        --eval-tasks 0:64 --eval-split test --iterations 2 --out outputs/agentevol \\
-        --sft trainer.total_epochs=3 --sft optim.lr=1e-4
+    python -m recipe.agentevol.main env=frozenlake 'params={around: true}' base_model=MODEL \\
+        'base_trajectories=[expert/]' explore_tasks=0:480 n=4 eval_tasks=0:64 eval_split=test iterations=2 \\
+        out=outputs/agentevol 'sft=[trainer.total_epochs=3,optim.lr=1e-4]'
 
+The config is Hydra YAML like the other recipes' (config/agentevol.yaml: every key, its default and what it does).
 Every iteration k (folder `<out>/iter_<k>/`):
-  1. explore  `beyond_agent.collect` with the current model (`--n` samples per task at
-              `--temperature`; vLLM, or `--backend hf`: the model in this process): `explore.jsonl`;
+  1. explore  `beyond_agent.collect` with the current model (`n` samples per task at
+              `temperature`; vLLM, or `backend=hf`: the model in this process): `explore.jsonl`;
   2. SFT      verl's SFT trainer (the `recipe/sft` program, started by `beyond_agent.sft.run_sft`) on the
               successful episodes of the base set and of every exploration so far, starting from the base
-              model each time, as AgentGym does (so errors do not compound; `--base-weight K` repeats the
+              model each time, as AgentGym does (so errors do not compound; `base_weight=K` repeats the
               base set K times, so the model's own successes cannot outweigh the expert's): `sft/`, the
               model in `sft/global_step_<N>/huggingface`;
   3. evaluate greedy episodes of the new model on the evaluation tasks: `eval.jsonl`.
@@ -21,26 +21,22 @@ rewritten after each one, so an interrupted run keeps what it measured.
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
-from beyond_agent.cli_args import json_object
+import hydra
+
+from beyond_agent.cli_args import DRY_RUN_MARKER, is_dry_run
 from beyond_agent.collect import collect
 from beyond_agent.evaluation import POLICY_BACKENDS, EvaluationConfig, PolicyConfig
 from beyond_agent.rollout.episode_loop import EpisodeConfig
-from beyond_agent.sft import add_loop_options, hf_model_dir, parse_loop_args, repeated_files, report_iterations, run_sft
+from beyond_agent.sft import hf_model_dir, loop_args, repeated_files, report_iterations, run_sft
 from beyond_agent.trajectory_data import TrajectoryDataError, TrajectoryFilter, read_trajectories
 from envservice.contamination import TaskSet
 
 
-SFT_PROGRAM = "recipe.sft.main"
-"""The SFT recipe this loop trains with, run as a program (`python -m`), never imported: the library names no
-recipe, and a fork of this folder may point it at its own SFT program."""
-
-
-def collect_episodes(args: argparse.Namespace, model: str, tasks: list[int], split: str, n: int,
+def collect_episodes(args: SimpleNamespace, model: str, tasks: list[int], split: str, n: int,
                      temperature: float, out: Path) -> float:
     """Play `tasks` of `split` with `model` (`n` samples each), write them to `out`; the success rate of the
     scored episodes."""
@@ -53,18 +49,18 @@ def collect_episodes(args: argparse.Namespace, model: str, tasks: list[int], spl
     return evaluation.success_rate
 
 
-def sft_on_successes(args: argparse.Namespace, sources: list[str], out: Path) -> Path:
+def sft_on_successes(args: SimpleNamespace, sources: list[str], out: Path) -> Path:
     """SFT of the base model on the successful episodes of `sources`; the trained model's folder."""
     kept = read_trajectories(sources, TrajectoryFilter(success=True))
     print(f"[agentevol] SFT on {len(kept)} successful episodes from {len(sources)} file(s)", flush=True)
     files = ",".join(sources)
     run_sft([f"data.train_files=[{files}]", f"model.path={args.base_model}", "data.trajectory_filter.success=true",
              f"trainer.default_local_dir={out}", f"hydra.run.dir={out / 'hydra'}", *args.sft],
-            SFT_PROGRAM, log_path=out.parent / "sft.log")
+            args.sft_program, log_path=out.parent / "sft.log")
     return hf_model_dir(out)
 
 
-def run(args: argparse.Namespace) -> list[dict]:
+def run(args: SimpleNamespace) -> list[dict]:
     """All iterations; returns (and keeps writing) the per-iteration figures."""
     args.out.mkdir(parents=True, exist_ok=True)
     summary_path = args.out / "agentevol.json"
@@ -92,40 +88,25 @@ AGENTEVOL_COLUMNS = (("iteration", "iteration", "d"), ("explore success", "explo
                      ("kept", "explore_kept", "d"), ("eval success (greedy)", "eval_success", ".1%"))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m recipe.agentevol.main", description=__doc__.splitlines()[0])
-    parser.add_argument("--env", required=True, help="envservice env id")
-    parser.add_argument("--params", type=json_object, default={}, help="env task parameters as JSON")
-    parser.add_argument("--base-model", required=True, help="Hugging Face model folder: explored first, SFT'd each time")
-    parser.add_argument("--base-trajectories", nargs="+", required=True, type=Path,
-                        help="the base set: trajectory .jsonl files or folders (their successful episodes are kept)")
-    parser.add_argument("--base-weight", type=int, default=1,
-                        help="times each base-set episode is repeated in every SFT (up-weights the expert data)")
-    parser.add_argument("--explore-tasks", default="0:64", help="train tasks explored each iteration (0:64 or 3,5,7)")
-    parser.add_argument("--eval-tasks", default="0:32", help="tasks of --eval-split scored greedily after each SFT")
-    parser.add_argument("--eval-split", default="test")
-    parser.add_argument("--iterations", type=int, default=2)
-    parser.add_argument("--n", type=int, default=4, help="exploration samples per task")
-    parser.add_argument("--temperature", type=float, default=1.0, help="exploration sampling temperature")
-    parser.add_argument("--seed", type=int, default=0, help="task seed = seed + task index")
-    parser.add_argument("--max-rounds", type=int, default=8)
-    parser.add_argument("--max-tokens-per-turn", type=int, default=64)
-    parser.add_argument("--backend", choices=POLICY_BACKENDS, default="vllm",
-                        help="vllm: a server per model; hf: the model in this process (small models on CPU)")
-    add_loop_options(parser, "outputs/agentevol")
-    return parser
+@hydra.main(config_path="config", config_name="agentevol", version_base=None)
+def main(config) -> None:
+    """Check the config (config/agentevol.yaml), then run every iteration (in a dry run, stop after the checks)."""
+    run_config(config)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parse_loop_args(parser, argv, ("explore_tasks", "eval_tasks"))
+def run_config(config) -> list[dict] | None:
+    """The loop for a composed config: checked (keys, task ranges, the base set's paths and weight) before any
+    model starts; None in a dry run."""
+    args = loop_args(config, "agentevol", ("explore_tasks", "eval_tasks"), {"backend": POLICY_BACKENDS})
     try:  # the base set is resolved (paths, weight) before any model starts
-        args.base_set = repeated_files(args.base_trajectories, args.base_weight)
+        args.base_set = repeated_files(list(args.base_trajectories), args.base_weight)
     except TrajectoryDataError as error:
-        parser.error(f"--base-trajectories/--base-weight: {error}")
-    run(args)
-    return 0
+        raise SystemExit(f"agentevol.base_trajectories/base_weight: {error}") from None
+    if is_dry_run():
+        print(DRY_RUN_MARKER, flush=True)
+        return None
+    return run(args)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

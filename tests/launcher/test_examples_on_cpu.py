@@ -116,7 +116,8 @@ def test_script_starts_with_its_command_and_dry_runs(path, script_dry_runs, fast
 
 RECIPE_CONFIGS = {"recipe.multiturn_rl.main": ("recipe/multiturn_rl/config", "beyond_agent_trainer"),
                   "recipe.sft.main": ("recipe/sft/config", "sft"),
-                  "recipe.dpo.main": ("recipe/dpo/config", "dpo")}
+                  "recipe.dpo.main": ("recipe/dpo/config", "dpo"),
+                  "recipe.agent_r.main": ("recipe/agent_r/config", "agent_r")}
 """The Hydra config folder and name each training module composes."""
 VALUES = {"python": "python", "repo": str(REPO_ROOT), "env_url": "http://x:1"}
 
@@ -133,7 +134,6 @@ def compose_example(path: Path, experiment_dir: Path):
 
 
 HYDRA_EXAMPLES = [path for path in EXAMPLES if not load_config(path, Path("/nonexistent.env")).train.command]
-COMMAND_EXAMPLES = sorted(set(EXAMPLES) - set(HYDRA_EXAMPLES))
 HYDRA_SCRIPTS = [path for path in SCRIPTS
                  if REPO_ROOT / re.search(r"--conf (\S+)", path.read_text()).group(1) in HYDRA_EXAMPLES]
 """The scripts whose YAML the in-process compose test checks."""
@@ -141,12 +141,19 @@ HYDRA_SCRIPTS = [path for path in SCRIPTS
 
 @pytest.mark.parametrize("path", HYDRA_EXAMPLES, ids=example_id)
 def test_training_overrides_compose_with_the_recipe_config(path, tmp_path):
-    """Every key the example sets exists in verl's + our config; for RL, our `beyond_agent:` section is valid."""
+    """Every key the example sets exists in its recipe's config; for RL, our `beyond_agent:` section is valid; an
+    explore -> SFT loop's config passes the loop's own checks."""
     composed = compose_example(path, tmp_path)
-    if "beyond_agent" in composed:
+    module = load_config(path, tmp_path / "no.env").train.module
+    if module == "recipe.multiturn_rl.main":
         assert composed.beyond_agent.env.url == "http://x:1"
         BeyondAgentConfig.from_config(composed)
         check_config(composed)  # what the entry checks before Ray starts: ours, the delta seams, verl's validate_config
+    elif module == "recipe.agent_r.main":  # what its main checks before any model starts
+        from recipe.agent_r.main import checked_config
+
+        checked = checked_config(composed)
+        assert checked.out == tmp_path and checked.tasks == tuple(range(64))
     else:  # SFT / DPO on trajectories: our dataset is verl's custom dataset class, the model goes to the folder
         assert composed.data.custom_cls.path.startswith("pkg://beyond_agent.")
         assert composed.trainer.default_local_dir == str(tmp_path / "checkpoints")
@@ -162,18 +169,6 @@ def test_trajectory_examples_name_their_data_and_model(tmp_path, monkeypatch):
             f"recipe.{module}.main"
     dpo = compose_example(REPO_ROOT / "examples/frozenlake/frozenlake_dpo.yaml", tmp_path)
     assert dpo.data.micro_batch_size_per_gpu % 2 == 0 and dpo.data.min_reward_margin > 0
-
-
-@pytest.mark.parametrize("path", COMMAND_EXAMPLES, ids=example_id)
-def test_command_examples_parse_with_their_cli(path, tmp_path):
-    """A raw-command example (Agent-R's loop) gives its CLI options it accepts, once the model comes after `--`."""
-    from recipe.agent_r.main import build_parser
-
-    config = load_config(path, tmp_path / "no.env")
-    command = train_command(config.train, {**VALUES, "experiment_dir": str(tmp_path)}, ["--model", "/m"], token=False)
-    assert command[1:3] == ["-m", "recipe.agent_r.main"]
-    args = build_parser().parse_args(command[3:])
-    assert args.envservice_url == "http://x:1" and args.model == "/m" and args.out == tmp_path
 
 
 M2PO_VARIANTS = {f"{env}/{env}_m2po_{mode}.yaml": (env, mode) for env in ("alfworld", "webshop")

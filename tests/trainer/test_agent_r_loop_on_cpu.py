@@ -16,7 +16,7 @@ import math
 
 import pytest
 
-from recipe.agent_r.main import main
+from recipe.agent_r.main import run_config
 from beyond_agent.sft import FP32_TRAINING, hf_model_dir
 from beyond_agent.trajectories import read_dump, write_dump
 
@@ -24,18 +24,18 @@ pytestmark = [pytest.mark.slow, pytest.mark.training, pytest.mark.timeout(1200)]
 
 
 def test_one_agent_r_iteration_searches_revises_trains_and_evaluates(move_writing_model, frozenlake_episodes,
-                                                                    tmp_path):
+                                                                    tmp_path, recipe_config):
     out = tmp_path / "agent_r"
     reflections = tmp_path / "reflections.txt"
     reflections.write_text("Wrong way.\n\nBack to the path.\n")
     replay = tmp_path / "replay"  # expert episodes of other maps, replayed in every SFT (twice each)
     write_dump(replay, 0, "train", frozenlake_episodes(range(300, 303), ["oracle"]))
-    main(["--env", "frozenlake", "--tasks", "0:4", "--model", str(move_writing_model), "--iterations", "1",
-          "--mcts-iterations", "12", "--n-gen", "3", "--max-depth", "6", "--max-tokens", "6", "--backend", "hf",
-          "--eval-tasks", "0:4", "--eval-split", "test", "--max-prompt-length", "256", "--max-response-length", "2048",
-          "--out", str(out), "--reflections", str(reflections), "--replay", str(replay), "--replay-weight", "2",
-          "--sft", "data.train_batch_size=2", "--sft", "data.micro_batch_size_per_gpu=2",
-          "--sft", "trainer.total_training_steps=2", "--sft", "trainer.total_epochs=10", "--sft", FP32_TRAINING])
+    run_config(recipe_config("agent_r", "agent_r", [
+        "env=frozenlake", "tasks=0:4", "iterations=1", "mcts_iterations=12", "n_gen=3", "max_depth=6", "max_tokens=6",
+        "backend=hf", "eval_tasks=0:4", "eval_split=test", "max_prompt_length=256", "max_response_length=2048",
+        "replay_weight=2"], model=str(move_writing_model), out=str(out), reflections=str(reflections),
+        replay=[str(replay)], sft=["data.train_batch_size=2", "data.micro_batch_size_per_gpu=2",
+                                   "trainer.total_training_steps=2", "trainer.total_epochs=10", FP32_TRAINING]))
 
     figures = json.loads((out / "agent_r.json").read_text())["iterations"]
     assert [row["iteration"] for row in figures] == [0, 1]

@@ -14,7 +14,7 @@ import math
 
 import pytest
 
-from recipe.agentevol.main import main
+from recipe.agentevol.main import run_config
 from beyond_agent.sft import FP32_TRAINING, hf_model_dir
 from beyond_agent.trajectories import read_dump, write_dump
 
@@ -22,18 +22,17 @@ pytestmark = [pytest.mark.slow, pytest.mark.training, pytest.mark.timeout(900)]
 
 
 def test_one_agentevol_iteration_explores_keeps_successes_trains_and_evaluates(
-        move_writing_model, frozenlake_episodes, tmp_path, capsys):
+        move_writing_model, frozenlake_episodes, tmp_path, capsys, recipe_config):
     base_set = tmp_path / "base_set"
     # The base set: oracle episodes (successes) and walks into the wall (failures, which must be left out).
     write_dump(base_set, 0, "train", frozenlake_episodes(range(200, 206), ["oracle", lambda path: ["left"] * 6]))
     out = tmp_path / "agentevol"
-    main(["--env", "frozenlake", "--base-model", str(move_writing_model), "--base-trajectories", str(base_set),
-          "--base-weight", "2",
-          "--explore-tasks", "0:6", "--n", "3", "--eval-tasks", "0:4", "--eval-split", "test", "--iterations", "1",
-          "--backend", "hf", "--max-rounds", "6", "--max-tokens-per-turn", "6", "--max-prompt-length", "256",
-          "--max-response-length", "256", "--out", str(out),
-          "--sft", "data.train_batch_size=2", "--sft", "data.micro_batch_size_per_gpu=2",
-          "--sft", "trainer.total_training_steps=2", "--sft", "trainer.total_epochs=10", "--sft", FP32_TRAINING])
+    run_config(recipe_config("agentevol", "agentevol", [
+        "env=frozenlake", "base_weight=2", "explore_tasks=0:6", "n=3", "eval_tasks=0:4", "eval_split=test",
+        "iterations=1", "backend=hf", "max_rounds=6", "max_tokens_per_turn=6", "max_prompt_length=256",
+        "max_response_length=256"], base_model=str(move_writing_model), base_trajectories=[str(base_set)],
+        out=str(out), sft=["data.train_batch_size=2", "data.micro_batch_size_per_gpu=2",
+                           "trainer.total_training_steps=2", "trainer.total_epochs=10", FP32_TRAINING]))
 
     figures = json.loads((out / "agentevol.json").read_text())["iterations"]
     assert [row["iteration"] for row in figures] == [0, 1]

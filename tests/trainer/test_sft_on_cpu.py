@@ -89,7 +89,7 @@ def test_bad_filter_keys_and_paths_are_named(tiny_model_dir):
         TrajectorySFTDataset(None, AutoTokenizer.from_pretrained(tiny_model_dir), data_config())
 
 
-def test_a_weight_repeats_every_file_and_the_loops_refuse_bad_ones_before_any_model_starts(tmp_path, capsys):
+def test_a_weight_repeats_every_file_and_the_loops_refuse_bad_ones_before_any_model_starts(tmp_path, recipe_config):
     from recipe.agent_r import main as agent_r_loop
     from recipe.agentevol import main as agentevol
     from beyond_agent.sft import repeated_files
@@ -102,20 +102,35 @@ def test_a_weight_repeats_every_file_and_the_loops_refuse_bad_ones_before_any_mo
 
     empty = tmp_path / "reflections.txt"
     empty.write_text("\n  \n")
-    refused = {
-        "--base-trajectories/--base-weight: a trajectory weight must be an integer >= 1; got 0": lambda: agentevol.main(
-            ["--env", "frozenlake", "--base-model", "m", "--base-trajectories", str(RECORDED), "--base-weight", "0"]),
-        "--base-trajectories/--base-weight: trajectory path /nonexistent does not exist": lambda: agentevol.main(
-            ["--env", "frozenlake", "--base-model", "m", "--base-trajectories", "/nonexistent"]),
-        "--replay/--replay-weight: a trajectory weight must be an integer >= 1; got -1": lambda: agent_r_loop.main(
-            ["--env", "frozenlake", "--model", "m", "--replay", str(RECORDED), "--replay-weight", "-1"]),
-        f"--reflections: {empty} holds no sentence": lambda: agent_r_loop.main(
-            ["--env", "frozenlake", "--model", "m", "--reflections", str(empty)]),
+    def agentevol_config(*overrides: str, **values):
+        return recipe_config("agentevol", "agentevol", ["env=frozenlake", "base_model=m", *overrides], **values)
+
+    def agent_r_config(*overrides: str, **values):
+        return recipe_config("agent_r", "agent_r", ["env=frozenlake", "model=m", *overrides], **values)
+
+    refused = {  # each names the key to change, before any model starts
+        "agentevol.base_trajectories/base_weight: a trajectory weight must be an integer >= 1; got 0":
+            lambda: agentevol.run_config(agentevol_config("base_weight=0", base_trajectories=[str(RECORDED)])),
+        "agentevol.base_trajectories/base_weight: trajectory path /nonexistent does not exist":
+            lambda: agentevol.run_config(agentevol_config(base_trajectories=["/nonexistent"])),
+        "agentevol: agentevol.base_trajectories required": lambda: agentevol.run_config(agentevol_config()),
+        "agentevol.iterations must be an integer >= 1; got 0":
+            lambda: agentevol.run_config(agentevol_config("iterations=0", base_trajectories=[str(RECORDED)])),
+        "agentevol.backend='gpu' is not valid; choose one of":
+            lambda: agentevol.run_config(agentevol_config("backend=gpu", base_trajectories=[str(RECORDED)])),
+        "agentevol.explore_tasks:": lambda: agentevol.run_config(agentevol_config(
+            "explore_tasks=a:b", base_trajectories=[str(RECORDED)])),
+        "agent_r.replay/replay_weight: a trajectory weight must be an integer >= 1; got -1":
+            lambda: agent_r_loop.run_config(agent_r_config("replay_weight=-1", replay=[str(RECORDED)])),
+        f"agent_r.reflections: {empty} holds no sentence":
+            lambda: agent_r_loop.run_config(agent_r_config(reflections=str(empty))),
+        "agent_r.pairing='best' is not valid; choose one of all, one_to_one":
+            lambda: agent_r_loop.run_config(agent_r_config("pairing=best")),
     }
     for message, call in refused.items():
-        with pytest.raises(SystemExit):
+        with pytest.raises(SystemExit) as refusal:
             call()
-        assert message in capsys.readouterr().err
+        assert message in str(refusal.value), (message, str(refusal.value))
 
 
 def test_a_loops_iterations_are_kept_in_json_and_printed_one_row_each(tmp_path, capsys):
