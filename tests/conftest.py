@@ -43,7 +43,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 STARTUP_FIXTURES = {"tiny_vllm_server": "the session's vLLM server (~35 s of CPU to start)",
                     "verl_cpu_seen": "a fresh process importing verl with the CPU platform"}
 STARTUP_ENVS = {"alfworld": "ALFWorld's planner (Fast Downward translations at every reset)",
-                "sciworld": "ScienceWorld's JVMs"}
+                "sciworld": "ScienceWorld's JVMs", "textworld": "TextWorld's game compilation (tw-make, Inform 7)"}
 """What makes a test `startup` (the fast loop leaves it out, the full run keeps it), besides the files and tests
 marked so where they are (long fuzzing, fresh processes importing verl): a fixture it uses, or a built-in env it
 runs (its `env_id` parameter; an AgentGym dialect of the same name is a stand-in server, not the env)."""

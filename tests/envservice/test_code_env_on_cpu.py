@@ -21,16 +21,18 @@ def write(code: str) -> str:
     return json.dumps({"name": "write", "arguments": {"code": code}})
 
 
-def test_every_canonical_solution_passes_and_an_empty_one_never():
+def test_every_canonical_solution_passes_and_an_empty_one_never(fast_loop):
     """HumanEval's gold, through the check every episode uses (the solution and the tests in two sandboxes): all
-    164 canonical solutions pass and no empty one does (threads: each check mostly waits on its processes)."""
+    164 canonical solutions pass and no empty one does (threads: each check mostly waits on its processes). The
+    fast loop checks every 8th problem (21), the full run all of them."""
     every = list(problems().values())
-    with ThreadPoolExecutor(4) as pool:
-        canonical = list(pool.map(lambda p: check_solution(p, p.canonical_solution, visible=False), every))
-        empty = list(pool.map(lambda p: check_solution(p, "    pass\n", visible=False), every))
     assert len(every) == 164
-    assert [p.name for p, v in zip(every, canonical) if not v.all_passed] == []
-    assert [p.name for p, v in zip(every, empty) if v.all_passed] == []
+    checked = every[::8] if fast_loop else every
+    with ThreadPoolExecutor(4) as pool:
+        canonical = list(pool.map(lambda p: check_solution(p, p.canonical_solution, visible=False), checked))
+        empty = list(pool.map(lambda p: check_solution(p, "    pass\n", visible=False), checked))
+    assert [p.name for p, v in zip(checked, canonical) if not v.all_passed] == []
+    assert [p.name for p, v in zip(checked, empty) if v.all_passed] == []
 
 
 def test_the_splits_are_disjoint_by_problem_text():

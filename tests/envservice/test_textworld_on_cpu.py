@@ -12,6 +12,8 @@ from envservice.envs.base import STATE_KEY
 from envservice.envs.textworld_env import CACHE_ENV, TextWorldEnv, clean_text, game_path
 from envservice.errors import EnvServiceError
 
+pytestmark = pytest.mark.startup  # TextWorld compiles each game (tw-make, Inform 7): the full run only
+
 
 @pytest.fixture(autouse=True)
 def game_cache(tmp_path_factory, monkeypatch):

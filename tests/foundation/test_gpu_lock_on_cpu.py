@@ -12,6 +12,8 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 LOCK = ROOT / "scripts/gpu/requirements.lock"
 GPUS_PAGE = ROOT / "docs/gpus.md"
@@ -28,6 +30,7 @@ def check(lock: Path) -> subprocess.CompletedProcess:
                           text=True, timeout=600)
 
 
+@pytest.mark.startup  # uv's resolver over the whole GPU lock: the full run only
 def test_the_committed_lock_resolves_again_and_a_changed_pin_is_caught(tmp_path: Path):
     done = check(LOCK)
     assert done.returncode == 0, done.stdout + done.stderr
