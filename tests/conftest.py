@@ -41,7 +41,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 
 STARTUP_FIXTURES = {"tiny_vllm_server": "the session's vLLM server (~35 s of CPU to start)",
-                    "verl_cpu_seen": "a fresh process importing verl with the CPU platform"}
+                    "verl_cpu_seen": "a fresh process importing verl with the CPU platform",
+                    "local_ray": "Ray's start (tests/trainer/test_weight_sync_wire_on_cpu.py)",
+                    "chromium": "Debian's Chromium, driven by Playwright (the viewer's browser tests)"}
 STARTUP_ENVS = {"alfworld": "ALFWorld's planner (Fast Downward translations at every reset)",
                 "sciworld": "ScienceWorld's JVMs", "textworld": "TextWorld's game compilation (tw-make, Inform 7)"}
 """What makes a test `startup` (the fast loop leaves it out, the full run keeps it), besides the files and tests

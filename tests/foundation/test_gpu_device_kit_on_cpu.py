@@ -57,6 +57,7 @@ def kit(tmp_path: Path) -> dict[str, str]:
             "OUT": str(tmp_path / "out")}
 
 
+@pytest.mark.startup  # a venv made and the wheels installed into it by pip: the full run only
 def test_chunks_travel_join_and_install(kit, tmp_path):
     built = run(["bash", str(DEVICE / "build_chunks.sh"), "--record"], kit)
     assert built.returncode == 0, built.stderr
