@@ -3,10 +3,10 @@
 # (import-linter's contracts in pyproject.toml), then run the whole test suite.
 #   bash scripts/test.sh [--fast] [pytest args]
 #   --fast: everything but the end-to-end training runs (tests marked `training`) and the tests that start a
-#           slow third-party program (`startup`: the session's vLLM server, ScienceWorld's JVMs, ALFWorld's
-#           planner, fresh verl-importing processes, long fuzzing), a few checks on a smaller budget
-#           (BEYOND_TEST_FAST=1): the development loop (docs/tests.md). CI and the README run it without the
-#           flag: everything.
+#           slow third-party program (`startup`: the session's vLLM server, JVMs, planners, Ray, Chromium, fresh
+#           verl-importing processes, long fuzzing; tests/conftest.py says which), a few checks on a smaller
+#           budget (BEYOND_TEST_FAST=1): the development loop, ~4.5 min on 2 cores (docs/tests.md). CI and the
+#           README run it without the flag: everything.
 # Tests run in BEYOND_TEST_WORKERS pytest-xdist workers (default 2, one per core of the CI machine, and 3 with
 # --fast; 0: in this process), a file (or the files sharing a costly fixture) at a time, longest first (tests/conftest.py).
 set -euo pipefail
