@@ -21,8 +21,8 @@ metric) or `stop` (the step fails with `IntegrityBroken`, naming the step, what 
 Metrics, every training step once the window is full: `beyond_agent/integrity/reward_hack` (1.0 on an alarm),
 `.../success_rise`, `.../rounds_fall` (share of the mean rounds lost) and `.../termination_rise` (the largest rise
 of one reason's share); every step with the rollout's log-probs: `.../log_prob_drift` (1.0 on an alarm) and
-`.../mean_log_prob_gap`; every step: `.../prefix_breaks` (turns whose context is not the start of their row) of
-`.../prefix_turns`.
+`.../mean_log_prob_gap`; every step: `.../prefix` (1.0 on a break), `.../prefix_breaks` (turns whose context is
+not the start of their row) of `.../prefix_turns`.
 """
 
 from __future__ import annotations
@@ -239,7 +239,8 @@ class PrefixMonitor:
                  f"integrity: training step {step}: {len(broken)} of {turns} turns were generated from ids that are "
                  f"not the start of the ids their row trains on (first: row {row}, generation request {turn}): the "
                  f"batch trains on ids the policy was not given ({SECTION}.prefix.action={self.watch.action})")
-        return {f"{METRIC}prefix_breaks": float(len(broken)), f"{METRIC}prefix_turns": float(turns)}
+        return {f"{METRIC}prefix": float(bool(broken)), f"{METRIC}prefix_breaks": float(len(broken)),
+                f"{METRIC}prefix_turns": float(turns)}
 
 
 def prefix_breaks(input_ids: torch.Tensor, attention_mask: torch.Tensor,

@@ -203,7 +203,8 @@ def test_a_changed_id_breaks_exactly_the_turns_whose_context_holds_it():
     attention_mask = (torch.arange(6) >= torch.tensor([[2], [0]])).long()
     monitor = PrefixMonitor(PrefixWatch())
     assert monitor.observe(1, input_ids, attention_mask, contexts) == {
-        "beyond_agent/integrity/prefix_breaks": 0.0, "beyond_agent/integrity/prefix_turns": 5.0}
+        "beyond_agent/integrity/prefix": 0.0, "beyond_agent/integrity/prefix_breaks": 0.0,
+        "beyond_agent/integrity/prefix_turns": 5.0}
     input_ids[1, 3] = 99  # the second row's 4th id: its turns from 4 and 6 ids saw 12 there, the one from 2 did not
     with pytest.raises(IntegrityBroken, match=r"training step 2: 2 of 5 turns were generated from ids that are not "
                                               r"the start of the ids their row trains on \(first: row 1, generation "
@@ -238,7 +239,8 @@ def test_real_episodes_collated_keep_every_turn_s_context_and_a_corrupted_id_is_
     assert [len(requests) for requests in contexts] == [result.rounds for result in results] == [3, 2, 1]
     monitor = PrefixMonitor(PrefixWatch())
     figures = monitor.observe(1, batch.batch["input_ids"], batch.batch["attention_mask"], contexts)
-    assert figures == {"beyond_agent/integrity/prefix_breaks": 0.0, "beyond_agent/integrity/prefix_turns": 6.0}
+    assert figures == {"beyond_agent/integrity/prefix": 0.0, "beyond_agent/integrity/prefix_breaks": 0.0,
+                       "beyond_agent/integrity/prefix_turns": 6.0}
     # The last id the first row's second turn was given (its first turn's reply ends there): the second and third
     # turns saw it, the first did not.
     first_kept = int(batch.batch["attention_mask"][0].nonzero()[0])

@@ -190,7 +190,7 @@ def test_every_turn_trained_was_generated_from_the_start_of_its_row(lora_run, re
     for run, steps in ((lora_run, (1, 2)), (resumed_run, RESUMED_STEPS)):
         for step in steps:
             metrics = run.metrics[step]
-            assert metrics["beyond_agent/integrity/prefix_breaks"] == 0.0
+            assert metrics["beyond_agent/integrity/prefix_breaks"] == metrics["beyond_agent/integrity/prefix"] == 0.0
             assert metrics["beyond_agent/integrity/prefix_turns"] > 0
 
 
