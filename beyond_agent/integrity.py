@@ -203,12 +203,12 @@ class LogProbDriftMonitor:
                 response_mask: torch.Tensor) -> dict[str, float]:
         """This step's metrics (empty when `off` or without response tokens); warns or raises per the action.
         `trainer`, `rollout`: log-probs of the kept response tokens, [rows, response length]."""
-        mask = response_mask.bool()
-        if self.watch.action == "off" or not mask.any():
+        gaps = None if self.watch.action == "off" else token_log_prob_gaps(trainer, rollout, response_mask)
+        if gaps is None:
             return {}
         # Why log space: noise in the logits moves log p by about its own size whatever p is, while a gap in
         # probability vanishes for unlikely tokens (a near-uniform policy shows none however wrong its weights).
-        gap = (trainer.float() - rollout.float()).abs()[mask].mean().item()
+        gap = gaps.abs().mean().item()
         drifted = gap > self.watch.max_mean_log_prob_gap
         if drifted:
             _act(self.watch.action,
@@ -218,6 +218,12 @@ class LogProbDriftMonitor:
                  f"mismatch) or async tokens are very stale ({SECTION}.log_prob_drift.action={self.watch.action}, "
                  f"set it to off to silence this)")
         return {f"{METRIC}log_prob_drift": float(drifted), f"{METRIC}mean_log_prob_gap": gap}
+
+
+def token_log_prob_gaps(trainer: torch.Tensor, rollout: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor | None:
+    """log p_trainer - log p_rollout of every response token (mask 1), flat; None when the batch has none."""
+    mask = response_mask.bool()
+    return (trainer.float() - rollout.float())[mask] if mask.any() else None
 
 
 class PrefixMonitor:

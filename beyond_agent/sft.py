@@ -234,7 +234,8 @@ def repeated_files(paths, times: int) -> list[str]:
     return [str(path) for path in trajectory_files(paths) for _ in range(times)]
 
 
-def loop_args(config: Any, where: str, task_options: tuple[str, ...], choices: Mapping[str, Sequence[str]] = {}):
+def loop_args(config: Any, where: str, task_options: tuple[str, ...],
+              choices: Mapping[str, Sequence[str]] | None = None):
     """An explore -> SFT loop's (AgentEvol's, Agent-R's) composed Hydra config as an attribute namespace, checked
     before any model starts: every required key (`???` in its YAML) set, every task range parsed (each becomes its
     list of task indices), `iterations` >= 1, each key of `choices` one of its values; `out` a Path, `sft` (Hydra
@@ -258,7 +259,7 @@ def loop_args(config: Any, where: str, task_options: tuple[str, ...], choices: M
             values[name] = [int(task) for task in value] if isinstance(value, list) else task_indices(str(value))
         except (argparse.ArgumentTypeError, TypeError, ValueError) as error:
             raise SystemExit(f"{where}.{name}: {error}") from None
-    for name, valid in choices.items():
+    for name, valid in (choices or {}).items():
         if values[name] not in valid:
             raise SystemExit(f"{where}.{name}={values[name]!r} is not valid; choose one of {', '.join(valid)}")
     if not isinstance(values["iterations"], int) or values["iterations"] < 1:

@@ -22,6 +22,7 @@ import ray
 import torch
 from omegaconf import open_dict
 
+from beyond_agent.integrity import token_log_prob_gaps
 from beyond_agent.rollout.batch import SegmentRows
 from beyond_agent.rollout_manager import ROW_KEY
 from beyond_agent.run_folder import CURVES_FILE, MetricsLog
@@ -185,10 +186,9 @@ def log_prob_gap_metrics(trainer: torch.Tensor, rollout: torch.Tensor, response_
     Non-zero even at zero staleness (different kernels and precision); with stale tokens it also holds the
     policy's drift. `ratio_mean` is the mean importance ratio π_trainer / π_rollout.
     """
-    mask = response_mask.bool()
-    if not mask.any():
+    gap = token_log_prob_gaps(trainer, rollout, response_mask)
+    if gap is None:
         return {}
-    gap = (trainer - rollout)[mask]
     return {"beyond_agent/async/logprob_gap_abs_mean": gap.abs().mean().item(),
             "beyond_agent/async/logprob_gap_abs_max": gap.abs().max().item(),
             "beyond_agent/async/logprob_gap_mean": gap.mean().item(),

@@ -5,7 +5,7 @@ a 32 MiB scratch. Each inode is kernel memory; where the sandbox has a memory gr
 the group stops the program), but a trainer that is not root and has no delegated control groups gets none. There
 a watcher outside counts the files of each such folder, seen through a sandboxed process's `/proc/PID/root`, and
 kills the whole sandbox once one holds more than its cap. It looks every `POLL_S`, so a program may overshoot by
-what it makes in that time (tested: well under the cap again)."""
+what it makes in that time (tested: stopped under twice the cap)."""
 
 from __future__ import annotations
 
@@ -35,8 +35,6 @@ class FileCountWatch(threading.Thread):
         self._caps = dict(caps)
         self._kill = kill
         self._stopped = threading.Event()
-        self.over: str | None = None
-        """The folder that went past its cap, once one did."""
 
     def stop(self) -> None:
         self._stopped.set()
@@ -47,9 +45,7 @@ class FileCountWatch(threading.Thread):
             inner = _first_child(self._outer_pid)
             if inner is None:
                 continue  # bubblewrap has not made the sandbox yet, or it has ended
-            over = next((folder for folder, cap in self._caps.items() if _files(inner, folder) > cap), None)
-            if over is not None:
-                self.over = over
+            if any(_files(inner, folder) > cap for folder, cap in self._caps.items()):
                 self._kill()
                 return
 
