@@ -142,6 +142,11 @@ class EpisodeLimits:
         """The same limits for the recipe (bench/learning_cpu.yaml holds 4x4 FrozenLake's)."""
         return limit_overrides(self.limits)
 
+    def blind_plateau(self, client: EnvClient, maps: MapSet) -> float | None:
+        """The share of the set's maps a policy that ignores the observation can solve; None: not computed for this
+        game (FrozenLake's is)."""
+        return None
+
 
 @dataclass(frozen=True)
 class Lake(EpisodeLimits):
@@ -177,6 +182,18 @@ class Lake(EpisodeLimits):
         """The side's limits (`LAKE_LIMITS`)."""
         return LAKE_LIMITS[self.size]
 
+    def blind_plateau(self, client: EnvClient, maps: MapSet) -> float:
+        """The share of the set's maps the best fixed action sequence solves (`best_blind_sequence`)."""
+        descs = []
+        for task, seed in maps.task_set(self).tasks:
+            created = client.create(self.env_id, task_id=task, seed=seed, split=maps.split, params=self.params)
+            client.release(created.session_id)
+            descs.append(created.info["map"])
+        solved, actions = best_blind_sequence(descs, self.limits["max_rounds"])
+        print(f"[learning] map-blind plateau on the {maps.name} maps: {solved} of {len(descs)} "
+              f"({solved / len(descs):.1%}) by the fixed sequence {' '.join(actions)}", flush=True)
+        return solved / len(descs)
+
 
 def limit_overrides(limits: dict) -> list[str]:
     """An episode's limits (`EpisodeConfig` keyword arguments) as the recipe's overrides."""
@@ -184,6 +201,44 @@ def limit_overrides(limits: dict) -> list[str]:
             f"data.max_prompt_length={limits['max_prompt_length']}",
             f"data.max_response_length={limits['max_response_length']}",
             f"actor_rollout_ref.rollout.max_model_len={limits['max_prompt_length'] + limits['max_response_length']}"]
+
+
+def best_blind_sequence(maps: list[list[str]], rounds: int) -> tuple[int, list[str]]:
+    """The most of `maps` (non-slippery FrozenLake `desc` rows) one fixed sequence of at most `rounds` moves solves,
+    and that sequence: the map-blind plateau a policy that ignores the observation cannot beat. Why: a warm-up at
+    this level may not read the map at all (the 2026-11-27 warm-ups of seeds 1 and 2 sat at it), and RL from it
+    only sharpened the blind sequence; a frozen warm-up must stand above it. Exhaustive over the 4^rounds sequences,
+    memoised on where the unfinished maps' agents stand (a move off the edge stays put; a hole or the goal ends a
+    map)."""
+    from functools import lru_cache
+
+    from envservice.envs.frozenlake import ACTIONS, _MOVES
+
+    def start(desc: list[str]) -> tuple[int, int]:
+        return next((row, col) for row, line in enumerate(desc) for col, cell in enumerate(line) if cell == "S")
+
+    def move(desc: list[str], at: tuple[int, int] | None, action: str) -> tuple[tuple[int, int] | None, int]:
+        """(where the agent stands after the move, None once the map ended; 1 if it reached the goal)."""
+        if at is None:
+            return None, 0
+        row = min(max(at[0] + _MOVES[action][0], 0), len(desc) - 1)
+        col = min(max(at[1] + _MOVES[action][1], 0), len(desc[0]) - 1)
+        cell = desc[row][col]
+        return (None, int(cell == "G")) if cell in "HG" else ((row, col), 0)
+
+    @lru_cache(maxsize=None)
+    def best(places: tuple, left: int) -> tuple[int, tuple[str, ...]]:
+        if left == 0 or all(at is None for at in places):
+            return 0, ()
+        options = []
+        for action in ACTIONS:
+            moved = [move(desc, at, action) for desc, at in zip(maps, places)]
+            solved, rest = best(tuple(at for at, _ in moved), left - 1)
+            options.append((sum(won for _, won in moved) + solved, (action, *rest)))
+        return max(options, key=lambda option: (option[0], -len(option[1])))
+
+    solved, actions = best(tuple(start(desc) for desc in maps), rounds)
+    return solved, list(actions)
 
 
 @dataclass(frozen=True)
@@ -322,7 +377,8 @@ def warmup_stage(base_dir: Path, out_dir: Path, tokenizer, client: EnvClient, ar
                 "size": args.size, "maps": args.warmup_maps, "steps": args.warmup_steps, "batch": args.warmup_batch,
                 "lr": args.warmup_lr, "seed": seed, "curve_every": args.warmup_curve_every}
     finished = out_dir / "warmup_settings.json"
-    if args.reuse_warmup and finished.exists() and json.loads(finished.read_text()) == settings:
+    reuse = args.reuse_warmup or args.warmup_seed is not None  # a frozen warm-up is trained once for every seed
+    if reuse and finished.exists() and json.loads(finished.read_text()) == settings:
         print(f"[learning] warm-up (seed {seed}): reusing {hf_model_dir(out_dir)} (same settings)", flush=True)
         return hf_model_dir(out_dir)
     shutil.rmtree(out_dir, ignore_errors=True)  # an earlier run's checkpoints and metrics are not this one's
@@ -601,7 +657,21 @@ def gae_overrides(steps: int, warm_dir: Path, game: Game) -> list[str]:
             "critic.ppo_micro_batch_size_per_gpu=32", "critic.ppo_mini_batch_size=16"]
 
 
+STABLE_GRPO = [
+    "actor_rollout_ref.actor.optim.lr=3e-4", "actor_rollout_ref.actor.optim.lr_warmup_steps=3",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.clip_ratio_high=0.28",
+    "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
+    "beyond_agent.dynamic_sampling.drop=zero_variance", "beyond_agent.dynamic_sampling.max_extra_batches=1.0",
+]
+"""The candidate default recipe of issue #71, against the bench's plain GRPO (lr 1e-3 from step 1, one Adam update a
+step, token-mean). Why each: lr 3e-4 reached over 3 steps, because a fresh Adam's first updates at 1e-3 move a 2-layer
+model far; 4 clipped updates a step (mini-batches of 4 maps), so PPO's clip binds and the batch is used more than
+once; clip-higher (0.28) so rare good actions can gain more than common ones lose; seq-mean-token-mean, so a 8-turn
+failure weighs as much as a 3-turn success; groups whose 8 episodes score alike dropped (they carry no GRPO signal:
+9-12 of 16 on FrozenLake) within one extra batch."""
+
 RL_VARIANTS: dict[str, Callable[[int, Path, Game], list[str]]] = {
+    "grpo_stable": lambda steps, warm_dir, game: STABLE_GRPO,
     "grpo": lambda steps, warm_dir, game: [],
     "grpo_scaling": lambda steps, warm_dir, game: scaling_inter_overrides(steps, game),
     "rloo": lambda steps, warm_dir, game: ["algorithm.adv_estimator=rloo"],
@@ -630,7 +700,8 @@ def rl_stage(variant: str, warm_dir: Path, data_dir: Path, experiments: Path, ar
         "--backup-dir", str(experiments), "--",
         f"actor_rollout_ref.model.path={warm_dir.resolve()}",
         f"data.train_files={data_dir / 'train.parquet'}", f"data.val_files={data_dir / 'val.parquet'}",
-        f"data.seed={seed}", f"trainer.experiment_name=learning_cpu_{variant}_seed{seed}",
+        f"data.seed={seed}", f"actor_rollout_ref.rollout.seed={seed}",  # the seed draws the maps and the samples
+        f"trainer.experiment_name=learning_cpu_{variant}_seed{seed}",
         f"trainer.total_training_steps={steps}", f"trainer.save_freq={steps}",
         f"trainer.test_freq={max(1, steps // 3)}", f"actor_rollout_ref.actor.optim.lr={args.rl_lr}",
         f"actor_rollout_ref.rollout.n={args.group_size}", f"data.train_batch_size={args.maps_per_step}",
@@ -740,6 +811,21 @@ def require_same_warm_model(kept_warmup: dict, digest: str, seed: int) -> None:
                          f"stages to redo them")
 
 
+def require_reading_warmup(warm: dict, args) -> None:
+    """A frozen warm-up (`--warmup-seed`) must read the observation: its held-out greedy success above the map-blind
+    plateau (`args.plateau`, where the game computes one). Why: RL from a blind warm-up sharpens the blind sequence
+    and the seeds' lifts would measure which warm-up they drew, not the recipe. Without `--warmup-seed` (a warm-up
+    per seed, the quickstart) a blind warm-up is only named."""
+    plateau = getattr(args, "plateau", None)
+    if plateau is None or warm["heldout"]["greedy"] > plateau:
+        return
+    message = (f"the warm-up's held-out greedy success {warm['heldout']['greedy']:.1%} is not above the map-blind "
+               f"plateau {plateau:.1%}: it does not read the map")
+    if args.warmup_seed is not None:
+        raise SystemExit(f"[learning] {message}; choose another --warmup-seed or more --warmup-steps")
+    print(f"[learning] note: {message}", flush=True)
+
+
 def kept_root(args) -> Path:
     """Where the stages' figures are kept: `--kept`, else `--out`."""
     return (args.kept or args.out).resolve()
@@ -773,11 +859,14 @@ def run_seed(seed: int, base_dir: Path, tokenizer, client: EnvClient, data_dir: 
     if not args.offline and all((kept / "stages" / f"{stage}.json").exists() for stage in ("warm-up", *args.rl)):
         # Every stage asked for is kept: its figures, without the warm model (which another machine trained).
         return {stage: kept_stage(kept, stage) for stage in ("warm-up", *args.rl)}
-    warm_dir = warmup_stage(base_dir, out / "warm_model", tokenizer, client, args, seed)
+    warm_seed = seed if args.warmup_seed is None else args.warmup_seed
+    warm_dir = warmup_stage(base_dir, args.out.resolve() / f"seed{warm_seed}" / "warm_model", tokenizer, client,
+                            args, warm_seed)
     warm_digest = weights_digest(warm_dir)
     stages = {"warm-up": kept_stage(kept, "warm-up") or keep_stage(kept, "warm-up", {**evaluate_stage(
-        f"warm-up (seed {seed})", warm_dir, tokenizer, client, args), "weights_sha256": warm_digest})}
+        f"warm-up (seed {warm_seed})", warm_dir, tokenizer, client, args), "weights_sha256": warm_digest})}
     require_same_warm_model(stages["warm-up"], warm_digest, seed)
+    require_reading_warmup(stages["warm-up"], args)
     if args.offline:
         episodes = own_episodes(warm_dir, out, tokenizer, client, args, seed)
         for method in args.offline:
@@ -846,6 +935,7 @@ def main(argv: list[str] | None = None) -> int:
     with EnvServiceProcess([args.game.env_id]) as service:
         client = EnvClient(service.url)
         data_dir = write_rl_data(out / "data", service.url, args) if args.rl else out / "data"
+        args.plateau = args.game.blind_plateau(client, map_sets(args)[0])
         kept = kept_root(args)
         base = kept_stage(kept, "base") or keep_stage(  # the same random model for every seed
             kept, "base", evaluate_stage("base", base_dir, tokenizer, client, args))
@@ -880,10 +970,23 @@ def summarize(per_seed: dict[int, dict]) -> dict:
                 cell[mode] = statistics.fmean(values)
                 cell[f"{mode}_per_seed"] = values
             summary[stage][maps] = cell
+        if stage not in ("base", "warm-up"):
+            summary[stage]["lift"] = greedy_lift(per_seed, stage)
         walls = [per_seed[seed][stage].get("rl_wall_s") for seed in per_seed if stage in per_seed[seed]]
         if any(wall is not None for wall in walls):
             summary[stage]["rl_wall_s_per_seed"] = walls
     return summary
+
+
+LIFT_POINTS = 0.10
+"""Issue #71's bar: a seed lifts when its held-out greedy success ends at least 10 points above its warm-up's."""
+
+
+def greedy_lift(per_seed: dict[int, dict], stage: str) -> dict:
+    """Per seed, the stage's held-out greedy success minus the warm-up's, and how many seeds lift by LIFT_POINTS."""
+    lifts = [per_seed[seed][stage]["heldout"]["greedy"] - per_seed[seed]["warm-up"]["heldout"]["greedy"]
+             for seed in per_seed if stage in per_seed[seed]]
+    return {"per_seed": lifts, "lifted": sum(lift >= LIFT_POINTS - 1e-9 for lift in lifts), "seeds": len(lifts)}
 
 
 def print_table(summary: dict, args) -> None:
@@ -903,6 +1006,10 @@ def print_table(summary: dict, args) -> None:
         walls = cells.get("rl_wall_s_per_seed") or []
         wall_cells = " / ".join("?" if wall is None else f"{wall / 60:.1f}" for wall in walls)
         row += f"  {wall_cells or '-':>16s}"
+        if "lift" in cells:
+            lift = cells["lift"]
+            row += (f"  lifted >= {LIFT_POINTS:.0%}: {lift['lifted']} of {lift['seeds']} seeds ("
+                    + ", ".join(f"{value * 100:+.1f}" for value in lift["per_seed"]) + " points)")
         print(row)
 
 
@@ -953,6 +1060,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup-curve-every", type=int, default=0,
                         help="save the warm-up every N steps and print each checkpoint's held-out greedy success")
     parser.add_argument("--warmup-lr", type=float, default=3e-3)
+    parser.add_argument("--warmup-seed", type=int, default=None,
+                        help="one frozen warm-up (this seed's) for every seed's RL runs, required to read the "
+                             "observation (above the map-blind plateau); default: a warm-up per seed")
     parser.add_argument("--reuse-warmup", action="store_true",
                         help="reuse a seed's warm model from an earlier run in --out that finished with the same settings")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "outputs" / "learning_cpu")
