@@ -18,11 +18,16 @@ metric) or `stop` (the step fails with `IntegrityBroken`, naming the step, what 
   trains on, checked on the batch the actor update gets: the exact-ids promise (no re-tokenizing, no drift
   between what was sampled and what is trained), broken only by a bug in our assembly or in a change to it.
 
+- `served_weights`: after each weight sync, the fingerprint of what every vLLM worker serves (base weights, and
+  the LoRA adapter in its slot) against the trained model's (`beyond_agent.weights.fingerprint`): exact sums of the
+  same values, so `stop` by default.
+
 Metrics, every training step once the window is full: `beyond_agent/integrity/reward_hack` (1.0 on an alarm),
 `.../success_rise`, `.../rounds_fall` (share of the mean rounds lost) and `.../termination_rise` (the largest rise
 of one reason's share); every step with the rollout's log-probs: `.../log_prob_drift` (1.0 on an alarm) and
 `.../mean_log_prob_gap`; every step: `.../prefix` (1.0 on a break), `.../prefix_breaks` (turns whose context is
-not the start of their row) of `.../prefix_turns`.
+not the start of their row) of `.../prefix_turns`; with each sync's metrics: `.../served_weights` (1.0 when the
+served weights differ from the trained ones).
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ if TYPE_CHECKING:  # only tensors' own methods are called: the viewer reads this
 MONITOR_ACTIONS = ("off", "warn", "stop")
 SECTION = "beyond_agent.integrity"
 METRIC = "beyond_agent/integrity/"
-MONITORS = ("reward_hack", "log_prob_drift", "prefix")
+MONITORS = ("reward_hack", "log_prob_drift", "prefix", "served_weights")
 """The monitors; each logs `METRIC + name` = 1.0 at a step where it fired (what the viewer's banner reads)."""
 
 
@@ -121,6 +126,20 @@ class PrefixWatch:
 
 
 @dataclass(frozen=True)
+class ServedWeightsWatch:
+    """`beyond_agent.integrity.served_weights`: when the model vLLM serves after a weight sync is not the trained one."""
+
+    action: str = "stop"
+    """One of MONITOR_ACTIONS. `stop` by default: the fingerprints are exact sums of the same values (full weights,
+    deltas) or the same products to float32 noise (a LoRA adapter), so a difference is a broken sync, not noise."""
+
+    def __post_init__(self) -> None:
+        if self.action not in MONITOR_ACTIONS:
+            raise ValueError(f"{SECTION}.served_weights.action={self.action!r} is not valid; choose one of "
+                             f"{', '.join(MONITOR_ACTIONS)}")
+
+
+@dataclass(frozen=True)
 class IntegrityConfig:
     """`beyond_agent.integrity`: the run's integrity monitors."""
 
@@ -130,6 +149,8 @@ class IntegrityConfig:
     """The rollout's sampling log-probs far from the trainer's recomputation of the same tokens."""
     prefix: PrefixWatch = PrefixWatch()
     """A turn generated from ids that are not the start of the ids its row trains on."""
+    served_weights: ServedWeightsWatch = ServedWeightsWatch()
+    """After each weight sync, the served model's fingerprint not the trained model's."""
 
 
 @dataclass(frozen=True)
@@ -270,6 +291,40 @@ def prefix_breaks(input_ids: torch.Tensor, attention_mask: torch.Tensor,
             if digest != expected:
                 broken.append((row, request))
     return sorted(broken), turns
+
+
+class ServedWeightsMonitor:
+    """After each weight sync, compares the fingerprint of what every vLLM worker serves with the trained model's
+    (`beyond_agent.weights.fingerprint`; `ServedWeightsWatch`)."""
+
+    def __init__(self, watch: ServedWeightsWatch, rollout_config) -> None:
+        """`rollout_config`: verl's `actor_rollout_ref.rollout` (the engine, its dtype and tensor parallelism)."""
+        self.watch = watch
+        self.served_dtype = str(rollout_config.dtype)
+        tensor_parallel = int(rollout_config.tensor_model_parallel_size)
+        self.skipped = (
+            f"{SECTION}.served_weights: not checked with actor_rollout_ref.rollout.name={rollout_config.name} "
+            f"(implemented for vllm)" if rollout_config.name != "vllm" else
+            f"{SECTION}.served_weights: not checked with actor_rollout_ref.rollout.tensor_model_parallel_size="
+            f"{tensor_parallel} (each vLLM worker holds a slice; only 1 is implemented)" if tensor_parallel != 1
+            else None)
+        if self.skipped and watch.action != "off":
+            print(f"[beyond_agent] WARNING {self.skipped}", flush=True)
+
+    def observe(self, after_step: int, actor_workers: list, servers: list) -> dict[str, float]:
+        """The sync's metrics (empty when `off` or skipped); warns or raises per the action. `after_step`: the
+        training step whose update the sync carried (0: the sync before training)."""
+        if self.watch.action == "off" or self.skipped:
+            return {}
+        from beyond_agent.weights.fingerprint import served_mismatch
+
+        sync = f"at the weight sync after training step {after_step}" if after_step else "at the first weight sync"
+        mismatch = served_mismatch(actor_workers, servers, self.served_dtype, sync)
+        if mismatch:
+            _act(self.watch.action,
+                 f"integrity: training step {after_step + 1}'s rollouts would sample from other weights than the "
+                 f"trained ones: {mismatch} ({SECTION}.served_weights.action={self.watch.action})")
+        return {f"{METRIC}served_weights": float(bool(mismatch))}
 
 
 def _act(action: str, alarm: str) -> None:

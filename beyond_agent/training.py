@@ -22,7 +22,7 @@ import ray
 import torch
 from omegaconf import open_dict
 
-from beyond_agent.integrity import token_log_prob_gaps
+from beyond_agent.integrity import ServedWeightsMonitor, ServedWeightsWatch, token_log_prob_gaps
 from beyond_agent.rollout.batch import SegmentRows
 from beyond_agent.rollout_manager import ROW_KEY
 from beyond_agent.run_folder import CURVES_FILE, MetricsLog
@@ -31,7 +31,7 @@ from beyond_agent.settings import BeyondAgentConfig
 from beyond_agent.weights.delta import METRIC_PREFIX
 from beyond_agent.weights.host_lock import weight_sync_lock
 from beyond_agent.weights.lora import LoraPlan, configure_lora
-from beyond_agent.weights.verl_backend import configure_weight_sync
+from beyond_agent.weights.verl_backend import WORKER_EXTENSION_CLASS, configure_weight_sync
 
 MANAGER_CLASS = "beyond_agent.rollout_manager.BeyondAgentLoopManager"
 """The rollout manager verl builds when the user names none (`agent_loop_manager_class`)."""
@@ -62,7 +62,24 @@ def prepare_verl_config(config: Any, beyond_config: BeyondAgentConfig) -> LoraPl
         open_join_point(config)
     lora = configure_lora(config, beyond_config.weight_sync.mode)
     configure_weight_sync(config, beyond_config.weight_sync)
+    configure_served_check(config, beyond_config.integrity.served_weights)
     return lora
+
+
+def configure_served_check(config: Any, watch: ServedWeightsWatch) -> None:
+    """The `served_weights` monitor asks vLLM's workers through our worker extension: name it in vLLM's seam (verl's
+    default extension, which ours extends, otherwise). Raises ValueError naming the key when another is named."""
+    rollout = config.actor_rollout_ref.rollout
+    if watch.action == "off" or rollout.name != "vllm":
+        return
+    vllm_kwargs = (rollout.get("engine_kwargs") or {}).get("vllm") or {}
+    named = vllm_kwargs.get("worker_extension_cls")
+    if named not in (None, "", WORKER_EXTENSION_CLASS):
+        raise ValueError(f"actor_rollout_ref.rollout.engine_kwargs.vllm.worker_extension_cls={named}: the "
+                         f"served_weights integrity monitor needs ours ({WORKER_EXTENSION_CLASS}, which extends "
+                         f"verl's); leave the key unset, or set beyond_agent.integrity.served_weights.action=off")
+    with open_dict(config):
+        rollout.engine_kwargs.vllm.worker_extension_cls = WORKER_EXTENSION_CLASS
 
 
 @runtime_checkable
@@ -137,7 +154,7 @@ def endless_rows(dataloader: Any):
 
 
 def wrap_weight_sync(checkpoint_manager: Any, rollout: Any | None, lora_plan: LoraPlan | None,
-                     take_actor_output: Callable[[], Any | None]) -> None:
+                     take_actor_output: Callable[[], Any | None], served: ServedWeightsMonitor | None = None) -> None:
     """Wrap verl's `checkpoint_manager.update_weights` (which `fit()` calls after each actor update) once:
 
     - every sync holds this host's lock of the Ray job id (`beyond_agent.weights.host_lock`): verl names the
@@ -148,7 +165,8 @@ def wrap_weight_sync(checkpoint_manager: Any, rollout: Any | None, lora_plan: Lo
       LoRA the adapter's `bytes_sent`) join the metrics of the actor update it carries (`take_actor_output()`:
       that update's output, or None). verl's `fit()` discards update_weights' return value but reduces the actor
       output's metrics after the call; the syncs with no actor update before them (the first one, critic
-      warm-up) are printed by the delta backend only.
+      warm-up) are printed by the delta backend only;
+    - then `served` (the `served_weights` integrity monitor) compares what vLLM serves with the trained model.
     """
     job_id = ray.get_runtime_context().get_job_id()
 
@@ -170,6 +188,10 @@ def wrap_weight_sync(checkpoint_manager: Any, rollout: Any | None, lora_plan: Lo
                 with rollout.gate.updating(int(global_steps or 0)):
                     result = locked_sync(global_steps)
                 rollout.version_changed()
+            if served is not None:
+                servers = [server for replica in checkpoint_manager.replicas for server in replica.servers]
+                result = {**(result or {}), **served.observe(int(global_steps or 0),
+                                                             checkpoint_manager.actor_wg.workers, servers)}
             output = take_actor_output()
             if isinstance(result, dict) and result and output is not None:
                 output.meta_info["metrics"].update(result)

@@ -81,6 +81,10 @@ _DELTA_LOAD = f"{_OUR_EXTENSION}._load_verified_weights"
 _ADD_LORA = "verl loading adapters through vLLM's public add_lora"
 _LOAD_TENSORS = "beyond_agent.weights.vllm_extension:load_adapter_from_tensors"
 _WEIGHT_RECEIVER = "a weight-receiver plugin in verl's rollout worker"
+_SERVED_ADAPTER = "beyond_agent.weights.vllm_extension:active_adapter_changes"
+_SERVED_GETTER = "a public getter of the adapter a vLLM engine serves"
+_TRAINED_MODULE = "beyond_agent.weights.fingerprint:training_module"
+_TRAINED_DIGEST = "a weights-digest method on verl's actor worker"
 _UVICORN = "uvicorn.protocols.http.httptools_impl:HttpToolsProtocol"
 _GUARD = "envservice.transport:GuardedHttpToolsProtocol"
 _UVICORN_WHY = ("envservice bounds each request's head (time and size) and each host's share of the loop before the "
@@ -164,6 +168,29 @@ SEAMS: tuple[Seam, ...] = (
     *(Seam(f"vllm.lora.model_manager:LoRAModelManager.{check}", READ, _LOAD_TENSORS,
            "the checks vLLM's own loading runs on an adapter", _ADD_LORA)
       for check in ("_validate_moe_lora_format", "_validate_modules_to_save", "_validate_token_classification_lora")),
+    # --- the served_weights monitor: both sides of a sync, read where they live -----------------------------------
+    Seam("vllm.lora.worker_manager:WorkerLoRAManager._adapter_manager", READ,
+         f"{_OUR_EXTENSION}.beyond_served_fingerprints", "the adapter manager whose slots requests read",
+         _SERVED_GETTER, instance_attribute=True),
+    *(Seam(f"vllm.lora.model_manager:LoRAModelManager.{name}", READ, _SERVED_ADAPTER, why, _SERVED_GETTER,
+           instance_attribute=True)
+      for name, why in (("lora_index_to_id", "which slot holds the adapter"),
+                        ("modules", "the LoRA layers whose stacked buffers hold the slots"))),
+    *(Seam(f"vllm.lora.layers.base_linear:BaseLinearLayerWithLoRA.{name}", READ, _SERVED_ADAPTER,
+           "the adapter as requests see it: its slot of each layer's stacked buffers", _SERVED_GETTER,
+           instance_attribute=True) for name in ("lora_a_stacked", "lora_b_stacked")),
+    Seam("vllm.lora.layers.base_linear:BaseLinearLayerWithLoRA.reset_lora", READ, f"{_OUR_EXTENSION}._update_weights",
+         "the test hook that serves the base in place of the adapter (BEYOND_LORA_SERVE_BASE_SYNC)", _SERVED_GETTER),
+    Seam("verl.single_controller.ray.base:create_colocated_worker_cls", READ, _TRAINED_MODULE,
+         "the colocated worker it makes keeps each role's worker in `worker_dict`", _TRAINED_DIGEST),
+    Seam("verl.workers.engine_workers:ActorRolloutRefWorker.actor", READ, _TRAINED_MODULE,
+         "the actor's training worker, on each actor rank (Ray's __ray_call__)", _TRAINED_DIGEST,
+         instance_attribute=True),
+    Seam("verl.workers.engine_workers:TrainingWorker.engine", READ, _TRAINED_MODULE, "its training engine",
+         _TRAINED_DIGEST, instance_attribute=True),
+    Seam("verl.workers.engine.fsdp.transformer_impl:FSDPEngine.module", READ, _TRAINED_MODULE,
+         "the trained (FSDP-sharded, PEFT-wrapped) module whose local shards are summed", _TRAINED_DIGEST,
+         instance_attribute=True),
     # --- verl on CPU (verl_cpu) -----------------------------------------------------------------------------------
     Seam("verl.workers.engine.fsdp.transformer_impl:FSDPEngine._build_module", OVERRIDE,
          "verl_cpu.value_engine:CPUValueHeadEngine._build_module",
@@ -254,7 +281,8 @@ def seam_problem(seam: Seam) -> str | None:
     try:
         owner = resolve(f"{module}:{owner_path}")
         if seam.instance_attribute:
-            return None if re.search(rf"\.{re.escape(attribute)}\s*=[^=]", inspect.getsource(owner)) else (
+            # `self.name = ...` or, annotated, `self.name: type = ...`
+            return None if re.search(rf"\.{re.escape(attribute)}\s*(:[^=\n]+)?=[^=]", inspect.getsource(owner)) else (
                 f"{seam.upstream} (used by {seam.ours}: {seam.why}) is no longer set by {owner.__qualname__}")
         target = resolve(seam.upstream)
     except (ImportError, AttributeError) as missing:

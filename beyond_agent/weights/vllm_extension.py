@@ -33,12 +33,16 @@ from verl.utils.device import get_device_name
 from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension
 
 from beyond_agent.seams import patch
+from beyond_agent.weights.fingerprint import SERVED_DIFFER_MARKER, compare, tensors_fingerprint
 from beyond_agent.weights.wire import WIRE_VERSION, DeltaSyncEndpoint
 
 CHECK_LOADED_VARIABLE = "BEYOND_WEIGHT_SYNC_CHECK_LOADED"
 SERVED_ADAPTER_DUMP_VARIABLE = "BEYOND_LORA_SERVED_DUMP"
 """Test hook: a folder where each adapter sync writes the served adapter's per-module weight change."""
 ADAPTER_LOG_PREFIX = "[beyond_agent] lora adapter served:"
+SERVE_BASE_VARIABLE = "BEYOND_LORA_SERVE_BASE_SYNC"
+"""Test hook: after the adapter sync with this number, clear the adapter's slot in every LoRA layer, so requests
+naming it see the base model (verl#7495's break, which the `served_weights` monitor must catch)."""
 
 
 class WeightSyncWorkerExtension(vLLMColocateWorkerExtension):
@@ -59,6 +63,15 @@ class WeightSyncWorkerExtension(vLLMColocateWorkerExtension):
         received = sum(tensor.numel() * tensor.element_size() for _, tensor in weights)
         print(f"{ADAPTER_LOG_PREFIX} sync={sync} tensors={len(weights)} bytes={received} load_s={seconds:.4f}",
               flush=True)
+        if os.environ.get(SERVE_BASE_VARIABLE) == str(sync):
+            from verl.workers.rollout.vllm_rollout.utils import VLLM_LORA_INT_ID
+
+            adapters = manager._adapter_manager
+            slot = adapters.lora_index_to_id.index(VLLM_LORA_INT_ID)
+            for module in adapters.modules.values():
+                module.reset_lora(slot)
+            print(f"{ADAPTER_LOG_PREFIX} sync={sync}: slot {slot} cleared ({SERVE_BASE_VARIABLE}): serving the base",
+                  flush=True)
         dump = os.environ.get(SERVED_ADAPTER_DUMP_VARIABLE)
         if dump:
             from safetensors.torch import save_file
@@ -69,6 +82,28 @@ class WeightSyncWorkerExtension(vLLMColocateWorkerExtension):
             packed = getattr(self.model_runner.model, "packed_modules_mapping", {}) or {}
             Path(dump).mkdir(parents=True, exist_ok=True)
             save_file(served_weight_changes(served, packed), str(Path(dump) / f"served_{sync}.safetensors"))
+
+    def beyond_served_fingerprints(self) -> dict:
+        """What this worker serves, as `weights.fingerprint` sums: {"weights": its parameters (base weights), "adapter":
+        the loaded LoRA adapter's change per module, or None when LoRA is on and no adapter is loaded; absent key
+        when the engine serves no LoRA}."""
+        from verl.workers.rollout.vllm_rollout.utils import VLLM_LORA_INT_ID
+
+        model = self.model_runner.model
+        served = {"weights": tensors_fingerprint(parameter for _, parameter in model.named_parameters()).as_dict()}
+        manager = getattr(self.model_runner, "lora_manager", None)
+        if manager is not None:
+            changes = active_adapter_changes(manager._adapter_manager, VLLM_LORA_INT_ID)
+            served["adapter"] = None if changes is None else tensors_fingerprint(changes).as_dict()
+        return served
+
+    def beyond_check_served(self, expected: dict, sync: str) -> None:
+        """Raise when what this worker serves is not the trained model (`expected`: `fingerprint.trained_fingerprints`).
+        Why raise: verl's server `collective_rpc` returns nothing to the trainer, but passes an error on."""
+        problems = compare(expected, self.beyond_served_fingerprints())
+        if problems:
+            raise RuntimeError(f"{SERVED_DIFFER_MARKER} {sync} (vLLM worker {getattr(self, 'rank', '?')}): "
+                               + "; ".join(problems))
 
     def update_weights_from_ipc(self, peft_config: dict = None, base_sync_done=False, use_shm: bool = False,
                                 beyond_weight_sync: int | None = None):
@@ -146,6 +181,23 @@ def load_adapter_from_tensors(manager: Any, lora_request: Any) -> Any:
     manager._adapter_manager._validate_modules_to_save(lora)
     manager._adapter_manager._validate_token_classification_lora(lora)
     return lora
+
+
+def active_adapter_changes(adapter_manager: Any, adapter_id: int) -> list[torch.Tensor] | None:
+    """What the adapter adds to each weight as requests see it: lora_B @ lora_A of its slot in every LoRA layer's
+    stacked buffers (the scaling is folded into lora_B there, the rank padded with zeros), one product per slice of
+    a packed layer; None when the adapter holds no slot (requests naming it would get the base model)."""
+    if adapter_id not in adapter_manager.lora_index_to_id:
+        return None
+    slot = adapter_manager.lora_index_to_id.index(adapter_id)
+    changes = []
+    for module in adapter_manager.modules.values():
+        stacked_a, stacked_b = getattr(module, "lora_a_stacked", None), getattr(module, "lora_b_stacked", None)
+        if not isinstance(stacked_a, tuple):  # embeddings, logits: not among the layers a sync's adapter targets here
+            continue
+        for lora_a, lora_b in zip(stacked_a, stacked_b):
+            changes.append(lora_b[slot, 0].float() @ lora_a[slot, 0].float())
+    return changes
 
 
 def served_weight_changes(lora_model: Any, packed: dict[str, list[str]]) -> dict[str, torch.Tensor]:

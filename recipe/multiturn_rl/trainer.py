@@ -47,7 +47,7 @@ import os
 from typing import Any
 
 from beyond_agent.algorithms.gigpo import RECOUNTED_ESTIMATORS, add_step_advantages, count_each_episode_once, norm_of
-from beyond_agent.integrity import LogProbDriftMonitor, PrefixMonitor
+from beyond_agent.integrity import LogProbDriftMonitor, PrefixMonitor, ServedWeightsMonitor
 from beyond_agent.multitask import apply_task_advantage_norm
 from beyond_agent.rollout.batch import add_segment_rows
 from beyond_agent.run_folder import METRICS_PATH_VARIABLE
@@ -87,7 +87,8 @@ class BeyondAgentTrainer(TrainerSeams):
         """verl's workers, then the one wrapper around its weight sync (`wrap_weight_sync`)."""
         super().init_workers()
         rollout = self.async_rollout_manager if self.beyond_config.is_async else None
-        wrap_weight_sync(self.checkpoint_manager, rollout, self.lora_plan, self._take_actor_output)
+        served = ServedWeightsMonitor(self.beyond_config.integrity.served_weights, self.config.actor_rollout_ref.rollout)
+        wrap_weight_sync(self.checkpoint_manager, rollout, self.lora_plan, self._take_actor_output, served)
 
     def fit(self) -> None:
         """verl's fit(), then the curves PNG (also after a failure: the steps that ran are worth a look)."""

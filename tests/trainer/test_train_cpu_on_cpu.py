@@ -100,8 +100,9 @@ def babyai_data(trainer_envservice, tmp_path_factory) -> tuple[Path, Path]:
 def lora_run(training_run, trainer_envservice, babyai_data, tmp_path_factory):
     """The first run: sync GRPO with LoRA, dynamic sampling and the adaptive horizon, steps 1-2."""
     workdir = tmp_path_factory.mktemp("lora")
-    run = training_run(workdir / "run", overrides(babyai_data, trainer_envservice.url, steps=2),
-                       env={"BEYOND_LORA_SERVED_DUMP": str(workdir / "served_first")})
+    run = training_run(workdir / "run", overrides(babyai_data, trainer_envservice.url, steps=2) + [
+        "beyond_agent.integrity.served_weights.action=warn"],  # its last sync serves the base (no rollout uses it)
+        env={"BEYOND_LORA_SERVED_DUMP": str(workdir / "served_first"), "BEYOND_LORA_SERVE_BASE_SYNC": "2"})
     # What the resumed run, in the same folder, overwrites.
     run.kept["latest_checkpoint"] = (run.run_dir / "latest_checkpointed_iteration.txt").read_text().strip()
     run.kept["curves"] = (run.run_dir / "curves.png").read_bytes()
@@ -182,6 +183,24 @@ def test_the_log_prob_drift_monitor_stays_quiet_on_a_healthy_run(lora_run):
         assert metrics["beyond_agent/integrity/log_prob_drift"] == 0.0
         assert 0.0 < metrics["beyond_agent/integrity/mean_log_prob_gap"] < 0.1
     assert "token log-probs are" not in lora_run.output
+
+
+def test_the_served_weights_monitor_names_the_sync_that_served_the_base_in_place_of_the_adapter(lora_run):
+    """The break of verl#7495 (rollouts on the base model while the adapter trains), made at the first run's last
+    sync (`BEYOND_LORA_SERVE_BASE_SYNC=2`: the adapter's slot cleared after the load): the monitor, set to warn in
+    this run, flags that sync and no other; the resumed run, healthy, checks every sync at the default `stop`."""
+    assert [lora_run.metrics[step]["beyond_agent/integrity/served_weights"] for step in (1, 2)] == [0.0, 1.0]
+    [warning] = [line.partition("[beyond_agent] WARNING ")[2] for line in lora_run.output.splitlines()
+                 if "[beyond_agent] WARNING" in line and "would sample from other weights" in line]  # Ray's prefix
+    assert warning.startswith(
+        "integrity: training step 3's rollouts would sample from other weights than the trained "
+        "ones: served weights differ from the trained ones at the weight sync after training step 2 (vLLM worker 0): "
+        "LoRA adapter: trained sum"), warning
+    assert "; served sum 0, sum of squares 0 over" in warning  # the cleared slot: the base model, nothing added
+
+
+def test_every_sync_of_the_resumed_run_serves_the_trained_adapter(resumed_run):
+    assert [resumed_run.metrics[step]["beyond_agent/integrity/served_weights"] for step in RESUMED_STEPS] == [0.0] * 3
 
 
 def test_every_turn_trained_was_generated_from_the_start_of_its_row(lora_run, resumed_run):

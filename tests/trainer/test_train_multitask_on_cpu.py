@@ -203,6 +203,9 @@ def test_the_vllm_worker_verifies_and_loads_every_sync_but_the_corrupted_one(run
     for seq, _mode, params, equal, differ, _unchecked, verified, total in applied:
         assert int(differ) == 0 and int(equal) > 0 and verified == total == params, (seq, equal, differ)
     assert REFUSED.findall(run.output) == [("3", "ChecksumMismatchError")]
+    # After each sync (the refused one redone in full) vLLM serves the trained weights: the served_weights monitor,
+    # at its default `stop`, compared the fingerprints and logged 0 at every step.
+    assert [run.metrics[step]["beyond_agent/integrity/served_weights"] for step in range(1, STEPS + 1)] == [0.0] * STEPS
 
 
 def test_the_tracker_logs_each_steps_sync(run):
