@@ -101,7 +101,7 @@ def test_the_code_episodes_trained_with_the_env_s_reward(run):
 
 
 def test_the_default_full_weight_sync_is_verls_own(run):
-    # weight_sync.mode=full (the default) is verl's own sync: none of ours runs, so the delta sync's test hooks set
+    # weight_sync.mode=full (the default) is verl's own sync: none of ours sends, so the delta sync's test hooks set
     # on this run have no effect; the trainer only times it; and the rollout sampled with the weights the trainer
     # recomputes with (the gap is numerical noise, ~3e-5 here; weights one step behind would add the update).
     logged = run.tracked()
@@ -109,3 +109,6 @@ def test_the_default_full_weight_sync_is_verls_own(run):
     assert {key for metrics in logged.values() for key in metrics if key.startswith("beyond_agent/weight_sync/")} == \
         {"beyond_agent/weight_sync/transfer_s"}
     assert all(0.0 <= logged[step]["training/rollout_probs_diff_max"] < 1e-3 for step in (1, 2)), logged
+    # and after each sync vLLM served the trained weights (the served_weights monitor, at its default `stop`, on the
+    # full weights that verl's own sync sent: our worker extension only answers it)
+    assert [logged[step]["beyond_agent/integrity/served_weights"] for step in (1, 2)] == [0.0, 0.0]
