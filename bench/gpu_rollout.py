@@ -43,24 +43,10 @@ BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(REPO_ROOT))
 
 REHEARSE_ON_CPU = os.environ.get("BEYOND_GPU_CHECKS_ON_CPU") == "1"
-SIZES = {"0.5b": "Qwen/Qwen2.5-0.5B-Instruct", "1.5b": "Qwen/Qwen2.5-1.5B-Instruct", "tiny": None}
-"""Size name -> the hub model whose shape (gpu_plan.KNOWN_MODELS) the random model takes; tiny: the test model."""
 
-
-def build_model(size: str, folder: Path) -> Path:
-    """A random-weight Qwen2 of the size's shape with the offline tokenizer, built once into `folder`."""
-    from beyond_agent.gpu_plan import KNOWN_MODELS
-    from dev_tools.tiny_model import TinyModelSpec, build_tiny_model
-
-    if (folder / "config.json").exists():
-        return folder
-    spec = TinyModelSpec()
-    if SIZES[size]:
-        shape = KNOWN_MODELS[SIZES[size]]
-        spec = TinyModelSpec(hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
-                             num_hidden_layers=shape.num_hidden_layers, num_attention_heads=shape.num_attention_heads,
-                             num_key_value_heads=shape.num_key_value_heads)
-    return build_tiny_model(folder, spec)
+from dev_tools.tiny_model import SHAPES, build_shaped_model  # noqa: E402
+SIZES = SHAPES
+"""Size name -> the hub model whose shape the random model takes (dev_tools.tiny_model.SHAPES); tiny: the test model."""
 
 
 def compose_config(args: argparse.Namespace, model_dir: Path, env_url: str, loop_config: Path) -> Any:
@@ -190,7 +176,7 @@ def bench_size(args: argparse.Namespace, size: str) -> dict[str, Any]:
     from beyond_agent.data import task_rows
 
     out = Path(args.out)
-    model_dir = build_model(size, Path(args.models) / size)
+    model_dir = build_shaped_model(size, Path(args.models) / size)
     with EnvServiceProcess(["babyai"], log_path=out / f"envservice_{size}.log") as service:
         with EnvClient(service.url) as client:
             # Rows are layouts of one level, drawn by seed: BabyAI's train split is its 10 levels, so task numbers

@@ -178,15 +178,43 @@ def build_tiny_model(out: str | Path, spec: TinyModelSpec = TinyModelSpec()) -> 
     return out
 
 
+SHAPES = {"tiny": None, "0.5b": "Qwen/Qwen2.5-0.5B-Instruct", "1.5b": "Qwen/Qwen2.5-1.5B-Instruct"}
+"""Shape name -> the hub model whose shape (beyond_agent.gpu_plan.KNOWN_MODELS) a random model takes (hidden size,
+layers, heads, MLP; the vocabulary stays the offline tokenizer's ~1k entries); tiny: TinyModelSpec's own."""
+
+
+def build_shaped_model(shape: str, folder: Path) -> Path:
+    """A random-weight Qwen2 of the named shape (`SHAPES`) with the offline tokenizer, built once into `folder`
+    (a folder holding one already is returned as it is). Raises ValueError naming the valid shapes."""
+    if shape not in SHAPES:
+        raise ValueError(f"model shape {shape!r} is not valid; choose one of {', '.join(SHAPES)}")
+    if (folder / "config.json").exists():
+        return folder
+    spec = TinyModelSpec()
+    if SHAPES[shape]:
+        from beyond_agent.gpu_plan import KNOWN_MODELS
+
+        known = KNOWN_MODELS[SHAPES[shape]]
+        spec = TinyModelSpec(hidden_size=known.hidden_size, intermediate_size=known.intermediate_size,
+                             num_hidden_layers=known.num_hidden_layers, num_attention_heads=known.num_attention_heads,
+                             num_key_value_heads=known.num_key_value_heads)
+    return build_tiny_model(folder, spec)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="folder to write the model into")
     parser.add_argument("--seed", type=int, default=0, help="seeds both the corpus and the weights")
     parser.add_argument("--vocab-size", type=int, default=TinyModelSpec.vocab_size)
+    parser.add_argument("--shape", default="tiny", choices=sorted(SHAPES),
+                        help="another model's shape with random weights (0.5b, 1.5b: Qwen2.5's); built once")
     args = parser.parse_args(argv)
     started = time.perf_counter()
-    out = build_tiny_model(args.out, TinyModelSpec(vocab_size=args.vocab_size, seed=args.seed))
-    print(f"tiny model written to {out} in {time.perf_counter() - started:.1f} s")
+    if args.shape != "tiny":
+        out = build_shaped_model(args.shape, Path(args.out).expanduser())
+    else:
+        out = build_tiny_model(args.out, TinyModelSpec(vocab_size=args.vocab_size, seed=args.seed))
+    print(f"model written to {out} in {time.perf_counter() - started:.1f} s")
 
 
 if __name__ == "__main__":

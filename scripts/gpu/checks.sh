@@ -1,36 +1,54 @@
 #!/usr/bin/env bash
-# The GPU checks (issues #35, #55): the training checks of tests/gpu and the rollout benchmark, each run's output kept.
-#   bash scripts/gpu/checks.sh [training] [bench | bench-0.5b | bench-1.5b]     (default: training)
-#     training    tests/gpu/test_training_on_gpu.py: the quickstart (2 GRPO steps in bf16, a checkpoint), then the
-#                 async M2PO example resumed from it with delta weight sync (3 steps): 2 training runs
-#     bench       bench/gpu_rollout.py: our env manager against verl's agent loop, both model sizes (its JSONs);
-#     bench-SIZE  the same for one size
-# On the lent GPU machine the set is two calls after the wheel calls (docs/gpus.md; build_chunks.sh prints them):
-#   bash scripts/gpu/device/run.sh .gpu/cN -- bash scripts/gpu/checks.sh training
-#   bash scripts/gpu/device/run.sh .gpu/cN -- bash scripts/gpu/checks.sh bench
-# One device call runs at most 10 minutes. Output: $OUT/gpu/<run>.log per training run (the
-# launcher's whole output), $OUT/gpu/bench_gpu_rollout_*.json, and pytest's summary in the caller's log. (A call
-# brings back at most 8 files from $OUT.)
+# The GPU checks (issues #35, #55, #74): the training checks of tests/gpu and the rollout benchmark, each run's
+# output and phase times kept.
+#   bash scripts/gpu/checks.sh CHECK...     (default: training)
+#     train-sync  the quickstart (2 GRPO steps in bf16, a checkpoint) with the model of BEYOND_GPU_MODEL (default
+#                 0.5b on a GPU: a random-weight model of Qwen2.5-0.5B's shape; tiny in a CPU rehearsal); the model
+#                 and the run are kept in the state folder for train-async
+#     train-async the async M2PO example with delta weight sync resumed from train-sync's checkpoint (3 steps); it
+#                 stops at once, saying so, when train-sync's run is not kept on this machine
+#     training    both in one call (a GPU node without a call limit)
+#     bench-0.5b, bench-1.5b   bench/gpu_rollout.py for one size: our env manager against verl's agent loop
+#     bench       both sizes
+# On the lent GPU machine each check is its own device call (docs/gpus.md; build_chunks.sh prints them in order):
+#   bash scripts/gpu/device/run.sh .gpu/cN -- bash scripts/gpu/checks.sh train-sync
+# The state folder (BEYOND_GPU_STATE, default /root/beyond-gpu-state where /root is writable, else
+# outputs/gpu-state) outlives a call while the machine stays warm. Output: $OUT/gpu/<run>.log (the launcher's
+# whole output), <run>.phases.md (where its time went), bench JSONs, and pytest's summary in the caller's log.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 python=python3
 [ -x .venv/bin/python ] && python=.venv/bin/python
 out="${OUT:-outputs/gpu-checks}"
 export BEYOND_GPU_REPORT_DIR="$out/gpu"
-mkdir -p "$BEYOND_GPU_REPORT_DIR"
+if [ -z "${BEYOND_GPU_STATE:-}" ]; then
+  if [ -w /root ]; then BEYOND_GPU_STATE=/root/beyond-gpu-state; else BEYOND_GPU_STATE=outputs/gpu-state; fi
+fi
+export BEYOND_GPU_STATE
+if [ "${BEYOND_GPU_CHECKS_ON_CPU:-0}" = 1 ]; then export BEYOND_GPU_MODEL="${BEYOND_GPU_MODEL:-tiny}"
+else export BEYOND_GPU_MODEL="${BEYOND_GPU_MODEL:-0.5b}"; fi
+mkdir -p "$BEYOND_GPU_REPORT_DIR" "$BEYOND_GPU_STATE"
 [ $# -gt 0 ] || set -- training
+tests=tests/gpu/test_training_on_gpu.py
 rc=0
 for check in "$@"; do
   started=$(date +%s)
   case "$check" in
-    training) "$python" -m pytest -q -p no:cacheprovider -rA tests/gpu/test_training_on_gpu.py || rc=1 ;;
+    train-sync)
+      rm -rf "$BEYOND_GPU_STATE/runs/quickstart" "$BEYOND_GPU_STATE/runs/quickstart".*  # a fresh run, kept for train-async
+      "$python" -m pytest -q -s -p no:cacheprovider -rA "$tests" -k quickstart_trains || rc=1 ;;
+    train-async)
+      BEYOND_GPU_REQUIRE_KEPT=1 "$python" -m pytest -q -s -p no:cacheprovider -rA "$tests" -k "resume or async or delta" \
+        || rc=1 ;;
+    training) "$python" -m pytest -q -s -p no:cacheprovider -rA "$tests" || rc=1 ;;
     bench|bench-0.5b|bench-1.5b)
-           sizes=(0.5b 1.5b); [ "$check" = bench ] || sizes=("${check#bench-}")
-           "$python" bench/gpu_rollout.py --sizes "${sizes[@]}" --out outputs/gpu-bench || rc=1
-           cp outputs/gpu-bench/bench_gpu_rollout_*.json "$BEYOND_GPU_REPORT_DIR/" 2>/dev/null ;;
-    *) echo "checks.sh: unknown check '$check' (valid: training, bench, bench-0.5b, bench-1.5b)" >&2; exit 2 ;;
+      sizes=(0.5b 1.5b); [ "$check" = bench ] || sizes=("${check#bench-}")
+      "$python" bench/gpu_rollout.py --sizes "${sizes[@]}" --out outputs/gpu-bench || rc=1
+      cp outputs/gpu-bench/bench_gpu_rollout_*.json "$BEYOND_GPU_REPORT_DIR/" 2>/dev/null ;;
+    *) echo "checks.sh: unknown check '$check' (valid: train-sync, train-async, training, bench, bench-0.5b, bench-1.5b)" >&2
+       exit 2 ;;
   esac
-  echo "checks.sh: $check took $(( $(date +%s) - started )) s"
+  echo "checks.sh: $check took $(( $(date +%s) - started )) s (model: $BEYOND_GPU_MODEL, state: $BEYOND_GPU_STATE)"
   grep -h -a -E "^\[launcher\] training exited|step:[0-9]+ - " "$BEYOND_GPU_REPORT_DIR"/*.log 2>/dev/null \
     | cut -c1-400 | tail -20
 done

@@ -65,10 +65,14 @@ def test_chunks_travel_join_and_install(kit, tmp_path):
     assert sorted(path.name for path in chunks.iterdir()) == ["c1", "c2", "c3"]  # 2.4 MB in 1 MiB chunks
     assert all((chunks / f"c{n}" / "PARTS").read_text().endswith("parts 3\n") for n in (1, 2, 3))
     assert f'run(command="bash scripts/gpu/device/stash.sh {chunks}/c2", carry=["{chunks}/c2"])' in built.stdout
-    # The check set in two calls, each carrying the last chunk (the second finds the wheels installed).
-    assert [line.strip() for line in built.stdout.splitlines() if "run.sh" in line] == [
+    # The checks, one call each in priority order, each carrying the last chunk (the later ones find the wheels
+    # installed), with its limit and expected seconds.
+    calls = [line.strip().partition("   # ~") for line in built.stdout.splitlines() if "run.sh" in line]
+    assert [call for call, _, _ in calls] == [
         f'run(command="bash scripts/gpu/device/run.sh {chunks}/c3 -- bash scripts/gpu/checks.sh {checks}", '
-        f'carry=["{chunks}/c3"], timeout_s=600)' for checks in ("training", "bench")]
+        f'carry=["{chunks}/c3"], timeout_s={limit})'
+        for checks, limit in (("train-sync", 480), ("train-async", 420), ("bench-0.5b", 300), ("bench-1.5b", 300))]
+    assert all(expected.endswith(" s") and expected[:-2].isdigit() for _, _, expected in calls), calls
     sums = Path(kit["GPU_WHEEL_LIST"]).with_suffix(".sha256").read_text()
     assert "kit_alpha-1.0-py3-none-any.whl" in sums and "kit_beta-1.0-py3-none-any.whl" in sums
 
@@ -146,4 +150,17 @@ def test_the_checks_script_names_its_checks(tmp_path):
                              text=True, env={**os.environ, "OUT": str(tmp_path)}, timeout=60)
     assert refused.returncode == 2
     assert refused.stderr.strip() == ("checks.sh: unknown check 'quickstart-bf16' "
-                                      "(valid: training, bench, bench-0.5b, bench-1.5b)")
+                                      "(valid: train-sync, train-async, training, bench, bench-0.5b, bench-1.5b)")
+
+
+def test_a_call_that_continues_another_stops_at_once_when_its_run_is_not_kept(tmp_path):
+    """`checks.sh train-async` resumes train-sync's run, kept in the state folder by an earlier device call; on a
+    machine without it (a fresh one, or train-sync not run) it says so in seconds instead of training again."""
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "BEYOND_GPU_STATE": str(tmp_path / "state"),
+           "BEYOND_GPU_CHECKS_ON_CPU": "1"}
+    done = subprocess.run(["bash", "scripts/gpu/checks.sh", "train-async"], cwd=REPO_ROOT, capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert done.returncode == 1, done.stdout[-3000:]
+    assert (f"quickstart: no finished run kept under {tmp_path / 'state'} (BEYOND_GPU_STATE); this call continues "
+            "it: run its predecessor first on the same warm machine") in done.stdout
+    assert "checks.sh: train-async took" in done.stdout and not (tmp_path / "state" / "runs").exists()

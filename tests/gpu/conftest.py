@@ -17,10 +17,14 @@ spending GPU time (a CPU run proves the checks' logic, not the GPU).
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,32 +92,99 @@ class LaunchedRun:
     """step -> {metric key -> value}, from the folder's metrics files (run_folder.MetricsLog)."""
 
 
+GPU_STATE = os.environ.get("BEYOND_GPU_STATE")
+"""A folder kept between device calls on one warm machine (scripts/gpu/checks.sh points it under /root): the shaped
+model is built there once, and each finished run is kept there for a later call to reuse (`launch(reuse=True)`)."""
+REQUIRE_KEPT = os.environ.get("BEYOND_GPU_REQUIRE_KEPT") == "1"
+"""A call that only continues an earlier call's run (`checks.sh train-async`) must find it kept, not train it again."""
+MODEL_SHAPE = os.environ.get("BEYOND_GPU_MODEL", "tiny")
+"""The training checks' model: `tiny` (the test model) or a random-weight model of Qwen2.5's `0.5b` or `1.5b` shape
+(dev_tools.tiny_model.SHAPES), built into the state folder once."""
+
+
+def model_overrides(state: Path) -> list[str]:
+    """The training checks' model path when a shaped model is asked for (`BEYOND_GPU_MODEL`), built on first use."""
+    if MODEL_SHAPE == "tiny":
+        return []
+    from dev_tools.tiny_model import build_shaped_model
+
+    return [f"actor_rollout_ref.model.path={build_shaped_model(MODEL_SHAPE, state / f'model-{MODEL_SHAPE}')}"]
+
+
+@pytest.fixture(scope="session")
+def gpu_state(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`BEYOND_GPU_STATE`, else a folder of this session."""
+    folder = Path(GPU_STATE) if GPU_STATE else tmp_path_factory.mktemp("gpu-state")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def timed_run(command: list[str], environment: dict, log: Path, timeout_s: float) -> tuple[int, list[tuple[float, str]]]:
+    """Run the command, its output written to `log` as it comes (a run stopped by a time limit leaves what it
+    printed) and each line stamped with the seconds since the start (for `dev_tools.run_phases`)."""
+    started = time.monotonic()
+    lines: list[tuple[float, str]] = []
+    with log.open("w") as sink, subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                                                 stderr=subprocess.STDOUT, env=environment, text=True,
+                                                 errors="replace") as process:
+        timer = threading.Timer(timeout_s, process.kill)
+        timer.start()
+        try:
+            for line in process.stdout:
+                sink.write(line)
+                sink.flush()
+                lines.append((round(time.monotonic() - started, 2), line.rstrip("\n")))
+        finally:
+            timer.cancel()
+        returncode = process.wait()
+    return returncode, lines
+
+
 @pytest.fixture(scope="module")
-def launch(tmp_path_factory: pytest.TempPathFactory):
-    """launch(name, yaml, overrides) -> LaunchedRun; fails with the output's tail on a non-zero exit. Module-scoped:
-    a module's runs are shared by its tests (one start-up, many checks)."""
-    tmp_path = tmp_path_factory.mktemp("gpu-runs")
-    report_dir = Path(os.environ.get("BEYOND_GPU_REPORT_DIR") or tmp_path)
+def launch(gpu_state: Path):
+    """launch(name, yaml, overrides, reuse=False) -> LaunchedRun; fails with the output's tail on a non-zero exit.
+    Module-scoped: a module's runs are shared by its tests (one start-up, many checks). Each run's phases (where its
+    time went, `dev_tools.run_phases`) are printed and kept beside its log. `reuse=True`: a run of that name kept
+    finished in the state folder by an earlier call is taken as it is."""
+    report_dir = Path(os.environ.get("BEYOND_GPU_REPORT_DIR") or gpu_state / "reports")
     report_dir.mkdir(parents=True, exist_ok=True)
 
-    def run(name: str, yaml: str, overrides: list[str] = (), timeout_s: float = 900) -> LaunchedRun:
-        root = tmp_path / name
+    def run(name: str, yaml: str, overrides: list[str] = (), timeout_s: float = 900, reuse: bool = False) -> LaunchedRun:
+        from dev_tools.run_phases import phase_table
+
+        root, finished = gpu_state / "runs" / name, gpu_state / "runs" / f"{name}.done.json"
+        if reuse and finished.exists():
+            kept = json.loads(finished.read_text())
+            print(f"[gpu checks] {name}: reusing the run kept by an earlier call ({kept['folder']})", flush=True)
+            return launched(Path(kept["folder"]), Path(kept["log"]).read_text(errors="replace"))
+        if reuse and REQUIRE_KEPT:
+            pytest.fail(f"{name}: no finished run kept under {gpu_state} (BEYOND_GPU_STATE); this call continues "
+                        f"it: run its predecessor first on the same warm machine (docs/gpus.md)", pytrace=False)
+        shutil.rmtree(root, ignore_errors=True)
         command = [sys.executable, "launcher.py", "--conf", yaml, "--with-envservice", "--backup-dir", str(root),
-                   "--", *overrides, *machine_overrides()]
+                   "--", *model_overrides(gpu_state), *overrides, *machine_overrides()]
         environment = dict(os.environ)
         if REHEARSE_ON_CPU:
             from verl_cpu.overrides import CPU_ENV
 
             environment.update(CPU_ENV)
         log = report_dir / f"{name}.log"
-        with log.open("w") as sink:  # written as it runs: a run stopped by a time limit leaves what it printed
-            done = subprocess.run(command, cwd=REPO_ROOT, stdout=sink, stderr=subprocess.STDOUT, env=environment,
-                                  timeout=timeout_s)
+        returncode, lines = timed_run(command, environment, log, timeout_s)
+        (report_dir / f"{name}.times.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+        table = phase_table(lines, f"{name} ({MODEL_SHAPE} model{', CPU rehearsal' if REHEARSE_ON_CPU else ''})")
+        (report_dir / f"{name}.phases.md").write_text(table + "\n")
+        print(table, flush=True)
         output = log.read_text(errors="replace")
-        assert done.returncode == 0, output[-6000:]
+        assert returncode == 0, output[-6000:]
         (folder,) = root.iterdir()
-        metrics = MetricsLog(folder)
-        metrics.refresh()
-        return LaunchedRun(folder, output, metrics.steps)
+        kept_log = shutil.copy(log, gpu_state / "runs" / f"{name}.log")  # a call's report folder is its own
+        finished.write_text(json.dumps({"folder": str(folder), "log": str(kept_log)}))
+        return launched(folder, output)
 
     return run
+
+
+def launched(folder: Path, output: str) -> LaunchedRun:
+    metrics = MetricsLog(folder)
+    metrics.refresh()
+    return LaunchedRun(folder, output, metrics.steps)

@@ -36,7 +36,8 @@ SENT = re.compile(r"\[beyond_agent\] weight_sync sent: step=(\d+) seq=(\d+) mode
 
 @pytest.fixture(scope="module")
 def quickstart(launch):
-    return launch("quickstart", QUICKSTART)
+    """The sync run; one kept by an earlier device call on this machine (`checks.sh train-sync`) is reused."""
+    return launch("quickstart", QUICKSTART, reuse=True)
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +61,8 @@ def test_the_quickstart_trains_two_grpo_steps_in_bf16_and_checkpoints(quickstart
         assert figures["beyond_agent/episodes"] == 8.0  # 4 rows x n=2
         assert math.isfinite(figures["training/rollout_probs_diff_max"])
         assert figures["timing_s/step"] > 0
+        # vLLM served the trained weights after the sync (bf16 on both sides; the monitor stops the run otherwise)
+        assert figures["beyond_agent/integrity/served_weights"] == 0.0
     latest = quickstart.folder / "checkpoints" / "latest_checkpointed_iteration.txt"
     assert latest.read_text().strip() == "2"
     # A clean exit prints no traceback after it (the 2026-11-28 H200 run printed a DataLoader worker's, killed by
@@ -85,6 +88,7 @@ def test_async_m2po_trains_on_stale_rows_within_the_bound(resumed):
         assert any(key.endswith("m2po_m2_before") for key in figures), sorted(figures)
         assert figures["beyond_agent/episodes"] == 8.0  # 4 rows x n=2, all from the pool
         assert figures["beyond_agent/weight_sync/bytes_sent"] > 0 and figures["beyond_agent/weight_sync/transfer_s"] > 0
+        assert figures["beyond_agent/integrity/served_weights"] == 0.0  # each delta applied is the trained model
 
     accounting = ast.literal_eval(ACCOUNTING.search(resumed.output).group(1))
     assert accounting["trained"] == 8 * len(RESUMED_STEPS)

@@ -100,8 +100,15 @@ echo "Device calls, back to back while the machine stays warm (docs/gpus.md):"
 for n in $(seq 1 $((last - 1))); do
   echo "  run(command=\"bash scripts/gpu/device/stash.sh $out/c$n\", carry=[\"$out/c$n\"])"
 done
-# The check set in two calls of at most 9 minutes (docs/gpus.md has each part's measured or expected time); the
-# second call carries the last chunk again and finds the wheels installed.
-for checks in training bench; do
-  echo "  run(command=\"bash scripts/gpu/device/run.sh $out/c$last -- bash scripts/gpu/checks.sh $checks\", carry=[\"$out/c$last\"], timeout_s=600)"
-done
+# The checks, one device call each, in priority order, with what each is expected to take on the H200 (docs/gpus.md
+# has the measured phases they come from); every call carries the last chunk (the first installs the wheels, the
+# others find them installed). train-async continues train-sync's run, kept under /root while the machine is warm.
+echo "Then the checks, one call each, in this order (expected device seconds; stop where the session's time ends):"
+while read -r checks expected limit; do
+  echo "  run(command=\"bash scripts/gpu/device/run.sh $out/c$last -- bash scripts/gpu/checks.sh $checks\", carry=[\"$out/c$last\"], timeout_s=$limit)   # ~${expected} s"
+done <<'CALLS'
+train-sync 340 480
+train-async 300 420
+bench-0.5b 200 300
+bench-1.5b 220 300
+CALLS
