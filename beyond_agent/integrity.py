@@ -27,11 +27,12 @@ Metrics, every training step once the window is full: `beyond_agent/integrity/re
 of one reason's share); every step with the rollout's log-probs: `.../log_prob_drift` (1.0 on an alarm) and
 `.../mean_log_prob_gap`; every step: `.../prefix` (1.0 on a break), `.../prefix_breaks` (turns whose context is
 not the start of their row) of `.../prefix_turns`; with each sync's metrics: `.../served_weights` (1.0 when the
-served weights differ from the trained ones).
+served weights differ from the trained ones) and `.../served_weights_s` (what the check took).
 """
 
 from __future__ import annotations
 
+import time
 import warnings
 import zlib
 from collections import deque
@@ -319,12 +320,14 @@ class ServedWeightsMonitor:
         from beyond_agent.weights.fingerprint import served_mismatch
 
         sync = f"at the weight sync after training step {after_step}" if after_step else "at the first weight sync"
+        started = time.perf_counter()
         mismatch = served_mismatch(actor_workers, servers, self.served_dtype, sync)
+        seconds = time.perf_counter() - started
         if mismatch:
             _act(self.watch.action,
                  f"integrity: training step {after_step + 1}'s rollouts would sample from other weights than the "
                  f"trained ones: {mismatch} ({SECTION}.served_weights.action={self.watch.action})")
-        return {f"{METRIC}served_weights": float(bool(mismatch))}
+        return {f"{METRIC}served_weights": float(bool(mismatch)), f"{METRIC}served_weights_s": seconds}
 
 
 def _act(action: str, alarm: str) -> None:

@@ -145,7 +145,8 @@ def test_the_monitor_stops_the_step_naming_it(served_engine, tiny_model_dir, mon
     monkeypatch.setattr("ray.get", lambda refs: [ref() for ref in refs] if isinstance(refs, list) else refs())
     monitor = ServedWeightsMonitor(ServedWeightsWatch(action="stop"),
                                    OmegaConf.create({"name": "vllm", "dtype": "float32", "tensor_model_parallel_size": 1}))
-    assert monitor.observe(0, [actor], [server]) == {"beyond_agent/integrity/served_weights": 0.0}
+    healthy = monitor.observe(0, [actor], [server])
+    assert healthy["beyond_agent/integrity/served_weights"] == 0.0 and healthy["beyond_agent/integrity/served_weights_s"] > 0
     with torch.no_grad():
         trained.lm_head.weight[5, 5] -= 1e-3  # tied: the embedding moved too
     with pytest.raises(IntegrityBroken, match=r"integrity: training step 3's rollouts would sample from other weights "
