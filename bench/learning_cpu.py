@@ -195,6 +195,31 @@ class Lake(EpisodeLimits):
         return solved / len(descs)
 
 
+AROUND = re.compile(r"Around you: left (\S), down (\S), right (\S), up (\S)\.")
+MOVE = re.compile(r"\b(left|down|right|up)\b")
+
+
+def visible_hole_moves(results: list) -> tuple[int, int, float]:
+    """(moves into a hole the observation named, moves made beside one, how many of those a move drawn at random
+    would have made: the named holes / 4, summed) over the episodes' turns: whether a policy reads its observation
+    where it matters. Why: success can sit above the map-blind plateau by luck; a policy that reads the `around`
+    line steps where it says H far less often than chance, a blind one about as often."""
+    into = beside = 0
+    chance = 0.0
+    for result in results:
+        messages = result.messages
+        for seen, reply in zip(messages, messages[1:]):
+            if seen.get("role") != "user" or reply.get("role") != "assistant":
+                continue
+            around, move = AROUND.search(seen.get("content") or ""), MOVE.search(reply.get("content") or "")
+            if around is None or move is None or "H" not in around.groups():
+                continue
+            beside += 1
+            into += around.group(("left", "down", "right", "up").index(move.group(1)) + 1) == "H"
+            chance += around.groups().count("H") / 4
+    return into, beside, chance
+
+
 def limit_overrides(limits: dict) -> list[str]:
     """An episode's limits (`EpisodeConfig` keyword arguments) as the recipe's overrides."""
     return [f"beyond_agent.rounds.rounds={limits['max_rounds']}",
@@ -339,6 +364,16 @@ def success_rate(model, tokenizer, client: EnvClient, maps: MapSet, temperature:
     return sum(result.success for result in results) / len(results)
 
 
+def greedy_figures(model, tokenizer, client: EnvClient, maps: MapSet, seed: int, game: Game) -> dict:
+    """Greedy success on the set and, on FrozenLake, the greedy moves into a hole the observation named
+    (`visible_hole_moves`: [into, beside])."""
+    results = play_maps(model, tokenizer, client, maps, 0.0, 1, seed, game)
+    figures = {"greedy": sum(result.success for result in results) / len(results)}
+    if game.env_id == "frozenlake":
+        figures["greedy_hole_moves"] = list(visible_hole_moves(results))
+    return figures
+
+
 def evaluate_stage(name: str, model_dir: Path, tokenizer, client: EnvClient, args) -> dict:
     """Greedy and sampled success of one model folder on the held-out and the train maps."""
     from transformers import AutoModelForCausalLM
@@ -348,12 +383,15 @@ def evaluate_stage(name: str, model_dir: Path, tokenizer, client: EnvClient, arg
     figures = {}
     for maps in map_sets(args):
         figures[maps.name] = {
-            "greedy": success_rate(model, tokenizer, client, maps, 0.0, 1, args.eval_seed, args.game),
+            **greedy_figures(model, tokenizer, client, maps, args.eval_seed, args.game),
             "sampled": success_rate(model, tokenizer, client, maps, 1.0, args.samples, args.eval_seed, args.game),
         }
     held, train = figures["heldout"], figures["train"]
+    holes = held.get("greedy_hole_moves")
+    reading = (f"   held-out greedy moves into a named hole: {holes[0]} of {holes[1]} beside one (at random: "
+               f"{holes[2]:.0f})" if holes else "")
     print(f"[learning] {name:22s} held-out greedy {held['greedy']:6.1%} sampled {held['sampled']:6.1%}   "
-          f"train greedy {train['greedy']:6.1%} sampled {train['sampled']:6.1%}   "
+          f"train greedy {train['greedy']:6.1%} sampled {train['sampled']:6.1%}{reading}   "
           f"({time.monotonic() - started:.0f} s, {model_dir})", flush=True)
     return figures
 
@@ -439,8 +477,12 @@ def print_warmup_curve(out_dir: Path, tokenizer, client: EnvClient, args) -> dic
         if (folder / "huggingface" / "config.json").exists():
             model = AutoModelForCausalLM.from_pretrained(folder / "huggingface").eval()
             step = int(folder.name.rsplit("_", 1)[1])
-            curve[step] = success_rate(model, tokenizer, client, heldout, 0.0, 1, args.eval_seed, args.game)
-            print(f"[learning] warm-up step {step:4d}: held-out greedy {curve[step]:6.1%}", flush=True)
+            figures = greedy_figures(model, tokenizer, client, heldout, args.eval_seed, args.game)
+            curve[step] = figures["greedy"]
+            holes = figures.get("greedy_hole_moves")
+            reading = (f", moves into a named hole {holes[0]} of {holes[1]} (at random {holes[2]:.0f})"
+                       if holes else "")
+            print(f"[learning] warm-up step {step:4d}: held-out greedy {curve[step]:6.1%}{reading}", flush=True)
     (out_dir / "warmup_curve.json").write_text(json.dumps(curve))
     return curve
 
@@ -811,16 +853,36 @@ def require_same_warm_model(kept_warmup: dict, digest: str, seed: int) -> None:
                          f"stages to redo them")
 
 
+READING_SHARE = 0.5
+"""A warm-up reads its observation when its greedy moves step into a hole the observation named at most half as often
+as random moves from the same places would (`visible_hole_moves`)."""
+
+
+def reading_problems(warm: dict, plateau: float | None) -> list[str]:
+    """Why the warm-up's held-out figures say it does not read the map: success not above the map-blind plateau, or
+    moves into named holes not well under chance (FrozenLake; a figure not measured is not judged)."""
+    held, problems = warm["heldout"], []
+    if plateau is not None and held["greedy"] <= plateau:
+        problems.append(f"its held-out greedy success {held['greedy']:.1%} is not above the map-blind plateau "
+                        f"{plateau:.1%}")
+    holes = held.get("greedy_hole_moves")
+    if holes and holes[0] > READING_SHARE * holes[2]:
+        problems.append(f"its greedy moves stepped into a hole the observation named {holes[0]} times of {holes[1]} "
+                        f"beside one, where random moves would have {holes[2]:.0f} times (more than "
+                        f"{READING_SHARE:.0%} of that)")
+    return problems
+
+
 def require_reading_warmup(warm: dict, args) -> None:
-    """A frozen warm-up (`--warmup-seed`) must read the observation: its held-out greedy success above the map-blind
-    plateau (`args.plateau`, where the game computes one). Why: RL from a blind warm-up sharpens the blind sequence
-    and the seeds' lifts would measure which warm-up they drew, not the recipe. Without `--warmup-seed` (a warm-up
-    per seed, the quickstart) a blind warm-up is only named."""
-    plateau = getattr(args, "plateau", None)
-    if plateau is None or warm["heldout"]["greedy"] > plateau:
+    """A frozen warm-up (`--warmup-seed`) must read the observation (`reading_problems`): held-out greedy success above
+    the map-blind plateau (`args.plateau`, where the game computes one), and on FrozenLake moves into the holes its
+    observation names well under chance. Why: RL from a blind warm-up sharpens the blind sequence and the seeds'
+    lifts would measure which warm-up they drew, not the recipe. Without `--warmup-seed` (a warm-up per seed, the
+    quickstart) a blind warm-up is only named."""
+    problems = reading_problems(warm, getattr(args, "plateau", None))
+    if not problems:
         return
-    message = (f"the warm-up's held-out greedy success {warm['heldout']['greedy']:.1%} is not above the map-blind "
-               f"plateau {plateau:.1%}: it does not read the map")
+    message = f"the warm-up does not read the map: {'; '.join(problems)}"
     if args.warmup_seed is not None:
         raise SystemExit(f"[learning] {message}; choose another --warmup-seed or more --warmup-steps")
     print(f"[learning] note: {message}", flush=True)

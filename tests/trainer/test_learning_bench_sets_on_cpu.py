@@ -90,3 +90,37 @@ def test_tictactoe_positions_are_won_by_minimax_through_the_episode_loop_in_the_
         for view, move in zip(record.messages[1::2], record.messages[2::2]):
             assert move["role"] == "assistant" and move["content"].strip("[]") in view["content"].split(
                 "Free cells: ")[1].split(".")[0].split()
+
+
+def test_moves_into_a_hole_the_observation_named_are_counted(bench):
+    import types
+
+    def seen(left, down, right, up):
+        return {"role": "user", "content": f"map ...\nAround you: left {left}, down {down}, right {right}, up {up}."}
+
+    def move(action):
+        return {"role": "assistant", "content": f"I go {action}."}
+
+    reading = types.SimpleNamespace(messages=[seen("#", "H", "F", "#"), move("right"), seen("F", "F", "G", "#"),
+                                              move("right")])
+    blind = types.SimpleNamespace(messages=[seen("#", "H", "F", "#"), move("down")])
+    no_hole = types.SimpleNamespace(messages=[seen("#", "F", "F", "#"), move("down")])
+    # reading: beside a hole once, stepped away; blind: beside one, stepped in; no hole: not counted; a random move
+    # beside one named hole of four steps in a quarter of the time: 0.25 + 0.25
+    assert bench.visible_hole_moves([reading, blind, no_hole]) == (1, 2, 0.5)
+    surrounded = types.SimpleNamespace(messages=[seen("H", "H", "H", "H"), move("up")])
+    assert bench.visible_hole_moves([surrounded]) == (1, 1, 1.0)
+
+
+def test_a_warm_up_is_said_to_read_the_map_only_above_the_plateau_and_well_under_chance_at_named_holes(bench):
+    reads = {"heldout": {"greedy": 0.40, "greedy_hole_moves": [5, 120, 33.0]}}
+    assert bench.reading_problems(reads, 0.281) == []
+    # the frozen warm-up of 2026-11-29: one map above the plateau, and into named holes more often than chance
+    blind = {"heldout": {"greedy": 0.297, "greedy_hole_moves": [44, 121, 33.25]}}
+    [problem] = bench.reading_problems(blind, 0.281)
+    assert problem.startswith("its greedy moves stepped into a hole the observation named 44 times of 121")
+    assert len(bench.reading_problems({"heldout": {"greedy": 0.25}}, 0.281)) == 1  # holes not measured: not judged
+    args = bench.parse_args(["--warmup-seed", "0"])
+    args.plateau = 0.281
+    with pytest.raises(SystemExit, match="the warm-up does not read the map: its greedy moves stepped into a hole"):
+        bench.require_reading_warmup(blind, args)
