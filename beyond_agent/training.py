@@ -46,6 +46,8 @@ def prepare_verl_config(config: Any, beyond_config: BeyondAgentConfig) -> LoraPl
       (`configure_lora`, which refuses with the key to change a LoRA run this path does not serve);
     - with `weight_sync.mode: delta`, verl's checkpoint-engine seams name our delta backend
       (`configure_weight_sync`, which refuses with the key to change a run the delta path cannot serve);
+    - with the `served_weights` integrity monitor on (the default), vLLM's worker extension seam names ours in
+      every mode (`configure_served_check`): the monitor asks vLLM's workers through it after each sync;
     - with a user's agent (`beyond_agent.agent`) or self-play, `trainer.balance_batch` is turned on,
       because `fit()` reaches our join point only then and that is where the per_call episodes' earlier samples
       join the batch (the trainer's `TrainerSeams.join_rows` hook; verl reorders rows only if the user had asked
