@@ -41,6 +41,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 
 STARTUP_FIXTURES = {"tiny_vllm_server": "the session's vLLM server (~35 s of CPU to start)",
+                    "served_engine": "a vLLM engine with our worker extension, spawned (the served_weights monitor)",
                     "verl_cpu_seen": "a fresh process importing verl with the CPU platform",
                     "local_ray": "Ray's start (tests/trainer/test_weight_sync_wire_on_cpu.py)",
                     "chromium": "Debian's Chromium, driven by Playwright (the viewer's browser tests)"}
