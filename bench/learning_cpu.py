@@ -79,6 +79,7 @@ sys.path.insert(0, str(REPO_ROOT))
 import torch  # noqa: E402
 
 from envservice.client import EnvClient  # noqa: E402
+from launch.cli import command_summary  # noqa: E402
 from envservice.contamination import TaskSet, contamination  # noqa: E402
 from envservice.envs.frozenlake import shortest_path_actions  # noqa: E402
 from envservice.protocol import CreateResponse  # noqa: E402
@@ -751,7 +752,9 @@ def rl_stage(variant: str, warm_dir: Path, data_dir: Path, experiments: Path, ar
         f"actor_rollout_ref.actor.entropy_coeff={args.entropy_coeff}",
         *args.game.rl_overrides(), *RL_VARIANTS[variant](steps, warm_dir, args.game), *args.rl_override,
     ]
-    print(f"[learning] {variant} (seed {seed}): {' '.join(command)}", flush=True)
+    # The whole command runs to ~2 000 characters of overrides: the run folder's command.txt keeps it (the launcher's).
+    print(f"[learning] {variant} (seed {seed}): {command_summary(command, shown=4)} (the whole command: command.txt "
+          f"in the run's folder under {experiments})", flush=True)
     started = time.monotonic()
     experiments.mkdir(parents=True, exist_ok=True)
     before = set(experiments.iterdir())
