@@ -307,6 +307,17 @@ def contamination_report(args) -> dict[str, dict]:
     return {maps.name: contamination(maps.task_set(args.game), trained) for maps in evaluated}
 
 
+def contamination_lines(report: dict[str, dict]) -> list[str]:
+    """The report in short lines for the console (the results JSON keeps it whole): per set, its maps and how many
+    a training set shares by content; then the symmetries the fingerprint folds, once."""
+    lines = [f"contamination by content: {name}: {counts['tasks']} maps ({counts['distinct']} distinct), shared with "
+             + ", ".join(f"{trained} {shared}" for trained, shared in counts["shared"].items())
+             for name, counts in report.items()]
+    folds = sorted({fold for counts in report.values() for env_folds in counts.get("folds", {}).values()
+                    for fold in env_folds})
+    return lines + ([f"contamination by content: the fingerprint folds {'; '.join(folds)}"] if folds else [])
+
+
 HELDOUT_SETS = ("heldout", "validation")
 """The sets this bench calls held-out: none of their maps may be in a training set."""
 
@@ -996,7 +1007,8 @@ def main(argv: list[str] | None = None) -> int:
     per_seed: dict[int, dict] = {}
     contaminated = contamination_report(args)
     require_unseen(contaminated)
-    print(f"[learning] contamination by content (maps a stage trains on): {json.dumps(contaminated)}", flush=True)
+    for line in contamination_lines(contaminated):
+        print(f"[learning] {line}", flush=True)
     with EnvServiceProcess([args.game.env_id]) as service:
         client = EnvClient(service.url)
         data_dir = write_rl_data(out / "data", service.url, args) if args.rl else out / "data"

@@ -43,6 +43,10 @@ def test_the_bench_sets_called_held_out_share_no_map_with_any_training_set(bench
     # the train set is the RL pool's first maps: the check does see maps that were trained on
     assert report["train"]["shared"]["rl pool"] == report["train"]["tasks"] == 32
     bench.require_unseen(report)
+    lines = bench.contamination_lines(report)
+    assert lines[0] == (f"contamination by content: heldout: 64 maps ({report['heldout']['distinct']} distinct), shared "
+                        f"with warm-up 0, rl pool 0" + (", own episodes 0" if args.offline else ""))
+    assert all(len(line) < 600 for line in lines)  # the console's line, not the report
 
 
 def test_the_bench_refuses_a_held_out_set_that_was_trained_on(bench) -> None:
