@@ -206,7 +206,7 @@ def bench_size(args: argparse.Namespace, size: str) -> dict[str, Any]:
             def ours_llm_figures(output: Any, wall: float) -> dict[str, float]:
                 # The rollout's figures (beyond_agent/...): episodes, mean rounds (= replies), the seconds every
                 # episode waited for replies, and the time the server had a request of ours in flight.
-                figures = ours.take_step_figures()
+                figures = ours.take_step_metrics()
                 replies = round(figures["beyond_agent/mean_rounds"] * figures["beyond_agent/episodes"])
                 return {"replies": replies, "seconds_per_reply": figures["beyond_agent/llm_time_s"] / max(replies, 1),
                         "wall_over_llm_busy": wall / figures["beyond_agent/llm_busy_s"]}
