@@ -45,8 +45,6 @@ sys.path.insert(0, str(REPO_ROOT))
 REHEARSE_ON_CPU = os.environ.get("BEYOND_GPU_CHECKS_ON_CPU") == "1"
 
 from dev_tools.tiny_model import SHAPES, build_shaped_model  # noqa: E402
-SIZES = SHAPES
-"""Size name -> the hub model whose shape the random model takes (dev_tools.tiny_model.SHAPES); tiny: the test model."""
 
 
 def compose_config(args: argparse.Namespace, model_dir: Path, env_url: str, loop_config: Path) -> Any:
@@ -198,7 +196,7 @@ def bench_size(args: argparse.Namespace, size: str) -> dict[str, Any]:
             client = servers.get_client()  # what verl's trainer hands any rollout manager
             verl_manager = AgentLoopManager.create(config=config, llm_client=client)
             ours = BeyondAgentLoopManager.create(config=config, llm_client=client)
-            result: dict[str, Any] = {"size": size, "shape_of": SIZES[size], "rows": args.rows, "n": args.n,
+            result: dict[str, Any] = {"size": size, "shape_of": SHAPES[size], "rows": args.rows, "n": args.n,
                                       "rounds": args.rounds, "tokens_per_turn": args.tokens_per_turn,
                                       "ignore_eos": not args.stop_at_eos,
                                       "startup_s": time.perf_counter() - started, "ours": [], "verl": []}
@@ -248,7 +246,7 @@ def summary(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", nargs="+", default=["0.5b", "1.5b"], choices=sorted(SIZES))
+    parser.add_argument("--sizes", nargs="+", default=["0.5b", "1.5b"], choices=sorted(SHAPES))
     parser.add_argument("--rows", type=int, default=32, help="BabyAI layouts per rollout (seeds 0..rows-1 of --level)")
     parser.add_argument("--level", default="BabyAI-GoToLocal-v0", help="the BabyAI level every row plays")
     parser.add_argument("--n", type=int, default=2, help="episodes per task")

@@ -221,6 +221,14 @@ def visible_hole_moves(results: list) -> tuple[int, int, float]:
     return into, beside, chance
 
 
+def hole_moves_text(holes: list | None, lead: str) -> str:
+    """`visible_hole_moves`' figures for a console line ("" where the game has none)."""
+    if not holes:
+        return ""
+    into, beside, chance = holes
+    return f"{lead} moves into a named hole: {into} of {beside} beside one (at random: {chance:.0f})"
+
+
 def limit_overrides(limits: dict) -> list[str]:
     """An episode's limits (`EpisodeConfig` keyword arguments) as the recipe's overrides."""
     return [f"beyond_agent.rounds.rounds={limits['max_rounds']}",
@@ -369,18 +377,21 @@ def play_maps(model, tokenizer, client: EnvClient, maps: MapSet, temperature: fl
     return evaluate(policy, client, maps.task_set(game), settings, tokenizer).require_complete().results
 
 
+def mean_success(results: list) -> float:
+    return sum(result.success for result in results) / len(results)
+
+
 def success_rate(model, tokenizer, client: EnvClient, maps: MapSet, temperature: float, samples: int,
                  seed: int, game: Game) -> float:
     """Mean success over `samples` episodes of each map of the set."""
-    results = play_maps(model, tokenizer, client, maps, temperature, samples, seed, game)
-    return sum(result.success for result in results) / len(results)
+    return mean_success(play_maps(model, tokenizer, client, maps, temperature, samples, seed, game))
 
 
 def greedy_figures(model, tokenizer, client: EnvClient, maps: MapSet, seed: int, game: Game) -> dict:
     """Greedy success on the set and, on FrozenLake, the greedy moves into a hole the observation named
-    (`visible_hole_moves`: [into, beside])."""
+    (`visible_hole_moves`: [into, beside, at random])."""
     results = play_maps(model, tokenizer, client, maps, 0.0, 1, seed, game)
-    figures = {"greedy": sum(result.success for result in results) / len(results)}
+    figures = {"greedy": mean_success(results)}
     if game.env_id == "frozenlake":
         figures["greedy_hole_moves"] = list(visible_hole_moves(results))
     return figures
@@ -399,9 +410,7 @@ def evaluate_stage(name: str, model_dir: Path, tokenizer, client: EnvClient, arg
             "sampled": success_rate(model, tokenizer, client, maps, 1.0, args.samples, args.eval_seed, args.game),
         }
     held, train = figures["heldout"], figures["train"]
-    holes = held.get("greedy_hole_moves")
-    reading = (f"   held-out greedy moves into a named hole: {holes[0]} of {holes[1]} beside one (at random: "
-               f"{holes[2]:.0f})" if holes else "")
+    reading = hole_moves_text(held.get("greedy_hole_moves"), "   held-out greedy")
     print(f"[learning] {name:22s} held-out greedy {held['greedy']:6.1%} sampled {held['sampled']:6.1%}   "
           f"train greedy {train['greedy']:6.1%} sampled {train['sampled']:6.1%}{reading}   "
           f"({time.monotonic() - started:.0f} s, {model_dir})", flush=True)
@@ -491,9 +500,7 @@ def print_warmup_curve(out_dir: Path, tokenizer, client: EnvClient, args) -> dic
             step = int(folder.name.rsplit("_", 1)[1])
             figures = greedy_figures(model, tokenizer, client, heldout, args.eval_seed, args.game)
             curve[step] = figures["greedy"]
-            holes = figures.get("greedy_hole_moves")
-            reading = (f", moves into a named hole {holes[0]} of {holes[1]} (at random {holes[2]:.0f})"
-                       if holes else "")
+            reading = hole_moves_text(figures.get("greedy_hole_moves"), ",")
             print(f"[learning] warm-up step {step:4d}: held-out greedy {curve[step]:6.1%}{reading}", flush=True)
     (out_dir / "warmup_curve.json").write_text(json.dumps(curve))
     return curve
@@ -939,8 +946,12 @@ def run_seed(seed: int, base_dir: Path, tokenizer, client: EnvClient, data_dir: 
     warm_dir = warmup_stage(base_dir, args.out.resolve() / f"seed{warm_seed}" / "warm_model", tokenizer, client,
                             args, warm_seed)
     warm_digest = weights_digest(warm_dir)
-    stages = {"warm-up": kept_stage(kept, "warm-up") or keep_stage(kept, "warm-up", {**evaluate_stage(
-        f"warm-up (seed {warm_seed})", warm_dir, tokenizer, client, args), "weights_sha256": warm_digest})}
+    # A frozen warm-up is evaluated once: the other seeds take its figures from the seed that trained it.
+    warm_figures = kept_stage(kept, "warm-up") or kept_stage(kept_root(args) / f"seed{warm_seed}", "warm-up")
+    stages = {"warm-up": warm_figures or {**evaluate_stage(f"warm-up (seed {warm_seed})", warm_dir, tokenizer, client,
+                                                           args), "weights_sha256": warm_digest}}
+    if not (kept / "stages" / "warm-up.json").exists():
+        keep_stage(kept, "warm-up", stages["warm-up"])
     require_same_warm_model(stages["warm-up"], warm_digest, seed)
     require_reading_warmup(stages["warm-up"], args)
     if args.offline:
@@ -1139,7 +1150,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup-lr", type=float, default=3e-3)
     parser.add_argument("--warmup-seed", type=int, default=None,
                         help="one frozen warm-up (this seed's) for every seed's RL runs, required to read the "
-                             "observation (above the map-blind plateau); default: a warm-up per seed")
+                             "observation (reading_problems); default: a warm-up per seed")
     parser.add_argument("--reuse-warmup", action="store_true",
                         help="reuse a seed's warm model from an earlier run in --out that finished with the same settings")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "outputs" / "learning_cpu")

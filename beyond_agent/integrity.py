@@ -302,13 +302,7 @@ class ServedWeightsMonitor:
         """`rollout_config`: verl's `actor_rollout_ref.rollout` (the engine, its dtype and tensor parallelism)."""
         self.watch = watch
         self.served_dtype = str(rollout_config.dtype)
-        tensor_parallel = int(rollout_config.tensor_model_parallel_size)
-        self.skipped = (
-            f"{SECTION}.served_weights: not checked with actor_rollout_ref.rollout.name={rollout_config.name} "
-            f"(implemented for vllm)" if rollout_config.name != "vllm" else
-            f"{SECTION}.served_weights: not checked with actor_rollout_ref.rollout.tensor_model_parallel_size="
-            f"{tensor_parallel} (each vLLM worker holds a slice; only 1 is implemented)" if tensor_parallel != 1
-            else None)
+        self.skipped = _served_unchecked(rollout_config)
         if self.skipped and watch.action != "off":
             print(f"[beyond_agent] WARNING {self.skipped}", flush=True)
 
@@ -328,6 +322,18 @@ class ServedWeightsMonitor:
                  f"integrity: training step {after_step + 1}'s rollouts would sample from other weights than the "
                  f"trained ones: {mismatch} ({SECTION}.served_weights.action={self.watch.action})")
         return {f"{METRIC}served_weights": float(bool(mismatch)), f"{METRIC}served_weights_s": seconds}
+
+
+def _served_unchecked(rollout_config) -> str | None:
+    """Why the served weights of this rollout cannot be checked (None: they can)."""
+    where = f"{SECTION}.served_weights: not checked with actor_rollout_ref.rollout"
+    if rollout_config.name != "vllm":
+        return f"{where}.name={rollout_config.name} (implemented for vllm)"
+    tensor_parallel = int(rollout_config.tensor_model_parallel_size)
+    if tensor_parallel != 1:
+        return (f"{where}.tensor_model_parallel_size={tensor_parallel} (each vLLM worker holds a slice; only 1 is "
+                f"implemented)")
+    return None
 
 
 def _act(action: str, alarm: str) -> None:

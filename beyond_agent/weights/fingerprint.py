@@ -12,7 +12,8 @@ their tensors to the same few float64 sums, so nothing the size of the model cro
   is reported, not compared, for that last reason.
 
 A LoRA adapter is fingerprinted as what it changes, `scaling x lora_B @ lora_A` per target module, since vLLM keeps
-its own packing of the adapter's tensors (`vllm_extension.served_weight_changes` on the served side).
+its own packing of the adapter's tensors (`vllm_extension.active_adapter_changes` on the served side: the adapter's
+slot of each layer's stacked buffers, what requests use).
 """
 
 from __future__ import annotations
@@ -101,6 +102,11 @@ def training_module(worker) -> torch.nn.Module:
     raise RuntimeError(f"no actor training module (worker.actor.engine.module) on {type(worker).__name__}")
 
 
+def _first_rank() -> bool:
+    """Whether this process is rank 0 (or runs alone)."""
+    return not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+
+
 def _owned_local_values(parameter: torch.Tensor) -> torch.Tensor | None:
     """This rank's share of a parameter, so that the ranks' sums add up to the whole: an FSDP shard; None for a copy
     another rank counts (a replicated DTensor dimension off coordinate 0, a plain tensor off rank 0)."""
@@ -114,8 +120,7 @@ def _owned_local_values(parameter: torch.Tensor) -> torch.Tensor | None:
                for dim, placement in enumerate(parameter.placements)):
             return None
         return parameter.to_local()
-    first = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
-    return parameter if first else None
+    return parameter if _first_rank() else None
 
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:
@@ -140,7 +145,8 @@ def adapter_change(layer: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor:
 
 def trainer_part(worker, served_dtype: str) -> dict:
     """This actor rank's part of the trained model's fingerprints: {"weights": its share of the base weights,
-    "adapter": the whole adapter's change (every rank computes it; rank 0's counts), or None without LoRA}."""
+    "adapter": the whole adapter's change (every rank computes it, rank 0 reports it), or None without LoRA and on
+    the other ranks}."""
     from verl.utils.torch_dtypes import PrecisionType
 
     dtype = PrecisionType.to_dtype(served_dtype)
@@ -149,17 +155,15 @@ def trainer_part(worker, served_dtype: str) -> dict:
             if "lora_" not in name and (values := _owned_local_values(parameter)) is not None]
     layers = lora_layers(module)
     adapter = tensors_fingerprint(adapter_change(layer, dtype) for layer in layers) if layers else None
-    first = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
     return {"weights": tensors_fingerprint(base, dtype).as_dict(),
-            "adapter": adapter.as_dict() if adapter is not None and first else None, "lora": bool(layers)}
+            "adapter": adapter.as_dict() if adapter is not None and _first_rank() else None}
 
 
 def trained_fingerprints(parts: list[dict]) -> dict:
     """The ranks' parts (`trainer_part`) as the whole model's {"weights", "adapter"} fingerprints (as dicts)."""
     weights = sum((Fingerprint(**part["weights"]) for part in parts), Fingerprint())
-    adapters = [Fingerprint(**part["adapter"]) for part in parts if part["adapter"] is not None]
-    lora = any(part["lora"] for part in parts)
-    return {"weights": weights.as_dict(), "adapter": adapters[0].as_dict() if lora else None}
+    adapters = [part["adapter"] for part in parts if part["adapter"] is not None]  # rank 0's, with LoRA
+    return {"weights": weights.as_dict(), "adapter": adapters[0] if adapters else None}
 
 
 # ----- the served side: inside each vLLM worker (our worker extension) -----------------------------------------------

@@ -67,7 +67,7 @@ class WeightSyncWorkerExtension(vLLMColocateWorkerExtension):
             from verl.workers.rollout.vllm_rollout.utils import VLLM_LORA_INT_ID
 
             adapters = manager._adapter_manager
-            slot = adapters.lora_index_to_id.index(VLLM_LORA_INT_ID)
+            slot = adapter_slot(adapters, VLLM_LORA_INT_ID)
             for module in adapters.modules.values():
                 module.reset_lora(slot)
             print(f"{ADAPTER_LOG_PREFIX} sync={sync}: slot {slot} cleared ({SERVE_BASE_VARIABLE}): serving the base",
@@ -183,13 +183,19 @@ def load_adapter_from_tensors(manager: Any, lora_request: Any) -> Any:
     return lora
 
 
+def adapter_slot(adapter_manager: Any, adapter_id: int) -> int | None:
+    """The slot of vLLM's stacked LoRA buffers that holds the adapter (None: it holds none)."""
+    slots = adapter_manager.lora_index_to_id
+    return slots.index(adapter_id) if adapter_id in slots else None
+
+
 def active_adapter_changes(adapter_manager: Any, adapter_id: int) -> list[torch.Tensor] | None:
     """What the adapter adds to each weight as requests see it: lora_B @ lora_A of its slot in every LoRA layer's
     stacked buffers (the scaling is folded into lora_B there, the rank padded with zeros), one product per slice of
     a packed layer; None when the adapter holds no slot (requests naming it would get the base model)."""
-    if adapter_id not in adapter_manager.lora_index_to_id:
+    slot = adapter_slot(adapter_manager, adapter_id)
+    if slot is None:
         return None
-    slot = adapter_manager.lora_index_to_id.index(adapter_id)
     changes = []
     for module in adapter_manager.modules.values():
         stacked_a, stacked_b = getattr(module, "lora_a_stacked", None), getattr(module, "lora_b_stacked", None)

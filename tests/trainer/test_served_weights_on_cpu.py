@@ -50,9 +50,8 @@ def test_an_adapter_is_compared_as_what_it_adds_with_the_scaling_folded_in_first
 
 
 def test_ranks_shares_add_up_and_rank_zeros_adapter_counts():
-    parts = [{"weights": Fingerprint(1.0, 2.0, 3.0, 4).as_dict(), "adapter": Fingerprint(5.0, 6.0, 7.0, 8).as_dict(),
-              "lora": True},
-             {"weights": Fingerprint(10.0, 20.0, 30.0, 40).as_dict(), "adapter": None, "lora": True}]
+    parts = [{"weights": Fingerprint(1.0, 2.0, 3.0, 4).as_dict(), "adapter": Fingerprint(5.0, 6.0, 7.0, 8).as_dict()},
+             {"weights": Fingerprint(10.0, 20.0, 30.0, 40).as_dict(), "adapter": None}]
     assert trained_fingerprints(parts) == {"weights": Fingerprint(11.0, 22.0, 33.0, 44).as_dict(),
                                            "adapter": Fingerprint(5.0, 6.0, 7.0, 8).as_dict()}
 
