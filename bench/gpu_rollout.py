@@ -47,6 +47,15 @@ REHEARSE_ON_CPU = os.environ.get("BEYOND_GPU_CHECKS_ON_CPU") == "1"
 from dev_tools.tiny_model import SHAPES, build_shaped_model  # noqa: E402
 
 
+def capture_sizes(concurrency: int) -> list[int]:
+    """The batch sizes vLLM captures CUDA graphs for: its own default steps (1, 2, 4, then every 8) up to the most
+    replies the bench has in flight, instead of up to 2 x verl's max_num_seqs of 256 (51 sizes, each captured for
+    full and piecewise graphs: the 2026-11-28 H200 call ran past 150 s of start-up in capture). Larger batches
+    never occur here; a batch between two sizes is padded to the larger, as vLLM does anyway."""
+    steps = [1, 2, 4, *range(8, concurrency + 8, 8)]
+    return [size for size in steps if size < concurrency] + [next(size for size in steps if size >= concurrency)]
+
+
 def compose_config(args: argparse.Namespace, model_dir: Path, env_url: str, loop_config: Path) -> Any:
     """The recipe's config with verl's standalone rollout on one GPU, and the loop of (b) named."""
     from hydra import compose, initialize_config_dir
@@ -69,6 +78,8 @@ def compose_config(args: argparse.Namespace, model_dir: Path, env_url: str, loop
         f"actor_rollout_ref.rollout.agent.default_agent_loop={AGENT_NAME}",
         f"beyond_agent.env.url={env_url}", f"beyond_agent.max_tokens_per_turn={args.tokens_per_turn}",
         f"beyond_agent.rounds.rounds={args.rounds}", f"beyond_agent.concurrency={args.rows * args.n}",
+        f"actor_rollout_ref.rollout.max_num_seqs={args.rows * args.n}",
+        f"actor_rollout_ref.rollout.cudagraph_capture_sizes=[{','.join(map(str, capture_sizes(args.rows * args.n)))}]",
     ]
     if REHEARSE_ON_CPU:
         from verl_cpu.overrides import cpu_overrides

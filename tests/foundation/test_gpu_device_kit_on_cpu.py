@@ -76,19 +76,28 @@ def test_chunks_travel_join_and_install(kit, tmp_path):
     sums = Path(kit["GPU_WHEEL_LIST"]).with_suffix(".sha256").read_text()
     assert "kit_alpha-1.0-py3-none-any.whl" in sums and "kit_beta-1.0-py3-none-any.whl" in sums
 
-    probe = [sys.executable, "-c", "import kit_alpha, kit_beta, flash_attn, os; "
-                                   "print('values', kit_alpha.VALUE, kit_beta.VALUE, os.environ.get('VERL_PLATFORM'))"]
+    probe = [sys.executable, "-c", "import kit_alpha, kit_beta, flash_attn, os, sys; "
+                                   "print('values', kit_alpha.VALUE, kit_beta.VALUE, os.environ.get('VERL_PLATFORM')); "
+                                   "print('byte code', sys.pycache_prefix, sys.dont_write_bytecode)"]
     final = ["bash", str(DEVICE / "run.sh"), str(chunks / "c3"), "--", *probe]
     assert run(["bash", str(DEVICE / "stash.sh"), str(chunks / "c1")], kit).returncode == 0
     lacking = run(final, {**kit, "VERL_PLATFORM": "cpu"})
     assert lacking.returncode == 2 and "lacks the chunks .gpu/c2 of 3" in lacking.stderr, lacking.stderr
 
     assert run(["bash", str(DEVICE / "stash.sh"), str(chunks / "c2")], kit).returncode == 0
-    done = run(final, {**kit, "VERL_PLATFORM": "cpu"})
+    done = run(final, {**kit, "VERL_PLATFORM": "cpu", "PYTHONDONTWRITEBYTECODE": "1"})
     assert done.returncode == 0, done.stdout + done.stderr
     assert "values 1 2 None" in done.stdout  # installed, and the CPU platform's setting unset
     assert "values 1 2 None" in (Path(kit["OUT"]) / "log").read_text()
-    assert (Path(kit["OUT"]) / "machine.txt").read_text().strip()
+    machine = (Path(kit["OUT"]) / "machine.txt").read_text()
+    assert "Python's environment: " in machine and "image torch: " in machine and "- byte code: " in machine, machine
+    # The wheels' byte code was compiled at install into one folder, which the command's processes read and write
+    # whatever the caller's environment said about writing byte code.
+    pycache = Path(kit["DEVICE_HOME"]) / "pycache"
+    site = Path(kit["DEVICE_HOME"]) / "site"
+    assert "install.sh: byte code of" in done.stdout
+    assert list((pycache / site.relative_to("/") / "kit_alpha").glob("__init__.*.pyc")), sorted(pycache.rglob("*"))
+    assert f"byte code {pycache} False" in done.stdout, done.stdout
     # The second call of the set, on the still-warm machine: the command runs on the installed wheels, which are
     # not installed again (the install would replace the site folder and its marker).
     (marker,) = (Path(kit["DEVICE_HOME"]) / "site").glob(".installed-*")
@@ -164,3 +173,17 @@ def test_a_call_that_continues_another_stops_at_once_when_its_run_is_not_kept(tm
     assert (f"quickstart: no finished run kept under {tmp_path / 'state'} (BEYOND_GPU_STATE); this call continues "
             "it: run its predecessor first on the same warm machine") in done.stdout
     assert "checks.sh: train-async took" in done.stdout and not (tmp_path / "state" / "runs").exists()
+
+
+def test_the_rollout_bench_captures_cuda_graphs_only_for_batches_it_makes(tmp_path):
+    # 32 rows x n=2 are at most 64 replies in flight: vLLM's own steps up to 64 (11 sizes), not its default up to
+    # 512 (51 sizes, each captured twice), which took the 2026-11-28 H200 call past its limit during capture.
+    from argparse import Namespace
+
+    from bench.gpu_rollout import capture_sizes, compose_config
+
+    assert capture_sizes(64) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+    assert capture_sizes(12) == [1, 2, 4, 8, 16] and capture_sizes(4) == [1, 2, 4] and capture_sizes(1) == [1]
+    args = Namespace(rows=32, n=2, rounds=4, tokens_per_turn=256, gpu_memory_utilization=0.5, stop_at_eos=False)
+    rollout = compose_config(args, tmp_path, "http://127.0.0.1:1", tmp_path / "loop.yaml").actor_rollout_ref.rollout
+    assert list(rollout.cudagraph_capture_sizes) == capture_sizes(64) and rollout.max_num_seqs == 64

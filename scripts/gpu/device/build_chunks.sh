@@ -107,8 +107,8 @@ echo "Then the checks, one call each, in this order (expected device seconds; st
 while read -r checks expected limit; do
   echo "  run(command=\"bash scripts/gpu/device/run.sh $out/c$last -- bash scripts/gpu/checks.sh $checks\", carry=[\"$out/c$last\"], timeout_s=$limit)   # ~${expected} s"
 done <<'CALLS'
-train-sync 340 480
-train-async 300 420
-bench-0.5b 200 300
-bench-1.5b 220 300
+train-sync 290 480
+train-async 220 420
+bench-0.5b 180 300
+bench-1.5b 200 300
 CALLS

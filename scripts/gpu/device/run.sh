@@ -10,8 +10,18 @@ chunk="${1:?usage: run.sh CHUNK_DIR -- COMMAND [ARGS...]}"; shift
 [ $# -gt 0 ] || { echo "run.sh: no command after --" >&2; exit 2; }
 cd "$(dirname "${BASH_SOURCE[0]}")/../../.."
 out="${OUT:-/tmp/gpu-out}"; mkdir -p "$out"
+# Whether the image's torch has byte code where this Python looks for it, and whether Python may write there (the
+# package is found, not imported).
+IMAGE_BYTE_CODE='import importlib.util as u, os
+spec = u.find_spec("torch")
+found = spec is not None
+print("image torch:", spec.origin if found else "none", "- byte code:", found and os.path.exists(u.cache_from_source(spec.origin)),
+      "- writable:", found and os.access(os.path.dirname(spec.origin), os.W_OK))'
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || echo "no nvidia-smi"
-  "${PYTHON:-python3}" --version; "${PYTHON:-python3}" -m pip freeze 2>/dev/null; } > "$out/machine.txt" 2>&1
+  "${PYTHON:-python3}" --version
+  echo "Python's environment: $(env | grep -E '^PYTHON' | tr '\n' ' ')"
+  "${PYTHON:-python3}" -c "$IMAGE_BYTE_CODE"
+  "${PYTHON:-python3}" -m pip freeze 2>/dev/null; } > "$out/machine.txt" 2>&1
 started=$(date +%s)
 # shellcheck source=install.sh
 . scripts/gpu/device/install.sh "$chunk" || exit $?
