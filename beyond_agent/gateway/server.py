@@ -276,7 +276,7 @@ class Gateway:
                                "not the agent's", "server_error") from None
         version = getattr(result, "policy_version", None)
         version = self._policy_version() if version is None else version
-        handler.add_assistant(result.token_ids, result.logprobs, policy_version=version)
+        handler.add_assistant(result.token_ids, result.logprobs, version, getattr(result, "token_versions", None))
         message, notes = reply_message(self._reply_text(result.token_ids, handler.end_of_turn_id))
         call = CallRecord(index=len(episode.calls), segment=len(episode.segments) - 1, continued=continued,
                           prompt_ids=prompt_ids, sampled_ids=list(result.token_ids), logprobs=list(result.logprobs),

@@ -55,9 +55,11 @@ class AsyncRolloutConfig:
     max_staleness: int = 1
     """K: a token may be at most K policy versions older than the weights it is trained against; rows are
     drawn ahead only within this bound, and a row that finished too late for it is dropped."""
-    partial_rollout: bool = True
+    partial_rollout: bool | str = True
     """True: an episode that spans a weight update continues on the new weights (its turns record both
-    versions). False: an update waits until running episodes finish on the old weights."""
+    versions). False: an update waits until running episodes finish on the old weights. "token": a turn being
+    generated is interrupted too and continued on the new weights, each token keeping its version
+    (`rollout.versions`; needs an LLM front that can interrupt: the HTTP vLLM backend)."""
     old_log_probs: str = "behaviour"
     """What the policy loss uses as π_old. behaviour: the log-probs the rollout sampled with (the staleness
     is then in the ratio, as M2PO and off-policy PPO expect); recompute: verl's recomputation with the
@@ -69,8 +71,8 @@ class AsyncRolloutConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.max_staleness, int) or isinstance(self.max_staleness, bool) or self.max_staleness < 0:
             raise ValueError(f"beyond_agent.async_rollout.max_staleness must be an int >= 0, got {self.max_staleness!r}")
-        if not isinstance(self.partial_rollout, bool):
-            raise ValueError(f"beyond_agent.async_rollout.partial_rollout must be true or false, "
+        if not (isinstance(self.partial_rollout, bool) or self.partial_rollout == "token"):
+            raise ValueError(f"beyond_agent.async_rollout.partial_rollout must be true, false or token, "
                              f"got {self.partial_rollout!r}")
         if not isinstance(self.extra_rows, int) or isinstance(self.extra_rows, bool) or self.extra_rows < 0:
             raise ValueError(f"beyond_agent.async_rollout.extra_rows must be an int >= 0, got {self.extra_rows!r}")

@@ -332,7 +332,7 @@ class EpisodeLoop:
                 return
             self._rounds = round_number
             turn = self._generate(handler)
-            handler.add_assistant(turn.token_ids, turn.logprobs, getattr(turn, "policy_version", None))
+            handler.add_generated(turn)
             self._anchors.append(self._state)
             if handler.done:  # the response hit max_response_length: `length`, and the env does not step
                 self._step_rewards.append(0.0)

@@ -54,6 +54,8 @@ MAX_CHARS_PER_TOKEN = 32
 per token of room is cut before tokenizing (the ids kept are still exactly what the model is given)."""
 TERMINATION_REASONS = ("done", "max_rounds", "truncated", "length", "max_calls", "env_error", "llm_error", "timeout", "agent_error")
 PROMPT_TRUNCATION_POLICIES = ("left", "error")
+UNVERSIONED = -1
+"""`Episode.token_policy_versions` of a token no policy sampled (mask 0) or whose version is unknown."""
 OBSERVATION_ROLES = ("user", "tool")
 DUMMY_PREFIX = ({"role": "system", "content": "S"}, {"role": "user", "content": "U"})
 """The fixed chat before the assistant turn whose suffix the simple delta reads."""
@@ -86,9 +88,12 @@ class Episode:
     turn_ends: list[int] = field(default_factory=list)
     """One per assistant turn: the response position of its last token (-1 when the turn kept no token)."""
     turn_policy_versions: list[int | None] = field(default_factory=list)
-    """One per assistant turn: the policy version (verl global step) of the weights that sampled it, None
-    when the rollout does not track versions (synchronous rollout). With `turn_ends` it gives every
-    generated token's version."""
+    """One per assistant turn: the policy version (verl global step) of the weights that sampled it (its oldest
+    token's, when an update interrupted it: `rollout.versions`), None when the rollout does not track versions
+    (synchronous rollout)."""
+    token_policy_versions: list[int] | None = None
+    """One per response token: the version that sampled it, -1 on mask-0 tokens; None when no turn's version is
+    known."""
     turn_contexts: list[tuple[int, int]] = field(default_factory=list)
     """One per generation request: (how many ids the LLM was given, their `ids_digest`). Each must be a prefix of
     the ids the row trains on (`beyond_agent.integrity.prefix`)."""
@@ -158,6 +163,8 @@ class RolloutHandler:
         self._response_logprobs = array("d")
         self._turn_ends = array("q")
         self._turn_versions: list[int | None] = []
+        self._response_versions = array("q")  # aligned with _response_ids (UNVERSIONED on mask-0 tokens)
+        self._versions_known = False
         self._contexts: list[tuple[int, int]] = []
         self._check_first_messages()
         # Why the simple delta would be wrong for this template (probed once per template), or None.
@@ -172,16 +179,25 @@ class RolloutHandler:
 
     # ----- building the sequence -------------------------------------------------------------------
 
+    def add_generated(self, turn: Any) -> None:
+        """`add_assistant` for a generate call's answer: its ids and log-probs, and its versions when it has them
+        (the version gate's `VersionedTurn`)."""
+        self.add_assistant(turn.token_ids, turn.logprobs, getattr(turn, "policy_version", None),
+                           getattr(turn, "token_versions", None))
+
     def add_assistant(self, token_ids: Sequence[int], logprobs: Sequence[float] | None = None,
-                      policy_version: int | None = None) -> None:
+                      policy_version: int | None = None, token_versions: Sequence[int] | None = None) -> None:
         """Append one generated turn exactly as sampled (mask 1), end-of-turn token included if present;
-        `policy_version` is the version of the weights that sampled it, when the rollout knows it."""
+        `policy_version` is the version of the weights that sampled it, when the rollout knows it, and
+        `token_versions` each token's, when an update interrupted the turn (default: `policy_version` for all)."""
         self._check_accepting("add_assistant")
         if self._messages[-1]["role"] == "assistant":
             raise ValueError("add_assistant called twice in a row: add an observation between assistant turns")
         ids = _token_id_array(token_ids)
         if logprobs is not None and len(logprobs) != len(ids):
             raise ValueError(f"logprobs has {len(logprobs)} values but token_ids has {len(ids)} tokens")
+        if token_versions is not None and len(token_versions) != len(ids):
+            raise ValueError(f"token_versions has {len(token_versions)} values but token_ids has {len(ids)} tokens")
         if logprobs is None:
             self._has_logprobs = False
         # The text is decoded only if the template or a log needs it; the training ids are `ids`, untouched.
@@ -192,7 +208,10 @@ class RolloutHandler:
         self._last_turn = turn
         self.num_turns += 1
         # Rule: generated tokens are trained on (mask 1) with the log-probs they were sampled with.
-        kept = self._append(ids, 1, array("d", logprobs) if logprobs is not None else None)
+        if token_versions is None and policy_version is not None:
+            token_versions = [policy_version] * len(ids)
+        self._versions_known = self._versions_known or token_versions is not None
+        kept = self._append(ids, 1, array("d", logprobs) if logprobs is not None else None, token_versions)
         self._turn_ends.append(len(self._response_ids) - 1 if kept else -1)
         self._turn_versions.append(policy_version)
 
@@ -298,6 +317,7 @@ class RolloutHandler:
             step_rewards=list(self.step_rewards),
             turn_ends=self._turn_ends.tolist(),
             turn_policy_versions=list(self._turn_versions),
+            token_policy_versions=self._response_versions.tolist() if self._versions_known else None,
             turn_contexts=list(self._contexts),
         )
 
@@ -364,14 +384,17 @@ class RolloutHandler:
         # Keep the tail: it holds the generation prompt and the latest task text.
         return ids[len(ids) - self.max_prompt_length:], True
 
-    def _append(self, ids: Sequence[int], mask_value: int, logprobs: array | None) -> int:
-        """Append ids with one mask value and their log-probs (None: 0.0 for each, as on mask-0 tokens);
-        returns how many were kept."""
+    def _append(self, ids: Sequence[int], mask_value: int, logprobs: array | None,
+                versions: Sequence[int] | None = None) -> int:
+        """Append ids with one mask value, their log-probs (None: 0.0 for each, as on mask-0 tokens) and the
+        versions that sampled them (None: UNVERSIONED for each); returns how many were kept."""
         room = self.max_response_length - len(self._response_ids)
         if len(ids) > room:
             # Over budget: keep what fits and end the episode, recording why.
             ids, logprobs = ids[:room], logprobs[:room] if logprobs is not None else None
+            versions = versions[:room] if versions is not None else None
             self.termination = "length"
+        self._response_versions.extend(versions if versions is not None else [UNVERSIONED] * len(ids))
         self._response_ids.extend(ids)
         self._response_mask.frombytes(bytes([mask_value]) * len(ids))
         if logprobs is None:

@@ -326,14 +326,33 @@ class AsyncLLMServerManager:
         return err
 
     def with_sampling(self, sampling: SamplingParams):
-        """An episode loop's `generate(request_id, prompt_ids, max_tokens, seed=None)` that samples with `sampling`; a
-        `seed` replaces `sampling.seed` for that request (`rollout.episode_loop.seeded` gives each turn its own)."""
+        """An episode loop's `generate(request_id, prompt_ids, max_tokens, seed=None, keep_aborted=False)` that
+        samples with `sampling`; a `seed` replaces `sampling.seed` for that request (`rollout.episode_loop.seeded`
+        gives each turn its own). A turn the server aborted raises LLMError("server") unless `keep_aborted` (the
+        version gate's token mode, which continues it)."""
 
-        def generate(request_id: str, prompt_ids: list[int], max_tokens: int, seed: int | None = None):
+        def generate(request_id: str, prompt_ids: list[int], max_tokens: int, seed: int | None = None,
+                     keep_aborted: bool = False):
             chosen = sampling if seed is None else dataclasses.replace(sampling, seed=seed)
-            return self.generate(request_id, prompt_ids, max_tokens, chosen)
+            result = self.generate(request_id, prompt_ids, max_tokens, chosen)
+            if result.stop_reason == "aborted" and not keep_aborted:
+                # Rule: the server cut this reply, the model did not end it: never a turn an env steps on or a
+                # gateway agent reads as the model's answer; the episode fails as infrastructure, not reward.
+                raise self._record(LLMError("server", f"request {request_id!r} was aborted by the server after "
+                                                      f"{len(result.token_ids)} tokens"))
+            return result
 
         return generate
+
+    @property
+    def can_interrupt(self) -> bool:
+        """Whether the backend can interrupt its requests (`interrupt`)."""
+        return callable(getattr(self.backend, "interrupt", None))
+
+    def interrupt(self, timeout_s: float = 30.0) -> None:
+        """Abort every request in flight at the backend's servers: each comes back at once with the tokens it sampled
+        so far and stop reason "aborted" (asynchronous rollout's token-level partial rollout continues them)."""
+        self._call_on_loop(self.backend.interrupt(), timeout_s)
 
     def metrics(self) -> LLMMetrics:
         """A consistent snapshot of the counters (safe from any thread)."""
@@ -452,19 +471,32 @@ class HttpVLLMBackend:
         server = self.router.acquire(request_id)
         started = time.perf_counter()
         try:
-            payload = await self._post(self.base_urls[server], self.request_body(prompt_ids, max_tokens, sampling))
+            payload = await self._post(f"{self.base_urls[server]}/v1/completions",
+                                       self.request_body(prompt_ids, max_tokens, sampling))
         finally:
             self.router.release(server)
         return parse_completion(payload, latency_s=time.perf_counter() - started)
 
-    async def _post(self, base_url: str, body: dict[str, Any]) -> Any:
+    async def interrupt(self) -> None:
+        """Abort every request at every server (vLLM's `/abort_requests`, which vLLM serves when started with
+        VLLM_SERVER_DEV_MODE=1): each answers at once with finish_reason "abort" and the tokens sampled so far."""
+        for base_url in self.base_urls:
+            url = f"{base_url}/abort_requests"
+            try:
+                await self._post(url, {"request_ids": []})
+            except LLMError as error:
+                if "answered 404" in error.message:
+                    raise LLMError("rejected", f"{url} is not served: start vLLM with VLLM_SERVER_DEV_MODE=1 to let "
+                                               "a weight update interrupt its requests") from None
+                raise
+
+    async def _post(self, url: str, body: dict[str, Any]) -> Any:
         if self._client is None:  # created on the loop that uses it
             timeout = httpx.Timeout(None, connect=self.connect_timeout_s)
             # A connection idle for vLLM's keep-alive timeout (5 s) is being closed by the server: httpx's own expiry is
             # also 5 s, so a request could be sent on it as it closed (envservice.client's docstring).
             limits = httpx.Limits(max_connections=None, keepalive_expiry=IDLE_EXPIRY_S)
             self._client = httpx.AsyncClient(timeout=timeout, limits=limits)
-        url = f"{base_url}/v1/completions"
         try:
             response = await self._client.post(url, json=body)
         except httpx.TimeoutException as err:

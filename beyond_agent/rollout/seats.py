@@ -178,7 +178,7 @@ class SeatedEpisodeLoop:
                 return self._cut(number, stop)
             seat.loop._rounds += 1
             turn = seat.loop._generate(seat.handler)
-            seat.handler.add_assistant(turn.token_ids, turn.logprobs, getattr(turn, "policy_version", None))
+            seat.handler.add_generated(turn)
             seat.loop._anchors.append(seat.loop._state)
             if seat.handler.done:  # the reply hit max_response_length: the env does not step
                 seat.loop._step_rewards.append(0.0)

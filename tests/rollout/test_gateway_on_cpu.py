@@ -239,3 +239,18 @@ def test_a_streaming_agent_gets_the_reply_as_chunks(tokenizer, serve) -> None:
     assert text == "Done."
     episode = gateway.close_episode(episode_id)
     assert len(episode.calls) == 2 and episode.mode == "per_call"
+
+
+def test_a_reply_cut_at_its_token_limit_says_length_through_the_async_version_gate(tokenizer, serve) -> None:
+    """In async mode the gateway generates through the version gate; its turns once dropped the stop reason, so an
+    agent read a reply cut at max_tokens as finished ("stop")."""
+    from beyond_agent.rollout.versions import PolicyVersionGate
+
+    def cut(request_id: str, prompt_ids: list[int], max_tokens: int, **options) -> GenerationResult:
+        ids = tokenizer.encode("The sum is three", add_special_tokens=False)[:max_tokens]
+        return GenerationResult(ids, [-0.5] * len(ids), "length", 0.0)
+
+    gateway = Gateway(GatewayConfig(model_name="policy"), tokenizer, PolicyVersionGate().generate_fn(cut))
+    reply = _client(serve(gateway), gateway.open_episode()).chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": "What is 1 + 2?"}], max_tokens=2)
+    assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 2
