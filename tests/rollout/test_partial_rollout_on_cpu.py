@@ -212,3 +212,27 @@ def test_real_vllm_an_update_interrupts_a_long_turn_and_the_continuation_follows
     assert turn.logprobs == first.logprobs + second.logprobs
     assert turn.token_versions == [0] * len(first.token_ids) + [1] * len(second.token_ids)
     assert turn.policy_version == 0 and turn.stop_reason == second.stop_reason != "aborted"
+
+
+def test_an_interrupt_that_fails_leaves_the_update_waiting_for_the_turn_instead(caplog):
+    started, release = threading.Event(), threading.Event()
+
+    def slow(request_id, prompt_ids, max_tokens, seed=None, keep_aborted=False):
+        started.set()
+        assert release.wait(10)
+        return GenerationResult([7], [-0.7], "stop", 0.0)
+
+    def broken_interrupt():
+        release.set()  # the server ends the request by itself meanwhile
+        raise ConnectionError("no route to the server")
+
+    gate = PolicyVersionGate(partial_rollout="token", interrupt=broken_interrupt)
+    answer: dict = {}
+    thread = threading.Thread(target=lambda: answer.update(turn=gate.generate_fn(slow)("r1", [1], 4)))
+    thread.start()
+    assert started.wait(10)
+    with gate.updating(1):
+        pass
+    thread.join(10)
+    assert answer["turn"].token_versions == [0] and gate.version == 1
+    assert "interrupting the requests in flight failed (ConnectionError: no route to the server)" in caplog.text
