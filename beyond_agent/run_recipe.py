@@ -23,7 +23,6 @@ from omegaconf import OmegaConf
 
 from beyond_agent.cli_args import DRY_RUN_MARKER, is_dry_run
 from beyond_agent.gpu_plan import GPU_PLAN_NOTE, GPU_PLAN_WARNING, model_shape, plan
-from beyond_agent.rollout.versions import TOKEN_MODE_NEEDS_INTERRUPT
 from beyond_agent.run_folder import METRICS_PATH_VARIABLE, metrics_path
 from beyond_agent.settings import BeyondAgentConfig
 from beyond_agent.training import prepare_verl_config
@@ -55,8 +54,6 @@ def check_config(config) -> None:
     OmegaConf.resolve(resolved)
     try:
         beyond_config = BeyondAgentConfig.from_config(config)
-        if beyond_config.is_async and beyond_config.async_rollout.partial_rollout == "token":
-            raise ValueError(TOKEN_MODE_NEEDS_INTERRUPT)  # training generates through verl's server
         if beyond_config.agent.active:  # the user's agent imports (or its program is found) here, not in the rollout
             beyond_config.agent.load(beyond_config.episode.episode_timeout_s)
         prepare_verl_config(resolved, beyond_config)

@@ -13,6 +13,7 @@ with these; the seams themselves (verl's private helpers) are in `beyond_agent.s
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -171,6 +172,9 @@ def wrap_weight_sync(checkpoint_manager: Any, rollout: Any | None, lora_plan: Lo
     - then `served` (the `served_weights` integrity monitor) compares what vLLM serves with the trained model.
     """
     job_id = ray.get_runtime_context().get_job_id()
+    servers = [server for replica in checkpoint_manager.replicas for server in replica.servers]
+    if rollout is not None and rollout.gate.partial_rollout == "token":  # a sync interrupts the turns in flight
+        rollout.gate.interrupt = lambda: interrupt_servers(servers)
 
     def around(sync: Callable) -> Callable:
         def locked_sync(global_steps: int | None):
@@ -191,7 +195,6 @@ def wrap_weight_sync(checkpoint_manager: Any, rollout: Any | None, lora_plan: Lo
                     result = locked_sync(global_steps)
                 rollout.version_changed()
             if served is not None:
-                servers = [server for replica in checkpoint_manager.replicas for server in replica.servers]
                 result = {**(result or {}), **served.observe(int(global_steps or 0),
                                                              checkpoint_manager.actor_wg.workers, servers)}
             output = take_actor_output()
@@ -202,6 +205,52 @@ def wrap_weight_sync(checkpoint_manager: Any, rollout: Any | None, lora_plan: Lo
         return update_weights
 
     wrap_update_weights(checkpoint_manager, around)
+
+
+ABORT_TIMEOUT_S = 30.0
+"""How long one server's abort may take before the interrupt fails (the update then waits for the requests)."""
+
+
+def abort_generation(server: Any) -> int:
+    """Run on one of verl's vLLM server actors (Ray's `__ray_call__`, which runs it on a thread of the actor): abort
+    every request its engine is generating, as vLLM's own `/abort_requests` does, so that each answers at once with the
+    tokens it sampled so far (stop reason "aborted"); returns how many. The abort runs on the engine's event loop, the
+    one its output handler runs on. verl's `abort_all_requests` would also pause the engine (and its vLLM call fails on
+    vLLM 0.32, which removed the keyword it passes)."""
+    engine = getattr(server, "engine", None)
+    handler = getattr(engine, "output_handler", None) if engine is not None else None
+    if handler is None:  # no engine on this server (another node rank), or no request ever reached it
+        return 0
+    loop = handler.get_loop()
+    try:
+        on_its_loop = asyncio.get_running_loop() is loop
+    except RuntimeError:
+        on_its_loop = False
+    if on_its_loop:  # a Ray that runs the call on the actor's loop: schedule the abort, never block the loop
+        request_ids = in_flight_request_ids(engine)
+        loop.create_task(engine.abort(request_ids, internal=True))
+        return len(request_ids)
+    return asyncio.run_coroutine_threadsafe(abort_in_flight(engine), loop).result(ABORT_TIMEOUT_S)
+
+
+def in_flight_request_ids(engine: Any) -> list[str]:
+    """The internal ids of the requests a vLLM AsyncLLM is generating, parallel-sampling parents included (read on
+    its loop)."""
+    processor = engine.output_processor
+    return [*processor.request_states, *processor.parent_requests]
+
+
+async def abort_in_flight(engine: Any) -> int:
+    """Abort every request a vLLM AsyncLLM is generating (on its loop); how many."""
+    request_ids = in_flight_request_ids(engine)
+    if request_ids:
+        await engine.abort(request_ids, internal=True)
+    return len(request_ids)
+
+
+def interrupt_servers(servers: list[Any]) -> None:
+    """Abort the requests in flight at each of verl's vLLM servers (the version gate's token mode)."""
+    ray.get([server.__ray_call__.remote(abort_generation) for server in servers])
 
 
 def log_prob_gap_metrics(trainer: torch.Tensor, rollout: torch.Tensor, response_mask: torch.Tensor) -> dict[str, float]:

@@ -43,6 +43,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from beyond_agent.rollout.episode_loop import EpisodeResult, EpisodeSpec
 from beyond_agent.rollout.dynamic_sampling import DynamicSamplingConfig, GroupSieve, StepSignal
+from beyond_agent.rollout.handler import UNVERSIONED
 from beyond_agent.rollout.versions import PolicyVersionGate
 
 OLD_LOG_PROB_SOURCES = ("behaviour", "recompute")
@@ -59,7 +60,7 @@ class AsyncRolloutConfig:
     """True: an episode that spans a weight update continues on the new weights (its turns record both
     versions). False: an update waits until running episodes finish on the old weights. "token": a turn being
     generated is interrupted too and continued on the new weights, each token keeping its version
-    (`rollout.versions`; needs an LLM front that can interrupt: the HTTP vLLM backend)."""
+    (`rollout.versions`: verl's servers in training, vLLM servers over HTTP outside it)."""
     old_log_probs: str = "behaviour"
     """What the policy loss uses as π_old. behaviour: the log-probs the rollout sampled with (the staleness
     is then in the ratio, as M2PO and off-policy PPO expect); recompute: verl's recomputation with the
@@ -359,13 +360,15 @@ class AsyncEpisodePool:
 
     def _step_metrics(self, taken: list[PendingRow], dropped: list[tuple[PendingRow, int]], trainer_version: int,
                       carried_over: int, waited_s: float) -> dict[str, float]:
-        episode_staleness, token_staleness, mixed = [], [], 0
+        episode_staleness, turn_staleness, token_staleness, mixed = [], [], [], 0
         for row in taken:
             for result in row.results():
                 versions = episode_versions(result, row.admitted_version)
                 episode_staleness.append(trainer_version - min(versions))
-                token_staleness.extend(trainer_version - v for v in versions)
+                turn_staleness.extend(trainer_version - v for v in versions)
                 mixed += len(set(versions)) > 1
+                tokens = getattr(result.episode, "token_policy_versions", None) if result.episode else None
+                token_staleness.extend(trainer_version - v for v in tokens or () if v != UNVERSIONED)
         dropped_specs = [spec for row, _ in dropped for spec in row.specs]
         self.counts["trained"] += sum(len(row.futures) for row in taken)
         self.counts["trained_rows"] += len(taken)
@@ -373,8 +376,10 @@ class AsyncEpisodePool:
         self.counts["dropped_stale_rows"] += len(dropped)
         metrics = {
             "async/staleness_mean": _mean(episode_staleness), "async/staleness_max": float(max(episode_staleness, default=0)),
-            "async/turn_staleness_mean": _mean(token_staleness),
+            "async/turn_staleness_mean": _mean(turn_staleness),
+            "async/token_staleness_mean": _mean(token_staleness),
             "async/partial_episodes": float(mixed),
+            "async/interrupted_turns": float(self.gate.take_interrupted_turns()),
             "async/carried_over_episodes": float(carried_over),
             "async/dropped_stale_episodes": float(len(dropped_specs)),
             "async/wait_for_rows_s": waited_s, "async/update_wait_s": self.gate.take_update_wait(),

@@ -576,6 +576,8 @@ def token_output_to_result(output: Any, max_tokens: int, latency_s: float) -> Ge
     """Map a verl `TokenOutput` to a GenerationResult; LLMError("malformed") when log-probs are missing
     or the stop reason is unknown."""
     token_ids = list(output.token_ids)
+    if output.stop_reason == "aborted" and not token_ids:  # aborted before its first token: verl sends no log-probs
+        return GenerationResult([], [], "aborted", latency_s)
     if output.log_probs is None or len(output.log_probs) != len(token_ids):
         got = None if output.log_probs is None else len(output.log_probs)
         raise LLMError("malformed", f"verl TokenOutput has {len(token_ids)} token_ids but log_probs={got}; "

@@ -41,8 +41,9 @@ PARTIAL_ROLLOUTS = (False, True, "token")
 (false), requests in flight (true), or nothing it cannot interrupt ("token")."""
 
 TOKEN_MODE_NEEDS_INTERRUPT = (
-    "beyond_agent.async_rollout.partial_rollout=token needs an LLM front that can interrupt its requests (vLLM servers "
-    "over HTTP); verl's own rollout server in training cannot be interrupted yet (issue #72): choose true or false")
+    "beyond_agent.async_rollout.partial_rollout=token needs a way to interrupt the requests in flight: vLLM servers over "
+    "HTTP (AsyncLLMServerManager.interrupt) or, in training, verl's servers (training.wrap_weight_sync); this gate "
+    "was given none")
 
 MAX_CONTINUATIONS = 16
 """Most times one turn is continued after an interrupt; past it the turn fails as an LLM error (a server that
@@ -78,13 +79,12 @@ class PolicyVersionGate:
                  interrupt: Callable[[], None] | None = None):
         if not (isinstance(partial_rollout, bool) or partial_rollout == "token"):
             raise ValueError(f"partial_rollout must be one of {PARTIAL_ROLLOUTS}; got {partial_rollout!r}")
-        if partial_rollout == "token" and interrupt is None:
-            raise ValueError(TOKEN_MODE_NEEDS_INTERRUPT)
         self.partial_rollout = partial_rollout
         """True: an update waits for requests in flight; False: it waits for whole episodes; "token": it
         interrupts the requests in flight, which continue on the new weights."""
         self.interrupt = interrupt
-        """Aborts every request in flight at the LLM servers (token mode)."""
+        """Aborts every request in flight at the LLM servers (token mode): the HTTP front's, or in training the
+        trainer's, which reaches verl's servers (`training.interrupt_servers`)."""
         self._version = version
         self._condition = threading.Condition()
         self._updating = False  # an update is pending or running
@@ -94,6 +94,8 @@ class PolicyVersionGate:
         self._observers = threading.local()  # per thread: who is told each request's version (`observing`)
         self.update_wait_s = 0.0
         """Seconds updates spent waiting for generation to drain, summed (reset by `take_update_wait`)."""
+        self.interrupted_turns = 0
+        """Turns an update interrupted and the gate continued (token mode; reset by `take_interrupted_turns`)."""
 
     @property
     def version(self) -> int:
@@ -155,7 +157,13 @@ class PolicyVersionGate:
         with self._condition:
             self._condition.wait_for(lambda: not self._updating)
             self._updating = True
-        self._drain()
+        try:
+            self._drain()
+        except BaseException:  # no update: generation goes on
+            with self._condition:
+                self._updating = False
+                self._condition.notify_all()
+            raise
         with self._condition:
             self._syncing = True
             self.update_wait_s += time.monotonic() - started
@@ -177,6 +185,8 @@ class PolicyVersionGate:
                     self._condition.wait_for(drained)
                 if drained():
                     return
+            if self.interrupt is None:
+                raise RuntimeError(TOKEN_MODE_NEEDS_INTERRUPT)
             try:
                 self.interrupt()
             except Exception as error:  # the update still happens: it waits for the requests instead
@@ -187,6 +197,12 @@ class PolicyVersionGate:
                 return
             with self._condition:
                 self._condition.wait_for(drained, INTERRUPT_EVERY_S)
+
+    def take_interrupted_turns(self) -> int:
+        """Turns interrupted and continued since the last call."""
+        with self._condition:
+            interrupted, self.interrupted_turns = self.interrupted_turns, 0
+            return interrupted
 
     def take_update_wait(self) -> float:
         """Seconds updates waited for generation since the last call."""
@@ -213,6 +229,9 @@ class PolicyVersionGate:
                 if len(turn.token_ids) >= max_tokens:  # interrupted as it used its last token
                     turn.stop_reason = "length"
                     break
+                if continuation == 0:
+                    with self._condition:
+                        self.interrupted_turns += 1
             else:
                 raise LLMError("server", f"request {request_id!r} was interrupted {MAX_CONTINUATIONS + 1} times")
             return turn

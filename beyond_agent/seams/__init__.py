@@ -75,6 +75,7 @@ _DPO = "beyond_agent.dpo:dpo_trainer_class"
 _SFT_SEAMS = "beyond_agent.seams.sft_trainer:SFTTrainerSeams"
 _TRAINING_WORKER = "verl.workers.engine_workers:TrainingWorker"
 _SFT_OPTIONS = "loss, collate and metric-reduction options in verl's SFT trainer"
+_ABORT_HOOK = "an abort of the requests in flight on verl's server that leaves the engine serving (its own pauses it)"
 _VERL_EXTENSION = "verl.workers.rollout.vllm_rollout.utils:vLLMColocateWorkerExtension"
 _OUR_EXTENSION = "beyond_agent.weights.vllm_extension:WeightSyncWorkerExtension"
 _DELTA_LOAD = f"{_OUR_EXTENSION}._load_verified_weights"
@@ -191,6 +192,19 @@ SEAMS: tuple[Seam, ...] = (
     Seam("verl.workers.engine.fsdp.transformer_impl:FSDPEngine.module", READ, _TRAINED_MODULE,
          "the trained (FSDP-sharded, PEFT-wrapped) module whose local shards are summed", _TRAINED_DIGEST,
          instance_attribute=True),
+    # --- token-level partial rollout: a weight sync interrupts verl's servers' requests -----------------------------
+    Seam("verl.workers.rollout.vllm_rollout.vllm_async_server:vLLMHttpServer.engine", READ,
+         "beyond_agent.training:abort_generation", "the server's vLLM engine, reached on its actor (Ray's __ray_call__)",
+         _ABORT_HOOK, instance_attribute=True),
+    *(Seam(f"vllm.v1.engine.output_processor:OutputProcessor.{name}", READ, "beyond_agent.training:in_flight_request_ids",
+           why, _ABORT_HOOK, instance_attribute=True)
+      for name, why in (("request_states", "the requests being generated, by internal id"),
+                        ("parent_requests", "the parents of parallel-sampling requests, by internal id"))),
+    Seam("vllm.v1.engine.async_llm:AsyncLLM.output_handler", READ, "beyond_agent.training:abort_generation",
+         "the engine's output task: its event loop is where an abort must run", _ABORT_HOOK, instance_attribute=True),
+    Seam("vllm.v1.engine.async_llm:AsyncLLM.abort", READ, "beyond_agent.training:abort_in_flight",
+         "aborts requests by internal id, each answering with the tokens it sampled", _ABORT_HOOK,
+         called_with=("internal",)),
     # --- verl on CPU (verl_cpu) -----------------------------------------------------------------------------------
     Seam("verl.workers.engine.fsdp.transformer_impl:FSDPEngine._build_module", OVERRIDE,
          "verl_cpu.value_engine:CPUValueHeadEngine._build_module",

@@ -68,6 +68,7 @@ def test_an_update_interrupts_a_turn_which_continues_on_the_new_weights_keeping_
     assert turn.logprobs == [-0.1, -0.2, -0.3, -1.0, -2.0]
     assert turn.token_versions == [0, 0, 0, 1, 1] and turn.policy_version == 0
     assert turn.stop_reason == "stop" and turn.latency_s == 0.75
+    assert gate.take_interrupted_turns() == 1 and gate.take_interrupted_turns() == 0
     first, second = server.calls
     assert first == {"prompt": [1, 2], "max_tokens": 10, "seed": 7, "keep_aborted": True, "version": 0}
     # The continuation: the prompt and the sampled tokens, the budget left, its own seed, on the new weights.
@@ -118,9 +119,15 @@ def test_a_server_that_aborts_every_request_fails_the_turn_after_the_cap():
     assert calls == [5] * (MAX_CONTINUATIONS + 1)
 
 
-def test_token_mode_needs_a_front_that_can_interrupt_and_the_setting_names_its_choices():
-    with pytest.raises(ValueError, match="partial_rollout=token needs an LLM front that can interrupt"):
-        PolicyVersionGate(partial_rollout="token")
+def test_token_mode_needs_a_way_to_interrupt_and_the_setting_names_its_choices():
+    gate = PolicyVersionGate(partial_rollout="token")  # the trainer gives it verl's servers' (wrap_weight_sync)
+    with gate.request():
+        with pytest.raises(RuntimeError, match="partial_rollout=token needs a way to interrupt the requests"):
+            with gate.updating(1):
+                pass
+    with gate.updating(1):  # nothing in flight: nothing to interrupt, and the failed update left no lock behind
+        pass
+    assert gate.version == 1
     with pytest.raises(ValueError, match=r"must be one of \(False, True, 'token'\); got 'tokens'"):
         PolicyVersionGate(partial_rollout="tokens")
 
@@ -236,3 +243,72 @@ def test_an_interrupt_that_fails_leaves_the_update_waiting_for_the_turn_instead(
     thread.join(10)
     assert answer["turn"].token_versions == [0] and gate.version == 1
     assert "interrupting the requests in flight failed (ConnectionError: no route to the server)" in caplog.text
+
+
+def test_abort_generation_aborts_every_request_the_engine_tracks_on_the_engines_own_loop():
+    """On one of verl's vLLM server actors the trainer's call (Ray's `__ray_call__`) runs on a thread of the actor, and
+    the engine's loop is another thread's: the abort runs there, on every internal id, parallel-sampling parents
+    included, as vLLM's own endpoint does (the seams test holds vLLM's side; the run in test_train_cpu_on_cpu.py a real
+    engine's)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from beyond_agent.training import abort_generation
+
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+
+    class Engine:
+        def __init__(self) -> None:
+            self.output_processor = SimpleNamespace(request_states={"a-1": 0, "b-2": 0}, parent_requests={"p-3": 0})
+            self.aborted: list = []
+            self.output_handler = asyncio.run_coroutine_threadsafe(self.handle(), loop).result(5)
+
+        async def handle(self):
+            return asyncio.current_task()
+
+        async def abort(self, request_id, internal=False):
+            self.aborted.append((list(request_id), internal, asyncio.get_running_loop() is loop))
+
+    engine = Engine()
+    assert abort_generation(SimpleNamespace(engine=engine)) == 3
+    assert engine.aborted == [(["a-1", "b-2", "p-3"], True, True)]
+    assert abort_generation(SimpleNamespace(engine=None)) == 0
+    loop.call_soon_threadsafe(loop.stop)
+
+
+def test_a_gateway_agent_whose_call_an_update_interrupts_gets_one_reply(chatml_tokenizer):
+    """A user's agent behind the gateway: its pending call is continued inside the gate, so the agent reads one reply
+    of all the sampled tokens, and the segment it trains keeps each token's version."""
+    import openai
+
+    from beyond_agent.gateway import Gateway, GatewayConfig
+    from beyond_agent.gateway.server import GatewayServer
+
+    server = InterruptedOnce()
+    gate = PolicyVersionGate(partial_rollout="token", interrupt=server.interrupt)
+    server.gate = gate
+    gateway = Gateway(GatewayConfig(model_name="policy"), chatml_tokenizer, gate.generate_fn(server.generate))
+    served = GatewayServer(gateway).start()
+    try:
+        episode_id = gateway.open_episode()
+        client = openai.OpenAI(base_url=f"{served.url}/episodes/{episode_id}/v1", api_key="unused", max_retries=0)
+        answer: dict = {}
+        thread = threading.Thread(target=lambda: answer.update(reply=client.chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": "go"}], max_tokens=10)))
+        thread.start()
+        assert server.started.wait(10)
+        with gate.updating(1):
+            pass
+        thread.join(10)
+    finally:
+        served.stop()
+    reply = answer["reply"]
+    assert reply.usage.completion_tokens == 5 and reply.choices[0].finish_reason == "stop"
+    episode = gateway.close_episode(episode_id)
+    (call,) = episode.calls
+    assert call.sampled_ids == [11, 12, 13, 21, 22] and call.logprobs == [-0.1, -0.2, -0.3, -1.0, -2.0]
+    assert call.policy_version == 0
+    segment = episode.segments[0].to_episode()
+    assert [version for version, mask in zip(segment.token_policy_versions, segment.response_mask) if mask] == \
+        [0, 0, 0, 1, 1]

@@ -31,9 +31,6 @@ def test_the_recipe_default_passes():
 @pytest.mark.parametrize(("overrides", "message"), [
     (["trainer.use_v1=true"], "set trainer.use_v1=false"),
     (["beyond_agent.rollout_mode=async", "actor_rollout_ref.rollout.free_cache_engine=false",
-      "beyond_agent.async_rollout.partial_rollout=token"],
-     "partial_rollout=token needs an LLM front that can interrupt its requests"),
-    (["beyond_agent.rollout_mode=async", "actor_rollout_ref.rollout.free_cache_engine=false",
       "beyond_agent.async_rollout.partial_rollout=tokens"], "partial_rollout must be true, false or token, got 'tokens'"),
     (["beyond_agent.rollout_mode=async", "actor_rollout_ref.rollout.free_cache_engine=true"],
      "rollout_mode=async needs actor_rollout_ref.rollout.free_cache_engine=false"),

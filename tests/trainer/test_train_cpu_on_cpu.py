@@ -27,7 +27,8 @@ asynchronous rollout with the M2PO policy loss and GiGPO's advantages (what a us
 - async rollout with `max_staleness: 2`: the pool draws up to three batches ahead, so some rows are sampled by
   older weights than the ones they train: the logged staleness must be > 0 and never above the bound, and every
   admitted episode must be accounted for; each sync (held by the version gate until no request is in flight)
-  sends the adapter alone;
+  sends the adapter alone; `partial_rollout: token`: a sync first interrupts the requests in flight at verl's vLLM
+  server (none may fail), and each trained token's version is within the bound;
 - M2PO registered through verl's plugin entry point; GiGPO (`algorithm.adv_estimator=gigpo`: verl's estimator
   seam for the episode part, the trainer's for the step part from the rollout's anchor states);
 - dynamic sampling in async mode: the pool drops up to the budget (ceil(0.5 x 2) = 1 group a step) and draws a
@@ -86,8 +87,10 @@ ASYNC_M2PO_GIGPO = [
     "actor_rollout_ref.actor.policy_loss.loss_mode=m2po",
     "algorithm.adv_estimator=gigpo", "beyond_agent.gigpo.gamma=0.9",
     "beyond_agent.dynamic_sampling.max_extra_batches=0.5",
+    "beyond_agent.async_rollout.partial_rollout=token",
 ]
-"""What the resumed run changes: async rollout, M2PO, GiGPO, a smaller dynamic-sampling budget."""
+"""What the resumed run changes: async rollout whose syncs interrupt the turns in flight, M2PO, GiGPO, a smaller
+dynamic-sampling budget."""
 
 
 @pytest.fixture(scope="module")
@@ -318,6 +321,17 @@ def test_async_staleness_is_positive_and_bounded(resumed_run):
     assert all(0 <= value <= 2 for value in staleness), staleness
     for step in RESUMED_STEPS:
         assert resumed_run.metrics[step]["beyond_agent/async/policy_version"] == step - 1
+
+
+def test_token_mode_trains_every_token_within_the_bound_and_no_interrupt_fails(resumed_run):
+    """`partial_rollout: token`: a sync interrupts the requests in flight at verl's vLLM server (whether one is in flight
+    at a sync depends on timing here: tests/rollout/test_partial_rollout_on_cpu.py and test_weight_sync_wire_on_cpu.py
+    interrupt one for certain); every trained token's version is within the bound of the weights it trains against."""
+    assert "interrupting the requests in flight failed" not in resumed_run.output
+    for step in RESUMED_STEPS:
+        metrics = resumed_run.metrics[step]
+        assert 0 <= metrics["beyond_agent/async/token_staleness_mean"] <= metrics["beyond_agent/async/staleness_max"] <= 2
+        assert "beyond_agent/async/interrupted_turns" in metrics
 
 
 def test_async_old_log_probs_are_the_behaviour_policys(resumed_run):

@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -558,3 +559,59 @@ def test_each_of_8_ranks_with_tp_2_reaches_its_own_vllm_worker(local_ray, monkey
     sockets = [a.zmq_handle.rsplit("-replica-", 1)[1] for a in adapters]
     assert sockets == [f"{replica}-rank-{tp_rank}.sock" for replica in range(4) for tp_rank in range(2)]
     assert len({a.zmq_handle for a in adapters}) == 8  # no two ranks write into one worker's socket
+
+
+def test_a_token_mode_sync_aborts_what_a_real_ray_server_actor_is_generating(local_ray) -> None:
+    """`training.interrupt_servers` reaches each of verl's vLLM server actors with Ray's `__ray_call__`, which Ray runs
+    on a thread of an async actor, not on its event loop (where a first version failed with "no running event loop",
+    seen in the CPU training run): an actor shaped like verl's server (its engine's output task on the actor's loop)
+    has its request aborted mid-generation, answering with what it generated."""
+    import ray
+
+    from beyond_agent.training import interrupt_servers
+
+    @ray.remote
+    class ServerLike:
+        """`engine` as vLLM's AsyncLLM keeps it: requests by internal id, an output task, `abort(ids, internal)`."""
+
+        def __init__(self) -> None:
+            self.engine = None
+
+        async def generate(self, tokens_before_abort: int) -> tuple[str, int]:
+            import asyncio
+            from types import SimpleNamespace
+
+            if self.engine is None:
+                engine = SimpleNamespace(output_processor=SimpleNamespace(request_states={}, parent_requests={}),
+                                         output_handler=asyncio.create_task(asyncio.sleep(3600)), aborted=[])
+
+                async def abort(request_ids, internal=False):
+                    engine.aborted.append((list(request_ids), internal))
+                    for request_id in request_ids:
+                        engine.output_processor.request_states.pop(request_id).set()
+
+                engine.abort = abort
+                self.engine = engine
+            stop = asyncio.Event()
+            self.engine.output_processor.request_states["internal-1"] = stop
+            try:
+                await asyncio.wait_for(stop.wait(), 60)
+            except asyncio.TimeoutError:
+                return "completed", 1000
+            return "aborted", tokens_before_abort
+
+        def aborted(self) -> list:
+            return self.engine.aborted
+
+    server = ServerLike.remote()
+    pending = server.generate.remote(7)
+    deadline = time.monotonic() + 30
+    while not ray.get(server.__ray_call__.remote(lambda actor: actor.engine is not None and bool(
+            actor.engine.output_processor.request_states))):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    interrupt_servers([server])
+    assert ray.get(pending, timeout=30) == ("aborted", 7)
+    assert ray.get(server.aborted.remote()) == [(["internal-1"], True)]
+    interrupt_servers([server])  # nothing in flight: nothing aborted, nothing raised
+    assert ray.get(server.aborted.remote()) == [(["internal-1"], True)]
