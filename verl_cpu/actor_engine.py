@@ -13,11 +13,19 @@ How: :class:`NoIdleCollect` skips ``to`` when it is asked to move neither the mo
 argument check still runs); any call that moves something is verl's. :class:`CPULanguageModelEngine` is verl's
 ``FSDPEngineWithLMHead`` with it, registered like the critic's engine (``value_engine.py``) for this platform's
 vendor only, so a run without ``VERL_PLATFORM=cpu`` keeps verl's engine.
+
+The same engine builds the reference model (a KL loss, `actor.use_kl_loss`), which verl's FSDP2 wrap gives
+``CPUOffloadPolicy(pin_memory=True)``: pinning needs an accelerator, so on CPU the reference model's start failed
+with "Cannot access accelerator device when none is available". :class:`UnpinnedReference` builds it with the same
+policy unpinned (its weights are in CPU memory either way).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from verl.workers.engine.base import BaseEngine, EngineRegistry
+from verl.workers.engine.fsdp import transformer_impl
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 
 from verl_cpu.platform import PLATFORM_NAME
@@ -38,8 +46,28 @@ class NoIdleCollect:
         return super().to(device, model=model, optimizer=optimizer, grad=grad)
 
 
-class CPULanguageModelEngine(NoIdleCollect, FSDPEngineWithLMHead):
-    """verl's FSDP language-model engine (actor, reference) with :class:`NoIdleCollect`."""
+class UnpinnedReference:
+    """Mixin for verl's FSDP engines on CPU: a forward-only model (the reference) wrapped with verl's CPU offload
+    policy, unpinned (module docstring)."""
+
+    def _build_fsdp_module(self, module: Any) -> Any:
+        if not self.engine_config.forward_only:
+            return super()._build_fsdp_module(module)
+        pinned = transformer_impl.CPUOffloadPolicy
+
+        def unpinned(**options: Any) -> Any:
+            return pinned(**{**options, "pin_memory": False})
+
+        transformer_impl.CPUOffloadPolicy = unpinned  # for this call only: verl names it inside the method
+        try:
+            return super()._build_fsdp_module(module)
+        finally:
+            transformer_impl.CPUOffloadPolicy = pinned
+
+
+class CPULanguageModelEngine(NoIdleCollect, UnpinnedReference, FSDPEngineWithLMHead):
+    """verl's FSDP language-model engine (actor, reference) with :class:`NoIdleCollect` and
+    :class:`UnpinnedReference`."""
 
 
 _registered: set[str] = set()

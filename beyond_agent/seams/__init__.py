@@ -75,6 +75,7 @@ _DPO = "beyond_agent.dpo:dpo_trainer_class"
 _SFT_SEAMS = "beyond_agent.seams.sft_trainer:SFTTrainerSeams"
 _TRAINING_WORKER = "verl.workers.engine_workers:TrainingWorker"
 _SFT_OPTIONS = "loss, collate and metric-reduction options in verl's SFT trainer"
+_UNPINNED = "verl's FSDP2 engine pinning the reference model's offloaded weights only where an accelerator exists"
 _ABORT_HOOK = "an abort of the requests in flight on verl's server that leaves the engine serving (its own pauses it)"
 _VERL_EXTENSION = "verl.workers.rollout.vllm_rollout.utils:vLLMColocateWorkerExtension"
 _OUR_EXTENSION = "beyond_agent.weights.vllm_extension:WeightSyncWorkerExtension"
@@ -250,6 +251,13 @@ SEAMS: tuple[Seam, ...] = (
          "called past the FSDP engine's `to` (which collects garbage even when nothing moves) for its argument check "
          "alone", "verl's FSDP engine skipping the collection when nothing moves", called_with=("model", "optimizer",
                                                                                                "grad")),
+    Seam("verl.workers.engine.fsdp.transformer_impl:FSDPEngine._build_fsdp_module", OVERRIDE,
+         "verl_cpu.actor_engine:UnpinnedReference._build_fsdp_module",
+         "the reference model's FSDP2 wrap without pinned memory, which needs an accelerator", _UNPINNED,
+         same_parameters=True),
+    Seam("verl.workers.engine.fsdp.transformer_impl:CPUOffloadPolicy", PATCH,
+         "verl_cpu.actor_engine:UnpinnedReference._build_fsdp_module",
+         "replaced for one _build_fsdp_module call of a forward-only engine: the same policy, unpinned", _UNPINNED),
     # --- the env libraries ------------------------------------------------------------------------------------------
     *(Seam(f"{package}.server:{function}", READ, f"envservice.envs.tau2_env:Domain.{ours}", why,
            "a public tool-call API in the τ²-bench MCP packages (they expose their tools only through MCP stdio)")

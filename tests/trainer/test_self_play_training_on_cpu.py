@@ -61,6 +61,9 @@ def run(training_run, trainer_envservice, tiny_vllm_server, tmp_path_factory):
         f"data.train_files={train}", f"data.val_files={val}", f"data.train_batch_size={BATCH}",
         "data.max_response_length=384", f"actor_rollout_ref.actor.ppo_mini_batch_size={BATCH}",
         "actor_rollout_ref.actor.entropy_coeff=0.01", f"trainer.total_training_steps={STEPS}",
+        # A KL loss to the reference model: on CPU its start once failed (verl pins the reference's offloaded weights)
+        "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_coef=0.01",
+        "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
         "trainer.logger=[console,file]", f"beyond_agent.env.url={trainer_envservice.url}",
         "beyond_agent.max_tokens_per_turn=8", "beyond_agent.rounds.rounds=4",
         "beyond_agent.self_play.envs=[tictactoe]", "+beyond_agent.tasks.tictactoe._target_=user_tasks.AnyCell",
@@ -84,6 +87,9 @@ def test_both_seats_of_every_game_train_through_verl(run):
     assert sorted(logged) == list(range(1, STEPS + 1))
     for step, metrics in logged.items():
         assert math.isfinite(metrics["actor/pg_loss"]) and metrics["actor/grad_norm"] > 0
+        # The KL loss to the reference model (verl's ref worker on CPU): zero at the first update, the policy's
+        # drift from it after.
+        assert metrics["actor/kl_loss"] >= 0 and math.isfinite(metrics["actor/kl_loss"])
         assert metrics["beyond_agent/episodes"] == BATCH * N and metrics["beyond_agent/infra_failures"] == 0
         # A game whose second seat to move never moved (the first lost on two occupied cells) has one row.
         both = sum(len(seats) == 2 for seats in games(run, step).values())
