@@ -41,6 +41,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
+import numpy as np
+
 from beyond_agent.rollout.episode_loop import EpisodeResult, EpisodeSpec
 from beyond_agent.rollout.dynamic_sampling import DynamicSamplingConfig, GroupSieve, StepSignal
 from beyond_agent.rollout.handler import UNVERSIONED
@@ -125,6 +127,14 @@ def episode_versions(result: EpisodeResult, admitted_version: int) -> list[int]:
     versions = [version for row in trained_rows(result)
                 for version in (row.episode.turn_policy_versions if row.episode else []) if version is not None]
     return versions or [admitted_version]
+
+
+def sampled_token_versions(result: EpisodeResult) -> np.ndarray:
+    """The version of each sampled token of every row the result trains (`trained_rows`), where known."""
+    versions = [row.episode.token_policy_versions for row in trained_rows(result)
+                if row.episode and row.episode.token_policy_versions]
+    every = np.concatenate([np.asarray(v, dtype=np.int64) for v in versions]) if versions else np.zeros(0, np.int64)
+    return every[every != UNVERSIONED]
 
 
 def row_staleness(row: PendingRow, trainer_version: int) -> int:
@@ -360,15 +370,17 @@ class AsyncEpisodePool:
 
     def _step_metrics(self, taken: list[PendingRow], dropped: list[tuple[PendingRow, int]], trainer_version: int,
                       carried_over: int, waited_s: float) -> dict[str, float]:
-        episode_staleness, turn_staleness, token_staleness, mixed = [], [], [], 0
+        episode_staleness, turn_staleness, mixed = [], [], 0
+        token_staleness_sum, sampled_tokens = 0, 0  # over every sampled token (numpy: a step holds millions)
         for row in taken:
             for result in row.results():
                 versions = episode_versions(result, row.admitted_version)
                 episode_staleness.append(trainer_version - min(versions))
                 turn_staleness.extend(trainer_version - v for v in versions)
                 mixed += len(set(versions)) > 1
-                tokens = getattr(result.episode, "token_policy_versions", None) if result.episode else None
-                token_staleness.extend(trainer_version - v for v in tokens or () if v != UNVERSIONED)
+                sampled = sampled_token_versions(result)
+                token_staleness_sum += int((trainer_version - sampled).sum())
+                sampled_tokens += sampled.size
         dropped_specs = [spec for row, _ in dropped for spec in row.specs]
         self.counts["trained"] += sum(len(row.futures) for row in taken)
         self.counts["trained_rows"] += len(taken)
@@ -377,7 +389,7 @@ class AsyncEpisodePool:
         metrics = {
             "async/staleness_mean": _mean(episode_staleness), "async/staleness_max": float(max(episode_staleness, default=0)),
             "async/turn_staleness_mean": _mean(turn_staleness),
-            "async/token_staleness_mean": _mean(token_staleness),
+            "async/token_staleness_mean": token_staleness_sum / sampled_tokens if sampled_tokens else 0.0,
             "async/partial_episodes": float(mixed),
             "async/interrupted_turns": float(self.gate.take_interrupted_turns()),
             "async/carried_over_episodes": float(carried_over),

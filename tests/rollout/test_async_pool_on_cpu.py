@@ -382,7 +382,8 @@ def test_row_staleness_counts_from_the_oldest_turn():
 def one_turn(version: int, seat: int | None = None) -> EpisodeResult:
     """A row an episode trains, with one turn sampled by weights `version`."""
     episode = Episode(prompt_ids=[1], response_ids=[2], response_mask=[1], response_logprobs=[-0.5],
-                      termination="done", num_turns=1, turn_ends=[0], turn_policy_versions=[version])
+                      termination="done", num_turns=1, turn_ends=[0], turn_policy_versions=[version],
+                      token_policy_versions=[version])
     return EpisodeResult(spec=EpisodeSpec(env_id="tictactoe", seat=seat), episode=episode, termination="done")
 
 
@@ -449,6 +450,8 @@ def test_an_earlier_segment_past_the_bound_drops_its_row(max_staleness):
         assert fifth.metrics["async/dropped_stale_episodes"] == 0
         assert [row.row["extra_info"]["task_id"] for row in fifth.rows] == [0]
         assert fifth.metrics["async/staleness_max"] == 4.0 and fifth.metrics["async/turn_staleness_mean"] == 2.0
+        # Each episode's two segments, one token each, sampled 4 and 0 versions back: every trained token counts.
+        assert fifth.metrics["async/token_staleness_mean"] == 2.0
         assert fifth.metrics["async/partial_episodes"] == 2.0
     pool.close()
 
