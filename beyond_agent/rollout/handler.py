@@ -56,6 +56,7 @@ TERMINATION_REASONS = ("done", "max_rounds", "truncated", "length", "max_calls",
 PROMPT_TRUNCATION_POLICIES = ("left", "error")
 UNVERSIONED = -1
 """`Episode.token_policy_versions` of a token no policy sampled (mask 0) or whose version is unknown."""
+_UNVERSIONED_TOKEN = array("q", [UNVERSIONED])  # repeated for a run of such tokens without a Python list
 OBSERVATION_ROLES = ("user", "tool")
 DUMMY_PREFIX = ({"role": "system", "content": "S"}, {"role": "user", "content": "U"})
 """The fixed chat before the assistant turn whose suffix the simple delta reads."""
@@ -394,7 +395,7 @@ class RolloutHandler:
             ids, logprobs = ids[:room], logprobs[:room] if logprobs is not None else None
             versions = versions[:room] if versions is not None else None
             self.termination = "length"
-        self._response_versions.extend(versions if versions is not None else [UNVERSIONED] * len(ids))
+        self._response_versions.extend(versions if versions is not None else _UNVERSIONED_TOKEN * len(ids))
         self._response_ids.extend(ids)
         self._response_mask.frombytes(bytes([mask_value]) * len(ids))
         if logprobs is None:

@@ -46,12 +46,14 @@ class LLMError(RuntimeError):
     An episode loop ends its episode with `termination` ("timeout" or "llm_error"); such episodes are not reward.
     """
 
-    def __init__(self, kind: str, message: str):
+    def __init__(self, kind: str, message: str, status: int | None = None):
         if kind not in LLM_ERROR_KINDS:
             raise ValueError(f"LLMError.kind must be one of {LLM_ERROR_KINDS}; got {kind!r}")
         super().__init__(f"[{kind}] {message}")
         self.kind = kind
         self.message = message
+        self.status = status
+        """The server's HTTP status, when it answered with an error."""
 
     @property
     def termination(self) -> str:
@@ -485,7 +487,7 @@ class HttpVLLMBackend:
             try:
                 await self._post(url, {"request_ids": []})
             except LLMError as error:
-                if "answered 404" in error.message:
+                if error.status == 404:
                     raise LLMError("rejected", f"{url} is not served: start vLLM with VLLM_SERVER_DEV_MODE=1 to let "
                                                "a weight update interrupt its requests") from None
                 raise
@@ -505,7 +507,7 @@ class HttpVLLMBackend:
             raise LLMError("connection", f"{url}: {type(err).__name__}: {err}") from err
         if response.status_code != 200:
             kind = "server" if response.status_code >= 500 else "rejected"
-            raise LLMError(kind, f"{url} answered {response.status_code}: {response.text[:300]}")
+            raise LLMError(kind, f"{url} answered {response.status_code}: {response.text[:300]}", response.status_code)
         try:
             return response.json()
         except ValueError as err:

@@ -312,3 +312,28 @@ def test_a_gateway_agent_whose_call_an_update_interrupts_gets_one_reply(chatml_t
     segment = episode.segments[0].to_episode()
     assert [version for version, mask in zip(segment.token_policy_versions, segment.response_mask) if mask] == \
         [0, 0, 0, 1, 1]
+
+
+def test_a_server_without_the_abort_endpoint_is_named_with_the_setting_that_serves_it():
+    """vLLM serves `/abort_requests` only with VLLM_SERVER_DEV_MODE=1; without it the interrupt fails naming that (the
+    gate then waits for the requests, as without token mode)."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class NotFound(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's name)
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    http = ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    try:
+        with AsyncLLMServerManager(HttpVLLMBackend([f"http://127.0.0.1:{http.server_port}"], "m")) as manager:
+            assert manager.can_interrupt
+            with pytest.raises(LLMError, match="start vLLM with VLLM_SERVER_DEV_MODE=1") as raised:
+                manager.interrupt()
+            assert raised.value.kind == "rejected"
+    finally:
+        http.shutdown()
