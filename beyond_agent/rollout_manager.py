@@ -33,13 +33,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 from envservice.client import EnvClient
 from beyond_agent.multitask import VAL_PREFIX, task_name, task_names, task_rollout_metrics
-from beyond_agent.rollout.async_pool import AsyncEpisodePool, PendingRow
+from beyond_agent.rollout.async_pool import AsyncEpisodePool, PendingRow, RowsInPlay
 from beyond_agent.rollout.batch import NothingToTrain, SegmentRows, segment_batch, training_batch, untrainable
 from beyond_agent.rollout.episode_loop import EpisodeResult, EpisodeSpec, place_seeds
 from beyond_agent.algorithms.gigpo import group_has_step_signal
@@ -273,13 +274,31 @@ class BeyondAgentLoopManager:
     # ---- rows played before verl sees them: async rollout, dynamic sampling ---------------------
 
     def start_rows(self, rows: Iterator[dict], batch_size: int, samples_per_row: int, trained_steps: int,
-                   total_steps: int | None = None) -> None:
+                   total_steps: int | None = None, resumed: RowsInPlay | None = None) -> None:
         """Draw training rows from `rows` from now on: in async mode episodes start playing in the background
-        (none beyond what steps up to `total_steps` can train); in sync mode each `take_rows` plays its batch."""
+        (none beyond what steps up to `total_steps` can train); in sync mode each `take_rows` plays its batch.
+        `resumed`: what the checkpoint of a resumed run recorded (`rows` replays its rows first)."""
         if not self.settings.is_async:
+            self._serial = resumed.serial if resumed is not None else self._serial
             self._row_source = RowSource(rows, batch_size, samples_per_row, next_step=trained_steps + 1)
             return
-        self._start_async(rows, batch_size, samples_per_row, trained_steps, total_steps)
+        self._start_async(rows, batch_size, samples_per_row, trained_steps, total_steps, resumed)
+
+    @contextmanager
+    def drawing_paused(self) -> Iterator[None]:
+        """No training row is drawn while inside (a checkpoint records what is in play)."""
+        if self._pool is None:  # sync mode draws in the trainer's own thread
+            yield
+            return
+        with self._pool.drawing_paused():
+            yield
+
+    def rows_in_play(self) -> RowsInPlay:
+        """The rows drawn and not trained yet, with the accounting so far (call inside `drawing_paused`, between
+        steps; in sync mode nothing is in play between steps)."""
+        if self._pool is None:
+            return RowsInPlay(rows=[], episodes=0, counts={}, serial=self._serial)
+        return self._pool.rows_in_play()
 
     def take_rows(self) -> list[PendingRow] | list[PlayedRow]:
         """The next training step's rows, all episodes finished (async: blocks until they are; sync: plays them)."""
@@ -332,7 +351,7 @@ class BeyondAgentLoopManager:
         return kept
 
     def _start_async(self, rows: Iterator[dict], batch_size: int, samples_per_row: int, trained_steps: int,
-                     total_steps: int | None) -> None:
+                     total_steps: int | None, resumed: RowsInPlay | None) -> None:
         settings = self.settings
         manager = self._episode_manager(settings.train_sampling, gated=True)
 
@@ -348,7 +367,7 @@ class BeyondAgentLoopManager:
             batch_size, settings.async_rollout, settings.concurrency,
             describe=lambda spec: spec.agent_task.label, total_steps=total_steps,
             dynamic_sampling=settings.dynamic_sampling, step_signal=self._step_signal(), row_task=task_name)
-        self._pool.start(trained_steps)
+        self._pool.start(trained_steps, resumed)
 
     def version_changed(self) -> None:
         """The trainer synced new weights: the pool may draw rows again."""

@@ -14,6 +14,7 @@ with these; the seams themselves (verl's private helpers) are in `beyond_agent.s
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +25,9 @@ import torch
 from omegaconf import open_dict
 
 from beyond_agent.integrity import ServedWeightsMonitor, ServedWeightsWatch, token_log_prob_gaps
+from beyond_agent.rollout.async_pool import RowsInPlay
 from beyond_agent.rollout.batch import SegmentRows
+from beyond_agent.rollout.row_stream import RowStream
 from beyond_agent.rollout_manager import ROW_KEY
 from beyond_agent.run_folder import CURVES_FILE, MetricsLog
 from beyond_agent.seams.trainer import open_join_point, wrap_update_weights
@@ -105,32 +108,70 @@ def metrics_source(manager: Any) -> RolloutMetricsSource | None:
     return manager if isinstance(manager, RolloutMetricsSource) else None
 
 
+ROWS_IN_PLAY_FORMAT = "beyond_agent.rows_in_play/1"
+"""The format of `PlayedRowLoader.state_dict()` (what verl saves as a checkpoint's data.pt); a data.pt without it is a
+plain dataloader state (a run checkpointed without the loader, or before the record existed)."""
+
+
 class PlayedRowLoader:
     """The train dataloader `fit()` iterates in async mode and with dynamic sampling: batches of rows whose
     episodes already finished.
 
-    On the first iteration it hands the rollout manager the wrapped dataloader's rows (epoch after epoch):
-    in async mode its background pool draws them as far ahead as the staleness bound allows; in sync mode
-    each batch is played when `fit()` asks for it, after the previous step's weight sync. Each batch it
-    yields is verl's collated rows plus `ROW_KEY`. Its length and checkpoint state are the wrapped loader's
-    (the state is the reading position: a resumed run skips the rows that were in flight or dropped).
+    On the first iteration it hands the rollout manager the wrapped dataloader's rows (a `RowStream`, epoch after
+    epoch): in async mode its background pool draws them as far ahead as the staleness bound allows; in sync mode
+    each batch is played when `fit()` asks for it, after the previous step's weight sync. Each batch it yields is
+    verl's collated rows plus `ROW_KEY`. Its length is the wrapped loader's.
+
+    Its checkpoint state (verl saves it as data.pt) is the wrapped loader's reading position plus every row read and
+    not trained yet (in play in the pool, or read in a batch and not drawn) and the pool's accounting; a resumed run
+    draws those rows again first and goes on counting (rollout/async_pool.py), so no row is lost at a resume.
     """
 
     def __init__(self, dataloader: Any, trainer: Any):
         self.dataloader = dataloader
         self.trainer = trainer
+        self._stream = RowStream(dataloader)
+        self._resumed: RowsInPlay | None = None
         self._started = False
+        self.restored = False
+        """A checkpoint's state was loaded (by verl, or by the trainer where verl skipped it)."""
 
     def __len__(self) -> int:
         return len(self.dataloader)
 
     def state_dict(self) -> dict:
-        """The wrapped loader's state (for verl's checkpoints)."""
-        return self.dataloader.state_dict()
+        """The reading position, the rows in play and the accounting (for verl's checkpoints, between steps)."""
+        manager = self.trainer.async_rollout_manager
+        if not self._started:  # nothing drawn: what a restore handed over is still to replay
+            position, unread = self._stream.read_position()
+            in_play = RowsInPlay([], 0, dict(self._resumed.counts) if self._resumed else {},
+                                 self._resumed.serial if self._resumed else 0)
+        else:
+            with manager.drawing_paused():
+                in_play = manager.rows_in_play()
+                position, unread = self._stream.read_position()
+        return {"format": ROWS_IN_PLAY_FORMAT, "loader": position, "unread_rows": unread,
+                "in_play": dataclasses.asdict(in_play)}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore the wrapped loader's state (verl's resume)."""
-        self.dataloader.load_state_dict(state)
+        """Restore a checkpoint's state (verl's resume): the reading position, and the rows to draw again first."""
+        self.restored = True
+        if state.get("format") != ROWS_IN_PLAY_FORMAT:
+            self.dataloader.load_state_dict(state)
+            return
+        self.dataloader.load_state_dict(state["loader"])
+        self._resumed = RowsInPlay(**state["in_play"])
+        self._stream.replay([*self._resumed.rows, *state["unread_rows"]])
+        print(f"[beyond_agent] resumed rows: {len(self._resumed.rows)} in play at the checkpoint "
+              f"({self._resumed.episodes} episodes, replayed) and {len(state['unread_rows'])} read but not drawn, "
+              f"drawn first", flush=True)
+
+    def restore_from(self, folder: Path) -> None:
+        """Load the state verl saved in `folder`/data.pt, where verl's resume skipped it (at an epoch boundary verl
+        assumes an exhausted loader; ours reads ahead, and the rows in play are in the record)."""
+        path = folder / "data.pt"
+        if path.exists():
+            self.load_state_dict(torch.load(path, weights_only=False))
 
     def __iter__(self):
         from verl.utils.dataset.rl_dataset import collate_fn
@@ -138,22 +179,21 @@ class PlayedRowLoader:
         manager = self.trainer.async_rollout_manager
         if not self._started:
             config = self.trainer.config
-            manager.start_rows(endless_rows(self.dataloader), batch_size=config.data.train_batch_size,
-                                samples_per_row=config.actor_rollout_ref.rollout.n,
-                                trained_steps=self.trainer.global_steps - 1,
-                                total_steps=self.trainer.total_training_steps)
+            manager.start_rows(self._stream, batch_size=config.data.train_batch_size,
+                               samples_per_row=config.actor_rollout_ref.rollout.n,
+                               trained_steps=self.trainer.global_steps - 1,
+                               total_steps=self.trainer.total_training_steps, resumed=self._resumed)
             self._started = True
         for _ in range(len(self.dataloader)):
             yield collate_fn([{**row.row, ROW_KEY: row.key} for row in manager.take_rows()])
 
 
-def endless_rows(dataloader: Any):
-    """The dataloader's rows one by one, epoch after epoch (each row one element of every batch field)."""
-    while True:
-        for batch in dataloader:
-            size = len(next(iter(batch.values())))
-            for index in range(size):
-                yield {key: values[index] for key, values in batch.items()}
+def resumed_checkpoint_folder(trainer_config: Any, global_steps: int) -> Path:
+    """The folder verl's `_load_checkpoint` resumed from at `global_steps`: `resume_from_path` in that mode, else the
+    step's folder under `default_local_dir` (relative paths from the working directory, as verl reads them)."""
+    if trainer_config.resume_mode == "resume_path":
+        return Path(trainer_config.resume_from_path).absolute()
+    return Path(trainer_config.default_local_dir, f"global_step_{global_steps}").absolute()
 
 
 def wrap_weight_sync(checkpoint_manager: Any, rollout: Any | None, lora_plan: LoraPlan | None,

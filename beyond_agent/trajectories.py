@@ -95,7 +95,8 @@ class TrajectoryRecord:
     """Seconds from session creation to release."""
     policy_version: int | None = None
     """Version (verl global step) of the oldest weights that sampled it, when the rollout knows it
-    (asynchronous rollout; `extra["turn_policy_versions"]` then has one version per assistant turn)."""
+    (asynchronous rollout; `extra["turn_policy_versions"]` then has one version per assistant turn, and
+    `extra["token_policy_versions"]` one per response token, as [[version, count], ...] runs, -1 on observations)."""
     sampling_seed: int | None = None
     """The seed its turns' sampling seeds derived from (`rollout.episode_loop.seeded`; None: the server drew them)."""
     extra: dict[str, Any] = field(default_factory=dict)
@@ -125,6 +126,17 @@ class TrajectoryRecord:
         return cls(**{key: value for key, value in data.items() if key in known})
 
 
+def version_runs(versions: list[int]) -> list[list[int]]:
+    """[[version, count], ...]: runs of equal versions (a response's per-token versions, compactly)."""
+    runs: list[list[int]] = []
+    for version in versions:
+        if runs and runs[-1][0] == version:
+            runs[-1][1] += 1
+        else:
+            runs.append([version, 1])
+    return runs
+
+
 def episode_record(result: Any, step: int, kind: str, policy_version: int | None = None) -> TrajectoryRecord:
     """The record of a finished `EpisodeResult` (rollout/episode_loop.py); the policy version, unless given,
     is the oldest of its turns' versions (async rollout tags each turn)."""
@@ -134,6 +146,9 @@ def episode_record(result: Any, step: int, kind: str, policy_version: int | None
     if policy_version is None and known:
         policy_version = min(known)
     extra: dict[str, Any] = {"turn_policy_versions": turn_versions} if known else {}
+    token_versions = getattr(episode, "token_policy_versions", None) if episode else None
+    if token_versions:  # per response token, -1 on observation tokens: [[version, tokens], ...] runs
+        extra["token_policy_versions"] = version_runs(token_versions)
     if getattr(result, "agent_mode", None) is not None:  # played by a user's agent behind the gateway
         extra.update(agent_mode=result.agent_mode, earlier_segments=len(result.earlier_segments))
     if getattr(spec, "seat", None) is not None:  # one seat of a game of several (rollout/seats.py)

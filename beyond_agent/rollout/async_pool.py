@@ -29,7 +29,9 @@ trainer trains step s on weights s - 1, so a token sampled with version u is `s 
   bound are dropped as stale (counted, like any other). It plays more episodes than it trains, and it trains the
   fast ones first even more than the FIFO hand-over does: the drop mix per task shows the bias.
 - Every admitted episode is accounted for: trained, dropped (stale or without signal), in flight or ready at
-  the end.
+  the end, or replayed after a resume: a checkpoint records the rows drawn and not trained yet with the accounting
+  so far (`rows_in_play`); the resumed run counts their episodes as `replayed_after_resume` and draws those rows
+  again first (their episodes start anew: the env sessions and generation in flight did not outlive the process).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import threading
 import time
 from collections import Counter, deque
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
@@ -144,6 +147,18 @@ def row_staleness(row: PendingRow, trainer_version: int) -> int:
     return trainer_version - oldest
 
 
+@dataclass(frozen=True)
+class RowsInPlay:
+    """What a checkpoint keeps of the pool: the rows drawn and not trained yet (running, finished or waiting), how
+    many episodes they admitted, the accounting so far and the last row key's number (a resumed run's keys go on
+    from it, so no two rows of a run share a key or a sampling seed)."""
+
+    rows: list[dict[str, Any]]
+    episodes: int
+    counts: dict[str, int]
+    serial: int
+
+
 @dataclass
 class TakenBatch:
     """What `take_batch` hands over: the rows, and the metrics of this hand-over."""
@@ -194,6 +209,7 @@ class AsyncEpisodePool:
         self._row_task = row_task
         self._executor = ThreadPoolExecutor(max_workers=max(concurrency, 1), thread_name_prefix="async-episode")
         self._condition = threading.Condition()
+        self._drawing = threading.Lock()  # held from taking a row off the stream until it is admitted
         self._waiting: deque[PendingRow] = deque()  # drawn, not yet taken (running or finished)
         self._taken_steps = 0
         self._serial = 0
@@ -205,9 +221,16 @@ class AsyncEpisodePool:
 
     # ---- lifecycle -------------------------------------------------------------------------------
 
-    def start(self, taken_steps: int = 0) -> None:
-        """Start drawing rows; `taken_steps` is the number of steps already trained (a resumed run)."""
+    def start(self, taken_steps: int = 0, resumed: RowsInPlay | None = None) -> None:
+        """Start drawing rows; `taken_steps` is the number of steps already trained (a resumed run), `resumed` what its
+        checkpoint recorded (the caller's row stream replays `resumed.rows` first)."""
         self._taken_steps = taken_steps
+        if resumed is not None:
+            self.counts.update(resumed.counts)
+            # Rule: an episode in play at the checkpoint neither trained nor was dropped; its row is drawn again.
+            self.counts["replayed_after_resume"] += resumed.episodes
+            self.counts["replayed_after_resume_rows"] += len(resumed.rows)
+            self._serial = resumed.serial
         self._feeder.start()
 
     def close(self) -> dict[str, int]:
@@ -222,6 +245,20 @@ class AsyncEpisodePool:
         return {**self.counts, "left_unfinished_at_end": unfinished, "left_finished_at_end": finished}
 
     # ---- the trainer's side --------------------------------------------------------------------
+
+    @contextmanager
+    def drawing_paused(self) -> Iterator[None]:
+        """No row leaves the row stream while inside (a checkpoint records the pool and the stream together)."""
+        with self._drawing:
+            yield
+
+    def rows_in_play(self) -> RowsInPlay:
+        """The rows drawn and not trained yet, in the order they were drawn, and the accounting (call inside
+        `drawing_paused`, between steps: the counts of a step are complete once `take_batch` returned)."""
+        with self._condition:
+            rows = [row.row for row in self._waiting]
+            episodes = sum(len(row.futures) for row in self._waiting)
+            return RowsInPlay(rows, episodes, dict(self.counts), self._serial)
 
     def take_batch(self, timeout_s: float | None = None) -> TakenBatch:
         """Block until `batch_size` finished rows within the staleness bound are ready; hand them over.
@@ -322,8 +359,8 @@ class AsyncEpisodePool:
                     if len(self._waiting) >= self._allowed_waiting_rows():
                         continue  # woke on the timeout: an update may have moved the version; look again
                     step = self._taken_steps + 1
-                row = next(self._rows)
-                self._admit(row, step)
+                with self._drawing:
+                    self._admit(next(self._rows), step)
         except BaseException as error:  # surfaced to the trainer at its next take_batch
             with self._condition:
                 self._feed_error = error

@@ -122,6 +122,9 @@ SEAMS: tuple[Seam, ...] = (
     _trainer_hook("_update_actor", "GiGPO's step advantages need each turn's anchor state, which verl's estimator "
                   "registry (`register_adv_est`) does not pass; task-wise normalisation and per_call recounting act "
                   "on the whole batch after verl's estimator", "an advantage post-processing hook with the batch"),
+    _trainer_hook("_load_checkpoint", "a resumed run restores the training rows in play at its checkpoint (data.pt's "
+                  "record) where verl skips data.pt at an epoch boundary, assuming an exhausted dataloader; our loader "
+                  "reads ahead", "a resume callback, or a dataloader restore verl leaves to the loader"),
     Seam("verl.checkpoint_engine:CheckpointEngineManager.update_weights", PATCH,
          "beyond_agent.seams.trainer:wrap_update_weights",
          "replaced on the instance: each weight sync holds the host lock, waits in the async rollout's version gate "

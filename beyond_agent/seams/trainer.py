@@ -12,7 +12,8 @@ trainer built on `TrainerSeams` overrides the public hooks below instead, with t
 - `before_actor_update(batch)`: advantages are final for verl; may change them in place; returns metrics to log;
 - `step_metrics()`: our metrics of the step, which join its first update's (critic or actor) for `fit()` to log;
 - `after_actor_update(output)`: the actor update's output, whose metrics `fit()` reduces after the weight sync;
-- `validation_metrics()`: our metrics of a validation, added to verl's.
+- `validation_metrics()`: our metrics of a validation, added to verl's;
+- `after_checkpoint_load()`: verl's resume has run (`global_steps` is the step resumed from, 0 if none).
 """
 
 from __future__ import annotations
@@ -70,6 +71,9 @@ class TrainerSeams(RayPPOTrainer):
         """Our metrics of a validation, added to verl's (taken once per validation)."""
         return {}
 
+    def after_checkpoint_load(self) -> None:
+        """verl's resume has run: restore what it does not (`global_steps` is the step resumed from, 0 if none)."""
+
     # ---- the seams: verl's private helpers, each calling verl's own and then the hook -----------------------------
     def _balance_batch(self, batch: Any, metrics: dict, logging_prefix: str = "global_seqlen",
                        keep_minibatch: bool = False) -> None:
@@ -83,6 +87,11 @@ class TrainerSeams(RayPPOTrainer):
         if not merged and metrics is not None:  # merged: verl's raw lists, for its own merging
             metrics.update(ours)
         return metrics
+
+    def _load_checkpoint(self):
+        resumed = super()._load_checkpoint()
+        self.after_checkpoint_load()
+        return resumed
 
     def _compute_old_log_prob(self, batch: Any):
         old_log_prob, mfu = super()._compute_old_log_prob(batch)

@@ -54,7 +54,8 @@ from beyond_agent.run_folder import METRICS_PATH_VARIABLE
 from beyond_agent.seams.trainer import TrainerSeams
 from beyond_agent.settings import BeyondAgentConfig
 from beyond_agent.training import (PlayedRowLoader, align_total_epochs, metrics_source, log_prob_gap_metrics,
-                                   prepare_verl_config, wrap_weight_sync, write_curves_beside_metrics)
+                                   prepare_verl_config, resumed_checkpoint_folder, wrap_weight_sync,
+                                   write_curves_beside_metrics)
 from beyond_agent.verl_pin import ensure_pinned_verl
 
 
@@ -100,6 +101,13 @@ class BeyondAgentTrainer(TrainerSeams):
             if self.beyond_config.is_async:
                 self.async_rollout_manager.close_async()
             write_curves_beside_metrics(os.environ.get(METRICS_PATH_VARIABLE))
+
+    def after_checkpoint_load(self) -> None:
+        """Where verl resumed but skipped data.pt (at an epoch boundary), the played-row loader restores it itself: the
+        rows in play at the checkpoint and the accounting are in it (`PlayedRowLoader`)."""
+        loader = self.train_dataloader
+        if isinstance(loader, PlayedRowLoader) and not loader.restored and self.global_steps > 0:
+            loader.restore_from(resumed_checkpoint_folder(self.config.trainer, self.global_steps))
 
     def validation_metrics(self) -> dict[str, float]:
         """Our per-task rollout metrics (`val-aux/beyond_agent/task/<task>/...`: rounds, terminations, episodes),

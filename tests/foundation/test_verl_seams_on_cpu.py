@@ -117,7 +117,7 @@ def test_every_touch_of_upstream_surface_in_our_code_is_a_registered_seam(our_to
     # verl's trainer helpers are overridden in one place: the recipe's trainer fills TrainerSeams' hooks.
     helpers = {seam.name.partition(".")[2] for seam in SEAMS if seam.name.startswith("RayPPOTrainer.")}
     overriding = {touch.module for touch in our_touches if touch.kind == OVERRIDE and touch.name in helpers}
-    assert len(helpers) == 5 and overriding == {"beyond_agent.seams.trainer"}
+    assert len(helpers) == 6 and overriding == {"beyond_agent.seams.trainer"}
     # One seam shape: verl's SFT trainer's build steps too are overridden in one place, as hooks (DPO fills them).
     sft_steps = {seam.name.partition(".")[2] for seam in SEAMS if seam.name.startswith("SFTTrainer._")}
     overriding = {touch.module for touch in our_touches if touch.kind == OVERRIDE and touch.name in sft_steps}

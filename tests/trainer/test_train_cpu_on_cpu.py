@@ -51,6 +51,7 @@ from safetensors.torch import load_file
 from beyond_agent.data import write_task_files
 from beyond_agent.export import export_checkpoint
 from beyond_agent.rollout.llm import request_seed
+from beyond_agent.training import ROWS_IN_PLAY_FORMAT
 from dev_tools.vllm_log import served_dtypes
 
 pytestmark = [pytest.mark.slow, pytest.mark.training, pytest.mark.timeout(2400)]
@@ -383,6 +384,26 @@ def test_async_accounting_balances(resumed_run):
                                       + accounting["left_unfinished_at_end"] + accounting["left_finished_at_end"])
 
 
+def test_a_checkpoint_records_the_rows_in_play_and_the_resume_restores_them(lora_run, resumed_run):
+    """#72: verl's data.pt holds our loader's record. lora_run (sync, dynamic sampling) drew 8 rows in 2 steps, none in
+    play between steps; its step 2 is an epoch boundary (2 batches an epoch), where verl skips data.pt, and the
+    trainer restores it itself: the resumed run's row keys go on after lora_run's 8. The async run's checkpoints
+    record the rows drawn and not trained with the accounting, which balances at each."""
+    first = torch.load(lora_run.run_dir / "global_step_2" / "data.pt", weights_only=False)
+    assert first["format"] == ROWS_IN_PLAY_FORMAT and first["in_play"]["rows"] == [] and first["in_play"]["serial"] == 8
+    assert "Skipping dataloader state restore" in resumed_run.output  # verl's epoch-boundary rule
+    assert "[beyond_agent] resumed rows: 0 in play at the checkpoint" in resumed_run.output  # ours, all the same
+    keys = {record["group"] for step in RESUMED_STEPS for record in resumed_run.trajectories(step)}
+    assert min(int(key[1:]) for key in keys) > 8, sorted(keys)
+    for step in (3, 4):
+        in_play = torch.load(resumed_run.run_dir / f"global_step_{step}" / "data.pt", weights_only=False)["in_play"]
+        counts = in_play["counts"]
+        assert counts["trained_rows"] == 2 * (step - 2)
+        assert counts["admitted"] == (counts["trained"] + counts.get("dropped_stale", 0)
+                                      + counts.get("dropped_no_signal", 0) + in_play["episodes"]), in_play
+        assert len(in_play["rows"]) * 2 == in_play["episodes"]
+
+
 RUN_SEED = 42
 """verl's `actor_rollout_ref.rollout.seed` by default, which `beyond_agent.sampling_seed` follows (neither run sets
 it; tests/trainer/test_rollout_manager_on_cpu.py reads it from the composed config)."""
@@ -399,8 +420,18 @@ def test_every_dumped_episode_names_the_sampling_seed_of_its_row_and_sample(lora
 
 
 def test_each_dumped_episode_names_the_versions_that_sampled_it(resumed_run):
-    # Every dumped episode names the versions that sampled its turns, none newer than the step's weights.
+    # Every dumped episode names the versions that sampled its turns, none newer than the step's weights; and (token
+    # mode, #72) each token's: every sampled token one within the bound, an observation token none (-1), within a
+    # turn only rising (a turn continued after a sync runs on the newer weights), a turn as old as its oldest token.
     for step in RESUMED_STEPS:
         for record in resumed_run.trajectories(step):
             versions = record["extra"]["turn_policy_versions"]
             assert record["policy_version"] == min(versions) and max(versions) <= step - 1
+            tokens = [version for version, count in record["extra"]["token_policy_versions"] for _ in range(count)]
+            assert len(tokens) == len(record["response_ids"])
+            assert all((version == -1) == (mask == 0) for version, mask in zip(tokens, record["response_mask"]))
+            assert all(step - 1 - 2 <= version <= step - 1 for version in tokens if version != -1)
+            starts = [0] + [end + 1 for end in record["turn_ends"][:-1]]
+            for turn, (start, end) in enumerate(zip(starts, record["turn_ends"])):
+                sampled = [version for version in tokens[start:end + 1] if version != -1]
+                assert sampled == sorted(sampled) and min(sampled) == versions[turn], (record["group"], turn)

@@ -45,6 +45,9 @@ class Recorded(TrainerSeams):
         self.calls.append(("validation_metrics",))
         return {"val-aux/beyond_agent/task/lake/rounds": 3.0}
 
+    def after_checkpoint_load(self):
+        self.calls.append(("after_checkpoint_load", self.global_steps))
+
 
 @pytest.fixture
 def verl_helpers(monkeypatch):
@@ -65,6 +68,12 @@ def verl_helpers(monkeypatch):
     recorder("_compute_old_log_prob", ("recomputed", 0.1))
     recorder("_update_critic", update_output)
     recorder("_update_actor", update_output)
+
+    def load_checkpoint(self):  # verl's sets the step resumed from
+        self.global_steps = 2
+        calls.setdefault("_load_checkpoint", []).append(())
+        return None
+    monkeypatch.setattr(RayPPOTrainer, "_load_checkpoint", load_checkpoint)
     return calls
 
 
@@ -121,3 +130,9 @@ def test_wrap_update_weights_replaces_the_sync_on_that_manager_only():
     wrap_update_weights(wrapped, lambda sync: lambda global_steps=None: {**sync(global_steps), "locked": True})
     assert wrapped.update_weights(3) == {"beyond_agent/weight_sync/full": 1.0, "step": 3, "locked": True}
     assert plain.update_weights(3) == {"beyond_agent/weight_sync/full": 1.0, "step": 3}
+
+
+def test_the_resume_hook_runs_after_verls_resume(verl_helpers):
+    trainer = Recorded()
+    assert trainer._load_checkpoint() is None
+    assert verl_helpers["_load_checkpoint"] == [()] and trainer.calls == [("after_checkpoint_load", 2)]
