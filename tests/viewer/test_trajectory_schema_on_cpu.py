@@ -36,6 +36,17 @@ def test_a_finished_episode_becomes_a_record_that_reads_back_unchanged(tmp_path:
         (4, "train"), (12, "val"), None]
 
 
+def test_a_turn_continued_on_newer_weights_names_each_tokens_version():
+    """#72: a turn interrupted at a sync and continued (partial rollout) records the version of each token, compactly;
+    observation tokens none (-1)."""
+    result = finished_episode()
+    result.episode.turn_policy_versions = [2, 3]
+    result.episode.token_policy_versions = [2, 3, -1, -1, 3]
+    record = TrajectoryRecord.from_json(json.loads(json.dumps(episode_record(result, step=4, kind="train").to_json())))
+    assert record.policy_version == 2 and record.extra["turn_policy_versions"] == [2, 3]
+    assert record.extra["token_policy_versions"] == [[2, 1], [3, 1], [-1, 2], [3, 1]]
+
+
 def test_an_episode_that_failed_before_its_prompt_has_empty_token_lists():
     result = finished_episode()
     result.episode, result.termination, result.error = None, "env_error", "create failed"
