@@ -51,6 +51,7 @@ from __future__ import annotations
 import abc
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -60,6 +61,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
@@ -68,6 +70,7 @@ import requests  # noqa: E402
 
 from envservice.childproc import ChildProcess  # noqa: E402
 from envservice.latency import LatencySpecError, parse_latency_spec  # noqa: E402
+from dev_tools.reply_lengths import PROCESSOR as REPLY_PROCESSOR, VARIABLE as REPLY_VARIABLE  # noqa: E402
 from envservice.process import EnvServiceProcess  # noqa: E402
 from beyond_agent.run_folder import METRICS_PATH_VARIABLE, MetricsLog  # noqa: E402
 from verl_cpu.overrides import CPU_ENV, cpu_overrides  # noqa: E402
@@ -88,9 +91,10 @@ ASYNC = "beyond_agent/async/"
 POLL_S = 0.05
 
 
-def run_name(mode: str, extra_rows: int) -> str:
-    """sync, async, or async+E for an async run with E extra rows in flight."""
-    return f"{mode}+{extra_rows}" if extra_rows else mode
+def run_name(mode: str, extra_rows: int, partial: bool = False) -> str:
+    """sync, async, async+partial, or either +E for an async run with E extra rows in flight."""
+    name = f"{mode}+partial" if partial else mode
+    return f"{name}+{extra_rows}" if extra_rows else name
 
 
 @dataclass(frozen=True)
@@ -103,11 +107,13 @@ class RunConfig:
     """The envservice's --step-delay spec; None: no injected delay."""
     extra_rows: int = 0
     """async mode: `beyond_agent.async_rollout.extra_rows` (rows in flight beyond the bound's)."""
+    partial: bool = False
+    """async mode: token-level partial rollout (`partial_rollout: token`: a sync interrupts the turns in flight)."""
 
     @property
     def name(self) -> str:
-        """sync, async, or async+E with E extra rows."""
-        return run_name(self.mode, self.extra_rows)
+        """sync, async, async+partial, or either +E with E extra rows."""
+        return run_name(self.mode, self.extra_rows, self.partial)
 
     @property
     def label(self) -> str:
@@ -122,6 +128,7 @@ class RunFigures:
     mode: str
     latency: str | None
     extra_rows: int
+    partial: bool
     steps: int
     process_wall_s: float
     loop_wall_s: float
@@ -225,7 +232,7 @@ def training_command(config: RunConfig, args: argparse.Namespace, model_dir: Pat
                      run_dir: Path, url: str) -> list[str]:
     """`python -m recipe.multiturn_rl.main ...` for one configuration."""
     command = [
-        sys.executable, "-m", "recipe.multiturn_rl.main", *SMALL_RUN,
+        sys.executable, "-m", "recipe.multiturn_rl.main", *small_run(args.reply_lengths),
         f"actor_rollout_ref.model.path={model_dir}", f"trainer.default_local_dir={run_dir}",
         f"data.train_files={data[0]}", f"data.val_files={data[1]}", f"data.train_batch_size={args.batch_size}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={args.batch_size}", f"actor_rollout_ref.rollout.n={args.n}",
@@ -236,19 +243,41 @@ def training_command(config: RunConfig, args: argparse.Namespace, model_dir: Pat
         command += ["beyond_agent.rollout_mode=async", f"beyond_agent.async_rollout.max_staleness={args.max_staleness}",
                     "actor_rollout_ref.actor.policy_loss.loss_mode=m2po",
                     f"beyond_agent.async_rollout.extra_rows={config.extra_rows}"]
+        if config.partial:
+            command.append("beyond_agent.async_rollout.partial_rollout=token")
     return command + cpu_overrides()
+
+
+def small_run(reply_lengths: str | None) -> list[str]:
+    """SMALL_RUN, with long-tailed replies when `reply_lengths` is given: the logits processor of
+    dev_tools/reply_lengths.py ends each turn at a drawn length, up to the distribution's cap, for which the turn and
+    response budgets are raised (two turns of the cap and their observations)."""
+    if reply_lengths is None:
+        return list(SMALL_RUN)
+    cap = math.ceil(parse_latency_spec(reply_lengths, "--reply-lengths").cap)
+    raised = {"beyond_agent.max_tokens_per_turn": cap, "data.max_response_length": 2 * cap + 256,
+              "actor_rollout_ref.rollout.max_model_len": 512 + 2 * cap + 256,
+              "actor_rollout_ref.rollout.max_num_batched_tokens": max(2048, 512 + 2 * cap + 256)}
+    kept = [item for item in SMALL_RUN if item.split("=", 1)[0] not in raised]
+    return kept + [f"{key}={value}" for key, value in raised.items()] + [
+        f'+actor_rollout_ref.rollout.engine_kwargs.vllm.logits_processors=["{REPLY_PROCESSOR}"]']
 
 
 def run_one(index: int, total: int, config: RunConfig, args: argparse.Namespace, model_dir: Path,
             data: tuple[Path, Path], work: Path) -> RunFigures:
     """Start an envservice for this run, train, follow its metrics and sessions; the run's figures."""
     name = f"{index}_{config.name}_{'latency' if config.latency else 'nodelay'}"
-    run_dir, log_path = work / name, work / f"{name}.log"
+    run_dir, log_path, kept = work / name, work / f"{name}.log", work / f"{name}.json"
+    if kept.exists():  # resumable: a run of this configuration finished in this folder before
+        print(f"[async-bench] run {index}/{total} {config.label}: kept from {kept}", flush=True)
+        return RunFigures(**json.loads(kept.read_text()))
     delay = ["--step-delay", config.latency, "--step-delay-seed", "0"] if config.latency else []
     with EnvServiceProcess([args.env], extra_args=["--max-sessions", "256", *delay],
                            log_path=work / f"{name}.envservice.log") as service:
         environment = {key: value for key, value in os.environ.items() if key != METRICS_PATH_VARIABLE}
         environment.update({**CPU_ENV, "RAY_DEDUP_LOGS": "0"})
+        if args.reply_lengths:
+            environment[REPLY_VARIABLE] = args.reply_lengths
         command = training_command(config, args, model_dir, data, run_dir, service.url)
         print(f"[async-bench] run {index}/{total} {config.label}: started (log {log_path})", flush=True)
         clock, sessions = StepClock(run_dir), SessionMonitor(service.url).start()
@@ -269,6 +298,7 @@ def run_one(index: int, total: int, config: RunConfig, args: argparse.Namespace,
     if code != 0:
         raise SystemExit(f"[async-bench] run {config.label} failed with exit code {code}; {child.log_tail(40)}")
     figures = compute_figures(config, args.steps, clock, sessions, process_wall, run_dir)
+    kept.write_text(json.dumps(asdict(figures), indent=2))
     print(f"[async-bench] run {index}/{total} {config.label}: finished in {process_wall:.0f} s "
           f"(loop {figures.loop_wall_s:.1f} s for {figures.steps} steps)", flush=True)
     return figures
@@ -310,7 +340,8 @@ def compute_figures(config: RunConfig, steps: int, clock: StepClock, sessions: S
     for row in per_step.values():  # relative to the loop start, for the JSON
         row["metrics_line_at_s"] = round(row["metrics_line_at_s"] - loop_start, 3)
     return RunFigures(
-        mode=config.mode, latency=config.latency, extra_rows=config.extra_rows, steps=len(trained),
+        mode=config.mode, latency=config.latency, extra_rows=config.extra_rows, partial=config.partial,
+        steps=len(trained),
         process_wall_s=process_wall,
         loop_wall_s=loop_wall, loop_s_per_step=loop_wall / len(trained), steady_s_per_step=steady,
         step_mean_s=statistics.fmean(series("timing_s/step")),
@@ -325,7 +356,7 @@ def compute_figures(config: RunConfig, steps: int, clock: StepClock, sessions: S
 
 
 COLUMNS = [
-    ("mode", 6), ("env delay", 10), ("steps", 5), ("proc s", 7), ("loop s", 7), ("s/step", 7), ("s/st 2..N", 9),
+    ("mode", 15), ("env delay", 10), ("steps", 5), ("proc s", 7), ("loop s", 7), ("s/step", 7), ("s/st 2..N", 9),
     ("step mean", 9), ("waits", 6), ("train", 6), ("rollout", 7), ("overlap", 7), ("stale m/max", 11), ("carried", 7),
     ("dropped", 7), ("success", 7),
 ]
@@ -351,7 +382,7 @@ def table_row(f: RunFigures) -> list[str]:
         return "-" if value is None else format(value, fmt)
 
     stale = "-" if f.staleness_mean is None else f"{f.staleness_mean:.2f}/{f.staleness_max:.0f}"
-    return [run_name(f.mode, f.extra_rows), f.latency.split(":")[0] if f.latency else "none", str(f.steps), f"{f.process_wall_s:.0f}",
+    return [run_name(f.mode, f.extra_rows, f.partial), f.latency.split(":")[0] if f.latency else "none", str(f.steps), f"{f.process_wall_s:.0f}",
             f"{f.loop_wall_s:.1f}",
             f"{f.loop_s_per_step:.1f}", number(f.steady_s_per_step, ".1f"), f"{f.step_mean_s:.1f}",
             f"{f.waits_fraction:.0%}", f"{f.train_fraction:.0%}", f"{f.rollout_fraction:.0%}",
@@ -369,14 +400,40 @@ def print_table(rows: list[RunFigures], args: argparse.Namespace) -> None:
     print("\n".join(FOOTER))
 
 
+def speedups(rows: list[RunFigures]) -> list[dict[str, Any]]:
+    """Each async run's speed-up over the sync run with the same env delay, beside that sync run's ideal: its step
+    with all rollout hidden, i.e. its training alone (verl's step time less generation), both over steps 2..N."""
+    table = []
+    for sync in (row for row in rows if row.mode == "sync" and row.steady_s_per_step):
+        steady = [step for key, step in sorted(sync.per_step.items(), key=lambda item: int(item[0]))][1:]
+        ideal = sync.steady_s_per_step / statistics.fmean(step["train_s"] for step in steady)
+        for row in rows:
+            if row.mode == "async" and row.latency == sync.latency and row.steady_s_per_step:
+                speedup = sync.steady_s_per_step / row.steady_s_per_step
+                table.append({"run": run_name(row.mode, row.extra_rows, row.partial), "env_delay": row.latency,
+                              "s_per_step_2_n": row.steady_s_per_step, "sync_s_per_step_2_n": sync.steady_s_per_step,
+                              "speedup": speedup, "ideal": ideal, "share_of_ideal": speedup / ideal})
+    return table
+
+
+def print_speedups(table: list[dict[str, Any]]) -> None:
+    print("\n[async-bench] speed-up over sync (steps 2..N) beside its ideal (sync's step / its training alone):")
+    for row in table:
+        print(f"  {row['run']:>15s}  env delay {(row['env_delay'] or 'none').split(':')[0]:>9s}  "
+              f"{row['s_per_step_2_n']:.2f} s/step (sync {row['sync_s_per_step_2_n']:.2f})  speed-up "
+              f"{row['speedup']:.2f}x of {row['ideal']:.2f}x ideal = {row['share_of_ideal']:.1%}")
+
+
 def configurations(args: argparse.Namespace) -> list[RunConfig]:
     """sync and async (and async with each `--extra-rows`), each without then with the injected delay (or only
     `--only`, only `--only-delayed`)."""
-    modes = [(args.only, 0)] if args.only else [("sync", 0), ("async", 0)]
+    modes = [(args.only, 0, False)] if args.only else [("sync", 0, False), ("async", 0, False)]
     if args.only != "sync":
-        modes += [("async", extra) for extra in args.extra_rows]
-    latencies = (args.latency,) if args.only_delayed else (None, args.latency)
-    return [RunConfig(mode, latency, extra) for latency in latencies for mode, extra in modes]
+        modes += [("async", extra, False) for extra in args.extra_rows]
+        if args.partial:
+            modes += [("async", extra, True) for extra in [0, *args.extra_rows]]
+    latencies = (args.latency,) if args.only_delayed else (None,) if args.no_delay else (None, args.latency)
+    return [RunConfig(mode, latency, extra, partial) for latency in latencies for mode, extra, partial in modes]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -392,6 +449,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-staleness", type=int, default=2, help="K of the async runs (default 2)")
     parser.add_argument("--only", choices=("sync", "async"), default=None, help="run one mode only")
     parser.add_argument("--only-delayed", action="store_true", help="only the runs with the injected env delay")
+    parser.add_argument("--no-delay", action="store_true", help="only the runs without an injected env delay")
+    parser.add_argument("--partial", action="store_true",
+                        help="also run async with token-level partial rollout (partial_rollout: token), per extra rows")
+    parser.add_argument("--reply-lengths", default=None, metavar="SPEC",
+                        help="long-tailed generation: each turn ends at a length drawn from SPEC (tokens, the forms of "
+                        "--latency, e.g. lognormal:median=24,sigma=1.2,max=320; dev_tools/reply_lengths.py)")
     parser.add_argument("--extra-rows", type=int, nargs="*", default=[], metavar="E",
                         help="also run async with E rows in flight beyond the bound's (over-provisioning), per E")
     parser.add_argument("--json", type=Path, default=None, help="also write every figure to this JSON file")
@@ -402,8 +465,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     try:
         parse_latency_spec(args.latency, "--latency")
+        if args.reply_lengths is not None and math.isinf(parse_latency_spec(args.reply_lengths, "--reply-lengths").cap):
+            parser.error("--reply-lengths needs a cap (max=...): the turn budget is set from it")
     except LatencySpecError as error:
         parser.error(str(error))
+    if args.only_delayed and args.no_delay:
+        parser.error("--only-delayed and --no-delay exclude each other")
     if args.steps < 2 or args.batch_size < 1 or args.n < 1 or args.max_staleness < 0 \
             or any(extra < 1 for extra in args.extra_rows):
         parser.error("--steps must be >= 2, --batch-size and --n >= 1, --max-staleness >= 0, --extra-rows >= 1")
@@ -427,9 +494,11 @@ def main(argv: list[str] | None = None) -> int:
         rows = [run_one(index, len(configs), config, args, model_dir, data, work)
                 for index, config in enumerate(configs, start=1)]
         print_table(rows, args)
+        table = speedups(rows)
+        print_speedups(table)
         if args.json:
-            args.json.write_text(json.dumps({"args": vars(args), "runs": [asdict(row) for row in rows]},
-                                            default=str, indent=2))
+            args.json.write_text(json.dumps({"args": vars(args), "runs": [asdict(row) for row in rows],
+                                             "speedups": table}, default=str, indent=2))
             print(f"[async-bench] figures: {args.json}")
     finally:
         if args.keep_dir:
