@@ -33,10 +33,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from contextlib import contextmanager
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, ContextManager, Iterator
 
 from envservice.client import EnvClient
 from beyond_agent.multitask import VAL_PREFIX, task_name, task_names, task_rollout_metrics
@@ -284,14 +284,10 @@ class BeyondAgentLoopManager:
             return
         self._start_async(rows, batch_size, samples_per_row, trained_steps, total_steps, resumed)
 
-    @contextmanager
-    def drawing_paused(self) -> Iterator[None]:
-        """No training row is drawn while inside (a checkpoint records what is in play)."""
-        if self._pool is None:  # sync mode draws in the trainer's own thread
-            yield
-            return
-        with self._pool.drawing_paused():
-            yield
+    def drawing_paused(self) -> ContextManager[None]:
+        """No training row is drawn while inside (a checkpoint records what is in play); sync mode draws in the
+        trainer's own thread."""
+        return self._pool.drawing_paused() if self._pool is not None else nullcontext()
 
     def rows_in_play(self) -> RowsInPlay:
         """The rows drawn and not trained yet, with the accounting so far (call inside `drawing_paused`, between

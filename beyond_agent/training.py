@@ -144,8 +144,8 @@ class PlayedRowLoader:
         manager = self.trainer.async_rollout_manager
         if not self._started:  # nothing drawn: what a restore handed over is still to replay
             position, unread = self._stream.read_position()
-            in_play = RowsInPlay([], 0, dict(self._resumed.counts) if self._resumed else {},
-                                 self._resumed.serial if self._resumed else 0)
+            in_play = (dataclasses.replace(self._resumed, rows=[], episodes=0) if self._resumed
+                       else RowsInPlay([], 0, {}, 0))
         else:
             with manager.drawing_paused():
                 in_play = manager.rows_in_play()

@@ -18,6 +18,7 @@ was sampled by the policy (trained on) and 0 where it came from the environment 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -128,13 +129,7 @@ class TrajectoryRecord:
 
 def version_runs(versions: list[int]) -> list[list[int]]:
     """[[version, count], ...]: runs of equal versions (a response's per-token versions, compactly)."""
-    runs: list[list[int]] = []
-    for version in versions:
-        if runs and runs[-1][0] == version:
-            runs[-1][1] += 1
-        else:
-            runs.append([version, 1])
-    return runs
+    return [[version, len(list(run))] for version, run in itertools.groupby(versions)]
 
 
 def episode_record(result: Any, step: int, kind: str, policy_version: int | None = None) -> TrajectoryRecord:
