@@ -128,3 +128,20 @@ def test_a_warm_up_is_said_to_read_the_map_only_above_the_plateau_and_well_under
     args.plateau = 0.281
     with pytest.raises(SystemExit, match="the warm-up does not read the map: its greedy moves stepped into a hole"):
         bench.require_reading_warmup(blind, args)
+
+
+def test_the_warm_up_schedule_reaches_verls_optimiser_and_keeps_earlier_warm_ups_reusable(bench):
+    import verl
+    from omegaconf import OmegaConf
+
+    earlier = bench.parse_args([])
+    assert bench.warmup_schedule_settings(earlier) == {}  # an earlier run's recorded settings still match
+    assert bench.warmup_schedule_overrides(earlier.warmup_schedule) == []
+    cosine = bench.parse_args(["--warmup-schedule", "cosine", "--warmup-clip-grad", "1.0"])
+    assert bench.warmup_schedule_settings(cosine) == {"schedule": "cosine", "clip_grad": 1.0}
+    # every override names a key of verl's own optimiser config (the run's `train/lr` shows the schedule took)
+    optim = OmegaConf.load(Path(verl.__file__).parent / "trainer" / "config" / "optim" / "fsdp.yaml")
+    for override in bench.warmup_schedule_overrides("cosine"):
+        assert override.removeprefix("optim.").split("=")[0] in optim, override
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--warmup-schedule", "linear"])
