@@ -83,6 +83,7 @@ from launch.cli import command_summary  # noqa: E402
 from envservice.contamination import TaskSet, contamination  # noqa: E402
 from envservice.envs.frozenlake import shortest_path_actions  # noqa: E402
 from envservice.protocol import CreateResponse  # noqa: E402
+from beyond_agent.child_log import log_tail  # noqa: E402
 from beyond_agent.evaluation import EvaluationConfig, Policy, evaluate  # noqa: E402
 from beyond_agent.rollout.episode_loop import EpisodeLoop, EpisodeConfig, EpisodeSpec  # noqa: E402
 from beyond_agent.rollout.hf_policy import TransformersPolicy  # noqa: E402
@@ -790,14 +791,19 @@ def rl_stage(variant: str, warm_dir: Path, data_dir: Path, experiments: Path, ar
         *args.game.rl_overrides(), *RL_VARIANTS[variant](steps, warm_dir, args.game), *args.rl_override,
     ]
     # The whole command runs to ~2 000 characters of overrides: the run folder's command.txt keeps it (the launcher's).
+    # The run's own output (Ray, vLLM, verl: thousands of lines) goes to its log; the console gets the launcher's
+    # lines (on its stderr: the services, the training command in short, each step's figures).
+    log_path = experiments / f"{variant}_seed{seed}.log"
     print(f"[learning] {variant} (seed {seed}): {command_summary(command, shown=4)} (the whole command: command.txt "
-          f"in the run's folder under {experiments})", flush=True)
+          f"in the run's folder under {experiments}; its output: {log_path})", flush=True)
     started = time.monotonic()
     experiments.mkdir(parents=True, exist_ok=True)
     before = set(experiments.iterdir())
-    returncode = subprocess.run(command, cwd=REPO_ROOT).returncode
+    with open(log_path, "w") as log:
+        returncode = subprocess.run(command, cwd=REPO_ROOT, stdout=log).returncode
     if returncode != 0:
-        raise RLRunFailed(f"the {variant} run failed with exit code {returncode}; see {experiments}")
+        raise RLRunFailed(f"the {variant} run failed with exit code {returncode}; the end of its output "
+                          f"({log_path}):\n{log_tail(log_path)}")
     folder = max(set(experiments.iterdir()) - before, key=lambda p: p.stat().st_mtime)
     hf_dir = folder / "checkpoints" / f"global_step_{steps}" / "actor" / "huggingface"
     if not (hf_dir / "config.json").exists():

@@ -33,12 +33,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
+
+from beyond_agent.child_log import run_logged
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PROGRESS_EVERY_S = 30.0
@@ -252,19 +253,11 @@ def run_bench(bench: Bench, quick: bool, out: Path) -> dict:
         command += [bench.keep_flag, str(out / bench.name)]
     print(f"[run_all] {bench.name}: {' '.join(command[1:])} (log: {log_file})", flush=True)
     started = time.monotonic()
-    with open(log_file, "w") as log:
-        child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
-        while True:
-            try:
-                child.wait(timeout=PROGRESS_EVERY_S)
-                break
-            except subprocess.TimeoutExpired:
-                print(f"[run_all] {bench.name}: running, {time.monotonic() - started:.0f} s", flush=True)
-            except BaseException:
-                child.kill()
-                raise
-    if child.returncode != 0 or not figures_file.exists():
-        raise RuntimeError(f"{bench.name} failed (exit {child.returncode}); its log: {log_file}")
+    returncode = run_logged(command, log_file, lambda: print(f"[run_all] {bench.name}: running, "
+                                                            f"{time.monotonic() - started:.0f} s", flush=True),
+                            PROGRESS_EVERY_S, cwd=REPO_ROOT)
+    if returncode != 0 or not figures_file.exists():
+        raise RuntimeError(f"{bench.name} failed (exit {returncode}); its log: {log_file}")
     print(f"[run_all] {bench.name}: done in {time.monotonic() - started:.0f} s", flush=True)
     return json.loads(figures_file.read_text())
 

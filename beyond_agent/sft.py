@@ -23,7 +23,6 @@ on the adapter merged into the base (exported once by `beyond_agent.export`).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -36,6 +35,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch.utils.data import Dataset
 
+from beyond_agent.child_log import run_logged
 from beyond_agent.cli_args import DRY_RUN_MARKER, is_dry_run
 from beyond_agent.export import MERGED_FOLDER, export_checkpoint
 from beyond_agent.trajectory_data import (
@@ -202,28 +202,13 @@ def run_sft(overrides: list[str], program: str, cpu: bool | None = None, log_pat
     it fails. `progress`, when given, is called every `progress_every_s` seconds while it runs (a long run whose
     output goes to `log_path` is not silent)."""
     command, env = sft_command(overrides, program, cpu)
-    with contextlib.ExitStack() as stack:
-        log = stack.enter_context(open(log_path, "w")) if log_path is not None else None
-        child = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT if log else None)
-        returncode = _wait(child, progress, progress_every_s)
+    if log_path is not None:
+        returncode = run_logged(command, log_path, progress, progress_every_s, env=env)
+    else:
+        returncode = subprocess.run(command, env=env).returncode
     if returncode != 0:
         where = f"; its log: {log_path}" if log_path else ""
         raise RuntimeError(f"SFT exited with status {returncode}{where}")
-
-
-def _wait(child: subprocess.Popen, progress: Callable[[], None] | None, every_s: float) -> int:
-    """The child's exit status, calling `progress` every `every_s` seconds until then (killed if we stop first,
-    as `subprocess.run` would)."""
-    try:
-        while True:
-            try:
-                return child.wait(timeout=every_s if progress else None)
-            except subprocess.TimeoutExpired:
-                progress()
-    except BaseException:
-        child.kill()
-        child.wait()
-        raise
 
 
 def repeated_files(paths, times: int) -> list[str]:
