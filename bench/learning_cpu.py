@@ -470,11 +470,16 @@ def warmup_stage(base_dir: Path, out_dir: Path, tokenizer, client: EnvClient, ar
     return hf_model_dir(out_dir)
 
 
+EARLIER_WARMUP_SCHEDULE = {"schedule": "constant", "clip_grad": 1000.0}
+"""The warm-up's lr schedule and gradient clip in every table before 2026-11-29's 6x6 curve (1000: no clip), the
+bench's defaults, so those tables' commands still reproduce them."""
+
+
 def warmup_schedule_settings(args) -> dict:
     """The schedule and clip of the warm-up's settings, only where they differ from the earlier tables' (so a
     warm-up those runs finished is still reused by its recorded settings)."""
-    return {**({"schedule": args.warmup_schedule} if args.warmup_schedule != "constant" else {}),
-            **({"clip_grad": args.warmup_clip_grad} if args.warmup_clip_grad != 1000.0 else {})}
+    chosen = {"schedule": args.warmup_schedule, "clip_grad": args.warmup_clip_grad}
+    return {key: value for key, value in chosen.items() if value != EARLIER_WARMUP_SCHEDULE[key]}
 
 
 def warmup_schedule_overrides(schedule: str) -> list[str]:
@@ -1173,10 +1178,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup-curve-every", type=int, default=0,
                         help="save the warm-up every N steps and print each checkpoint's held-out greedy success")
     parser.add_argument("--warmup-lr", type=float, default=3e-3)
-    parser.add_argument("--warmup-schedule", choices=["constant", "cosine"], default="constant",
+    parser.add_argument("--warmup-schedule", choices=["constant", "cosine"],
+                        default=EARLIER_WARMUP_SCHEDULE["schedule"],
                         help="the warm-up's lr schedule: constant (the tables before 2026-11-29's 6x6 curve) or "
                              "cosine to 10 %% of --warmup-lr by the last step")
-    parser.add_argument("--warmup-clip-grad", type=float, default=1000.0,
+    parser.add_argument("--warmup-clip-grad", type=float, default=EARLIER_WARMUP_SCHEDULE["clip_grad"],
                         help="the warm-up's gradient-norm clip (1000: effectively none, as the earlier tables)")
     parser.add_argument("--warmup-seed", type=int, default=None,
                         help="one frozen warm-up (this seed's) for every seed's RL runs, required to read the "

@@ -199,8 +199,8 @@ def run_sft(overrides: list[str], program: str, cpu: bool | None = None, log_pat
             progress: Callable[[], None] | None = None, progress_every_s: float = 30.0) -> None:
     """Run the trainer program `program` (e.g. the `recipe/sft` recipe's `recipe.sft.main`: verl's SFT trainer on
     trajectories; the caller names it, the library names no recipe) to completion in a child torchrun; raises when
-    it fails. `progress`, when given, is called every `progress_every_s` seconds while it runs (a long run whose
-    output goes to `log_path` is not silent)."""
+    it fails. With `log_path`, its output goes there and `progress`, when given, is called every `progress_every_s`
+    seconds while it runs (a long run whose output goes to a log is not silent); without, its output is ours."""
     command, env = sft_command(overrides, program, cpu)
     if log_path is not None:
         returncode = run_logged(command, log_path, progress, progress_every_s, env=env)
