@@ -774,6 +774,15 @@ RL_VARIANTS: dict[str, Callable[[int, Path, Game], list[str]]] = {
 """RL variants: the overrides each adds to bench/learning_cpu.yaml, given the step count, the warm model and the game."""
 
 
+def new_run_folder(experiments: Path, before: set[Path]) -> Path:
+    """The run folder the launcher made in `experiments` since `before` was listed: the newest new folder (the
+    run's log, written beside the folders until the run ends, is newer than the folder and is not one)."""
+    made = [path for path in set(experiments.iterdir()) - before if path.is_dir()]
+    if not made:
+        raise SystemExit(f"[learning] the launcher made no run folder in {experiments}")
+    return max(made, key=lambda path: path.stat().st_mtime)
+
+
 class RLRunFailed(RuntimeError):
     """An RL variant's launcher run exited with an error (the other variants still run)."""
 
@@ -809,7 +818,7 @@ def rl_stage(variant: str, warm_dir: Path, data_dir: Path, experiments: Path, ar
     if returncode != 0:
         raise RLRunFailed(f"the {variant} run failed with exit code {returncode}; the end of its output "
                           f"({log_path}):\n{log_tail(log_path)}")
-    folder = max(set(experiments.iterdir()) - before, key=lambda p: p.stat().st_mtime)
+    folder = new_run_folder(experiments, before)
     hf_dir = folder / "checkpoints" / f"global_step_{steps}" / "actor" / "huggingface"
     if not (hf_dir / "config.json").exists():
         raise SystemExit(f"[learning] no Hugging Face checkpoint at {hf_dir}")

@@ -145,3 +145,17 @@ def test_the_warm_up_schedule_reaches_verls_optimiser_and_keeps_earlier_warm_ups
         assert override.removeprefix("optim.").split("=")[0] in optim, override
     with pytest.raises(SystemExit):
         bench.parse_args(["--warmup-schedule", "linear"])
+
+
+def test_the_rl_stage_finds_its_run_folder_beside_the_runs_log(bench, tmp_path):
+    # The RL run's console log is written in the experiments folder until the run ends, so it is the newest new
+    # entry there: the run folder is the newest new *folder* (a run stage once looked for its checkpoint in the log).
+    earlier = tmp_path / "learning_cpu_frozenlake-20261129-100000"
+    earlier.mkdir()
+    before = set(tmp_path.iterdir())
+    run = tmp_path / "learning_cpu_frozenlake-20261129-120000"
+    run.mkdir()
+    (tmp_path / "grpo_stable_seed0.log").write_text("the run's output, written last\n")
+    assert bench.new_run_folder(tmp_path, before) == run
+    with pytest.raises(SystemExit, match="made no run folder"):
+        bench.new_run_folder(tmp_path, set(tmp_path.iterdir()))
