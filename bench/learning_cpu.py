@@ -64,6 +64,7 @@ import math
 import os
 import random
 import re
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -774,6 +775,23 @@ RL_VARIANTS: dict[str, Callable[[int, Path, Game], list[str]]] = {
 """RL variants: the overrides each adds to bench/learning_cpu.yaml, given the step count, the warm model and the game."""
 
 
+def final_checkpoint(folder: Path, steps: int) -> Path:
+    """Where a run of `steps` steps saves its last model in Hugging Face form."""
+    return folder / "checkpoints" / f"global_step_{steps}" / "actor" / "huggingface"
+
+
+def finished_run(experiments: Path, command: list[str], steps: int) -> Path | None:
+    """An earlier run folder of exactly this launcher command whose last checkpoint is written, so a bench stopped
+    after an RL run (before or during its evaluation) resumes with the evaluation, not with hours of training."""
+    launcher_line = f"# launcher\n{shlex.join(command)}\n"
+    for folder in experiments.iterdir():
+        commands = folder / "command.txt"
+        if (commands.is_file() and commands.read_text().startswith(launcher_line)
+                and (final_checkpoint(folder, steps) / "config.json").exists()):
+            return folder
+    return None
+
+
 def new_run_folder(experiments: Path, before: set[Path]) -> Path:
     """The run folder the launcher made in `experiments` since `before` was listed: the newest new folder (the
     run's log, written beside the folders until the run ends, is newer than the folder and is not one)."""
@@ -787,8 +805,9 @@ class RLRunFailed(RuntimeError):
     """An RL variant's launcher run exited with an error (the other variants still run)."""
 
 
-def rl_stage(variant: str, warm_dir: Path, data_dir: Path, experiments: Path, args, seed: int) -> Path:
-    """Train the warm model with the recipe through the launcher; returns the saved Hugging Face folder."""
+def rl_stage(variant: str, warm_dir: Path, data_dir: Path, experiments: Path, args, seed: int) -> tuple[Path, bool]:
+    """Train the warm model with the recipe through the launcher; returns the saved Hugging Face folder and whether
+    it was trained now (False: an earlier finished run of the same command was reused)."""
     steps = args.rl_steps
     command = [
         sys.executable, "launcher.py", "--conf", "bench/learning_cpu.yaml", "--with-envservice",
@@ -808,10 +827,14 @@ def rl_stage(variant: str, warm_dir: Path, data_dir: Path, experiments: Path, ar
     # The run's own output (Ray, vLLM, verl: thousands of lines) goes to its log; the console gets the launcher's
     # lines (on its stderr: the services, the training command in short, each step's figures).
     log_path = experiments / f"{variant}_seed{seed}.log"
+    experiments.mkdir(parents=True, exist_ok=True)
+    if (folder := finished_run(experiments, command, steps)) is not None:
+        print(f"[learning] {variant} (seed {seed}): reusing the finished run {folder} (the same command; delete the "
+              f"folder to train again)", flush=True)
+        return final_checkpoint(folder, steps), False
     print(f"[learning] {variant} (seed {seed}): {command_summary(command, shown=4)} (the whole command: command.txt "
           f"in the run's folder under {experiments}; its output: {log_path})", flush=True)
     started = time.monotonic()
-    experiments.mkdir(parents=True, exist_ok=True)
     before = set(experiments.iterdir())
     with open(log_path, "w") as log:
         returncode = subprocess.run(command, cwd=REPO_ROOT, stdout=log).returncode
@@ -819,7 +842,7 @@ def rl_stage(variant: str, warm_dir: Path, data_dir: Path, experiments: Path, ar
         raise RLRunFailed(f"the {variant} run failed with exit code {returncode}; the end of its output "
                           f"({log_path}):\n{log_tail(log_path)}")
     folder = new_run_folder(experiments, before)
-    hf_dir = folder / "checkpoints" / f"global_step_{steps}" / "actor" / "huggingface"
+    hf_dir = final_checkpoint(folder, steps)
     if not (hf_dir / "config.json").exists():
         raise SystemExit(f"[learning] no Hugging Face checkpoint at {hf_dir}")
     print(f"[learning] {variant} (seed {seed}): {steps} steps in {time.monotonic() - started:.0f} s ({folder})",
@@ -828,7 +851,7 @@ def rl_stage(variant: str, warm_dir: Path, data_dir: Path, experiments: Path, ar
     plot = plot_success(folder / "metrics.jsonl", folder / "success.png", f"{args.game.title}: {variant}, seed {seed}",
                         args.game.env_id)
     print(f"[learning] success curve: {plot}", flush=True)
-    return hf_dir
+    return hf_dir, True
 
 
 TRAIN_SUCCESS = "beyond_agent/success_rate"
@@ -1004,8 +1027,8 @@ def run_seed(seed: int, base_dir: Path, tokenizer, client: EnvClient, data_dir: 
             continue
         try:
             run_started = time.monotonic()
-            trained = rl_stage(variant, warm_dir, data_dir, out / "experiments", args, seed)
-            rl_wall_s = time.monotonic() - run_started
+            trained, trained_now = rl_stage(variant, warm_dir, data_dir, out / "experiments", args, seed)
+            rl_wall_s = time.monotonic() - run_started if trained_now else None  # a reused run's was not seen
         except RLRunFailed as error:  # reported, left out of the table; the other variants still run
             print(f"[learning] {error}; going on with the other variants", flush=True)
             stages.setdefault("_failed", []).append(variant)

@@ -159,3 +159,25 @@ def test_the_rl_stage_finds_its_run_folder_beside_the_runs_log(bench, tmp_path):
     assert bench.new_run_folder(tmp_path, before) == run
     with pytest.raises(SystemExit, match="made no run folder"):
         bench.new_run_folder(tmp_path, set(tmp_path.iterdir()))
+
+
+def test_an_rl_stage_reuses_a_finished_run_of_the_same_command_only(bench, tmp_path):
+    # A bench stopped after a 25-minute RL run resumes with its evaluation: a run folder is reused when the
+    # launcher line its command.txt records is this stage's command and its last checkpoint is written.
+    command = ["/venv/bin/python", "launcher.py", "--conf", "bench/learning_cpu.yaml", "--", "data.seed=0"]
+
+    def run_folder(name: str, recorded: list[str], last_step: int) -> Path:
+        folder = tmp_path / name
+        checkpoint = bench.final_checkpoint(folder, last_step)
+        checkpoint.mkdir(parents=True)
+        (checkpoint / "config.json").write_text("{}")
+        (folder / "command.txt").write_text(f"# launcher\n{bench.shlex.join(recorded)}\n\n# training\npython -m x\n")
+        return folder
+
+    run_folder("other-seed", [*command[:-1], "data.seed=1"], 20)
+    run_folder("cut-short", command, 10)
+    (tmp_path / "grpo_stable_seed0.log").write_text("a log is not a run\n")
+    assert bench.finished_run(tmp_path, command, 20) is None
+    finished = run_folder("finished", command, 20)
+    assert bench.finished_run(tmp_path, command, 20) == finished
+    assert bench.finished_run(tmp_path, [*command, "actor_rollout_ref.actor.loss_agg_mode=token-mean"], 20) is None
