@@ -19,6 +19,7 @@ import pytest
 import torch
 from verl.trainer.config import AlgoConfig
 from verl.trainer.ppo.core_algos import (
+    agg_loss,
     compute_gae_advantage_return,
     compute_grpo_outcome_advantage,
     compute_reinforce_plus_plus_outcome_advantage,
@@ -91,3 +92,35 @@ def test_a_reward_on_an_observation_token_would_be_lost(estimator):
     policy = mask.bool()[0]
     assert torch.count_nonzero(lost[0, policy]) == 0
     assert torch.allclose(kept[0, policy], torch.ones(3))
+
+
+def shared_prefix_gradient(loss_agg_mode: str) -> float:
+    """d loss / d delta at delta = 0, where delta raises the log-prob of the first turn every episode of one GRPO
+    group took (the same action in the same state), through verl's own advantage and loss aggregation.
+
+    The group: three successes of two turns (mask 1 1 0 0 1 1) and a failure that ended after its first turn
+    (mask 1 1 0 0 0 0), as an episode that steps into a hole ends early."""
+    success, failure = [1, 1, 0, 0, 1, 1], [1, 1, 0, 0, 0, 0]
+    mask = torch.tensor([success, success, success, failure], dtype=torch.float32)
+    rewards = torch.zeros(4, 6)
+    rewards[:3, 5], rewards[3, 1] = 1.0, 0.0
+    advantages, _ = compute_grpo_outcome_advantage(rewards, mask, np.array(["g"] * 4))
+    delta = torch.zeros((), requires_grad=True)
+    shared = torch.zeros(4, 6)
+    shared[:, :2] = 1.0
+    ratio = torch.exp(delta * shared)  # PPO's ratio at the sampling policy, moved only on the shared turn
+    agg_loss(-advantages * ratio, mask, loss_agg_mode).backward()
+    return float(delta.grad)
+
+
+def test_seq_mean_token_mean_pushes_down_the_turn_a_whole_group_shared_when_its_failures_are_shorter():
+    # What the loss aggregation (the recipe's `loss_agg_mode`) does to a turn a whole group shared: GRPO's
+    # advantages sum to zero over a group (scores 1, 1, 1, 0 -> mean 0.75, unbiased std 0.5 -> +0.5, +0.5, +0.5,
+    # -1.5), so that turn gets no net push when every token weighs the same (token-mean, or Dr. GRPO's constant
+    # norm). seq-mean-token-mean divides each episode by its own length instead: the short failure's shared turn
+    # weighs 2/2 of it, a success's 2/4: d loss / d delta = (3 * -0.5 * 2/4 + 1.5 * 2/2) / 4 = +0.1875, so every
+    # update lowers the action the whole group agreed on when failures are the shorter episodes (FrozenLake's step
+    # into a hole) and raises it when they are the longer ones (BabyAI's round-limit cuts): docs/benchmarks.md.
+    assert shared_prefix_gradient("token-mean") == pytest.approx(0.0, abs=1e-7)
+    assert shared_prefix_gradient("seq-mean-token-sum-norm") == pytest.approx(0.0, abs=1e-7)
+    assert shared_prefix_gradient("seq-mean-token-mean") == pytest.approx(0.1875, abs=1e-5)
