@@ -826,7 +826,7 @@ def rl_stage(variant: str, warm_dir: Path, data_dir: Path, experiments: Path, ar
     # The whole command runs to ~2 000 characters of overrides: the run folder's command.txt keeps it (the launcher's).
     # The run's own output (Ray, vLLM, verl: thousands of lines) goes to its log; the console gets the launcher's
     # lines (on its stderr: the services, the training command in short, each step's figures).
-    log_path = experiments / f"{variant}_seed{seed}.log"
+    log_path = experiments / f"{variant}_seed{seed}-{time.strftime('%Y%m%d-%H%M%S')}.log"  # probes of one variant keep theirs
     experiments.mkdir(parents=True, exist_ok=True)
     if (folder := finished_run(experiments, command, steps)) is not None:
         print(f"[learning] {variant} (seed {seed}): reusing the finished run {folder} (the same command; delete the "
