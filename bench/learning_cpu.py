@@ -755,7 +755,9 @@ step, token-mean). Why each: lr 3e-4 reached over 3 steps, because a fresh Adam'
 model far; 4 clipped updates a step (mini-batches of 4 maps), so PPO's clip binds and the batch is used more than
 once; clip-higher (0.28) so rare good actions can gain more than common ones lose; seq-mean-token-mean, so a 8-turn
 failure weighs as much as a 3-turn success; groups whose 8 episodes score alike dropped (they carry no GRPO signal:
-9-12 of 16 on FrozenLake) within one extra batch."""
+9-12 of 16 on FrozenLake) within one extra batch. The aggregation's cost, found since: where a group's failures are
+its shorter episodes (FrozenLake's steps into a hole) it lowers the turns the whole group shared, which token-mean
+does not (tests/trainer/test_multiturn_advantages_on_cpu.py; the 6x6 probes in docs/benchmarks.md)."""
 
 RL_VARIANTS: dict[str, Callable[[int, Path, Game], list[str]]] = {
     "grpo_stable": lambda steps, warm_dir, game: STABLE_GRPO,
