@@ -64,7 +64,6 @@ import math
 import os
 import random
 import re
-import shlex
 import shutil
 import statistics
 import subprocess
@@ -81,6 +80,7 @@ import torch  # noqa: E402
 
 from envservice.client import EnvClient  # noqa: E402
 from launch.cli import command_summary  # noqa: E402
+from launch.experiment import launched_with  # noqa: E402
 from envservice.contamination import TaskSet, contamination  # noqa: E402
 from envservice.envs.frozenlake import shortest_path_actions  # noqa: E402
 from envservice.protocol import CreateResponse  # noqa: E402
@@ -785,11 +785,8 @@ def final_checkpoint(folder: Path, steps: int) -> Path:
 def finished_run(experiments: Path, command: list[str], steps: int) -> Path | None:
     """An earlier run folder of exactly this launcher command whose last checkpoint is written, so a bench stopped
     after an RL run (before or during its evaluation) resumes with the evaluation, not with hours of training."""
-    launcher_line = f"# launcher\n{shlex.join(command)}\n"
     for folder in experiments.iterdir():
-        commands = folder / "command.txt"
-        if (commands.is_file() and commands.read_text().startswith(launcher_line)
-                and (final_checkpoint(folder, steps) / "config.json").exists()):
+        if launched_with(folder, command) and (final_checkpoint(folder, steps) / "config.json").exists():
             return folder
     return None
 

@@ -78,13 +78,23 @@ def pip_freeze() -> str:
     return "# pip unavailable: listed from importlib.metadata\n" + "\n".join(lines) + "\n"
 
 
+LAUNCHER_HEADER = "# launcher\n"
+"""command.txt's first line; the launcher's own command line follows it."""
+
+
 def write_commands(folder: Path, launcher_argv: list[str], train_command: list[str] | None,
                    redactor: Redactor) -> None:
     """command.txt: how the launcher was run and the training command it runs (secrets hidden)."""
-    text = f"# launcher\n{shlex.join(launcher_argv)}\n"
+    text = f"{LAUNCHER_HEADER}{shlex.join(launcher_argv)}\n"
     if train_command:
         text += f"\n# training\n{shlex.join(train_command)}\n"
     (folder / "command.txt").write_text(redactor.text(text))
+
+
+def launched_with(folder: Path, launcher_argv: list[str]) -> bool:
+    """Whether the run in `folder` was launched with exactly `launcher_argv` (its command.txt, as written above)."""
+    commands = folder / "command.txt"
+    return commands.is_file() and commands.read_text().startswith(f"{LAUNCHER_HEADER}{shlex.join(launcher_argv)}\n")
 
 
 def write_config(folder: Path, resolved: dict, conf_path: Path, redactor: Redactor) -> None:

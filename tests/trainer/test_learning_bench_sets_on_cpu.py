@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from envservice.contamination import contamination
+from launch.experiment import write_commands
+from launch.secrets import Redactor
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "learning_cpu.py"
 
@@ -171,7 +173,7 @@ def test_an_rl_stage_reuses_a_finished_run_of_the_same_command_only(bench, tmp_p
         checkpoint = bench.final_checkpoint(folder, last_step)
         checkpoint.mkdir(parents=True)
         (checkpoint / "config.json").write_text("{}")
-        (folder / "command.txt").write_text(f"# launcher\n{bench.shlex.join(recorded)}\n\n# training\npython -m x\n")
+        write_commands(folder, recorded, ["python", "-m", "recipe.multiturn_rl.main"], Redactor())  # the launcher's own
         return folder
 
     run_folder("other-seed", [*command[:-1], "data.seed=1"], 20)
