@@ -157,6 +157,8 @@ class Lake(EpisodeLimits):
     the side of its maps; warm-up, evaluation and RL all use them."""
 
     size: int = 4
+    ties: str = "first"
+    """Which of two equally short paths the oracle takes: the first (BFS order) or one at random (`--warmup-ties`)."""
     env_id = "frozenlake"
     task_name = None
     """Maps are the split's tasks by number (each played with seed = its number; `TaskSet.of`)."""
@@ -168,8 +170,10 @@ class Lake(EpisodeLimits):
     oracle_may_lose = False
 
     def oracle_actions(self, created: CreateResponse) -> list[str]:
-        """A shortest path of the map a (task, seed) reset always gives."""
-        return shortest_path_actions(created.info["map"])
+        """A shortest path of the map a (task, seed) reset always gives; with random ties, drawn from a generator
+        seeded by the map itself, so every warm-up sees the same path on it."""
+        desc = created.info["map"]
+        return shortest_path_actions(desc, random.Random("".join(desc)) if self.ties == "random" else None)
 
     def oracle_policy(self, client: EnvClient, tokenizer, spec: EpisodeSpec) -> ScriptedPolicy:
         """The shortest path, planned on the map's first observation."""
@@ -437,7 +441,7 @@ def warmup_stage(base_dir: Path, out_dir: Path, tokenizer, client: EnvClient, ar
                 **({"level": args.game.level} if args.env == "babyai" else {}),
                 "size": args.size, "maps": args.warmup_maps, "steps": args.warmup_steps, "batch": args.warmup_batch,
                 "lr": args.warmup_lr, "seed": seed, "curve_every": args.warmup_curve_every,
-                **warmup_schedule_settings(args)}
+                **warmup_schedule_settings(args), **({"ties": args.warmup_ties} if args.warmup_ties != "first" else {})}
     finished = out_dir / "warmup_settings.json"
     reuse = args.reuse_warmup or args.warmup_seed is not None  # a frozen warm-up is trained once for every seed
     if reuse and finished.exists() and json.loads(finished.read_text()) == settings:
@@ -1215,6 +1219,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "cosine to 10 %% of --warmup-lr by the last step")
     parser.add_argument("--warmup-clip-grad", type=float, default=EARLIER_WARMUP_SCHEDULE["clip_grad"],
                         help="the warm-up's gradient-norm clip (1000: effectively none, as the earlier tables)")
+    parser.add_argument("--warmup-ties", choices=["first", "random"], default="first",
+                        help="FrozenLake's warm-up oracle where two moves are equally short: the first in BFS order "
+                             "(the tables before 2026-11-30) or one drawn at random per map")
     parser.add_argument("--warmup-seed", type=int, default=None,
                         help="one frozen warm-up (this seed's) for every seed's RL runs, required to read the "
                              "observation (reading_problems); default: a warm-up per seed")
@@ -1226,7 +1233,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "--out): a folder in the checkout carries a long comparison across machines")
     parser.add_argument("--json", type=Path, default=None, help="also write every figure of the table here")
     args = parser.parse_args(argv)
-    args.game = {"frozenlake": Lake(args.size), "babyai": Level(args.babyai_level), "tictactoe": Board()}[args.env]
+    if args.warmup_ties != "first" and args.env != "frozenlake":
+        parser.error(f"--warmup-ties applies to --env frozenlake only (got --env {args.env})")
+    args.game = {"frozenlake": Lake(args.size, args.warmup_ties), "babyai": Level(args.babyai_level), "tictactoe": Board()}[args.env]
     return args
 
 

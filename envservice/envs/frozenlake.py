@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections import deque
 from functools import lru_cache
 from typing import Any
@@ -62,28 +63,41 @@ def generate_map(task: Task) -> list[str]:
     return _random_map(size, seeds[task.index])
 
 
-def shortest_path_actions(desc: list[str]) -> list[str]:
-    """A shortest safe action sequence from S to G found by BFS (an oracle for tests and warm-up data)."""
+def shortest_path_actions(desc: list[str], rng: random.Random | None = None) -> list[str]:
+    """A shortest safe action sequence from S to G found by BFS (an oracle for tests and warm-up data).
+
+    Without `rng` it is always the same path (each cell's first BFS discoverer, moves tried left, down, right, up).
+    With `rng`, wherever two shortest paths part, which one is taken is drawn from `rng`. Why: warm-up data from
+    the fixed path teaches one habit (e.g. `down` before `right`) even where both moves are as good, so the warm-up
+    is sure of itself exactly where RL could learn something.
+    """
     size = len(desc)
     start = next((r, c) for r in range(size) for c in range(size) if desc[r][c] == "S")
-    parents: dict[tuple[int, int], tuple[tuple[int, int], str] | None] = {start: None}
+    depth = {start: 0}
+    arrivals: dict[tuple[int, int], list[tuple[tuple[int, int], str]]] = {start: []}
     queue = deque([start])
     while queue:
         cell = queue.popleft()
         if desc[cell[0]][cell[1]] == "G":
-            return _unwind(parents, cell)
+            return _unwind(arrivals, cell, rng)
         for action, (dr, dc) in _MOVES.items():
             nxt = (cell[0] + dr, cell[1] + dc)
-            if 0 <= nxt[0] < size and 0 <= nxt[1] < size and nxt not in parents and desc[nxt[0]][nxt[1]] != "H":
-                parents[nxt] = (cell, action)
+            if not (0 <= nxt[0] < size and 0 <= nxt[1] < size) or desc[nxt[0]][nxt[1]] == "H":
+                continue
+            if nxt not in depth:
+                depth[nxt] = depth[cell] + 1
+                arrivals[nxt] = []
                 queue.append(nxt)
+            if depth[nxt] == depth[cell] + 1:  # every shortest way into `nxt`, in discovery order
+                arrivals[nxt].append((cell, action))
     raise ValueError("the map has no safe path from S to G")
 
 
-def _unwind(parents: dict, cell: tuple[int, int]) -> list[str]:
+def _unwind(arrivals: dict, cell: tuple[int, int], rng: random.Random | None) -> list[str]:
+    """Walk back from `cell` to S through shortest arrivals: the first one, or one drawn from `rng`."""
     actions = []
-    while parents[cell] is not None:
-        cell, action = parents[cell]
+    while arrivals[cell]:
+        cell, action = rng.choice(arrivals[cell]) if rng is not None else arrivals[cell][0]
         actions.append(action)
     return actions[::-1]
 

