@@ -1221,7 +1221,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="the warm-up's gradient-norm clip (1000: effectively none, as the earlier tables)")
     parser.add_argument("--warmup-ties", choices=["first", "random"], default="first",
                         help="FrozenLake's warm-up oracle where two moves are equally short: the first in BFS order "
-                             "(the tables before 2026-11-30) or one drawn at random per map")
+                             "(every table) or one drawn at random per map (on 6x6 it left the warm-up map-blind: "
+                             "docs/benchmarks.md)")
     parser.add_argument("--warmup-seed", type=int, default=None,
                         help="one frozen warm-up (this seed's) for every seed's RL runs, required to read the "
                              "observation (reading_problems); default: a warm-up per seed")
