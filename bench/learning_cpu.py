@@ -1236,7 +1236,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.warmup_ties != "first" and args.env != "frozenlake":
         parser.error(f"--warmup-ties applies to --env frozenlake only (got --env {args.env})")
-    args.game = {"frozenlake": Lake(args.size, args.warmup_ties), "babyai": Level(args.babyai_level), "tictactoe": Board()}[args.env]
+    args.game = {"frozenlake": Lake(args.size, args.warmup_ties), "babyai": Level(args.babyai_level),
+                 "tictactoe": Board()}[args.env]
     return args
 
 

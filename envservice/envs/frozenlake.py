@@ -68,8 +68,9 @@ def shortest_path_actions(desc: list[str], rng: random.Random | None = None) -> 
 
     Without `rng` it is always the same path (each cell's first BFS discoverer, moves tried left, down, right, up).
     With `rng`, wherever two shortest paths part, which one is taken is drawn from `rng`. Why: warm-up data from
-    the fixed path teaches one habit (e.g. `down` before `right`) even where both moves are as good, so the warm-up
-    is sure of itself exactly where RL could learn something.
+    the fixed path teaches one habit (`down` wherever `down` and `right` are both shortest) even where both moves are
+    as good, so the warm-up is sure of itself exactly where RL could learn something. (Measured on 6x6: trained on
+    random ties, the tiny model's warm-up stopped reading the map; docs/benchmarks.md.)
     """
     size = len(desc)
     start = next((r, c) for r in range(size) for c in range(size) if desc[r][c] == "S")
