@@ -441,7 +441,7 @@ def warmup_stage(base_dir: Path, out_dir: Path, tokenizer, client: EnvClient, ar
                 **({"level": args.game.level} if args.env == "babyai" else {}),
                 "size": args.size, "maps": args.warmup_maps, "steps": args.warmup_steps, "batch": args.warmup_batch,
                 "lr": args.warmup_lr, "seed": seed, "curve_every": args.warmup_curve_every,
-                **warmup_schedule_settings(args), **({"ties": args.warmup_ties} if args.warmup_ties != "first" else {})}
+                **later_warmup_settings(args)}
     finished = out_dir / "warmup_settings.json"
     reuse = args.reuse_warmup or args.warmup_seed is not None  # a frozen warm-up is trained once for every seed
     if reuse and finished.exists() and json.loads(finished.read_text()) == settings:
@@ -475,16 +475,16 @@ def warmup_stage(base_dir: Path, out_dir: Path, tokenizer, client: EnvClient, ar
     return hf_model_dir(out_dir)
 
 
-EARLIER_WARMUP_SCHEDULE = {"schedule": "constant", "clip_grad": 1000.0}
-"""The warm-up's lr schedule and gradient clip in every table before 2026-11-29's 6x6 curve (1000: no clip), the
-bench's defaults, so those tables' commands still reproduce them."""
+EARLIER_WARMUP = {"schedule": "constant", "clip_grad": 1000.0, "ties": "first"}
+"""The warm-up's lr schedule, gradient clip (1000: none) and oracle tie-break in every table before 2026-11-29's 6x6
+curve, the bench's defaults, so those tables' commands still reproduce them."""
 
 
-def warmup_schedule_settings(args) -> dict:
-    """The schedule and clip of the warm-up's settings, only where they differ from the earlier tables' (so a
-    warm-up those runs finished is still reused by its recorded settings)."""
-    chosen = {"schedule": args.warmup_schedule, "clip_grad": args.warmup_clip_grad}
-    return {key: value for key, value in chosen.items() if value != EARLIER_WARMUP_SCHEDULE[key]}
+def later_warmup_settings(args) -> dict:
+    """The schedule, clip and tie-break of the warm-up's settings, only where they differ from the earlier tables'
+    (so a warm-up those runs finished is still reused by its recorded settings)."""
+    chosen = {"schedule": args.warmup_schedule, "clip_grad": args.warmup_clip_grad, "ties": args.warmup_ties}
+    return {key: value for key, value in chosen.items() if value != EARLIER_WARMUP[key]}
 
 
 def warmup_schedule_overrides(schedule: str) -> list[str]:
@@ -1214,12 +1214,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="save the warm-up every N steps and print each checkpoint's held-out greedy success")
     parser.add_argument("--warmup-lr", type=float, default=3e-3)
     parser.add_argument("--warmup-schedule", choices=["constant", "cosine"],
-                        default=EARLIER_WARMUP_SCHEDULE["schedule"],
+                        default=EARLIER_WARMUP["schedule"],
                         help="the warm-up's lr schedule: constant (the tables before 2026-11-29's 6x6 curve) or "
                              "cosine to 10 %% of --warmup-lr by the last step")
-    parser.add_argument("--warmup-clip-grad", type=float, default=EARLIER_WARMUP_SCHEDULE["clip_grad"],
+    parser.add_argument("--warmup-clip-grad", type=float, default=EARLIER_WARMUP["clip_grad"],
                         help="the warm-up's gradient-norm clip (1000: effectively none, as the earlier tables)")
-    parser.add_argument("--warmup-ties", choices=["first", "random"], default="first",
+    parser.add_argument("--warmup-ties", choices=["first", "random"], default=EARLIER_WARMUP["ties"],
                         help="FrozenLake's warm-up oracle where two moves are equally short: the first in BFS order "
                              "(every table) or one drawn at random per map (on 6x6 it left the warm-up map-blind: "
                              "docs/benchmarks.md)")
@@ -1234,7 +1234,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "--out): a folder in the checkout carries a long comparison across machines")
     parser.add_argument("--json", type=Path, default=None, help="also write every figure of the table here")
     args = parser.parse_args(argv)
-    if args.warmup_ties != "first" and args.env != "frozenlake":
+    if args.warmup_ties != EARLIER_WARMUP["ties"] and args.env != "frozenlake":
         parser.error(f"--warmup-ties applies to --env frozenlake only (got --env {args.env})")
     args.game = {"frozenlake": Lake(args.size, args.warmup_ties), "babyai": Level(args.babyai_level),
                  "tictactoe": Board()}[args.env]

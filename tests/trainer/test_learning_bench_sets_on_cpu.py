@@ -137,10 +137,10 @@ def test_the_warm_up_schedule_reaches_verls_optimiser_and_keeps_earlier_warm_ups
     from omegaconf import OmegaConf
 
     earlier = bench.parse_args([])
-    assert bench.warmup_schedule_settings(earlier) == {}  # an earlier run's recorded settings still match
+    assert bench.later_warmup_settings(earlier) == {}  # an earlier run's recorded settings still match
     assert bench.warmup_schedule_overrides(earlier.warmup_schedule) == []
     cosine = bench.parse_args(["--warmup-schedule", "cosine", "--warmup-clip-grad", "1.0"])
-    assert bench.warmup_schedule_settings(cosine) == {"schedule": "cosine", "clip_grad": 1.0}
+    assert bench.later_warmup_settings(cosine) == {"schedule": "cosine", "clip_grad": 1.0}
     # every override names a key of verl's own optimiser config (the run's `train/lr` shows the schedule took)
     optim = OmegaConf.load(Path(verl.__file__).parent / "trainer" / "config" / "optim" / "fsdp.yaml")
     for override in bench.warmup_schedule_overrides("cosine"):
