@@ -19,6 +19,11 @@ done
 # Three workers in the fast loop: its tests wait on servers and timeouts often enough that a third worker on two
 # cores finished it 14 % sooner (docs/tests.md); the full run's training runs want the memory of two.
 workers="${BEYOND_TEST_WORKERS:-$((fast ? 3 : 2))}"
+# One OpenMP thread per process: the workers already use the cores, and each starts torch processes (verl's SFT
+# under torchrun, the tests' own models) whose two default threads then spin against the other worker's: an SFT
+# step took 4.0 s with two threads and 1.06 s with one beside a busy core (docs/tests.md). Ray's actors and vLLM's
+# CPU worker set their own.
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 [ "$workers" = 0 ] || pytest_args=(-n "$workers" --dist loadfile --no-loadscope-reorder "${pytest_args[@]}")
 bash scripts/install.sh
 .venv/bin/lint-imports
