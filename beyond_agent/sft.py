@@ -45,6 +45,7 @@ from beyond_agent.trajectory_data import (
     training_row,
     trajectory_files,
 )
+from verl_cpu.overrides import FP32_MIXED_PRECISION
 
 SFT_CPU_OVERRIDES: tuple[tuple[str, str], ...] = (
     ("trainer.device=cpu", "no accelerator"),
@@ -55,7 +56,7 @@ SFT_CPU_OVERRIDES: tuple[tuple[str, str], ...] = (
     ("data.num_workers=0", "dataloader worker processes only add memory on 2 cores"),
 )
 """(override, why): verl's SFT config on a CPU-only machine (the PPO ones are in verl_cpu/overrides.py)."""
-FP32_TRAINING = "+engine.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
+FP32_TRAINING = f"+engine.mixed_precision={FP32_MIXED_PRECISION}"
 """Override for full fp32 training: verl's SFT engine computes in bf16 unless told otherwise, and in bf16 the
 tiny model did not learn to read its FrozenLake maps (the learning bench's warm-up, measured)."""
 LORA_EXPORT_FOLDER = "lora_export"

