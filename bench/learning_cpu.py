@@ -89,7 +89,7 @@ from beyond_agent.evaluation import EvaluationConfig, Policy, evaluate  # noqa: 
 from beyond_agent.rollout.episode_loop import EpisodeLoop, EpisodeConfig, EpisodeSpec  # noqa: E402
 from beyond_agent.rollout.hf_policy import TransformersPolicy  # noqa: E402
 from beyond_agent.rollout.scripted import ScriptedPolicy  # noqa: E402
-from beyond_agent.sft import FP32_TRAINING, hf_model_dir, run_sft  # noqa: E402
+from beyond_agent.sft import hf_model_dir, run_sft  # noqa: E402
 from beyond_agent.trajectories import TrajectoryRecord, episode_record, write_dump  # noqa: E402
 
 SFT_PROGRAM, DPO_PROGRAM = "recipe.sft.main", "recipe.dpo.main"  # the recipes the bench runs as programs
@@ -460,7 +460,6 @@ def warmup_stage(base_dir: Path, out_dir: Path, tokenizer, client: EnvClient, ar
         f"trainer.total_epochs={math.ceil(args.warmup_steps / steps_per_epoch)}",
         f"optim.lr={args.warmup_lr}", "optim.weight_decay=0.0", f"optim.clip_grad={args.warmup_clip_grad}",
         *warmup_schedule_overrides(args.warmup_schedule),
-        FP32_TRAINING,
         f"trainer.default_local_dir={out_dir}", f"hydra.run.dir={out_dir / 'hydra'}",
         "checkpoint.save_contents=[model,hf_model]",
         *([f"trainer.save_freq={args.warmup_curve_every}"] if args.warmup_curve_every else []),
@@ -591,7 +590,6 @@ def offline_stage(method: str, warm_dir: Path, episodes: Path, out_dir: Path, ar
         f"trainer.total_training_steps={args.offline_steps}",
         f"trainer.total_epochs={math.ceil(args.offline_steps / (rows // args.offline_batch))}",
         f"optim.lr={args.offline_lr}", "optim.weight_decay=0.0", "optim.clip_grad=1000.0",
-        FP32_TRAINING,
         f"data.micro_batch_size_per_gpu={args.offline_batch * (2 if method == 'dpo' else 1)}",  # a step's rows at once
         f"trainer.default_local_dir={out_dir}", f"hydra.run.dir={out_dir / 'hydra'}",
         "checkpoint.save_contents=[model,hf_model]", *overrides,

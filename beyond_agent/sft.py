@@ -54,11 +54,11 @@ SFT_CPU_OVERRIDES: tuple[tuple[str, str], ...] = (
     ("model.use_remove_padding=false", "remove-padding needs flash-attn varlen kernels"),
     ("engine.use_torch_compile=false", "compiling on 2 cores costs more than it saves"),
     ("data.num_workers=0", "dataloader worker processes only add memory on 2 cores"),
+    (f"+engine.mixed_precision={FP32_MIXED_PRECISION}",
+     "verl's engine computes in bf16 unless told otherwise: a CPU without bf16 units runs it slower, and in bf16 the "
+     "tiny model did not learn to read its FrozenLake maps (the learning bench's warm-up, measured)"),
 )
 """(override, why): verl's SFT config on a CPU-only machine (the PPO ones are in verl_cpu/overrides.py)."""
-FP32_TRAINING = f"+engine.mixed_precision={FP32_MIXED_PRECISION}"
-"""Override for full fp32 training: verl's SFT engine computes in bf16 unless told otherwise, and in bf16 the
-tiny model did not learn to read its FrozenLake maps (the learning bench's warm-up, measured)."""
 LORA_EXPORT_FOLDER = "lora_export"
 """Where `hf_model_dir` exports a LoRA checkpoint (inside its `global_step_<N>` folder)."""
 SFT_CPU_ENV = {"VERL_PLATFORM": "cpu", "VERL_ENGINE_DEVICE": "cuda", "TOKENIZERS_PARALLELISM": "false"}

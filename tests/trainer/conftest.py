@@ -156,13 +156,13 @@ def frozenlake_episodes(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathF
 def move_writing_model(frozenlake_episodes, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model after 60 verl-SFT steps on oracle FrozenLake episodes of maps 100..163: it writes moves
     (the random-weight model never does, so no self-training loop could find anything to learn from)."""
-    from beyond_agent.sft import FP32_TRAINING, hf_model_dir, run_sft
+    from beyond_agent.sft import hf_model_dir, run_sft
     from beyond_agent.trajectories import write_dump
 
     out = tmp_path_factory.mktemp("move_writing_model")
     write_dump(out / "oracle", 0, "train", frozenlake_episodes(range(100, 164), ["oracle"]))
     run_sft([f"data.train_files={out / 'oracle'}", f"model.path={tiny_model_dir}", "data.train_batch_size=16",
              "data.micro_batch_size_per_gpu=16", "trainer.total_training_steps=60", "trainer.total_epochs=15",
-             "optim.lr=3e-3", "optim.weight_decay=0.0", FP32_TRAINING, f"trainer.default_local_dir={out / 'sft'}",
+             "optim.lr=3e-3", "optim.weight_decay=0.0", f"trainer.default_local_dir={out / 'sft'}",
              f"hydra.run.dir={out / 'hydra'}"], "recipe.sft.main", cpu=True, log_path=out / "sft.log")
     return hf_model_dir(out / "sft")

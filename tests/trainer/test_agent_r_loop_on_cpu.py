@@ -17,7 +17,7 @@ import math
 import pytest
 
 from recipe.agent_r.main import run_config
-from beyond_agent.sft import FP32_TRAINING, hf_model_dir
+from beyond_agent.sft import hf_model_dir
 from beyond_agent.trajectories import read_dump, write_dump
 
 pytestmark = [pytest.mark.slow, pytest.mark.training, pytest.mark.timeout(1200)]
@@ -35,7 +35,7 @@ def test_one_agent_r_iteration_searches_revises_trains_and_evaluates(move_writin
         "backend=hf", "eval_tasks=0:4", "eval_split=test", "max_prompt_length=256", "max_response_length=2048",
         "replay_weight=2"], model=str(move_writing_model), out=str(out), reflections=str(reflections),
         replay=[str(replay)], sft=["data.train_batch_size=2", "data.micro_batch_size_per_gpu=2",
-                                   "trainer.total_training_steps=2", "trainer.total_epochs=10", FP32_TRAINING]))
+                                   "trainer.total_training_steps=2", "trainer.total_epochs=10"]))
 
     figures = json.loads((out / "agent_r.json").read_text())["iterations"]
     assert [row["iteration"] for row in figures] == [0, 1]

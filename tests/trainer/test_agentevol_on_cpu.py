@@ -15,7 +15,7 @@ import math
 import pytest
 
 from recipe.agentevol.main import run_config
-from beyond_agent.sft import FP32_TRAINING, hf_model_dir
+from beyond_agent.sft import hf_model_dir
 from beyond_agent.trajectories import read_dump, write_dump
 
 pytestmark = [pytest.mark.slow, pytest.mark.training, pytest.mark.timeout(900)]
@@ -32,7 +32,7 @@ def test_one_agentevol_iteration_explores_keeps_successes_trains_and_evaluates(
         "iterations=1", "backend=hf", "max_rounds=6", "max_tokens_per_turn=6", "max_prompt_length=256",
         "max_response_length=256"], base_model=str(move_writing_model), base_trajectories=[str(base_set)],
         out=str(out), sft=["data.train_batch_size=2", "data.micro_batch_size_per_gpu=2",
-                           "trainer.total_training_steps=2", "trainer.total_epochs=10", FP32_TRAINING]))
+                           "trainer.total_training_steps=2", "trainer.total_epochs=10"]))
 
     figures = json.loads((out / "agentevol.json").read_text())["iterations"]
     assert [row["iteration"] for row in figures] == [0, 1]

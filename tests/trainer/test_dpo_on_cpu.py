@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from beyond_agent.dpo import TrajectoryDPODataset, collate_pairs, dpo_loss, preference_pairs, sequence_log_probs
-from beyond_agent.sft import FP32_TRAINING, hf_model_dir, sft_command
+from beyond_agent.sft import hf_model_dir, sft_command
 from beyond_agent.trajectories import write_dump
 from beyond_agent.trajectory_data import TrajectoryDataError
 
@@ -102,7 +102,7 @@ def test_verls_trainer_runs_dpo_two_steps_on_cpu(pair_dump, tiny_model_dir, tmp_
         f"data.train_files={folder}", f"model.path={tiny_model_dir}", "data.train_batch_size=4",
         "data.micro_batch_size_per_gpu=4", "trainer.total_training_steps=2", "optim.lr=1e-2", "dpo.beta=0.5",
         f"trainer.default_local_dir={out}", f"hydra.run.dir={tmp_path / 'hydra'}",
-        FP32_TRAINING, *lora,
+        *lora,
     ], "recipe.dpo.main", cpu=True)
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
