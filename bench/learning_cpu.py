@@ -80,7 +80,7 @@ import torch  # noqa: E402
 
 from envservice.client import EnvClient  # noqa: E402
 from launch.cli import command_summary  # noqa: E402
-from launch.experiment import launched_with  # noqa: E402
+from launch.experiment import launched_with, recorded_training_command  # noqa: E402
 from envservice.contamination import TaskSet, contamination  # noqa: E402
 from envservice.envs.frozenlake import shortest_path_actions  # noqa: E402
 from envservice.protocol import CreateResponse  # noqa: E402
@@ -91,6 +91,7 @@ from beyond_agent.rollout.hf_policy import TransformersPolicy  # noqa: E402
 from beyond_agent.rollout.scripted import ScriptedPolicy  # noqa: E402
 from beyond_agent.sft import hf_model_dir, run_sft  # noqa: E402
 from beyond_agent.trajectories import TrajectoryRecord, episode_record, write_dump  # noqa: E402
+from verl_cpu.overrides import cpu_overrides  # noqa: E402
 
 SFT_PROGRAM, DPO_PROGRAM = "recipe.sft.main", "recipe.dpo.main"  # the recipes the bench runs as programs
 
@@ -786,9 +787,13 @@ def final_checkpoint(folder: Path, steps: int) -> Path:
 
 def finished_run(experiments: Path, command: list[str], steps: int) -> Path | None:
     """An earlier run folder of exactly this launcher command whose last checkpoint is written, so a bench stopped
-    after an RL run (before or during its evaluation) resumes with the evaluation, not with hours of training."""
+    after an RL run (before or during its evaluation) resumes with the evaluation, not with hours of training.
+    Its training command must also carry every CPU override this checkout passes: the launcher adds them itself, so
+    the same launcher command trained otherwise before they changed (the actor in bf16 until 2026-11-30)."""
+    current = set(cpu_overrides())
     for folder in experiments.iterdir():
-        if launched_with(folder, command) and (final_checkpoint(folder, steps) / "config.json").exists():
+        if (launched_with(folder, command) and current <= set(recorded_training_command(folder))
+                and (final_checkpoint(folder, steps) / "config.json").exists()):
             return folder
     return None
 

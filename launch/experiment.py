@@ -97,6 +97,14 @@ def launched_with(folder: Path, launcher_argv: list[str]) -> bool:
     return commands.is_file() and commands.read_text().startswith(f"{LAUNCHER_HEADER}{shlex.join(launcher_argv)}\n")
 
 
+def recorded_training_command(folder: Path) -> list[str]:
+    """The training command the run in `folder` ran (its command.txt, as written above); [] if none is recorded."""
+    commands = folder / "command.txt"
+    text = commands.read_text() if commands.is_file() else ""
+    _launcher, marker, training = text.partition("\n# training\n")
+    return shlex.split(training.strip()) if marker else []
+
+
 def write_config(folder: Path, resolved: dict, conf_path: Path, redactor: Redactor) -> None:
     """config.yaml (resolved) and launcher.yaml (the file as given), secret values hidden in both."""
     (folder / "config.yaml").write_text(yaml.safe_dump(redactor.data(resolved), sort_keys=False))

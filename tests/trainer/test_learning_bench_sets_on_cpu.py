@@ -11,6 +11,7 @@ import pytest
 from envservice.contamination import contamination
 from launch.experiment import write_commands
 from launch.secrets import Redactor
+from verl_cpu.overrides import cpu_overrides
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "learning_cpu.py"
 
@@ -168,16 +169,21 @@ def test_an_rl_stage_reuses_a_finished_run_of_the_same_command_only(bench, tmp_p
     # launcher line its command.txt records is this stage's command and its last checkpoint is written.
     command = ["/venv/bin/python", "launcher.py", "--conf", "bench/learning_cpu.yaml", "--", "data.seed=0"]
 
-    def run_folder(name: str, recorded: list[str], last_step: int) -> Path:
+    training = ["python", "-m", "recipe.multiturn_rl.main", *cpu_overrides(), "data.seed=0"]  # what the launcher ran
+
+    def run_folder(name: str, recorded: list[str], last_step: int, trained: list[str] = training) -> Path:
         folder = tmp_path / name
         checkpoint = bench.final_checkpoint(folder, last_step)
         checkpoint.mkdir(parents=True)
         (checkpoint / "config.json").write_text("{}")
-        write_commands(folder, recorded, ["python", "-m", "recipe.multiturn_rl.main"], Redactor())  # the launcher's own
+        write_commands(folder, recorded, trained, Redactor())  # the launcher's own
         return folder
 
     run_folder("other-seed", [*command[:-1], "data.seed=1"], 20)
     run_folder("cut-short", command, 10)
+    # The same launcher command before a CPU override changed: the launcher added other ones (the actor trained in
+    # bf16 before its fp32 override), so its figures are not this code's.
+    run_folder("older-cpu-settings", command, 20, [arg for arg in training if "fsdp_config.mixed_precision" not in arg])
     (tmp_path / "grpo_stable_seed0.log").write_text("a log is not a run\n")
     assert bench.finished_run(tmp_path, command, 20) is None
     finished = run_folder("finished", command, 20)
