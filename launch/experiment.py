@@ -80,6 +80,8 @@ def pip_freeze() -> str:
 
 LAUNCHER_HEADER = "# launcher\n"
 """command.txt's first line; the launcher's own command line follows it."""
+TRAINING_HEADER = "\n# training\n"
+"""What follows the launcher's line in command.txt when it ran a training command; that command follows it."""
 
 
 def write_commands(folder: Path, launcher_argv: list[str], train_command: list[str] | None,
@@ -87,7 +89,7 @@ def write_commands(folder: Path, launcher_argv: list[str], train_command: list[s
     """command.txt: how the launcher was run and the training command it runs (secrets hidden)."""
     text = f"{LAUNCHER_HEADER}{shlex.join(launcher_argv)}\n"
     if train_command:
-        text += f"\n# training\n{shlex.join(train_command)}\n"
+        text += f"{TRAINING_HEADER}{shlex.join(train_command)}\n"
     (folder / "command.txt").write_text(redactor.text(text))
 
 
@@ -101,7 +103,7 @@ def recorded_training_command(folder: Path) -> list[str]:
     """The training command the run in `folder` ran (its command.txt, as written above); [] if none is recorded."""
     commands = folder / "command.txt"
     text = commands.read_text() if commands.is_file() else ""
-    _launcher, marker, training = text.partition("\n# training\n")
+    _launcher, marker, training = text.partition(TRAINING_HEADER)
     return shlex.split(training.strip()) if marker else []
 
 

