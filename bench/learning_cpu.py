@@ -80,7 +80,7 @@ import torch  # noqa: E402
 
 from envservice.client import EnvClient  # noqa: E402
 from launch.cli import command_summary  # noqa: E402
-from launch.experiment import launched_with, recorded_training_command  # noqa: E402
+from launch.experiment import recorded_launcher_command, recorded_training_command  # noqa: E402
 from envservice.contamination import TaskSet, contamination  # noqa: E402
 from envservice.envs.frozenlake import shortest_path_actions  # noqa: E402
 from envservice.protocol import CreateResponse  # noqa: E402
@@ -91,7 +91,7 @@ from beyond_agent.rollout.hf_policy import TransformersPolicy  # noqa: E402
 from beyond_agent.rollout.scripted import ScriptedPolicy  # noqa: E402
 from beyond_agent.sft import hf_model_dir, run_sft  # noqa: E402
 from beyond_agent.trajectories import TrajectoryRecord, episode_record, write_dump  # noqa: E402
-from verl_cpu.overrides import cpu_overrides  # noqa: E402
+from verl_cpu.overrides import computing_overrides  # noqa: E402
 
 SFT_PROGRAM, DPO_PROGRAM = "recipe.sft.main", "recipe.dpo.main"  # the recipes the bench runs as programs
 
@@ -785,17 +785,60 @@ def final_checkpoint(folder: Path, steps: int) -> Path:
     return folder / "checkpoints" / f"global_step_{steps}" / "actor" / "huggingface"
 
 
+RUN_LENGTH = ("trainer.total_training_steps=", "trainer.save_freq=", "trainer.test_freq=")
+"""The launcher arguments that say how long an RL stage's run is (it saves and validates by its length)."""
+CONTINUATION = ("trainer.resume_mode=", "trainer.resume_from_path=")
+"""What the bench adds to a stage's command to continue an earlier, shorter run (verl's resume from a checkpoint)."""
+
+
+def same_settings(folder: Path) -> bool:
+    """Whether the run in `folder` trained with every CPU override that decides what this checkout computes: the
+    launcher adds them itself, so one launcher command trained otherwise before they changed (the actor in bf16
+    until 2026-11-30). Overrides that only place work in other processes are not asked for."""
+    return set(computing_overrides()) <= set(recorded_training_command(folder))
+
+
+def without(prefixes: tuple[str, ...], command: list[str]) -> list[str]:
+    """`command` without the arguments that start with one of `prefixes`."""
+    return [arg for arg in command if not arg.startswith(prefixes)]
+
+
+def recorded_steps(folder: Path) -> int:
+    """The step a run's launcher command trained to (its trainer.total_training_steps)."""
+    lengths = [arg for arg in recorded_launcher_command(folder) if arg.startswith(RUN_LENGTH[0])]
+    return int(lengths[-1].removeprefix(RUN_LENGTH[0])) if lengths else 0
+
+
 def finished_run(experiments: Path, command: list[str], steps: int) -> Path | None:
-    """An earlier run folder of exactly this launcher command whose last checkpoint is written, so a bench stopped
-    after an RL run (before or during its evaluation) resumes with the evaluation, not with hours of training.
-    Its training command must also carry every CPU override this checkout passes: the launcher adds them itself, so
-    the same launcher command trained otherwise before they changed (the actor in bf16 until 2026-11-30)."""
-    current = set(cpu_overrides())
+    """An earlier run folder of exactly this launcher command (or this command continuing a shorter run) whose last
+    checkpoint is written, so a bench stopped after an RL run (before or during its evaluation) resumes with the
+    evaluation, not with hours of training."""
     for folder in experiments.iterdir():
-        if (launched_with(folder, command) and current <= set(recorded_training_command(folder))
+        if (without(CONTINUATION, recorded_launcher_command(folder)) == command and same_settings(folder)
                 and (final_checkpoint(folder, steps) / "config.json").exists()):
             return folder
     return None
+
+
+def continuable_run(experiments: Path, command: list[str], steps: int) -> tuple[Path, int] | None:
+    """The longest earlier run of this command but for its length, shorter than `steps`, whose last checkpoint is
+    written: (its folder, its steps). An RL stage asked for more steps continues it from that checkpoint (model,
+    optimizer and data loader, verl's resume) instead of training again from the warm-up."""
+    wanted = without(RUN_LENGTH, command)
+    runs = [(recorded_steps(folder), folder) for folder in experiments.iterdir()
+            if without(RUN_LENGTH + CONTINUATION, recorded_launcher_command(folder)) == wanted and same_settings(folder)]
+    done = [(length, folder) for length, folder in runs
+            if 0 < length < steps and (final_checkpoint(folder, length) / "config.json").exists()]
+    if not done:
+        return None
+    length, folder = max(done, key=lambda run: run[0])
+    return folder, length
+
+
+def continued_from(folder: Path) -> str | None:
+    """The checkpoint the run in `folder` continued from, if the bench continued an earlier run."""
+    paths = [arg for arg in recorded_launcher_command(folder) if arg.startswith(CONTINUATION[1])]
+    return paths[-1].removeprefix(CONTINUATION[1]) if paths else None
 
 
 def new_run_folder(experiments: Path, before: set[Path]) -> Path:
@@ -811,11 +854,10 @@ class RLRunFailed(RuntimeError):
     """An RL variant's launcher run exited with an error (the other variants still run)."""
 
 
-def rl_stage(variant: str, warm_dir: Path, data_dir: Path, experiments: Path, args, seed: int) -> tuple[Path, bool]:
-    """Train the warm model with the recipe through the launcher; returns the saved Hugging Face folder and whether
-    it was trained now (False: an earlier finished run of the same command was reused)."""
+def rl_command(variant: str, warm_dir: Path, data_dir: Path, experiments: Path, args, seed: int) -> list[str]:
+    """The launcher command of an RL stage: the recipe from the warm model, `args.rl_steps` steps."""
     steps = args.rl_steps
-    command = [
+    return [
         sys.executable, "launcher.py", "--conf", "bench/learning_cpu.yaml", "--with-envservice",
         "--backup-dir", str(experiments), "--",
         f"actor_rollout_ref.model.path={warm_dir.resolve()}",
@@ -829,6 +871,13 @@ def rl_stage(variant: str, warm_dir: Path, data_dir: Path, experiments: Path, ar
         f"actor_rollout_ref.actor.entropy_coeff={args.entropy_coeff}",
         *args.game.rl_overrides(), *RL_VARIANTS[variant](steps, warm_dir, args.game), *args.rl_override,
     ]
+
+
+def rl_stage(variant: str, warm_dir: Path, data_dir: Path, experiments: Path, args, seed: int) -> tuple[Path, bool]:
+    """Train the warm model with the recipe through the launcher; returns the saved Hugging Face folder and whether
+    it was trained now (False: an earlier finished run of the same command was reused)."""
+    steps = args.rl_steps
+    command = rl_command(variant, warm_dir, data_dir, experiments, args, seed)
     # The whole command runs to ~2 000 characters of overrides: the run folder's command.txt keeps it (the launcher's).
     # The run's own output (Ray, vLLM, verl: thousands of lines) goes to its log; the console gets the launcher's
     # lines (on its stderr: the services, the training command in short, each step's figures).
@@ -838,6 +887,12 @@ def rl_stage(variant: str, warm_dir: Path, data_dir: Path, experiments: Path, ar
         print(f"[learning] {variant} (seed {seed}): reusing the finished run {folder} (the same command; delete the "
               f"folder to train again)", flush=True)
         return final_checkpoint(folder, steps), False
+    if (shorter := continuable_run(experiments, command, steps)) is not None:
+        earlier, length = shorter
+        print(f"[learning] {variant} (seed {seed}): continuing the {length}-step run {earlier} from its last "
+              f"checkpoint to step {steps} (the same command but for its length)", flush=True)
+        command = [*command, f"{CONTINUATION[0]}resume_path",
+                   f"{CONTINUATION[1]}{earlier / 'checkpoints' / f'global_step_{length}'}"]
     print(f"[learning] {variant} (seed {seed}): {command_summary(command, shown=4)} (the whole command: command.txt "
           f"in the run's folder under {experiments}; its output: {log_path})", flush=True)
     started = time.monotonic()
@@ -1043,6 +1098,7 @@ def run_seed(seed: int, base_dir: Path, tokenizer, client: EnvClient, data_dir: 
         run_dir = trained.parents[3]  # <run>/checkpoints/global_step_N/actor/huggingface
         stages[variant] = keep_stage(kept, variant, {**figures, "rl_wall_s": rl_wall_s,
                                                     "run": str(run_dir.relative_to(args.out.resolve())),
+                                                    "continued_from": continued_from(run_dir),
                                                     "training": training_figures(run_dir / "metrics.jsonl")})
     print(f"[learning] seed {seed}: {time.monotonic() - started:.0f} s", flush=True)
     return stages

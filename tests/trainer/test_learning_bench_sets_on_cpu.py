@@ -11,7 +11,7 @@ import pytest
 from envservice.contamination import contamination
 from launch.experiment import write_commands
 from launch.secrets import Redactor
-from verl_cpu.overrides import cpu_overrides
+from verl_cpu.overrides import PLACEMENT_OVERRIDES, cpu_overrides
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "learning_cpu.py"
 
@@ -164,28 +164,68 @@ def test_the_rl_stage_finds_its_run_folder_beside_the_runs_log(bench, tmp_path):
         bench.new_run_folder(tmp_path, set(tmp_path.iterdir()))
 
 
+LAUNCHED = ["/venv/bin/python", "launcher.py", "--conf", "bench/learning_cpu.yaml", "--", "data.seed=0"]
+TRAINED = ["python", "-m", "recipe.multiturn_rl.main", *cpu_overrides(), "data.seed=0"]  # what the launcher ran
+
+
+def run_folder(bench, experiments: Path, name: str, launched: list[str], last_step: int,
+               trained: list[str] = TRAINED) -> Path:
+    """A run folder as the launcher leaves it: command.txt (the launcher's own writer), the last checkpoint."""
+    folder = experiments / name
+    checkpoint = bench.final_checkpoint(folder, last_step)
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "config.json").write_text("{}")
+    write_commands(folder, launched, trained, Redactor())
+    return folder
+
+
+def with_length(command: list[str], steps: int) -> list[str]:
+    """An RL stage's launcher command for a run of `steps` steps (the bench's own length arguments)."""
+    return [*command, f"trainer.total_training_steps={steps}", f"trainer.save_freq={steps}",
+            f"trainer.test_freq={max(1, steps // 3)}"]
+
+
 def test_an_rl_stage_reuses_a_finished_run_of_the_same_command_only(bench, tmp_path):
     # A bench stopped after a 25-minute RL run resumes with its evaluation: a run folder is reused when the
     # launcher line its command.txt records is this stage's command and its last checkpoint is written.
-    command = ["/venv/bin/python", "launcher.py", "--conf", "bench/learning_cpu.yaml", "--", "data.seed=0"]
-
-    training = ["python", "-m", "recipe.multiturn_rl.main", *cpu_overrides(), "data.seed=0"]  # what the launcher ran
-
-    def run_folder(name: str, recorded: list[str], last_step: int, trained: list[str] = training) -> Path:
-        folder = tmp_path / name
-        checkpoint = bench.final_checkpoint(folder, last_step)
-        checkpoint.mkdir(parents=True)
-        (checkpoint / "config.json").write_text("{}")
-        write_commands(folder, recorded, trained, Redactor())  # the launcher's own
-        return folder
-
-    run_folder("other-seed", [*command[:-1], "data.seed=1"], 20)
-    run_folder("cut-short", command, 10)
+    command = LAUNCHED
+    run_folder(bench, tmp_path, "other-seed", [*command[:-1], "data.seed=1"], 20)
+    run_folder(bench, tmp_path, "cut-short", command, 10)
     # The same launcher command before a CPU override changed: the launcher added other ones (the actor trained in
     # bf16 before its fp32 override), so its figures are not this code's.
-    run_folder("older-cpu-settings", command, 20, [arg for arg in training if "fsdp_config.mixed_precision" not in arg])
+    run_folder(bench, tmp_path, "older-cpu-settings", command, 20,
+               [arg for arg in TRAINED if "fsdp_config.mixed_precision" not in arg])
     (tmp_path / "grpo_stable_seed0.log").write_text("a log is not a run\n")
     assert bench.finished_run(tmp_path, command, 20) is None
-    finished = run_folder("finished", command, 20)
-    assert bench.finished_run(tmp_path, command, 20) == finished
+    # Before vLLM's worker moved into its engine core: placed otherwise, the same settings computed.
+    placed = run_folder(bench, tmp_path, "worker-apart", command, 20,
+                        [arg for arg in TRAINED if arg not in PLACEMENT_OVERRIDES])
+    assert bench.finished_run(tmp_path, command, 20) == placed
     assert bench.finished_run(tmp_path, [*command, "actor_rollout_ref.actor.loss_agg_mode=token-mean"], 20) is None
+
+
+def test_an_rl_stage_asked_for_more_steps_continues_the_longest_shorter_run(bench, tmp_path):
+    # 20 more steps of a 20-step run cost 20 steps, not 40: the stage resumes the earlier run's last checkpoint
+    # (verl's resume_path) when the launcher commands differ in the run's length alone.
+    run_folder(bench, tmp_path, "ten", with_length(LAUNCHED, 10), 10)
+    twenty = run_folder(bench, tmp_path, "twenty", with_length(LAUNCHED, 20), 20)
+    run_folder(bench, tmp_path, "other-seed", with_length([*LAUNCHED[:-1], "data.seed=1"], 30), 30)
+    run_folder(bench, tmp_path, "bf16", with_length(LAUNCHED, 30), 30,
+               [arg for arg in TRAINED if "fsdp_config.mixed_precision" not in arg])
+    run_folder(bench, tmp_path, "longer", with_length(LAUNCHED, 60), 60)
+    unfinished = tmp_path / "stopped"  # a 30-step run stopped before its last checkpoint
+    (unfinished / "checkpoints" / "global_step_10").mkdir(parents=True)
+    write_commands(unfinished, with_length(LAUNCHED, 30), TRAINED, Redactor())
+    wanted = with_length(LAUNCHED, 40)
+    assert bench.finished_run(tmp_path, wanted, 40) is None
+    assert bench.continuable_run(tmp_path, wanted, 40) == (twenty, 20)
+    assert bench.continuable_run(tmp_path, with_length(LAUNCHED, 20), 20) == (tmp_path / "ten", 10)
+    assert bench.continuable_run(tmp_path, with_length([*LAUNCHED, "algorithm.adv_estimator=gigpo"], 40), 40) is None
+    # The continued run records the earlier checkpoint, and a later call of the 40-step stage reuses it.
+    resume = [f"{bench.CONTINUATION[0]}resume_path",
+              f"{bench.CONTINUATION[1]}{twenty / 'checkpoints' / 'global_step_20'}"]
+    continued = run_folder(bench, tmp_path, "continued", [*wanted, *resume], 40)
+    assert bench.finished_run(tmp_path, wanted, 40) == continued
+    assert bench.continued_from(continued) == str(twenty / "checkpoints" / "global_step_20")
+    assert bench.continued_from(twenty) is None
+    assert bench.recorded_steps(continued) == 40
