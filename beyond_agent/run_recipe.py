@@ -57,6 +57,7 @@ def check_config(config) -> None:
         if beyond_config.agent.active:  # the user's agent imports (or its program is found) here, not in the rollout
             beyond_config.agent.load(beyond_config.episode.episode_timeout_s)
         prepare_verl_config(resolved, beyond_config)
+        check_reward_workers(resolved)
         check_task_weights_against_files(beyond_config.multitask.task_weights, config.data.train_files)
     except ValueError as error:  # a bad key: one sentence naming it, before Ray starts
         raise SystemExit(f"beyond_agent config: {error}") from None
@@ -92,6 +93,15 @@ def validate_with_verl(resolved) -> None:
                         use_critic=need_critic(resolved))
     except (AssertionError, ValueError, TypeError) as error:
         raise SystemExit(f"verl config (verl.utils.config.validate_config): {error}") from None
+
+
+def check_reward_workers(resolved) -> None:
+    """A reward model scores through verl's reward loop workers, of which the recipe starts none by default (its
+    rollout scores through envservice): refuse the pair rather than fail inside Ray."""
+    if resolved.reward.reward_model.get("enable", False) and resolved.reward.num_workers < 1:
+        raise ValueError(f"reward.num_workers={resolved.reward.num_workers} with reward.reward_model.enable=true: "
+                         "verl's reward model scores through its reward loop workers; set reward.num_workers to 1 "
+                         "or more")
 
 
 def check_task_weights_against_files(weights, train_files) -> None:

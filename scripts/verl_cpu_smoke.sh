@@ -49,6 +49,7 @@ run_overrides=(
   actor_rollout_ref.rollout.agent.default_agent_loop=single_turn_agent
   reward.custom_reward_function.path="$root/verl_cpu/smoke_reward.py"
   reward.custom_reward_function.name=compute_score
+  reward.num_workers=1                       # verl's own agent loop scores through its reward workers; one will do
   trainer.nnodes=1
   trainer.n_gpus_per_node=1
   trainer.total_training_steps=2

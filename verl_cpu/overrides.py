@@ -53,7 +53,6 @@ CPU_OVERRIDES: tuple[tuple[str, str], ...] = (
     # inside the engine core (docs/tests.md).
     (IN_PROCESS_WORKER, "vLLM's worker inside its engine core process: one process fewer to start"),
     ("actor_rollout_ref.rollout.agent.num_workers=1", "each Ray actor spends 25-40 s importing torch/verl"),
-    ("reward.num_workers=1", "same: one reward worker is plenty for a small batch"),
 )
 
 # Environment for every process of the run (Ray workers inherit the driver's environment).

@@ -22,6 +22,9 @@ def test_the_recipe_default_passes():
     # Rows load without worker processes, on every device (a worker Ray killed at the end printed a traceback after
     # a clean exit on the H200; verl's default is 8).
     assert composed().data.dataloader_num_workers == 0
+    # No verl reward loop workers: the rollout scores through envservice and never calls them (verl starts 8 idle
+    # Ray actors by default, each importing torch and verl).
+    assert composed().reward.num_workers == 0
     check_config(composed("beyond_agent.rollout_mode=async", "actor_rollout_ref.rollout.free_cache_engine=false",
                           "beyond_agent.weight_sync.mode=delta"))
     check_config(composed("actor_rollout_ref.model.lora_rank=8", "beyond_agent.agent.function=examples/agents/"
@@ -48,6 +51,8 @@ def test_the_recipe_default_passes():
      "beyond_agent.agent.command='no_such_agent_program --episode': no program 'no_such_agent_program' on PATH"),
     (["beyond_agent.agent.command='python agent.py'", "beyond_agent.agent.function=m:f"],
      "beyond_agent.agent: set function or command, not both"),
+    (["reward.reward_model.enable=true"],
+     "reward.num_workers=0 with reward.reward_model.enable=true: .* set reward.num_workers to 1 or more"),
 ])
 def test_a_run_that_cannot_work_is_refused_naming_the_key(overrides, message):
     with pytest.raises(SystemExit, match=message):
