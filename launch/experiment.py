@@ -93,20 +93,24 @@ def write_commands(folder: Path, launcher_argv: list[str], train_command: list[s
     (folder / "command.txt").write_text(redactor.text(text))
 
 
-def recorded_launcher_command(folder: Path) -> list[str]:
-    """How the launcher was run for the run in `folder` (its command.txt, as written above); [] if none is recorded."""
+def recorded_commands(folder: Path) -> tuple[list[str], list[str]]:
+    """(launcher, training) command lines of the run in `folder`, from its command.txt as written above; [] for
+    one not recorded."""
     commands = folder / "command.txt"
     text = commands.read_text() if commands.is_file() else ""
-    launcher, _marker, _training = text.partition(TRAINING_HEADER)
-    return shlex.split(launcher.removeprefix(LAUNCHER_HEADER).strip()) if text.startswith(LAUNCHER_HEADER) else []
+    launcher, marker, training = text.partition(TRAINING_HEADER)
+    return (shlex.split(launcher.removeprefix(LAUNCHER_HEADER)) if text.startswith(LAUNCHER_HEADER) else [],
+            shlex.split(training) if marker else [])
+
+
+def recorded_launcher_command(folder: Path) -> list[str]:
+    """How the launcher was run for the run in `folder`; [] if none is recorded."""
+    return recorded_commands(folder)[0]
 
 
 def recorded_training_command(folder: Path) -> list[str]:
-    """The training command the run in `folder` ran (its command.txt, as written above); [] if none is recorded."""
-    commands = folder / "command.txt"
-    text = commands.read_text() if commands.is_file() else ""
-    _launcher, marker, training = text.partition(TRAINING_HEADER)
-    return shlex.split(training.strip()) if marker else []
+    """The training command the run in `folder` ran; [] if none is recorded."""
+    return recorded_commands(folder)[1]
 
 
 def write_config(folder: Path, resolved: dict, conf_path: Path, redactor: Redactor) -> None:

