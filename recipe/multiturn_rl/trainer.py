@@ -53,9 +53,9 @@ from beyond_agent.rollout.batch import add_segment_rows
 from beyond_agent.run_folder import METRICS_PATH_VARIABLE
 from beyond_agent.seams.trainer import TrainerSeams
 from beyond_agent.settings import BeyondAgentConfig
-from beyond_agent.training import (PlayedRowLoader, align_total_epochs, metrics_source, log_prob_gap_metrics,
-                                   prepare_verl_config, resumed_checkpoint_folder, wrap_weight_sync,
-                                   write_curves_beside_metrics)
+from beyond_agent.training import (PlayedRowLoader, align_total_epochs, freeze_long_lived_heaps, metrics_source,
+                                   log_prob_gap_metrics, prepare_verl_config, resumed_checkpoint_folder,
+                                   wrap_weight_sync, write_curves_beside_metrics)
 from beyond_agent.verl_pin import ensure_pinned_verl
 
 
@@ -85,8 +85,10 @@ class BeyondAgentTrainer(TrainerSeams):
         self._last_actor_output = None  # the actor update whose metrics the next weight sync's join
 
     def init_workers(self) -> None:
-        """verl's workers, then the one wrapper around its weight sync (`wrap_weight_sync`)."""
+        """verl's workers, their long-lived heaps frozen (`freeze_long_lived_heaps`), then the one wrapper around
+        its weight sync (`wrap_weight_sync`)."""
         super().init_workers()
+        freeze_long_lived_heaps(self.checkpoint_manager)
         rollout = self.async_rollout_manager if self.beyond_config.is_async else None
         served = ServedWeightsMonitor(self.beyond_config.integrity.served_weights, self.config.actor_rollout_ref.rollout)
         wrap_weight_sync(self.checkpoint_manager, rollout, self.lora_plan, self._take_actor_output, served)

@@ -162,6 +162,16 @@ def test_first_run_trains_two_steps_and_reports_the_adapter(lora_run):
     assert served_dtypes(lora_run.output) == {"float32"}
 
 
+def test_the_training_processes_heaps_are_frozen_once_their_workers_are_up(lora_run):
+    # verl's weight sync calls gc.collect() at least three times in the actor worker: frozen, each walks only what
+    # was made since (beyond_agent.training.freeze_heap). One trainer, one actor worker, one vLLM server here.
+    [line] = [line for line in lora_run.output.splitlines() if "long-lived heaps frozen" in line]
+    counts = {where: ast.literal_eval(found) for where, found in
+              re.findall(r"(trainer|actor workers|vLLM servers) (\[[0-9, ]*\])", line)}
+    assert sorted(counts) == ["actor workers", "trainer", "vLLM servers"]
+    assert all(len(found) == 1 and found[0] > 100_000 for found in counts.values()), counts  # torch alone: ~10^5
+
+
 def test_the_reward_hack_monitor_judges_each_step_after_its_window_in_a_real_run(lora_run):
     """`beyond_agent.integrity.reward_hack` (issue #71) with a window of 1: step 1 fills it, step 2 is judged
     against it; its figures reach verl's tracker, computed from the steps' own rollout metrics, and the console
