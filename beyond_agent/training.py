@@ -283,7 +283,8 @@ def freeze_heap(_actor: Any = None) -> int:
     worker (`aggressive_empty_cache` before and after, the bucket sender's cleanup) and more in each step, and each
     call walks every object the process holds: ~0.35 s with torch, verl and vLLM imported, ~0.5 s with the model in
     an actor worker (2 cores). What is alive once the workers are up (imports, the model, the engine) lives as long
-    as the process; what is made later is collected as before. vLLM freezes its engine core's heap itself."""
+    as the process; what is made later is collected as before. vLLM freezes its engine core's and workers' heaps
+    itself."""
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
