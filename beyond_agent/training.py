@@ -198,6 +198,11 @@ def resumed_checkpoint_folder(trainer_config: Any, global_steps: int) -> Path:
     return Path(trainer_config.default_local_dir, f"global_step_{global_steps}").absolute()
 
 
+def rollout_servers(checkpoint_manager: Any) -> list[Any]:
+    """verl's rollout server actors (every replica's), as its checkpoint manager holds them."""
+    return [server for replica in checkpoint_manager.replicas for server in replica.servers]
+
+
 def wrap_weight_sync(checkpoint_manager: Any, rollout: Any | None, lora_plan: LoraPlan | None,
                      take_actor_output: Callable[[], Any | None], served: ServedWeightsMonitor | None = None) -> None:
     """Wrap verl's `checkpoint_manager.update_weights` (which `fit()` calls after each actor update) once:
@@ -214,7 +219,7 @@ def wrap_weight_sync(checkpoint_manager: Any, rollout: Any | None, lora_plan: Lo
     - then `served` (the `served_weights` integrity monitor) compares what vLLM serves with the trained model.
     """
     job_id = ray.get_runtime_context().get_job_id()
-    servers = [server for replica in checkpoint_manager.replicas for server in replica.servers]
+    servers = rollout_servers(checkpoint_manager)
     if rollout is not None and rollout.gate.partial_rollout == "token":  # a sync interrupts the turns in flight
         rollout.gate.interrupt = lambda: interrupt_servers(servers)
 
@@ -293,7 +298,7 @@ def freeze_heap(_actor: Any = None) -> int:
 def freeze_long_lived_heaps(checkpoint_manager: Any) -> dict[str, list[int]]:
     """`freeze_heap` in this process (the trainer), in every actor worker and in every vLLM server actor, once their
     models and engines are up (before the first weight sync); the objects frozen in each, printed and returned."""
-    servers = [server for replica in checkpoint_manager.replicas for server in replica.servers]
+    servers = rollout_servers(checkpoint_manager)
     workers = checkpoint_manager.actor_wg.workers
     frozen = {"trainer": [freeze_heap()],
               "actor workers": ray.get([worker.__ray_call__.remote(freeze_heap) for worker in workers]),
