@@ -29,7 +29,7 @@ def bench():
 @pytest.mark.parametrize("argv", [
     [],                                                              # the learning check's defaults
     ["--seeds", "0", "1", "--rl", "grpo", "--offline", "sft", "dpo"],  # the two-seed table
-    ["--rl", "grpo", "--rl-steps", "12", "--samples", "2"],            # the quickstart
+    ["--rl", "grpo_stable", "--rl-steps", "12", "--samples", "2"],     # the quickstart
     ["--size", "6", "--seeds", "0", "1", "--rl", "grpo", "grpo_scaling", "m2po_async"],  # the longer-horizon check
     ["--env", "babyai", "--seeds", "0", "1", "2", "--rl", "grpo", "gigpo"],  # BabyAI layouts (#53)
     ["--env", "tictactoe", "--seeds", "0", "1", "2", "--rl", "grpo"],  # TicTacToe positions (#57)
