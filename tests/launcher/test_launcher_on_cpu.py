@@ -209,25 +209,6 @@ def _read(path: Path) -> str | None:
     return path.read_text().strip() if path.exists() and path.read_text().strip() else None
 
 
-@pytest.mark.slow
-@pytest.mark.training
-@pytest.mark.timeout(1500)
-def test_quickstart_trains_one_step(launch, tmp_path, helpers):
-    """The real thing: envservice, tiny model, data, and BeyondAgentTrainer on CPU for one step (~4 min)."""
-    backup = tmp_path / "exp"
-    run = launch("--conf", QUICKSTART, "--with-envservice", "--backup-dir", str(backup), "--",
-                 "trainer.total_training_steps=1")
-    assert run.wait(1400) == 0, run.text()
-    folder = run.experiment_dir(backup)
-    assert (folder / "data" / "train.parquet").exists() and (folder / "data" / "val.parquet").exists()
-    assert [json.loads(line)["step"] for line in (folder / "metrics.jsonl").read_text().splitlines()] == [1]
-    # The trainer's composed config: the envservice the launcher started, checkpoints in the experiment folder.
-    composed = (folder / "hydra" / ".hydra" / "config.yaml").read_text()
-    assert "beyond_agent:" in composed and re.search(r"url: http://127\.0\.0\.1:\d+", composed)
-    assert f"default_local_dir: {folder}/checkpoints" in composed
-    assert not [pid for pid in started_pids(folder, tmp_path) if helpers.is_alive(pid)]
-
-
 def test_failed_preparation_step_is_one_line_and_training_never_starts(launch, conf, tmp_path):
     failing = ["{python}", "-c", "import sys; print('writing tasks'); sys.exit('no tasks for env xyz')"]
     path = conf({"prepare": [{"name": "data", "command": failing}],

@@ -45,6 +45,28 @@ def train(tiny_model_dir: Path, run_dir: Path, overrides: list[str], env: dict[s
     return output
 
 
+def launch_training(conf: dict, tiny_model_dir: Path, folder: Path) -> Path:
+    """Run `launcher.py --conf <conf> --with-envservice` to its end, its experiment folder under `folder`, the recipe
+    trained on CPU with SMALL_RUN, the tiny model and checkpoints in the experiment folder (before the YAML's own
+    overrides); return the experiment folder. Fails with the launcher's output on a non-zero exit."""
+    import yaml
+
+    train = conf["train"]
+    conf = {**conf, "train": {**train, "overrides": [
+        *SMALL_RUN, f"actor_rollout_ref.model.path={tiny_model_dir}",
+        "trainer.default_local_dir={experiment_dir}/checkpoints", *train["overrides"]]}}
+    path = folder / "launcher.yaml"
+    path.write_text(f"# python launcher.py --conf {path} --with-envservice\n" + yaml.safe_dump(conf, sort_keys=False))
+    environment = {key: value for key, value in os.environ.items() if key != "VERL_FILE_LOGGER_PATH"}
+    done = subprocess.run([sys.executable, "launcher.py", "--conf", str(path), "--with-envservice", "--backup-dir",
+                           str(folder / "experiments")], cwd=Path(__file__).resolve().parents[2], capture_output=True,
+                          text=True, env=environment, timeout=1500, start_new_session=True)
+    (folder / "launcher_output.log").write_text(done.stdout + done.stderr)
+    experiments = sorted((folder / "experiments").glob("*/"))
+    assert done.returncode == 0 and len(experiments) == 1, (done.stdout + done.stderr)[-6000:]
+    return experiments[0]
+
+
 # ---- the end-to-end training runs the suite shares ------------------------------------------------------------
 # Each run pays Ray's, the actor's and vLLM's start-up (minutes on 2 cores), so one run is trained once per
 # session and many tests check it, each one property (docs/tests.md maps every check to its run).
@@ -96,6 +118,20 @@ def training_run(tiny_model_dir: Path):
         written = [path for path in MetricsLog(run_dir).files() if path not in earlier]
         assert written, f"the run wrote no metrics file in {run_dir} (trainer.logger needs `file`)"
         return TrainingRun(output, run_dir, run_dir.parent, written[-1])
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def launched_run(tiny_model_dir: Path):
+    """launched_run(conf, folder) -> TrainingRun: a run started by launcher.py (launch_training); its `output` is the
+    trainer's (logs/train.log), `kept["experiment"]` the experiment folder."""
+    def run(conf: dict, folder: Path) -> TrainingRun:
+        experiment = launch_training(conf, tiny_model_dir, folder)
+        launched = TrainingRun((experiment / "logs" / "train.log").read_text(), experiment / "checkpoints", folder,
+                               experiment / "metrics.jsonl")
+        launched.kept["experiment"] = experiment
+        return launched
 
     return run
 

@@ -7,7 +7,10 @@ own). The `code` task is played by the OpenAI-SDK agent run as a command, in the
 solves nothing; what it shows is the path a real model trains through.
 
 The same run shows that the default weight sync (`weight_sync.mode=full`) is verl's own: the delta sync's test
-hooks are set and must have no effect (tests/trainer/test_train_multitask_on_cpu.py runs ours). One run shared by
+hooks are set and must have no effect (tests/trainer/test_train_multitask_on_cpu.py runs ours). It is started the
+way a user starts a run, by `launcher.py --with-envservice` (the launcher serves both envs, writes the rows, trains
+and stops everything): the launcher's training path had a run of its own until 2026-12-01, the quickstart YAML's
+(tests/launcher still dry-runs that YAML: the recipe composes it and it passes its checks). One run shared by
 every test of this file; ~4 min on 2 cores.
 """
 
@@ -15,32 +18,70 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
+import psutil
 import pytest
-
-from beyond_agent.data import write_task_files
 
 pytestmark = [pytest.mark.slow, pytest.mark.training, pytest.mark.timeout(1800)]
 CODE_TASK = 39
 """The `code` env's train task with the shortest prompt (HumanEval/55), within the run's 512 prompt tokens."""
 
 
+def data_step(env_id: str, train_tasks: str, val_tasks: str) -> dict:
+    """A launcher preparation step writing `env_id`'s rows into the experiment folder through its envservice."""
+    return {"name": f"{env_id}_data", "command": [
+        "{python}", "-m", "beyond_agent.data", "--env", env_id, "--train-tasks", train_tasks, "--val-tasks", val_tasks,
+        "--envservice-url", "{env_url}", "--out", f"{{experiment_dir}}/data/{env_id}"]}
+
+
 @pytest.fixture(scope="module")
-def run(training_run, trainer_envservice, tmp_path_factory, repo_root):
+def run(launched_run, tmp_path_factory, repo_root):
     """The shared run: two GRPO steps of the example agents on three BabyAI tasks and one HumanEval problem (the
-    shortest train prompt), full weight sync with the delta hooks set."""
+    shortest train prompt), full weight sync with the delta hooks set; started the way a user starts one, by
+    `launcher.py --with-envservice`: the launcher serves both envs, writes the rows, trains, then stops it all."""
     workdir = tmp_path_factory.mktemp("gateway")
     agent = repo_root / "tests" / "trainer" / "example_agents_mix.py"
-    babyai = write_task_files("babyai", workdir / "babyai", [0, 1, 2], [0, 1], envservice_url=trainer_envservice.url)
-    code = write_task_files("code", workdir / "code", [CODE_TASK], [0], envservice_url=trainer_envservice.url)
-    return training_run(workdir / "run", [
-        f"data.train_files=[{babyai[0]},{code[0]}]", f"data.val_files={babyai[1]}", "data.train_batch_size=2",
-        "data.max_response_length=192", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-        "trainer.total_training_steps=2", "trainer.logger=[console,file]", "trainer.test_freq=-1",
-        f"beyond_agent.env.url={trainer_envservice.url}", "beyond_agent.max_tokens_per_turn=12",
-        "beyond_agent.rounds.rounds=3", f"beyond_agent.agent.function={agent}:run",
-    ], env={"BEYOND_TEST_COMMAND_LOG": str(workdir / "command_episodes.jsonl"),
-            "BEYOND_WEIGHT_SYNC_CHECK_LOADED": "1", "BEYOND_WEIGHT_SYNC_FAULT_SEQ": "1"})
+    data = "{experiment_dir}/data"
+    return launched_run({
+        "experiment": {"name": "gateway"},
+        "envservice": {"envs": ["babyai", "code"], "port": 0},
+        "prepare": [data_step("babyai", "0:3", "0:2"), data_step("code", f"{CODE_TASK}:{CODE_TASK + 1}", "0:1")],
+        "train": {"module": "recipe.multiturn_rl.main", "cpu": True, "env": {
+            "RAY_DEDUP_LOGS": "0", "BEYOND_TEST_COMMAND_LOG": str(workdir / "command_episodes.jsonl"),
+            "BEYOND_WEIGHT_SYNC_CHECK_LOADED": "1", "BEYOND_WEIGHT_SYNC_FAULT_SEQ": "1"}, "overrides": [
+            f"data.train_files=[{data}/babyai/train.parquet,{data}/code/train.parquet]",
+            f"data.val_files={data}/babyai/val.parquet", "data.train_batch_size=2", "data.max_response_length=192",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2", "trainer.total_training_steps=2",
+            "trainer.logger=[console,file]",
+            "beyond_agent.max_tokens_per_turn=12", "beyond_agent.rounds.rounds=3",
+            f"beyond_agent.agent.function={agent}:run"]},
+    }, workdir)
+
+
+def test_the_launcher_prepared_the_rows_and_trained_against_its_own_envservice(run):
+    # The launcher's preparation steps wrote the rows into the experiment folder, and the trainer's composed config
+    # (Hydra's, in the same folder) names the envservice the launcher started and checkpoints beside it.
+    experiment = run.kept["experiment"]
+    assert all((experiment / "data" / env_id / f"{split}.parquet").exists()
+               for env_id in ("babyai", "code") for split in ("train", "val"))
+    composed = (experiment / "hydra" / ".hydra" / "config.yaml").read_text()
+    assert "beyond_agent:" in composed and re.search(r"url: http://127\.0\.0\.1:\d+", composed)
+    assert f"default_local_dir: {experiment}/checkpoints" in composed
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a container's init may not reap orphans at once)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_the_launcher_stopped_every_process_it_started(run):
+    # processes.json: every process group the launcher started (the envservice, each preparation step, the trainer)
+    started = [record["pid"] for record in json.loads((run.kept["experiment"] / "processes.json").read_text())]
+    assert len(started) >= 4 and not [pid for pid in started if _running(pid)], started
 
 
 def test_the_example_agents_train_two_steps_through_the_gateway(run):
