@@ -16,9 +16,10 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-import psutil
 import pytest
 import yaml
+
+from dev_tools.processes import is_alive
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,14 +54,6 @@ sleep 300 &
 echo $! > {out}/service_child_pid.txt
 wait
 '''
-
-
-def is_alive(pid: int) -> bool:
-    """Running and not a zombie (a container's init may not reap orphans at once)."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def wait_for(predicate, timeout_s: float, what: str):

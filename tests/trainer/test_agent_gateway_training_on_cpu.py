@@ -20,8 +20,9 @@ import json
 import math
 import re
 
-import psutil
 import pytest
+
+from dev_tools.processes import is_alive
 
 pytestmark = [pytest.mark.slow, pytest.mark.training, pytest.mark.timeout(1800)]
 CODE_TASK = 39
@@ -70,18 +71,10 @@ def test_the_launcher_prepared_the_rows_and_trained_against_its_own_envservice(r
     assert f"default_local_dir: {experiment}/checkpoints" in composed
 
 
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (a container's init may not reap orphans at once)."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 def test_the_launcher_stopped_every_process_it_started(run):
     # processes.json: every process group the launcher started (the envservice, each preparation step, the trainer)
     started = [record["pid"] for record in json.loads((run.kept["experiment"] / "processes.json").read_text())]
-    assert len(started) >= 4 and not [pid for pid in started if _running(pid)], started
+    assert len(started) >= 4 and not [pid for pid in started if is_alive(pid)], started
 
 
 def test_the_example_agents_train_two_steps_through_the_gateway(run):
