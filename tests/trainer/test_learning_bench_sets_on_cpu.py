@@ -229,3 +229,13 @@ def test_an_rl_stage_asked_for_more_steps_continues_the_longest_shorter_run(benc
     assert bench.continued_from(continued) == str(twenty / "checkpoints" / "global_step_20")
     assert bench.continued_from(twenty) is None
     assert bench.recorded_steps(continued) == 40
+
+def test_the_bench_s_curve_reads_held_out_success_not_mean_reward(bench, tmp_path: Path) -> None:
+    # BabyAI pays less for longer paths, so its validation's mean reward (0.437) is not its success share (0.484)
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text(
+        '{"step": 0, "data": {"val-core/babyai/reward/mean@1": 0.437, "val-aux/babyai/success/mean@1": 0.484}}\n'
+        '{"step": 1, "data": {"beyond_agent/success_rate": 0.5}}\n'
+        '{"step": 2, "data": {"val-core/frozenlake/reward/mean@1": 0.25}}\n')
+    assert bench.success_curve(metrics, "babyai") == [(0, None, 0.484), (1, 0.5, None), (2, None, None)]
+    assert bench.success_curve(metrics, "frozenlake")[2] == (2, None, 0.25)  # older files: the reward, 0 or 1
