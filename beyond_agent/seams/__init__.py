@@ -59,6 +59,9 @@ class Seam:
     instance_attribute: bool = False
     """The target is set on each instance rather than defined on the class: the check looks for `.<name> =` in the
     class's source."""
+    shadows_builtin: bool = False
+    """The target is a builtin (`print`) that the upstream module calls by name, shadowed by a module global of ours:
+    the module has no such attribute of its own, so the check looks for calls `<name>(` in the module's source."""
 
     @property
     def name(self) -> str:
@@ -274,6 +277,10 @@ SEAMS: tuple[Seam, ...] = (
            "replaced for one reset by a seeded generator: the games draw from the global `random`, and seeding it "
            "would reseed every other user of it in the process", "a per-game random generator in TextArena")
       for game in ("GuessTheNumber", "Mastermind", "LightsOut")),
+    Seam("minigrid.envs.babyai.core.roomgrid_level:print", PATCH, "envservice.envs.babyai:_log_generator_line",
+         "the level generator's rejected draws ('Sampling rejected: ...', hundreds a batch of resets) go to our debug "
+         "log instead of stdout; swapping sys.stdout around a reset would not be thread-safe",
+         "a logger (or no output) for rejected draws in minigrid's RoomGridLevel", shadows_builtin=True),
 )
 """Every seam, grouped by the upstream class or module it touches."""
 
@@ -309,6 +316,9 @@ def seam_problem(seam: Seam) -> str | None:
             # `self.name = ...` or, annotated, `self.name: type = ...`
             return None if re.search(rf"\.{re.escape(attribute)}\s*(:[^=\n]+)?=[^=]", inspect.getsource(owner)) else (
                 f"{seam.upstream} (used by {seam.ours}: {seam.why}) is no longer set by {owner.__qualname__}")
+        if seam.shadows_builtin:
+            return None if re.search(rf"(?<![.\w]){re.escape(attribute)}\(", inspect.getsource(owner)) else (
+                f"{seam.upstream} (used by {seam.ours}: {seam.why}) is no longer called by {owner.__name__}")
         target = resolve(seam.upstream)
     except (ImportError, AttributeError) as missing:
         return f"{seam.upstream} (used by {seam.ours}: {seam.why}) is gone: {missing}"

@@ -87,6 +87,20 @@ def test_the_check_reads_instance_attributes_and_kinds(upstream):
     assert "kind 'wrap' is not one of" in seam_problem(seam("fake_upstream:Engine._manager", "wrap"))
 
 
+def test_a_shadowed_builtin_holds_while_the_module_calls_it_and_is_named_when_it_stops(tmp_path, monkeypatch):
+    (tmp_path / "fake_printing.py").write_text("def draw():\n    print('Sampling rejected')\n")
+    (tmp_path / "fake_quiet.py").write_text("def draw():\n    logger.print_stats('Sampling rejected')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def seam(module: str) -> Seam:
+        return Seam(f"{module}:print", PATCH, "envservice.envs.babyai:_log_generator_line", "why", "upstream",
+                    shadows_builtin=True)
+
+    assert seam_problem(seam("fake_printing")) is None
+    assert seam_problem(seam("fake_quiet")) == (
+        "fake_quiet:print (used by envservice.envs.babyai:_log_generator_line: why) is no longer called by fake_quiet")
+
+
 def test_patch_replaces_a_registered_attribute_and_refuses_a_missing_or_unregistered_one():
     class Manager:
         def update_weights(self, global_steps=None):
