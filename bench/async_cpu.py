@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/async_cpu.py [--steps 6] [--env babyai] [--batch-size 2] [--n 2] [--rounds 2]
         [--latency lognormal:median=1,sigma=1,max=8] [--max-staleness 2] [--only sync|async] [--extra-rows E ...]
-        [--only-delayed | --no-delay] [--partial] [--reply-lengths SPEC] [--json PATH] [--keep-dir DIR]
+        [--only-delayed | --no-delay] [--partial] [--reply-lengths SPEC] [--trainer-cores CPUS] [--json PATH]
+        [--keep-dir DIR]
     .venv/bin/python bench/async_cpu.py --steps 8 --no-delay --partial \
         --reply-lengths lognormal:median=64,sigma=1.5,max=1600       # the long-tailed generation bench (issue #72)
 
@@ -22,7 +23,10 @@ started here for that run alone (so every run draws the same seeded env delays).
 ends every assistant turn at a length (tokens) drawn from SPEC, seeded by the conversation before the turn, so a
 continued turn ends where it would have uninterrupted; the turn and response budgets are raised to its cap. After
 the table the bench prints each async run's speed-up over the sync run with the same env delay beside that sync
-run's ideal (its step over its training alone: all rollout hidden), steps 2..N. Each run's figures are also kept
+run's ideal (its step over its training alone: all rollout hidden), steps 2..N. `--trainer-cores CPUS` gives
+verl's FSDP actor worker those cores and every other process of a run the rest, in every mode (`CorePlacer`): the
+rollout off the trainer's cores, as separate GPUs give it, so that an ideal which assumes rollout costs the trainer
+nothing once it overlaps can be reached on a CPU too. Each run's figures are also kept
 as `<name>.json` in the work folder: with `--keep-dir`, a later call reuses the runs already there.
 
 Figures of a run (from verl's metrics.jsonl, which the bench follows while the run writes it, and from the
@@ -161,9 +165,11 @@ class RunFigures:
 
 
 class Poller(abc.ABC):
-    """Calls `poll()` every POLL_S seconds in a daemon thread, from `start()` until `stop()` (plus a last poll)."""
+    """Calls `poll()` every `interval_s` seconds in a daemon thread, from `start()` until `stop()` (plus a last
+    poll)."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, interval_s: float = POLL_S):
+        self._interval_s = interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
 
@@ -178,7 +184,7 @@ class Poller(abc.ABC):
         self.poll()
 
     def _loop(self) -> None:
-        while not self._stop.wait(POLL_S):
+        while not self._stop.wait(self._interval_s):
             self.poll()
 
     @abc.abstractmethod
@@ -224,6 +230,63 @@ class SessionMonitor(Poller):
             if busy:
                 total += max(0.0, min(t1, end) - max(t0, start))
         return total
+
+
+TRAINER_PROCESS = "ray::WorkerDict"
+"""The title Ray gives verl's FSDP actor worker (`ray::WorkerDict.<method>` while a method runs): the trainer's
+compute, which a GPU machine runs on its training GPUs."""
+
+
+def parse_cores(text: str) -> frozenset[int]:
+    """`--trainer-cores` ("1", "2,3", "4-7") as CPU ids, each one this process may run on, leaving it at least one."""
+    cores: set[int] = set()
+    for part in filter(None, text.split(",")):
+        low, _, high = part.partition("-")
+        if not low.isdigit() or (high and not high.isdigit()):
+            raise ValueError(f"--trainer-cores: {part!r} is not a CPU id or a range of them (e.g. 1 or 2-3)")
+        cores.update(range(int(low), int(high or low) + 1))
+    allowed = os.sched_getaffinity(0)
+    if not cores or not cores < allowed:
+        raise ValueError(f"--trainer-cores {text!r}: give some, not all, of the CPUs this process may run on, "
+                         f"{sorted(allowed)}")
+    return frozenset(cores)
+
+
+class CorePlacer(Poller):
+    """`--trainer-cores`: the trainer's compute on cores of its own, the rollout on the rest, as on a GPU machine where
+    rollout and training run on separate GPUs. The bench pins itself to the rollout cores before a run starts, so
+    every process of the run inherits them (vLLM, the task runner with its rollout threads, the envservice, Ray);
+    every 0.5 s each thread of each `TRAINER_PROCESS` is moved to the trainer cores (a Ray worker takes that title
+    only when it becomes the actor worker, and threads started later inherit their creator's cores). Sync and async
+    runs are placed alike, so each async run's ideal comes from a sync run on the same cores."""
+
+    def __init__(self, trainer_cores: frozenset[int], run_pid: int):
+        super().__init__("core-placer", interval_s=0.5)
+        self.trainer_cores = trainer_cores
+        self.run_pid = run_pid
+        self.trainer_pids: set[int] = set()
+        """The trainer processes seen (the run's figures name how many, so a placement that never happened shows)."""
+
+    def poll(self) -> None:
+        import psutil
+
+        try:
+            processes = psutil.Process(self.run_pid).children(recursive=True)  # Ray's actors are the run's too
+        except psutil.Error:  # the run has ended
+            return
+        for process in processes:
+            try:
+                if not " ".join(process.cmdline()).startswith(TRAINER_PROCESS):
+                    continue
+                threads = os.listdir(f"/proc/{process.pid}/task")
+            except (psutil.Error, OSError):  # gone since the listing
+                continue
+            self.trainer_pids.add(process.pid)
+            for thread in threads:
+                try:
+                    os.sched_setaffinity(int(thread), self.trainer_cores)
+                except OSError:  # a thread that ended since the listing
+                    pass
 
 
 def build_model(work: Path) -> Path:
@@ -296,6 +359,7 @@ def run_one(index: int, total: int, config: RunConfig, args: argparse.Namespace,
         started = time.monotonic()
         child = ChildProcess.start(command, "training", log_path, env=environment, cwd=REPO_ROOT)
         clock.start()
+        placer = CorePlacer(args.trainer_cores, child.process.pid).start() if args.trainer_cores else None
         try:
             code = child.process.wait(timeout=args.run_timeout)
         except BaseException:
@@ -305,10 +369,18 @@ def run_one(index: int, total: int, config: RunConfig, args: argparse.Namespace,
             process_wall = time.monotonic() - started
             clock.stop()
             sessions.stop()
+            if placer:
+                placer.stop()
         if child.group_alive():
             child.stop()  # Ray daemons the run left behind
     if code != 0:
         raise SystemExit(f"[async-bench] run {config.label} failed with exit code {code}; {child.log_tail(40)}")
+    if placer and not placer.trainer_pids:
+        raise SystemExit(f"[async-bench] run {config.label}: no {TRAINER_PROCESS} process was seen to move to "
+                         f"--trainer-cores; its figures would not be of the placement asked for")
+    if placer:
+        print(f"[async-bench] run {config.label}: {TRAINER_PROCESS} (pids {sorted(placer.trainer_pids)}) on cores "
+              f"{sorted(args.trainer_cores)}, the rest of the run on {sorted(os.sched_getaffinity(0))}", flush=True)
     figures = compute_figures(config, args.steps, clock, sessions, process_wall, run_dir)
     kept.write_text(json.dumps({"settings": settings, "figures": asdict(figures)}, indent=2))
     print(f"[async-bench] run {index}/{total} {config.label}: finished in {process_wall:.0f} s "
@@ -318,8 +390,11 @@ def run_one(index: int, total: int, config: RunConfig, args: argparse.Namespace,
 
 def run_settings(args: argparse.Namespace) -> dict[str, Any]:
     """What a kept run must have been run with to be reused (besides its configuration, which names its files)."""
-    return {key: getattr(args, key) for key in ("steps", "env", "batch_size", "n", "rounds", "latency",
-                                                 "max_staleness", "reply_lengths")}
+    settings = {key: getattr(args, key) for key in ("steps", "env", "batch_size", "n", "rounds", "latency",
+                                                     "max_staleness", "reply_lengths")}
+    if args.trainer_cores:  # a run placed on split cores is not one on shared cores (kept JSONs before had no key)
+        settings["trainer_cores"] = sorted(args.trainer_cores)
+    return settings
 
 
 def compute_figures(config: RunConfig, steps: int, clock: StepClock, sessions: SessionMonitor,
@@ -479,6 +554,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--keep-dir", type=Path, default=None, metavar="DIR",
                         help="work in DIR and keep it (model, data, run folders, logs); default: a temporary "
                         "folder, removed at the end")
+    parser.add_argument("--trainer-cores", default=None, metavar="CPUS",
+                        help="run verl's FSDP actor worker on these CPUs (e.g. 1) and everything else of each run "
+                        "(vLLM, rollout, envservice, Ray, the bench) on the others, in every mode: rollout off the "
+                        "trainer's cores, as separate GPUs give it; default: all processes share all cores")
     parser.add_argument("--run-timeout", type=float, default=1800, help="seconds one run may take (default 1800)")
     args = parser.parse_args(argv)
     try:
@@ -487,6 +566,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error("--reply-lengths needs a cap (max=...): the turn budget is set from it")
     except LatencySpecError as error:
         parser.error(str(error))
+    if args.trainer_cores is not None:
+        try:
+            args.trainer_cores = parse_cores(args.trainer_cores)
+        except ValueError as error:
+            parser.error(str(error))
     if args.only_delayed and args.no_delay:
         parser.error("--only-delayed and --no-delay exclude each other")
     if args.steps < 2 or args.batch_size < 1 or args.n < 1 or args.max_staleness < 0 \
@@ -500,6 +584,8 @@ def main(argv: list[str] | None = None) -> int:
     from beyond_agent.data import write_task_files
 
     args = parse_args(argv)
+    if args.trainer_cores:  # every process of a run inherits this (CorePlacer moves the trainer's off it)
+        os.sched_setaffinity(0, os.sched_getaffinity(0) - args.trainer_cores)
     work = args.keep_dir.resolve() if args.keep_dir else Path(tempfile.mkdtemp(prefix="async_cpu_"))
     work.mkdir(parents=True, exist_ok=True)
     try:
