@@ -4,7 +4,9 @@ top-level `tests` package into site-packages, so `import tests.x` could resolve 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -109,6 +111,26 @@ def recipe_config():
 def repo_root() -> Path:
     """The checkout this test run belongs to."""
     return REPO_ROOT
+
+
+@pytest.fixture(scope="session")
+def load_bench():
+    """`load_bench("async_cpu")`: the script bench/<name>.py (bench/ is no package) imported as module
+    `bench_<name>`, once a session."""
+    loaded = {}
+
+    def load(name: str):
+        if name not in loaded:
+            spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO_ROOT / "bench" / f"{name}.py")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = module  # its dataclasses look their module up there
+            spec.loader.exec_module(module)
+            loaded[name] = module
+        return loaded[name]
+
+    yield load
+    for name in loaded:
+        sys.modules.pop(f"bench_{name}", None)
 
 
 @pytest.fixture(scope="session")

@@ -3,30 +3,22 @@ else of the run moved, and a bad CPU list named (bench/async_cpu.py, issue #72).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "async_cpu.py"
 CPUS = sorted(os.sched_getaffinity(0))
 
 pytestmark = pytest.mark.skipif(len(CPUS) < 2, reason="placing the trainer on cores of its own needs 2 CPUs")
 
 
 @pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("async_cpu_bench", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+def bench(load_bench):
+    return load_bench("async_cpu")
 
 
 @pytest.fixture

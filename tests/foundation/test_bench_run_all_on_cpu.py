@@ -10,19 +10,12 @@ extra rows took 4.5 s a step: 2.0x, 88.9 % of the ideal (goal 95 %: not met); th
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "run_all.py"
+import pytest
 
 
-def run_all_module():
-    spec = importlib.util.spec_from_file_location("bench_run_all", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture
+def run_all(load_bench):
+    return load_bench("run_all")
 
 
 FIGURES = {
@@ -58,8 +51,8 @@ def speed_up_limit(rows: dict) -> str:
     return rows["async: speed-up over sync, same slow env (steps 2..N)"]["limit"]
 
 
-def test_each_row_takes_its_figure_and_judges_it_against_its_goal():
-    rows = {row["what"]: row for row in run_all_module().table(FIGURES)}
+def test_each_row_takes_its_figure_and_judges_it_against_its_goal(run_all):
+    rows = {row["what"]: row for row in run_all.table(FIGURES)}
     assert (rows["envservice, 1 000 sessions: steps/s"]["figure"], rows["envservice, 1 000 sessions: steps/s"]["met"]) \
         == (1500.4, False)
     assert rows["envservice, 1 000 sessions: p99 step latency"]["met"] is True
@@ -94,8 +87,8 @@ def test_each_row_takes_its_figure_and_judges_it_against_its_goal():
         "limit": None}
 
 
-def test_the_markdown_table_writes_thousands_with_a_space_and_marks_misses():
-    module = run_all_module()
+def test_the_markdown_table_writes_thousands_with_a_space_and_marks_misses(run_all):
+    module = run_all
     text = module.markdown(module.table(FIGURES), quick=False, measured_on="2026-11-26 on 2 cores")
     assert "| envservice, 1 000 sessions: steps/s | 1 500 | >= 3 000 | **no** | the env alone: 25 000 |" in text
     assert "| async: speed-up over sync, same slow env (steps 2..N) | 3x | >= 2.5x | yes | all rollout hidden: 2.25x |" \
@@ -104,8 +97,8 @@ def test_the_markdown_table_writes_thousands_with_a_space_and_marks_misses():
     assert text.endswith("Measured 2026-11-26 on 2 cores.\n")
 
 
-def test_an_earlier_run_stands_in_a_column_beside_todays_figures():
-    module = run_all_module()
+def test_an_earlier_run_stands_in_a_column_beside_todays_figures(run_all):
+    module = run_all
     before = {"measured_on": "2026-11-26 on 2 cores, 24 GiB",
               "table": [{"what": "envservice, 1 000 sessions: steps/s", "figure": 1442, "unit": ""}]}
     text = module.markdown(module.table(FIGURES), quick=False, measured_on="2026-11-28 on 2 cores", before=before)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,17 +11,11 @@ from launch.experiment import write_commands
 from launch.secrets import Redactor
 from verl_cpu.overrides import PLACEMENT_OVERRIDES, cpu_overrides
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "learning_cpu.py"
 
 
 @pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("learning_cpu_bench", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+def bench(load_bench):
+    return load_bench("learning_cpu")
 
 
 @pytest.mark.parametrize("argv", [
