@@ -25,8 +25,9 @@ continued turn ends where it would have uninterrupted; the turn and response bud
 the table the bench prints each async run's speed-up over the sync run with the same env delay beside that sync
 run's ideal (its step over its training alone: all rollout hidden), steps 2..N. `--trainer-cores CPUS` gives
 verl's FSDP actor worker those cores and every other process of a run the rest, in every mode (`CorePlacer`): the
-rollout off the trainer's cores, as separate GPUs give it, so that an ideal which assumes rollout costs the trainer
-nothing once it overlaps can be reached on a CPU too. Each run's figures are also kept
+rollout off the trainer's cores, as separate GPUs give it (the ideal assumes rollout costs the trainer nothing once it
+overlaps); on 2 cores it leaves the rollout one core, on which the runs became rollout-bound (docs/benchmarks.md,
+issue #72). Each run's figures are also kept
 as `<name>.json` in the work folder: with `--keep-dir`, a later call reuses the runs already there.
 
 Figures of a run (from verl's metrics.jsonl, which the bench follows while the run writes it, and from the
@@ -265,7 +266,8 @@ class CorePlacer(Poller):
         self.trainer_cores = trainer_cores
         self.run_pid = run_pid
         self.trainer_pids: set[int] = set()
-        """The trainer processes seen (the run's figures name how many, so a placement that never happened shows)."""
+        """The trainer processes moved (printed after the run; none fails it: its figures would not be of the placement
+        asked for)."""
 
     def poll(self) -> None:
         import psutil
