@@ -377,10 +377,10 @@ def run_one(index: int, total: int, config: RunConfig, args: argparse.Namespace,
             child.stop()  # Ray daemons the run left behind
     if code != 0:
         raise SystemExit(f"[async-bench] run {config.label} failed with exit code {code}; {child.log_tail(40)}")
-    if placer and not placer.trainer_pids:
-        raise SystemExit(f"[async-bench] run {config.label}: no {TRAINER_PROCESS} process was seen to move to "
-                         f"--trainer-cores; its figures would not be of the placement asked for")
     if placer:
+        if not placer.trainer_pids:
+            raise SystemExit(f"[async-bench] run {config.label}: no {TRAINER_PROCESS} process was seen to move to "
+                             f"--trainer-cores; its figures would not be of the placement asked for")
         print(f"[async-bench] run {config.label}: {TRAINER_PROCESS} (pids {sorted(placer.trainer_pids)}) on cores "
               f"{sorted(args.trainer_cores)}, the rest of the run on {sorted(os.sched_getaffinity(0))}", flush=True)
     figures = compute_figures(config, args.steps, clock, sessions, process_wall, run_dir)

@@ -88,8 +88,7 @@ def test_each_row_takes_its_figure_and_judges_it_against_its_goal(run_all):
 
 
 def test_the_markdown_table_writes_thousands_with_a_space_and_marks_misses(run_all):
-    module = run_all
-    text = module.markdown(module.table(FIGURES), quick=False, measured_on="2026-11-26 on 2 cores")
+    text = run_all.markdown(run_all.table(FIGURES), quick=False, measured_on="2026-11-26 on 2 cores")
     assert "| envservice, 1 000 sessions: steps/s | 1 500 | >= 3 000 | **no** | the env alone: 25 000 |" in text
     assert "| async: speed-up over sync, same slow env (steps 2..N) | 3x | >= 2.5x | yes | all rollout hidden: 2.25x |" \
         in text
@@ -98,10 +97,9 @@ def test_the_markdown_table_writes_thousands_with_a_space_and_marks_misses(run_a
 
 
 def test_an_earlier_run_stands_in_a_column_beside_todays_figures(run_all):
-    module = run_all
     before = {"measured_on": "2026-11-26 on 2 cores, 24 GiB",
               "table": [{"what": "envservice, 1 000 sessions: steps/s", "figure": 1442, "unit": ""}]}
-    text = module.markdown(module.table(FIGURES), quick=False, measured_on="2026-11-28 on 2 cores", before=before)
+    text = run_all.markdown(run_all.table(FIGURES), quick=False, measured_on="2026-11-28 on 2 cores", before=before)
     assert text.startswith("| what | before (2026-11-26) | figure | goal | met | physical limit, same run |\n"
                            "|---|---|---|---|---|---|\n")
     assert "| envservice, 1 000 sessions: steps/s | 1 442 | 1 500 | >= 3 000 | **no** | the env alone: 25 000 |" in text
