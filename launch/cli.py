@@ -23,7 +23,7 @@ from pathlib import Path
 from beyond_agent.cli_args import DRY_RUN_MARKER, DRY_RUN_VARIABLE
 from beyond_agent.gpu_plan import GPU_PLAN_NOTE, GPU_PLAN_WARNING
 from launch import experiment
-from launch.config import LaunchConfig, LaunchConfigError, ServiceConfig, load_config
+from launch.config import LaunchConfig, LaunchConfigError, PrepareStep, ServiceConfig, load_config
 from launch.secrets import Redactor, redact_by_name
 from launch.services import PlannedService, ServiceStartError, plan_service, start_service, wait_for_external
 from launch.signals import Interrupted, ProcessTracker, install_handlers
@@ -76,6 +76,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     preview.add_argument("--plan", action="store_true",
                         help="what --dry-run prints, without the training config check (which imports verl, "
                              "~15 s): the plan in about a second; start nothing")
+    parser.add_argument("--skip-prepare", action="append", default=[], metavar="NAME",
+                        help="do not run the prepare step NAME of the YAML (its output is given another way, e.g. "
+                             "a model path among the overrides); repeatable")
     parser.add_argument("--backup-dir", type=Path, default=None,
                         help="folder for experiment folders (default: experiment.root in the YAML)")
     parser.add_argument("--env-file", type=Path, default=Path(".env"), help="the .env to read (default ./.env)")
@@ -137,7 +140,7 @@ def dry_run(config: LaunchConfig, args, overrides: list[str], services: list[Ser
               f"(deadline {service.config.startup_timeout_s:.0f} s)")
     show(f"would write the experiment folder {folder}")
     values = placeholder_values(folder, env_url_of(planned))
-    for step in config.prepare:
+    for step in prepare_steps(config, args.skip_prepare):
         show(f"would prepare {step.name}: " + shlex.join(substitute(a, values, "prepare") for a in step.command))
     env = train_env(config.train, {}, values)
     command = train_command(config.train, values, overrides, bool(config.dotenv.get("ENVSERVICE_TOKEN")))
@@ -181,6 +184,16 @@ def check_training_config(config: LaunchConfig, values: dict[str, str], override
     tail = "\n".join(said[-12:])
     print(REDACTOR.text(f"training config: REFUSED by {module} (exit {done.returncode}):\n{tail}"), file=sys.stderr)
     return done.returncode or 1
+
+
+def prepare_steps(config: LaunchConfig, skipped: list[str]) -> list[PrepareStep]:
+    """The YAML's prepare steps less those named by --skip-prepare; an unknown name fails, naming the steps."""
+    names = [step.name for step in config.prepare]
+    unknown = [name for name in skipped if name not in names]
+    if unknown:
+        raise LaunchConfigError(f"--skip-prepare {unknown[0]}: {config.conf_path} has no prepare step of that name "
+                                f"(its steps: {', '.join(names) or 'none'})")
+    return [step for step in config.prepare if step.name not in skipped]
 
 
 def check_placeholders(config: LaunchConfig, services: list[ServiceConfig], values: dict[str, str],
@@ -231,6 +244,7 @@ def command_summary(command: list[str], shown: int = 3) -> str:
 def run(config: LaunchConfig, args, overrides: list[str], argv: list[str], tracker: ProcessTracker) -> int:
     """Everything after the config is loaded: services, backup, preparation, training. Returns training's code."""
     services = services_to_start(config, args.services)
+    steps = prepare_steps(config, args.skip_prepare)
     root = args.backup_dir or Path(config.experiment_root)
     check_placeholders(config, services, placeholder_values(root, "http://check"), overrides)
     folder = experiment.create_experiment_dir(root, config.experiment_name)
@@ -242,7 +256,7 @@ def run(config: LaunchConfig, args, overrides: list[str], argv: list[str], track
     command = train_command(config.train, values, overrides, bool(config.dotenv.get("ENVSERVICE_TOKEN")))
     write_backup(folder, config, planned, command, argv)
     env = train_env(config.train, config.dotenv, values)
-    for step in config.prepare:
+    for step in steps:
         run_prepare(step, values, env, folder / "logs", tracker, say)
     say(f"training: {command_summary(command)} (the whole command: {folder / 'command.txt'}; its output: "
         f"{folder / 'logs' / 'train.log'})")

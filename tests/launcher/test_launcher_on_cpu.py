@@ -219,6 +219,25 @@ def test_failed_preparation_step_is_one_line_and_training_never_starts(launch, c
     assert "TRAINING RAN" not in run.text() and "Traceback" not in run.text()
 
 
+def test_skip_prepare_leaves_out_the_named_step_and_refuses_a_name_the_yaml_lacks(launch, conf, tmp_path):
+    # The GPU checks train a shaped model given as an override, so the YAML's tiny-model step is left out (it built
+    # a model nothing used, 15 s on the H200); the other steps still run, in order.
+    steps = [{"name": name, "command": ["{python}", "-c", f"open({str(tmp_path / name)!r}, 'w').write('made')"]}
+             for name in ("model", "data")]
+    path = conf({"prepare": steps, "train": {"command": ["{python}", "-c", "print('TRAINING RAN')"]}})
+    run = launch("--conf", str(path), "--skip-prepare", "model", "--backup-dir", str(tmp_path / "exp"))
+    assert run.wait(60) == 0, run.text()
+    assert (tmp_path / "data").exists() and not (tmp_path / "model").exists()
+    assert "prepare data: " in run.text() and "prepare model" not in run.text() and "TRAINING RAN" in run.text()
+    plan = launch("--conf", str(path), "--skip-prepare", "data", "--plan")
+    assert plan.wait(60) == 0 and "would prepare model: " in plan.text() and "would prepare data" not in plan.text()
+    refused = launch("--conf", str(path), "--skip-prepare", "modle", "--backup-dir", str(tmp_path / "exp2"))
+    assert refused.wait(60) == 2
+    assert f"[launcher] error: --skip-prepare modle: {path} has no prepare step of that name (its steps: model, data)" \
+        in refused.text()
+    assert not (tmp_path / "exp2").exists()
+
+
 def test_unknown_placeholder_is_named_before_anything_starts(launch, conf, tmp_path):
     path = conf({"envservice": {"envs": ["babyai"]}, "train": {"command": ["echo", "{envservice_url}"]}})
     run = launch("--conf", str(path), "--with-envservice", "--backup-dir", str(tmp_path / "exp"))
