@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -190,6 +192,11 @@ def build_shaped_model(shape: str, folder: Path) -> Path:
         raise ValueError(f"model shape {shape!r} is not valid; choose one of {', '.join(SHAPES)}")
     if (folder / "config.json").exists():
         return folder
+    # Built beside and moved into place whole: a build cut short (a device call's time limit) leaves no folder
+    # that a later call would take for a model.
+    building = folder.with_name(f"{folder.name}.building-{os.getpid()}")
+    for leftover in (*folder.parent.glob(f"{folder.name}.building-*"), folder):  # builds cut short (no config.json)
+        shutil.rmtree(leftover, ignore_errors=True)
     spec = TinyModelSpec()
     if SHAPES[shape]:
         from beyond_agent.gpu_plan import KNOWN_MODELS
@@ -198,7 +205,9 @@ def build_shaped_model(shape: str, folder: Path) -> Path:
         spec = TinyModelSpec(hidden_size=known.hidden_size, intermediate_size=known.intermediate_size,
                              num_hidden_layers=known.num_hidden_layers, num_attention_heads=known.num_attention_heads,
                              num_key_value_heads=known.num_key_value_heads)
-    return build_tiny_model(folder, spec)
+    build_tiny_model(building, spec)
+    building.replace(folder)
+    return folder
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -187,3 +187,30 @@ def test_the_rollout_bench_captures_cuda_graphs_only_for_batches_it_makes(tmp_pa
     args = Namespace(rows=32, n=2, rounds=4, tokens_per_turn=256, gpu_memory_utilization=0.5, stop_at_eos=False)
     rollout = compose_config(args, tmp_path, "http://127.0.0.1:1", tmp_path / "loop.yaml").actor_rollout_ref.rollout
     assert list(rollout.cudagraph_capture_sizes) == capture_sizes(64) and rollout.max_num_seqs == 64
+
+
+def test_a_shaped_model_build_cut_short_is_built_again_whole(tmp_path, monkeypatch):
+    """The checks keep their model in the state folder for later calls (issue #74); a build stopped by a call's time
+    limit must not leave a folder that a later call takes for a model."""
+    import dev_tools.tiny_model as tiny_model
+
+    whole_build = tiny_model.build_model
+
+    def cut_after_the_config(spec, tokenizer, out):  # save_pretrained writes config.json before the weights
+        (out / "config.json").write_text("{}")
+        raise KeyboardInterrupt("the call's time limit")
+
+    folder = tmp_path / "models" / "tiny"
+    monkeypatch.setattr(tiny_model, "build_model", cut_after_the_config)
+    with pytest.raises(KeyboardInterrupt):
+        tiny_model.build_shaped_model("tiny", folder)
+    assert not folder.exists()
+    monkeypatch.setattr(tiny_model, "build_model", whole_build)
+    assert tiny_model.build_shaped_model("tiny", folder) == folder
+    assert (folder / "model.safetensors").stat().st_size > 100_000 and (folder / "beyond_agent_tiny_model.json").exists()
+    assert [path.name for path in folder.parent.iterdir()] == ["tiny"]  # the cut build's folder is gone too
+    built_at = (folder / "model.safetensors").stat().st_mtime_ns
+    assert tiny_model.build_shaped_model("tiny", folder) == folder
+    assert (folder / "model.safetensors").stat().st_mtime_ns == built_at  # kept, not built again
+    with pytest.raises(ValueError, match="model shape '7b' is not valid; choose one of tiny, 0.5b, 1.5b"):
+        tiny_model.build_shaped_model("7b", tmp_path / "other")
