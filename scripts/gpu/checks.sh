@@ -6,7 +6,8 @@
 #                 0.5b on a GPU: a random-weight model of Qwen2.5-0.5B's shape; tiny in a CPU rehearsal); the model
 #                 and the run are kept in the state folder for train-async
 #     train-async the async M2PO example with delta weight sync resumed from train-sync's checkpoint (3 steps); it
-#                 stops at once, saying so, when train-sync's run is not kept on this machine
+#                 stops at once, saying so, when train-sync's run is not kept on this machine; beside it, bench-1.5b's
+#                 model is built into the state folder
 #     training    both in one call (a GPU node without a call limit)
 #     bench-0.5b, bench-1.5b   bench/gpu_rollout.py for one size: our env manager against verl's agent loop
 #     bench       both sizes
@@ -38,12 +39,24 @@ for check in "$@"; do
       rm -rf "$BEYOND_GPU_STATE/runs/quickstart" "$BEYOND_GPU_STATE/runs/quickstart".*  # a fresh run, kept for train-async
       "$python" -m pytest -q -s -p no:cacheprovider -rA "$tests" -k quickstart_trains || rc=1 ;;
     train-async)
+      # bench-1.5b's model, built on the cores this call leaves idle (~20 s of a later call otherwise); not in a CPU
+      # rehearsal, whose two cores the run needs
+      builder=""
+      if [ "$BEYOND_GPU_MODEL" != tiny ]; then
+        "$python" -m dev_tools.tiny_model --shape 1.5b --out "$BEYOND_GPU_STATE/models/1.5b" \
+          > "$BEYOND_GPU_REPORT_DIR/model-1.5b.log" 2>&1 &
+        builder=$!
+      fi
       BEYOND_GPU_REQUIRE_KEPT=1 "$python" -m pytest -q -s -p no:cacheprovider -rA "$tests" -k "resume or async or delta" \
-        || rc=1 ;;
+        || rc=1
+      [ -z "$builder" ] || wait "$builder" || echo "checks.sh: the 1.5b model was not built (bench-1.5b builds it):" \
+        "$(tail -1 "$BEYOND_GPU_REPORT_DIR/model-1.5b.log")" ;;
     training) "$python" -m pytest -q -s -p no:cacheprovider -rA "$tests" || rc=1 ;;
     bench|bench-0.5b|bench-1.5b)
       sizes=(0.5b 1.5b); [ "$check" = bench ] || sizes=("${check#bench-}")
-      "$python" bench/gpu_rollout.py --sizes "${sizes[@]}" --out outputs/gpu-bench || rc=1
+      # the models in the state folder: bench-0.5b finds the one train-sync built
+      "$python" bench/gpu_rollout.py --sizes "${sizes[@]}" --models "$BEYOND_GPU_STATE/models" --out outputs/gpu-bench \
+        || rc=1
       cp outputs/gpu-bench/bench_gpu_rollout_*.json "$BEYOND_GPU_REPORT_DIR/" 2>/dev/null ;;
     *) echo "checks.sh: unknown check '$check' (valid: train-sync, train-async, training, bench, bench-0.5b, bench-1.5b)" >&2
        exit 2 ;;

@@ -64,13 +64,17 @@ def has_flash_attn_kernels() -> bool:
 
 
 def machine_overrides() -> list[str]:
-    """What this machine needs on top of a YAML: sdpa without flash-attn, verl_cpu's when rehearsing."""
-    if REHEARSE_ON_CPU:  # verl_cpu's overrides ask for sdpa and no remove-padding themselves
-        from verl_cpu.overrides import cpu_overrides
+    """What this machine needs on top of a YAML: sdpa without flash-attn and vLLM's worker in its engine core's
+    process on a GPU, verl_cpu's overrides when rehearsing."""
+    from verl_cpu.overrides import IN_PROCESS_WORKER, cpu_overrides
 
+    if REHEARSE_ON_CPU:  # verl_cpu's overrides ask for sdpa, no remove-padding and the in-process worker themselves
         overrides = cpu_overrides()
     else:
-        overrides = [] if has_flash_attn_kernels() else list(NO_FLASH_ATTN)
+        # verl 0.9.0 starts vLLM's worker in a process of its own (`mp`) even at TP 1: on the H200 (2026-11-28) that
+        # process took 25 s from the engine core's first line to its own. `uni`, vLLM's own choice at TP 1, runs it
+        # in the engine core's process (verl's worker extension reaches it the same way, through collective_rpc).
+        overrides = [IN_PROCESS_WORKER] + ([] if has_flash_attn_kernels() else list(NO_FLASH_ATTN))
     return overrides + shlex.split(os.environ.get("BEYOND_GPU_OVERRIDES", ""))
 
 
@@ -103,12 +107,18 @@ MODEL_SHAPE = os.environ.get("BEYOND_GPU_MODEL", "tiny")
 
 
 def model_overrides(state: Path) -> list[str]:
-    """The training checks' model path when a shaped model is asked for (`BEYOND_GPU_MODEL`), built on first use."""
+    """The training checks' model path when a shaped model is asked for (`BEYOND_GPU_MODEL`), built on first use
+    into the state folder's `models/<shape>`, where the rollout bench finds it too (`checks.sh bench-0.5b`)."""
     if MODEL_SHAPE == "tiny":
         return []
     from dev_tools.tiny_model import build_shaped_model
 
-    return [f"actor_rollout_ref.model.path={build_shaped_model(MODEL_SHAPE, state / f'model-{MODEL_SHAPE}')}"]
+    return [f"actor_rollout_ref.model.path={build_shaped_model(MODEL_SHAPE, state / 'models' / MODEL_SHAPE)}"]
+
+
+def launcher_options() -> list[str]:
+    """With a shaped model the YAML's tiny-model step would build a model nothing uses (15.2 s on the H200)."""
+    return [] if MODEL_SHAPE == "tiny" else ["--skip-prepare", "tiny_model"]
 
 
 @pytest.fixture(scope="session")
@@ -162,7 +172,7 @@ def launch(gpu_state: Path):
                         f"it: run its predecessor first on the same warm machine (docs/gpus.md)", pytrace=False)
         shutil.rmtree(root, ignore_errors=True)
         command = [sys.executable, "launcher.py", "--conf", yaml, "--with-envservice", "--backup-dir", str(root),
-                   "--", *model_overrides(gpu_state), *overrides, *machine_overrides()]
+                   *launcher_options(), "--", *model_overrides(gpu_state), *overrides, *machine_overrides()]
         environment = dict(os.environ)
         if REHEARSE_ON_CPU:
             from verl_cpu.overrides import CPU_ENV
