@@ -44,6 +44,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 REHEARSE_ON_CPU = os.environ.get("BEYOND_GPU_CHECKS_ON_CPU") == "1"
 
+from dev_tools.run_phases import phase_rows  # noqa: E402
 from dev_tools.tiny_model import SHAPES, build_shaped_model  # noqa: E402
 
 
@@ -59,6 +60,7 @@ def capture_sizes(concurrency: int) -> list[int]:
 def compose_config(args: argparse.Namespace, model_dir: Path, env_url: str, loop_config: Path) -> Any:
     """The recipe's config with verl's standalone rollout on one GPU, and the loop of (b) named."""
     from hydra import compose, initialize_config_dir
+    from verl_cpu.overrides import IN_PROCESS_WORKER
 
     from bench.verl_envservice_loop import AGENT_NAME
 
@@ -80,12 +82,15 @@ def compose_config(args: argparse.Namespace, model_dir: Path, env_url: str, loop
         f"beyond_agent.rounds.rounds={args.rounds}", f"beyond_agent.concurrency={args.rows * args.n}",
         f"actor_rollout_ref.rollout.max_num_seqs={args.rows * args.n}",
         f"actor_rollout_ref.rollout.cudagraph_capture_sizes=[{','.join(map(str, capture_sizes(args.rows * args.n)))}]",
+        # vLLM's worker in its engine core's process (vLLM's own choice at TP 1; verl asks for a process of its own,
+        # 25 s more start-up in the H200 call of 2026-11-28), the same server for both managers
+        IN_PROCESS_WORKER,
     ]
     if REHEARSE_ON_CPU:
         from verl_cpu.overrides import cpu_overrides
 
-        overrides += [override for override in cpu_overrides() if override.startswith(("actor_rollout_ref.rollout",
-                                                                                       "+actor_rollout_ref.rollout"))]
+        overrides += [override for override in cpu_overrides() if override != IN_PROCESS_WORKER
+                      and override.startswith(("actor_rollout_ref.rollout", "+actor_rollout_ref.rollout"))]
     with initialize_config_dir(config_dir=str(REPO_ROOT / "recipe/multiturn_rl/config"), version_base=None):
         return compose("beyond_agent_trainer", overrides=overrides)
 
@@ -175,6 +180,18 @@ def verl_llm_figures(output: Any, wall: float) -> dict[str, float]:
     return {"replies": replies, "seconds_per_reply": float(sum(output.non_tensor_batch["llm_s"])) / max(replies, 1)}
 
 
+class PhaseClock:
+    """When each phase of a bench call ended, in seconds from its start (issue #74: a device call's minutes are
+    planned from these)."""
+
+    def __init__(self) -> None:
+        self._started = time.perf_counter()
+        self.phases: list[tuple[str, float]] = []
+
+    def mark(self, phase: str) -> None:
+        self.phases.append((phase, round(time.perf_counter() - self._started, 1)))
+
+
 def bench_size(args: argparse.Namespace, size: str) -> dict[str, Any]:
     """Start everything for one model size, play warm-up and timed rollouts with both managers."""
     import ray
@@ -185,7 +202,9 @@ def bench_size(args: argparse.Namespace, size: str) -> dict[str, Any]:
     from beyond_agent.data import task_rows
 
     out = Path(args.out)
+    clock = PhaseClock()
     model_dir = build_shaped_model(size, Path(args.models) / size)
+    clock.mark("model built (or kept)")
     with EnvServiceProcess(["babyai"], log_path=out / f"envservice_{size}.log") as service:
         with EnvClient(service.url) as client:
             # Rows are layouts of one level, drawn by seed: BabyAI's train split is its 10 levels, so task numbers
@@ -194,9 +213,11 @@ def bench_size(args: argparse.Namespace, size: str) -> dict[str, Any]:
         loop_config = write_agent_loop_config(out / "agent_loops.yaml", args.rounds, args.tokens_per_turn,
                                               args.rows * args.n)
         config = compose_config(args, model_dir, service.url, loop_config)
+        clock.mark("envservice up, rows drawn")
         # verl's workers import bench/verl_envservice_loop.py: Ray's processes inherit this environment.
         os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])
         ray.init(num_gpus=1 if REHEARSE_ON_CPU else None, include_dashboard=False)
+        clock.mark("Ray up")
         try:
             from beyond_agent.rollout_manager import BeyondAgentLoopManager
             from verl.experimental.agent_loop import AgentLoopManager
@@ -204,9 +225,11 @@ def bench_size(args: argparse.Namespace, size: str) -> dict[str, Any]:
 
             started = time.perf_counter()
             servers = LLMServerManager.create(config=config)  # no worker group: standalone replicas
+            clock.mark("vLLM server up")
             client = servers.get_client()  # what verl's trainer hands any rollout manager
             verl_manager = AgentLoopManager.create(config=config, llm_client=client)
             ours = BeyondAgentLoopManager.create(config=config, llm_client=client)
+            clock.mark("both managers up")
             result: dict[str, Any] = {"size": size, "shape_of": SHAPES[size], "rows": args.rows, "n": args.n,
                                       "rounds": args.rounds, "tokens_per_turn": args.tokens_per_turn,
                                       "ignore_eos": not args.stop_at_eos,
@@ -224,11 +247,14 @@ def bench_size(args: argparse.Namespace, size: str) -> dict[str, Any]:
                         "verl": (verl_manager.generate_sequences, verl_llm_figures)}
             for name, (generate, llm_figures) in managers.items():  # warm-up: first requests, connections, envs
                 result[f"{name}_warmup"] = play(generate, rows_batch(rows, args.n), llm_figures)
+                clock.mark(f"{name}: warm-up played")
             for repeat in range(args.repeats):
                 for name in (("ours", "verl") if repeat % 2 == 0 else ("verl", "ours")):
                     generate, llm_figures = managers[name]
                     result[name].append(play(generate, rows_batch(rows, args.n), llm_figures))
+                    clock.mark(f"{name}: timed rollout {repeat + 1} played")
                     print(f"[gpu_rollout] {size} {name} #{repeat + 1}: {json.dumps(result[name][-1])}", flush=True)
+            result["phases"] = clock.phases
             return result
         finally:
             ray.shutdown()
@@ -252,6 +278,8 @@ def summary(result: dict[str, Any]) -> str:
                      f"{'-' if ratio is None else f'{ratio:.3f}'} |")
     lines.append(f"ours / verl: generated tokens/s {mean('ours', 'generated_tokens_per_s') / mean('verl', 'generated_tokens_per_s'):.2f}x, "
                  f"episodes/s {mean('ours', 'episodes_per_s') / mean('verl', 'episodes_per_s'):.2f}x")
+    if result.get("phases"):  # JSONs written before 2026-12-01 have none
+        lines += ["", f"where the {result['size']} call's time went:", *phase_rows(result["phases"])]
     return "\n".join(lines)
 
 

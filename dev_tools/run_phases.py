@@ -46,13 +46,19 @@ def step_times(lines: Iterable[tuple[float, str]]) -> dict[int, float]:
     return {int(match.group(1)): at for at, line in lines if (match := STEP.search(line))}
 
 
-def phase_table(lines: list[tuple[float, str]], title: str) -> str:
-    """The phases as a Markdown table (ended at, took), then each step's seconds."""
-    rows = [f"{title}", "", "| phase | ended at (s) | took (s) |", "|---|---|---|"]
+def phase_rows(phases: Iterable[tuple[str, float]]) -> list[str]:
+    """(phase, seconds from the start at which it ended) as a Markdown table: ended at, took."""
+    rows = ["| phase | ended at (s) | took (s) |", "|---|---|---|"]
     before = 0.0
-    for name, at in phase_times(lines):
+    for name, at in phases:
         rows.append(f"| {name} | {at:.1f} | {at - before:.1f} |")
         before = at
+    return rows
+
+
+def phase_table(lines: list[tuple[float, str]], title: str) -> str:
+    """The phases as a Markdown table (ended at, took), then each step's seconds."""
+    rows = [f"{title}", "", *phase_rows(phase_times(lines))]
     steps = step_times(lines)
     if steps:
         ordered = sorted(steps.items())
