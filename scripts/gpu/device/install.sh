@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Device side, sourced by run.sh: join the stashed chunks and this call's, check the tar's sha256, install the
-# wheels into /root/site once per warm machine, put the flash_attn stand-in beside them and set the environment.
-#   . scripts/gpu/device/install.sh CHUNK_DIR_OF_THIS_CALL
+# Device side, sourced by run.sh: join the stashed chunks and this call's, check the compressed tar's sha256, install
+# the wheels into /root/site once per warm machine, put the flash_attn stand-in beside them and set the environment.
+#   . scripts/gpu/device/install.sh [CHUNK_DIR_OF_THIS_CALL]   (none: a later call, the wheels already installed)
 # Returns 2, naming the chunks it lacks, when a stash call was skipped or the machine went cold between calls.
 # DEVICE_HOME (default /root) and PYTHON (default python3) are for the test of these scripts.
 device_home="${DEVICE_HOME:-/root}"
@@ -15,7 +15,8 @@ if [ -n "${1:-}" ]; then bash "$device_dir/stash.sh" "$1" >/dev/null || return 2
 sha="$(sed -n 's/^sha256 //p' "$stash/PARTS" 2>/dev/null)"
 parts="$(sed -n 's/^parts //p' "$stash/PARTS" 2>/dev/null)"
 if [ -z "$sha" ]; then
-  echo "install.sh: no chunk is on this machine: pass this call's chunk folder, carried with carry=[\".gpu/cN\"]" >&2
+  echo "install.sh: no chunk is on this machine (a fresh machine, or one given back since the stash calls): run the" \
+       "stash calls, then the first check carrying the last chunk (build_chunks.sh prints them)" >&2
   return 2
 fi
 if [ ! -f "$site/.installed-$sha" ]; then
@@ -26,15 +27,23 @@ if [ ! -f "$site/.installed-$sha" ]; then
          "was given back between calls): run bash scripts/gpu/device/stash.sh for each, back to back" >&2
     return 2
   fi
-  got="$(for n in $(seq 1 "$parts"); do cat "$stash/wheels.tar.$n"; done | tee "$device_home/wheels.tar" | sha256sum | cut -d' ' -f1)"
+  joined="$device_home/wheels.tar.xz"
+  got="$(for n in $(seq 1 "$parts"); do cat "$stash/wheels.tar.$n"; done | tee "$joined" | sha256sum | cut -d' ' -f1)"
   if [ "$got" != "$sha" ]; then
-    rm -f "$device_home/wheels.tar"
+    rm -f "$joined"
     echo "install.sh: the joined chunks' sha256 is $got, not $sha (parts of two builds?): build the chunks again" \
          "and stash every one" >&2
     return 2
   fi
   rm -rf "$device_home/wheels" "$site"
-  tar -C "$device_home" -xf "$device_home/wheels.tar" && rm -f "$device_home/wheels.tar"
+  # One xz stream of the stored wheels (build_chunks.sh), decompressed on all cores; Python's lzma where the image
+  # has no xz.
+  unpacked_at=$(date +%s)
+  if command -v xz >/dev/null; then xz -dc -T0 "$joined" | tar -C "$device_home" -x
+  else "$python" -c 'import lzma, sys, tarfile; tarfile.open(fileobj=lzma.open(sys.argv[1])).extractall(sys.argv[2], filter="data")' \
+         "$joined" "$device_home"; fi
+  rm -f "$joined"
+  echo "install.sh: wheels unpacked in $(( $(date +%s) - unpacked_at )) s"
   "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" "$device_home"/wheels/*.whl \
     2>&1 | grep -v -i "target directory" | tail -5
   installed=$(find "$site" -maxdepth 1 -name '*.dist-info' | wc -l)

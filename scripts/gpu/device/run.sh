@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# Device side, the last call: install the carried wheels (install.sh), record the machine, then run a command
-# from the project root with its output teed to $OUT/log.
-#   bash scripts/gpu/device/run.sh .gpu/cN -- COMMAND [ARGS...]
+# Device side, each check's call: install the wheels from the stashed chunks and the carried last one (install.sh;
+# once per warm machine), record the machine, then run a command from the project root with its output teed to
+# $OUT/log.
+#   bash scripts/gpu/device/run.sh .gpu/cN -- COMMAND [ARGS...]   the first check, carrying the last chunk
+#   bash scripts/gpu/device/run.sh -- COMMAND [ARGS...]           the later ones, carrying nothing
 # $OUT/machine.txt gets nvidia-smi's line and the image's own packages (pip freeze, before ours are on the path),
 # which is what scripts/gpu/device/wheels.txt is chosen against.
 set -uo pipefail
-chunk="${1:?usage: run.sh CHUNK_DIR -- COMMAND [ARGS...]}"; shift
+[ $# -gt 0 ] || { echo "usage: run.sh [CHUNK_DIR] -- COMMAND [ARGS...]" >&2; exit 2; }
+chunk=""
+if [ "$1" != "--" ]; then chunk="$1"; shift; fi
 [ "${1:-}" = "--" ] && shift
 [ $# -gt 0 ] || { echo "run.sh: no command after --" >&2; exit 2; }
 cd "$(dirname "${BASH_SOURCE[0]}")/../../.."
