@@ -122,8 +122,8 @@ while read -r checks expected limit; do
     echo "  run(command=\"bash scripts/gpu/device/run.sh -- bash scripts/gpu/checks.sh $checks\", timeout_s=$limit)   # ~${expected} s"
   fi
 done <<'CALLS'
-train-sync 240 300
-train-async 190 300
-bench-0.5b 180 300
-bench-1.5b 195 300
+train-sync 235 300
+train-async 175 300
+bench-0.5b 155 300
+bench-1.5b 180 300
 CALLS
