@@ -3,11 +3,16 @@
 #
 #   bash scripts/gpu/lock.sh           write the lock again (after changing REQUIRED_VERL.txt, pyproject.toml
 #                                      or EXCLUDE_NEWER below)
-#   bash scripts/gpu/lock.sh --check   resolve again and fail when the result differs from the committed lock
-#                                      (the resolve-only check the test suite runs; needs PyPI, no GPU)
+#   bash scripts/gpu/lock.sh --check   fail unless the committed lock is still a full resolution of the inputs
+#                                      and every pin has a wheel (the resolve-only check the test suite runs;
+#                                      needs PyPI, no GPU)
 #
 # Resolved on any machine for the GPU machines' platform (uv's --python-platform / --python-version), from
-# PyPI as of EXCLUDE_NEWER, so the same inputs always give the same lock. The inputs: verl's release from
+# PyPI as of EXCLUDE_NEWER. The check does not ask for today's resolution to equal the lock: releases keep
+# appearing on the index with upload times before EXCLUDE_NEWER (ml-dtypes 0.7.0, stamped 2026-11-16, was not
+# there when the lock was last written, on 2026-11-28, and a fresh resolution took it), so equality failed CI on an
+# unchanged lock. It resolves the inputs with the lock's pins as constraints and asks for exactly the lock back:
+# a pin the inputs no longer admit fails the resolution, and a pin missing or no longer needed shows in the diff. The inputs: verl's release from
 # beyond_agent/REQUIRED_VERL.txt with its vllm and gpu extras, and our own dependencies with the gpu, test
 # and envs extras.
 set -euo pipefail
@@ -38,15 +43,22 @@ trap 'rm -rf "$work"' EXIT
 echo "verl[vllm,gpu]==${verl_version}" > "$work/verl.in"
 
 # No annotations: they name the temporary input file, and the check compares the whole file.
-"${uv[@]}" pip compile pyproject.toml "$work/verl.in" scripts/gpu/pins.txt --extra gpu --extra test --extra envs \
-  --python-platform "$PLATFORM" --python-version "$PYTHON_VERSION" --exclude-newer "$EXCLUDE_NEWER" \
-  --no-annotate --custom-compile-command "bash scripts/gpu/lock.sh" --quiet -o "$work/requirements.lock"
+resolve() {  # resolve the inputs into $work/requirements.lock; extra arguments go to uv (the check's constraints)
+  "${uv[@]}" pip compile pyproject.toml "$work/verl.in" scripts/gpu/pins.txt --extra gpu --extra test --extra envs \
+    --python-platform "$PLATFORM" --python-version "$PYTHON_VERSION" --exclude-newer "$EXCLUDE_NEWER" \
+    --no-annotate --custom-compile-command "bash scripts/gpu/lock.sh" --quiet -o "$work/requirements.lock" "$@"
+}
+stale="run bash scripts/gpu/lock.sh and commit it"
 
 if [ "$mode" = write ]; then
+  resolve
   cp "$work/requirements.lock" "$LOCK"
   echo "lock.sh: wrote $LOCK ($(grep -c '==' "$LOCK") pins; platform $PLATFORM, Python $PYTHON_VERSION, PyPI as of $EXCLUDE_NEWER)"
+elif ! resolve --constraint "$LOCK"; then
+  echo "lock.sh: $LOCK is not a resolution of the inputs (uv says why above); $stale" >&2
+  exit 1
 elif ! diff -u "$LOCK" "$work/requirements.lock"; then
-  echo "lock.sh: $LOCK differs from a fresh resolution (above); run bash scripts/gpu/lock.sh and commit it" >&2
+  echo "lock.sh: $LOCK is not a full resolution of the inputs (+ a pin it lacks, - one no longer needed); $stale" >&2
   exit 1
 else
   no_binary=()
