@@ -18,6 +18,7 @@ from typing import Any, Callable, ClassVar, Mapping
 
 from beyond_agent.algorithms.estimators import is_group_based
 from beyond_agent.algorithms.gigpo import GiGPOConfig
+from beyond_agent.algorithms.target_kl import check_target_kl
 from beyond_agent.multitask import MultitaskConfig
 from beyond_agent.rollout.async_pool import AsyncRolloutConfig
 from beyond_agent.rollout.episode_loop import EpisodeConfig
@@ -136,10 +137,14 @@ class BeyondAgentSectionConfig:
     """Which sampled episodes are written to disk."""
     integrity: IntegrityConfig = IntegrityConfig()
     """Monitors that warn or stop the run when its learning signal looks broken (`beyond_agent/integrity.py`)."""
+    target_kl: float | None = None
+    """A step's actor updates stop once the policy drifted this far (KL) from the one that sampled the batch
+    (`beyond_agent/algorithms/target_kl.py`); None: every update runs."""
 
     def __post_init__(self) -> None:
         _check_val_max_rounds(self.val_max_rounds)
         _check_sampling_seed(self.sampling_seed)
+        check_target_kl(self.target_kl)
         if self.rollout_mode not in ROLLOUT_MODES:
             raise ValueError(f"beyond_agent.rollout_mode={self.rollout_mode!r} is not valid; choose one of "
                              f"{', '.join(ROLLOUT_MODES)}")

@@ -6,6 +6,7 @@
 - `PlayedRowLoader`: the train dataloader `fit()` iterates in async mode and with dynamic sampling;
 - `wrap_weight_sync`: the host lock, the async version gate and the sync's metrics around verl's weight sync;
 - `freeze_long_lived_heaps`: the garbage collector stops walking what the training processes hold for good;
+- `install_target_kl`, `target_kl_figures`: the target-KL stop of the actor's updates, in every actor worker;
 - `log_prob_gap_metrics`, `align_total_epochs`, `write_curves_beside_metrics`: metrics and fixes of the run.
 
 The recipe's trainer (recipe/multiturn_rl/trainer.py) fills the hooks of `beyond_agent.seams.trainer.TrainerSeams`
@@ -26,6 +27,7 @@ import ray
 import torch
 from omegaconf import open_dict
 
+from beyond_agent.algorithms import target_kl
 from beyond_agent.integrity import ServedWeightsMonitor, ServedWeightsWatch, token_log_prob_gaps
 from beyond_agent.rollout.async_pool import RowsInPlay
 from beyond_agent.rollout.batch import SegmentRows
@@ -306,6 +308,23 @@ def freeze_long_lived_heaps(checkpoint_manager: Any) -> dict[str, list[int]]:
     print("[beyond_agent] long-lived heaps frozen (gc.freeze; objects): "
           + ", ".join(f"{where} {counts}" for where, counts in frozen.items()), flush=True)
     return frozen
+
+
+def install_target_kl(checkpoint_manager: Any, target: float) -> None:
+    """`beyond_agent.target_kl`: the stop of a step's actor updates past that drift, in every actor worker
+    (`beyond_agent.algorithms.target_kl`)."""
+    workers = checkpoint_manager.actor_wg.workers
+    ray.get([worker.__ray_call__.remote(target_kl.install, target) for worker in workers])
+    print(f"[beyond_agent] target-KL stop: a step's actor updates stop past a drift of {target} from the sampling "
+          f"policy ({len(workers)} actor workers)", flush=True)
+
+
+def target_kl_figures(checkpoint_manager: Any) -> dict[str, float]:
+    """The target-KL stop's figures of the step just trained, from every actor worker (each starts the next step
+    afresh); the ranks decide alike, so the first rank's figures are the step's."""
+    figures = ray.get([worker.__ray_call__.remote(target_kl.take_step_figures)
+                       for worker in checkpoint_manager.actor_wg.workers])
+    return figures[0]
 
 
 def interrupt_servers(servers: list[Any]) -> None:

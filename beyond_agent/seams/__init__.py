@@ -89,6 +89,9 @@ _WEIGHT_RECEIVER = "a weight-receiver plugin in verl's rollout worker"
 _SERVED_ADAPTER = "beyond_agent.weights.vllm_extension:active_adapter_changes"
 _SERVED_GETTER = "a public getter of the adapter a vLLM engine serves"
 _TRAINED_MODULE = "beyond_agent.weights.fingerprint:training_module"
+_ACTOR_WORKER = "beyond_agent.weights.fingerprint:actor_training_worker"
+_TARGET_KL = "beyond_agent.algorithms.target_kl"
+_KL_STOP = "a target-KL stop of the actor's mini-batch updates in verl (SB3's target_kl)"
 _TRAINED_DIGEST = "a weights-digest method on verl's actor worker"
 _UVICORN = "uvicorn.protocols.http.httptools_impl:HttpToolsProtocol"
 _GUARD = "envservice.transport:GuardedHttpToolsProtocol"
@@ -191,11 +194,26 @@ SEAMS: tuple[Seam, ...] = (
          "the test hook that serves the base in place of the adapter (BEYOND_LORA_SERVE_BASE_SYNC)", _SERVED_GETTER),
     Seam("verl.single_controller.ray.base:create_colocated_worker_cls", READ, _TRAINED_MODULE,
          "the colocated worker it makes keeps each role's worker in `worker_dict`", _TRAINED_DIGEST),
-    Seam("verl.workers.engine_workers:ActorRolloutRefWorker.actor", READ, _TRAINED_MODULE,
+    Seam("verl.workers.engine_workers:ActorRolloutRefWorker.actor", READ, _ACTOR_WORKER,
          "the actor's training worker, on each actor rank (Ray's __ray_call__)", _TRAINED_DIGEST,
          instance_attribute=True),
-    Seam("verl.workers.engine_workers:TrainingWorker.engine", READ, _TRAINED_MODULE, "its training engine",
+    Seam("verl.workers.engine_workers:TrainingWorker.engine", READ, _ACTOR_WORKER, "its training engine",
          _TRAINED_DIGEST, instance_attribute=True),
+    # --- the target-KL stop: a step's actor updates stop once the policy drifted past beyond_agent.target_kl ---------
+    Seam(f"{_TRAINING_WORKER}.loss_fn", READ, f"{_TARGET_KL}:install",
+         "the actor's loss (verl's ppo_loss), wrapped to measure each trained micro-batch's drift", _KL_STOP,
+         instance_attribute=True),
+    Seam(f"{_TRAINING_WORKER}.set_loss_fn", READ, f"{_TARGET_KL}:install", "the measuring loss put in its place",
+         _KL_STOP, called_with=("loss_fn",)),
+    Seam("verl.workers.engine.fsdp.transformer_impl:FSDPEngine.optimizer_step", PATCH, f"{_TARGET_KL}:TargetKLStop.guard",
+         "replaced on the instance: an update past the target is skipped (verl's loop over mini-batches has no exit)",
+         _KL_STOP),
+    Seam("verl.workers.engine.fsdp.transformer_impl:FSDPEngine.optimizer_zero_grad", READ,
+         f"{_TARGET_KL}:TargetKLStop.guard", "a skipped update's gradients are dropped", _KL_STOP),
+    Seam("verl.workers.engine.fsdp.transformer_impl:FSDPEngine.get_data_parallel_group", READ,
+         f"{_TARGET_KL}:TargetKLStop._mini_batch_drift", "every data-parallel rank's drift in one all-reduce", _KL_STOP),
+    Seam("verl.workers.utils.padding:no_padding_2_padding", READ, f"{_TARGET_KL}:TargetKLStop._add",
+         "the response tokens' log-probs in the layout of old_log_probs, as verl's ppo_loss reads them", _KL_STOP),
     Seam("verl.workers.engine.fsdp.transformer_impl:FSDPEngine.module", READ, _TRAINED_MODULE,
          "the trained (FSDP-sharded, PEFT-wrapped) module whose local shards are summed", _TRAINED_DIGEST,
          instance_attribute=True),

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 
@@ -91,15 +92,20 @@ WEIGHTS_RTOL = 1e-9
 
 # ----- the trainer's side: run on each actor worker (Ray's `__ray_call__`) -------------------------------------------
 
-def training_module(worker) -> torch.nn.Module:
-    """The actor's training module inside a verl worker actor: the worker itself, or the actor role of verl's
-    colocated worker (`worker_dict`)."""
+def actor_training_worker(worker) -> Any:
+    """The actor's training worker (verl's TrainingWorker) inside a verl worker actor: the worker's own `actor`, or
+    that of the actor role of verl's colocated worker (`worker_dict`)."""
     candidates = [worker, *getattr(worker, "worker_dict", {}).values()]
     for candidate in candidates:
-        module = getattr(getattr(getattr(candidate, "actor", None), "engine", None), "module", None)
-        if isinstance(module, torch.nn.Module):
-            return module
+        actor = getattr(candidate, "actor", None)
+        if isinstance(getattr(getattr(actor, "engine", None), "module", None), torch.nn.Module):
+            return actor
     raise RuntimeError(f"no actor training module (worker.actor.engine.module) on {type(worker).__name__}")
+
+
+def training_module(worker) -> torch.nn.Module:
+    """The actor's training module inside a verl worker actor (`actor_training_worker`)."""
+    return actor_training_worker(worker).engine.module
 
 
 def _first_rank() -> bool:

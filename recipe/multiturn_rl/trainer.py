@@ -53,9 +53,10 @@ from beyond_agent.rollout.batch import add_segment_rows
 from beyond_agent.run_folder import METRICS_PATH_VARIABLE
 from beyond_agent.seams.trainer import TrainerSeams
 from beyond_agent.settings import BeyondAgentConfig
-from beyond_agent.training import (PlayedRowLoader, align_total_epochs, freeze_long_lived_heaps, metrics_source,
-                                   log_prob_gap_metrics, prepare_verl_config, resumed_checkpoint_folder,
-                                   wrap_weight_sync, write_curves_beside_metrics)
+from beyond_agent.training import (PlayedRowLoader, align_total_epochs, freeze_long_lived_heaps, install_target_kl,
+                                   log_prob_gap_metrics, metrics_source, prepare_verl_config,
+                                   resumed_checkpoint_folder, target_kl_figures, wrap_weight_sync,
+                                   write_curves_beside_metrics)
 from beyond_agent.verl_pin import ensure_pinned_verl
 
 
@@ -89,6 +90,8 @@ class BeyondAgentTrainer(TrainerSeams):
         its weight sync (`wrap_weight_sync`)."""
         super().init_workers()
         freeze_long_lived_heaps(self.checkpoint_manager)
+        if self.beyond_config.target_kl is not None:
+            install_target_kl(self.checkpoint_manager, self.beyond_config.target_kl)
         rollout = self.async_rollout_manager if self.beyond_config.is_async else None
         served = ServedWeightsMonitor(self.beyond_config.integrity.served_weights, self.config.actor_rollout_ref.rollout)
         wrap_weight_sync(self.checkpoint_manager, rollout, self.lora_plan, self._take_actor_output, served)
@@ -184,7 +187,10 @@ class BeyondAgentTrainer(TrainerSeams):
         return metrics
 
     def after_actor_update(self, output: Any) -> None:
-        """The next weight sync's metrics join this update's metrics (`wrap_weight_sync`)."""
+        """The target-KL stop's figures join this update's metrics (`beyond_agent.target_kl`), and the next weight
+        sync's will (`wrap_weight_sync`)."""
+        if self.beyond_config.target_kl is not None:
+            output.meta_info["metrics"].update(target_kl_figures(self.checkpoint_manager))
         self._last_actor_output = output
 
     def _take_actor_output(self) -> Any | None:

@@ -94,6 +94,10 @@ ASYNC_M2PO_GIGPO = [
 dynamic-sampling budget."""
 
 
+TARGET_KL_STOP = ["actor_rollout_ref.actor.ppo_epochs=2", "beyond_agent.target_kl=1e-6"]
+"""The first run's target-KL stop: two passes over each step's one mini-batch, the second past the target."""
+
+
 @pytest.fixture(scope="module")
 def babyai_data(trainer_envservice, tmp_path_factory) -> tuple[Path, Path]:
     return write_task_files("babyai", tmp_path_factory.mktemp("lora_data"), [0, 1, 2, 3], [0, 1],
@@ -105,7 +109,8 @@ def lora_run(training_run, trainer_envservice, babyai_data, tmp_path_factory):
     """The first run: sync GRPO with LoRA, dynamic sampling and the adaptive horizon, steps 1-2."""
     workdir = tmp_path_factory.mktemp("lora")
     run = training_run(workdir / "run", overrides(babyai_data, trainer_envservice.url, steps=2) + [
-        "beyond_agent.integrity.served_weights.action=warn"],  # its last sync serves the base (no rollout uses it)
+        "beyond_agent.integrity.served_weights.action=warn",  # its last sync serves the base (no rollout uses it)
+        *TARGET_KL_STOP],
         env={"BEYOND_LORA_SERVED_DUMP": str(workdir / "served_first"), "BEYOND_LORA_SERVE_BASE_SYNC": "2"})
     # What the resumed run, in the same folder, overwrites.
     run.kept["latest_checkpoint"] = (run.run_dir / "latest_checkpointed_iteration.txt").read_text().strip()
@@ -197,6 +202,19 @@ def test_the_log_prob_drift_monitor_stays_quiet_on_a_healthy_run(lora_run):
         assert metrics["beyond_agent/integrity/log_prob_drift"] == 0.0
         assert 0.0 < metrics["beyond_agent/integrity/mean_log_prob_gap"] < 0.1
     assert "token log-probs are" not in lora_run.output
+
+
+def test_the_target_kl_stop_skips_each_steps_update_after_the_policy_moved(lora_run):
+    """`beyond_agent.target_kl` in verl's actor (TARGET_KL_STOP): before each step's first update the drift is the
+    recomputed old log-probs' own, under 1e-6; the first update (lr 1e-2 on the adapter) moves the policy past it,
+    so the second epoch's update is skipped, and the next step starts afresh."""
+    assert ("[beyond_agent] target-KL stop: a step's actor updates stop past a drift of 1e-06 from the sampling policy "
+            "(1 actor workers)") in lora_run.output
+    for step in (1, 2):
+        metrics = lora_run.metrics[step]
+        assert metrics["beyond_agent/target_kl/updates"] == 2.0
+        assert metrics["beyond_agent/target_kl/updates_skipped"] == 1.0, metrics["beyond_agent/target_kl/kl_max"]
+        assert metrics["beyond_agent/target_kl/kl_max"] > 1e-6
 
 
 def test_the_served_weights_monitor_names_the_sync_that_served_the_base_in_place_of_the_adapter(lora_run):
