@@ -12,6 +12,7 @@ import torch
 from tensordict import TensorDict
 
 from beyond_agent.algorithms.target_kl import METRIC, TargetKLStop, check_target_kl, drift_sum
+from beyond_agent.settings import BeyondAgentConfig
 
 LN2 = math.log(2.0)
 
@@ -115,3 +116,15 @@ def test_a_target_that_is_not_a_positive_number_is_refused_naming_the_key(bad):
         check_target_kl(bad)
     check_target_kl(None)
     check_target_kl(0.05)
+
+
+def test_the_run_s_settings_read_the_target_and_refuse_a_bad_one():
+    config = {"beyond_agent": {"env": {"url": "http://127.0.0.1:8000"}, "target_kl": 0.05},
+              "data": {"max_prompt_length": 256, "max_response_length": 512},
+              "actor_rollout_ref": {"rollout": {"temperature": 1.0}}}
+    assert BeyondAgentConfig.from_config(config).target_kl == 0.05
+    config["beyond_agent"]["target_kl"] = 0
+    with pytest.raises(ValueError, match=r"beyond_agent\.target_kl=0 is not valid"):
+        BeyondAgentConfig.from_config(config)
+    config["beyond_agent"].pop("target_kl")
+    assert BeyondAgentConfig.from_config(config).target_kl is None  # off unless set
