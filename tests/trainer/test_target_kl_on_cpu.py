@@ -126,5 +126,10 @@ def test_the_run_s_settings_read_the_target_and_refuse_a_bad_one():
     config["beyond_agent"]["target_kl"] = 0
     with pytest.raises(ValueError, match=r"beyond_agent\.target_kl=0 is not valid"):
         BeyondAgentConfig.from_config(config)
+    config["beyond_agent"]["target_kl"] = 0.05
+    config["actor_rollout_ref"]["actor"] = {"strategy": "megatron"}
+    with pytest.raises(ValueError, match=r"beyond_agent\.target_kl needs actor_rollout_ref\.actor\.strategy in "
+                                         r"fsdp, fsdp2, got 'megatron'"):
+        BeyondAgentConfig.from_config(config)
     config["beyond_agent"].pop("target_kl")
-    assert BeyondAgentConfig.from_config(config).target_kl is None  # off unless set
+    assert BeyondAgentConfig.from_config(config).target_kl is None  # off unless set (and then any strategy)
