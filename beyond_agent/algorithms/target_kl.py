@@ -4,6 +4,9 @@ the batch (Stable-Baselines3's `target_kl`, Spinning Up's early stop of PPO's up
 Why: PPO's clip bounds each token's ratio inside one update's objective, not how far several updates in a row take
 the policy. On BabyAI at lr 1e-3 (issue #71) one seed of five ran away within a step (verl's `actor/ppo_kl` 0.21,
 then 0.86, where the other seeds stayed at or below 0.021) and lost its lift; the healthy steps are left as they are.
+What it does not do, measured on that env (docs/benchmarks.md, 2026-12-02): one update can take the policy far past
+any target (0.05 -> 1.39 at lr 3e-3), so the stop bounds how many updates follow a runaway, not how far one goes, and
+after one it can leave a step a single large update. Off by default.
 
 How, in each actor worker (installed once by `install`, through Ray's `__ray_call__`):
 - the actor's loss function is wrapped so that every micro-batch it trains on also measures the drift of its tokens,
