@@ -18,7 +18,7 @@ from typing import Any, Callable, ClassVar, Mapping
 
 from beyond_agent.algorithms.estimators import is_group_based
 from beyond_agent.algorithms.gigpo import GiGPOConfig
-from beyond_agent.algorithms.target_kl import check_target_kl
+from beyond_agent.algorithms.target_kl import check_target_kl, check_target_kl_strategy
 from beyond_agent.multitask import MultitaskConfig
 from beyond_agent.rollout.async_pool import AsyncRolloutConfig
 from beyond_agent.rollout.episode_loop import EpisodeConfig
@@ -183,7 +183,8 @@ class BeyondAgentConfig(BeyondAgentSectionConfig):
         group_based = is_group_based(adv_estimator)
         _check_dynamic_sampling(config, section.dynamic_sampling, group_based)
         _check_rollout_engine(config, section.rollout_mode)
-        _check_target_kl_engine(config, section.target_kl)
+        check_target_kl_strategy(section.target_kl, _get(_get(_get(config, "actor_rollout_ref"), "actor"), "strategy",
+                                                          "fsdp"))
         written = {field.name: getattr(section, field.name) for field in fields(section)}
         return cls(**{**written, "tasks": TaskTable.from_config(section.tasks)},
                    episode=_named(EpisodeConfig, **_episode_limits(config, section)),
@@ -255,20 +256,6 @@ def _check_rollout_engine(config: Any, mode: str) -> None:
         # are still generating then.
         raise ValueError("beyond_agent.rollout_mode=async needs actor_rollout_ref.rollout.free_cache_engine=false "
                          "(the rollout server must keep serving while the actor trains)")
-
-
-TARGET_KL_STRATEGIES = ("fsdp", "fsdp2")
-"""The actor strategies the target-KL stop is written for: every rank computes the loss of its own tokens, so one
-all-reduce over the data-parallel group gives every rank the same drift (with pipeline stages only the last would)."""
-
-
-def _check_target_kl_engine(config: Any, target_kl: float | None) -> None:
-    """`beyond_agent.target_kl` against the actor's strategy."""
-    strategy = _get(_get(_get(config, "actor_rollout_ref"), "actor"), "strategy", "fsdp")
-    if target_kl is not None and strategy not in TARGET_KL_STRATEGIES:
-        raise ValueError(f"beyond_agent.target_kl needs actor_rollout_ref.actor.strategy in "
-                         f"{', '.join(TARGET_KL_STRATEGIES)}, got {strategy!r}: its stop decides from every "
-                         "data-parallel rank's own loss tokens, which pipeline stages do not all see")
 
 
 def _check_val_max_rounds(value: Any) -> None:

@@ -43,6 +43,19 @@ def check_target_kl(target_kl: float | None) -> None:
                          "e.g. 0.05 (the KL from the sampling policy past which a step's actor updates stop)")
 
 
+TARGET_KL_STRATEGIES = ("fsdp", "fsdp2")
+"""The actor strategies the stop is written for: every rank computes the loss of its own tokens, so one all-reduce
+over the data-parallel group gives every rank the same drift (with pipeline stages only the last would)."""
+
+
+def check_target_kl_strategy(target_kl: float | None, strategy: str) -> None:
+    """`beyond_agent.target_kl` against the actor's strategy (`actor_rollout_ref.actor.strategy`)."""
+    if target_kl is not None and strategy not in TARGET_KL_STRATEGIES:
+        raise ValueError(f"beyond_agent.target_kl needs actor_rollout_ref.actor.strategy in "
+                         f"{', '.join(TARGET_KL_STRATEGIES)}, got {strategy!r}: its stop decides from every "
+                         "data-parallel rank's own loss tokens, which pipeline stages do not all see")
+
+
 def drift_sum(log_prob: torch.Tensor, old_log_prob: torch.Tensor, mask: torch.Tensor) -> tuple[float, int]:
     """The sum over the masked tokens of k3 = r - 1 - log r (r = exp(log_prob - old_log_prob)), and their count."""
     log_ratio = (log_prob.detach() - old_log_prob.detach()).to(torch.float64)[mask.to(torch.bool)]

@@ -12,9 +12,9 @@
 # appearing on the index with upload times before EXCLUDE_NEWER (ml-dtypes 0.7.0, stamped 2026-11-16, was not
 # there when the lock was last written, on 2026-11-28, and a fresh resolution took it), so equality failed CI on an
 # unchanged lock. It resolves the inputs with the lock's pins as constraints and asks for exactly the lock back:
-# a pin the inputs no longer admit fails the resolution, and a pin missing or no longer needed shows in the diff. The inputs: verl's release from
-# beyond_agent/REQUIRED_VERL.txt with its vllm and gpu extras, and our own dependencies with the gpu, test
-# and envs extras.
+# a pin the inputs no longer admit fails the resolution, and a pin missing or no longer needed shows in the diff.
+# The inputs: verl's release from beyond_agent/REQUIRED_VERL.txt with its vllm and gpu extras, and our own
+# dependencies with the gpu, test and envs extras.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
