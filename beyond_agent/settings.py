@@ -18,7 +18,7 @@ from typing import Any, Callable, ClassVar, Mapping
 
 from beyond_agent.algorithms.estimators import is_group_based
 from beyond_agent.algorithms.gigpo import GiGPOConfig
-from beyond_agent.algorithms.target_kl import check_target_kl, check_target_kl_strategy
+from beyond_agent.algorithms.target_kl import check_target_kl, check_target_kl_backtrack, check_target_kl_strategy
 from beyond_agent.multitask import MultitaskConfig
 from beyond_agent.rollout.async_pool import AsyncRolloutConfig
 from beyond_agent.rollout.episode_loop import EpisodeConfig
@@ -140,11 +140,15 @@ class BeyondAgentSectionConfig:
     target_kl: float | None = None
     """A step's actor updates stop once the policy drifted this far (KL) from the one that sampled the batch
     (`beyond_agent/algorithms/target_kl.py`); None: every update runs."""
+    target_kl_backtrack: bool = False
+    """Each actor update is also measured right after it: one past `target_kl` is halved until within it, or undone
+    (`beyond_agent/algorithms/target_kl.py`)."""
 
     def __post_init__(self) -> None:
         _check_val_max_rounds(self.val_max_rounds)
         _check_sampling_seed(self.sampling_seed)
         check_target_kl(self.target_kl)
+        check_target_kl_backtrack(self.target_kl, self.target_kl_backtrack)
         if self.rollout_mode not in ROLLOUT_MODES:
             raise ValueError(f"beyond_agent.rollout_mode={self.rollout_mode!r} is not valid; choose one of "
                              f"{', '.join(ROLLOUT_MODES)}")

@@ -310,13 +310,14 @@ def freeze_long_lived_heaps(checkpoint_manager: Any) -> dict[str, list[int]]:
     return frozen
 
 
-def install_target_kl(checkpoint_manager: Any, target: float) -> None:
+def install_target_kl(checkpoint_manager: Any, target: float, backtrack: bool) -> None:
     """`beyond_agent.target_kl`: the stop of a step's actor updates past that drift, in every actor worker
-    (`beyond_agent.algorithms.target_kl`)."""
+    (`beyond_agent.algorithms.target_kl`); with `target_kl_backtrack`, each update past it halved or undone."""
     workers = checkpoint_manager.actor_wg.workers
-    ray.get([worker.__ray_call__.remote(target_kl.install, target) for worker in workers])
+    ray.get([worker.__ray_call__.remote(target_kl.install, target, backtrack) for worker in workers])
+    bound = "; each update past it halved until within it, or undone" if backtrack else ""
     print(f"[beyond_agent] target-KL stop: a step's actor updates stop past a drift of {target} from the sampling "
-          f"policy ({len(workers)} actor workers)", flush=True)
+          f"policy{bound} ({len(workers)} actor workers)", flush=True)
 
 
 def target_kl_figures(checkpoint_manager: Any) -> dict[str, float]:

@@ -8,6 +8,13 @@ What it does not do, measured on that env (docs/benchmarks.md, 2026-12-02): one 
 any target (0.05 -> 1.39 at lr 3e-3), so the stop bounds how many updates follow a runaway, not how far one goes, and
 after one it can leave a step a single large update. Off by default.
 
+`beyond_agent.target_kl_backtrack` bounds each update as well: every update taken is measured right after it, on its
+own mini-batch (one forward pass without gradients), and an update that took the policy past the target is halved
+until it is within it (a line search on the optimizer's step, as TRPO's backtracking on its own), at most
+MAX_HALVINGS times, and undone if even that is too far; a step whose update had to be cut back takes no further
+update. The optimizer's state (Adam's moments) keeps the gradient it saw: only the step it took is shortened. Its cost
+is one forward pass per update, one more per halving, and one copy of the trained parameters (this rank's shards).
+
 How, in each actor worker (installed once by `install`, through Ray's `__ray_call__`):
 - the actor's loss function is wrapped so that every micro-batch it trains on also measures the drift of its tokens,
   k3 = r - 1 - log r with r = π_θ / π_old (non-negative per token, unbiased for KL(π_old ‖ π_θ) over tokens sampled
@@ -17,8 +24,12 @@ How, in each actor worker (installed once by `install`, through Ray's `__ray_cal
   the target, that update and the step's remaining ones are skipped (their gradients zeroed, no optimizer step; the
   grad norm verl logs for a skipped update is 0). The forward and backward passes of the skipped mini-batches still
   run (verl's loop over mini-batches has no exit); the learning-rate schedule advances as before.
+- with backtracking, the engine's `train_batch` is wrapped: it copies the trained parameters before the update, and
+  after it runs the mini-batch again through the engine's `infer_batch` with a loss that only measures;
 - after each actor update the trainer takes each step's figures (`take_step_figures`): `beyond_agent/target_kl/`
-  `kl_max` (the largest drift measured before an update), `updates` and `updates_skipped`.
+  `kl_max` (the largest drift measured before an update), `updates` and `updates_skipped`; with backtracking also
+  `kl_after_max` (the largest drift right after an update, before any halving), `kl_kept_max` (after it), `halvings`
+  and `updates_undone`.
 """
 
 from __future__ import annotations
@@ -34,6 +45,9 @@ from beyond_agent.weights.fingerprint import actor_training_worker
 
 METRIC = "beyond_agent/target_kl/"
 
+MAX_HALVINGS = 4
+"""How many times backtracking halves an update past the target before it undoes it (1/16 is the least it keeps)."""
+
 
 def check_target_kl(target_kl: float | None) -> None:
     """`beyond_agent.target_kl` is null (off) or a positive number."""
@@ -46,6 +60,15 @@ def check_target_kl(target_kl: float | None) -> None:
 TARGET_KL_STRATEGIES = ("fsdp", "fsdp2")
 """The actor strategies the stop is written for: every rank computes the loss of its own tokens, so one all-reduce
 over the data-parallel group gives every rank the same drift (with pipeline stages only the last would)."""
+
+
+def check_target_kl_backtrack(target_kl: float | None, backtrack: Any) -> None:
+    """`beyond_agent.target_kl_backtrack` is a boolean, and true only beside a target."""
+    if not isinstance(backtrack, bool):
+        raise ValueError(f"beyond_agent.target_kl_backtrack={backtrack!r} is not valid; choose true or false")
+    if backtrack and target_kl is None:
+        raise ValueError("beyond_agent.target_kl_backtrack=true needs beyond_agent.target_kl (a positive number, e.g. "
+                         "0.05): it halves an update until the drift is within that target")
 
 
 def check_target_kl_strategy(target_kl: float | None, strategy: str) -> None:
@@ -65,18 +88,21 @@ def drift_sum(log_prob: torch.Tensor, old_log_prob: torch.Tensor, mask: torch.Te
 class TargetKLStop:
     """The stop of one actor worker's updates (module docstring); `engine` is verl's training engine."""
 
-    def __init__(self, engine: Any, target_kl: float):
+    def __init__(self, engine: Any, target_kl: float, backtrack: bool = False):
         check_target_kl(target_kl)
+        check_target_kl_backtrack(target_kl, backtrack)
         self.engine = engine
         self.target_kl = float(target_kl)
+        self.backtrack = backtrack
         self._drift = [0.0, 0]  # this mini-batch's k3 sum and tokens, on this rank, so far
         self._measured: list[float] = []  # the step's mini-batches' drifts, before each update
         self._skipped = 0
-
-    @property
-    def stopped(self) -> bool:
-        """Whether this step's updates have stopped."""
-        return self._skipped > 0
+        self.stopped = False  # whether this step's updates have stopped
+        self._stepped = False  # whether the guarded optimizer step just ran
+        self._after: list[float] = []  # backtracking: the drift right after each update, before any halving
+        self._kept: list[float] = []  # ... and as kept
+        self._halvings = 0
+        self._undone = 0
 
     def measure(self, loss_fn: Callable) -> Callable:
         """`loss_fn` (verl's actor loss) that also adds each trained micro-batch's drift to the mini-batch's."""
@@ -105,11 +131,67 @@ class TargetKLStop:
             if self.stopped or drift > self.target_kl:
                 # Why: every further update would move the policy further from the one that sampled the batch
                 # than the target allows; PPO's ratios are then no longer a trust region.
+                self.stopped = True
                 self._skipped += 1
                 self.engine.optimizer_zero_grad()
                 return 0.0
+            self._stepped = True
             return optimizer_step()
         return guarded_step
+
+    def bounded(self, train_batch: Callable) -> Callable:
+        """The engine's `train_batch` (one mini-batch's update), with backtracking (module docstring): an update that
+        took the policy past the target on its own mini-batch is halved until within it, or undone."""
+        def bounded_train_batch(data: Any, loss_function: Callable) -> Any:
+            before = [value.detach().clone() for value in self._trained()]
+            self._stepped = False
+            outputs = train_batch(data=data, loss_function=loss_function)
+            if self._stepped:
+                self._bound_update(data, before)
+            return outputs
+        return bounded_train_batch
+
+    def _bound_update(self, data: Any, before: list[torch.Tensor]) -> None:
+        drift = self._drift_after(data)
+        self._after.append(drift)
+        halvings = 0
+        while drift > self.target_kl and halvings < MAX_HALVINGS:
+            # Why: the update's own data says it left the trust region; a shorter step along the same direction
+            # keeps what it learnt within the target instead of throwing the step away.
+            self._move_back(before, keep=0.5)
+            halvings += 1
+            drift = self._drift_after(data)
+        if drift > self.target_kl:
+            self._move_back(before, keep=0.0)
+            self._undone += 1
+            drift = self._measured[-1]  # back where the guard measured this mini-batch before the update
+        self._kept.append(drift)
+        self._halvings += halvings
+        if halvings:
+            self.stopped = True  # the policy stands at the target's edge: a further update would cross it
+
+    def _trained(self) -> list[torch.Tensor]:
+        """The parameters the engine's optimizer updates (this rank's shards)."""
+        return [param for group in self.engine.optimizer.param_groups for param in group["params"]]
+
+    @torch.no_grad()
+    def _move_back(self, before: list[torch.Tensor], keep: float) -> None:
+        """Each trained parameter to before + keep * (now - before): keep 0.5 halves the update, 0 undoes it."""
+        for param, old in zip(self._trained(), before):
+            if keep == 0.0:
+                param.copy_(old)
+            else:
+                param.sub_(old).mul_(keep).add_(old)
+
+    def _drift_after(self, data: Any) -> float:
+        """The drift of the mini-batch at the parameters as they are now: a forward pass without gradients."""
+        self.engine.infer_batch(data, loss_function=self._measure_only)
+        return self._mini_batch_drift()
+
+    def _measure_only(self, model_output: Any, data: Any, **_kwargs: Any) -> tuple[torch.Tensor, dict]:
+        """A loss function for verl's forward passes that only adds the micro-batch's drift."""
+        self._add(model_output, data)
+        return torch.zeros(()), {}
 
     def _mini_batch_drift(self) -> float:
         """The token mean of k3 over the mini-batch on every data-parallel rank; resets the running sums."""
@@ -125,7 +207,12 @@ class TargetKLStop:
         """The step's figures (metric names under METRIC); the next step starts afresh."""
         figures = {f"{METRIC}kl_max": max(self._measured, default=0.0), f"{METRIC}updates": float(len(self._measured)),
                    f"{METRIC}updates_skipped": float(self._skipped)}
-        self._measured, self._skipped = [], 0
+        if self.backtrack:
+            figures |= {f"{METRIC}kl_after_max": max(self._after, default=0.0),
+                        f"{METRIC}kl_kept_max": max(self._kept, default=0.0),
+                        f"{METRIC}halvings": float(self._halvings), f"{METRIC}updates_undone": float(self._undone)}
+        self._measured, self._skipped, self.stopped = [], 0, False
+        self._after, self._kept, self._halvings, self._undone = [], [], 0, 0
         return figures
 
 
@@ -143,14 +230,17 @@ _INSTALLED: list[TargetKLStop] = []
 """The stop of this process's actor (an actor worker process trains one actor)."""
 
 
-def install(worker: Any, target_kl: float) -> None:
-    """Put a TargetKLStop on this worker's actor: its loss measures, its engine's optimizer step is guarded."""
+def install(worker: Any, target_kl: float, backtrack: bool = False) -> None:
+    """Put a TargetKLStop on this worker's actor: its loss measures, its engine's optimizer step is guarded, and with
+    backtracking each mini-batch's update is bounded."""
     if _INSTALLED:
         raise RuntimeError("the target-KL stop is installed on this actor worker already")
     actor = actor_training_worker(worker)
-    stop = TargetKLStop(actor.engine, target_kl)
+    stop = TargetKLStop(actor.engine, target_kl, backtrack)
     actor.set_loss_fn(stop.measure(actor.loss_fn))
     patch(actor.engine, "optimizer_step", stop.guard(actor.engine.optimizer_step))
+    if backtrack:
+        patch(actor.engine, "train_batch", stop.bounded(actor.engine.train_batch))
     _INSTALLED.append(stop)
 
 

@@ -214,6 +214,16 @@ SEAMS: tuple[Seam, ...] = (
          f"{_TARGET_KL}:TargetKLStop._mini_batch_drift", "every data-parallel rank's drift in one all-reduce", _KL_STOP),
     Seam("verl.workers.utils.padding:no_padding_2_padding", READ, f"{_TARGET_KL}:TargetKLStop._add",
          "the response tokens' log-probs in the layout of old_log_probs, as verl's ppo_loss reads them", _KL_STOP),
+    Seam("verl.workers.engine.fsdp.transformer_impl:FSDPEngine.train_batch", PATCH,
+         f"{_TARGET_KL}:TargetKLStop.bounded",
+         "replaced on the instance (beyond_agent.target_kl_backtrack): one mini-batch's update, measured right after "
+         "it and halved or undone past the target", _KL_STOP, called_with=("data", "loss_function")),
+    Seam("verl.workers.engine.fsdp.transformer_impl:FSDPEngine.infer_batch", READ,
+         f"{_TARGET_KL}:TargetKLStop._drift_after", "the updated mini-batch's forward pass without gradients, with a "
+         "loss function that only measures", _KL_STOP, called_with=("loss_function",)),
+    Seam("verl.workers.engine.fsdp.transformer_impl:FSDPEngine.optimizer", READ, f"{_TARGET_KL}:TargetKLStop._trained",
+         "the parameters the update moved (its param groups), copied before it and moved back", _KL_STOP,
+         instance_attribute=True),
     Seam("verl.workers.engine.fsdp.transformer_impl:FSDPEngine.module", READ, _TRAINED_MODULE,
          "the trained (FSDP-sharded, PEFT-wrapped) module whose local shards are summed", _TRAINED_DIGEST,
          instance_attribute=True),

@@ -91,7 +91,8 @@ class BeyondAgentTrainer(TrainerSeams):
         super().init_workers()
         freeze_long_lived_heaps(self.checkpoint_manager)
         if self.beyond_config.target_kl is not None:
-            install_target_kl(self.checkpoint_manager, self.beyond_config.target_kl)
+            install_target_kl(self.checkpoint_manager, self.beyond_config.target_kl,
+                              self.beyond_config.target_kl_backtrack)
         rollout = self.async_rollout_manager if self.beyond_config.is_async else None
         served = ServedWeightsMonitor(self.beyond_config.integrity.served_weights, self.config.actor_rollout_ref.rollout)
         wrap_weight_sync(self.checkpoint_manager, rollout, self.lora_plan, self._take_actor_output, served)

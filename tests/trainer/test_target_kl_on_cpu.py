@@ -11,7 +11,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from beyond_agent.algorithms.target_kl import METRIC, TargetKLStop, check_target_kl, drift_sum
+from beyond_agent.algorithms.target_kl import MAX_HALVINGS, METRIC, TargetKLStop, check_target_kl, drift_sum
 from beyond_agent.settings import BeyondAgentConfig
 
 LN2 = math.log(2.0)
@@ -133,3 +133,92 @@ def test_the_run_s_settings_read_the_target_and_refuse_a_bad_one():
         BeyondAgentConfig.from_config(config)
     config["beyond_agent"].pop("target_kl")
     assert BeyondAgentConfig.from_config(config).target_kl is None  # off unless set (and then any strategy)
+
+
+# ----- backtracking (beyond_agent.target_kl_backtrack) ---------------------------------------------------------------
+
+
+class OneParameterModelEngine(OneParameterEngine):
+    """An engine whose model gives every response token log-prob -1 + (weight - 1): the batch was sampled at weight 1,
+    so each token's log-ratio is the weight's move; verl's `train_batch` and `infer_batch` as the base engine runs
+    them (zero the gradients, forward and backward, the optimizer step; a forward pass without gradients)."""
+
+    def model_output(self) -> tuple[dict, TensorDict]:
+        _, data = micro_batch(self, [[0.0, 0.0], [0.0, 0.0, 0.0]])
+        flat = torch.zeros(8)
+        flat[1:3] = flat[4:7] = -1.0
+        return {"log_probs": flat + (self.weight - 1.0)}, data
+
+    def train_batch(self, data, loss_function):
+        self.optimizer_zero_grad()
+        model_output, data = self.model_output()
+        loss, _ = loss_function(model_output=model_output, data=data, dp_group=None)
+        loss.backward()
+        return self.optimizer_step()
+
+    def infer_batch(self, data, loss_function=None):
+        with torch.no_grad():
+            model_output, data = self.model_output()
+            return loss_function(model_output=model_output, data=data, dp_group=None)
+
+
+def installed(engine: OneParameterModelEngine, target_kl: float) -> TargetKLStop:
+    """A backtracking stop put on `engine` as `install` puts it on verl's (the loss measures, the two are wrapped)."""
+    stop = TargetKLStop(engine, target_kl, backtrack=True)
+    engine.loss = stop.measure(policy_loss)
+    engine.optimizer_step = stop.guard(engine.optimizer_step)
+    engine.train_batch = stop.bounded(engine.train_batch)
+    return stop
+
+
+def k3(log_ratio: float) -> float:
+    return math.exp(log_ratio) - 1.0 - log_ratio
+
+
+def test_an_update_past_the_target_is_halved_until_within_it_and_ends_the_step():
+    # The loss's gradient on the weight is -5 every time, so each AdamW step (lr 0.1) moves the weight by 0.1.
+    engine = OneParameterModelEngine()
+    stop = installed(engine, target_kl=0.01)
+    engine.train_batch(None, engine.loss)
+    # After the first update every token's log-ratio is 0.1: k3 = 0.00517, within 0.01: kept whole.
+    assert engine.weight.item() == pytest.approx(1.1, abs=1e-6)
+    engine.train_batch(None, engine.loss)
+    # Before the second the drift is 0.00517 (it runs); after it, 0.2: k3 = 0.0214, past. Halved: 0.15, k3 = 0.0118,
+    # still past; halved again: 0.125, k3 = 0.00815, within: kept at a quarter of the update.
+    assert engine.weight.item() == pytest.approx(1.125, abs=1e-6)
+    engine.train_batch(None, engine.loss)  # the step has stopped: no further update
+    assert engine.weight.item() == pytest.approx(1.125, abs=1e-6) and engine.steps == 2
+    figures = stop.take()
+    assert figures[f"{METRIC}kl_max"] == pytest.approx(k3(0.125), abs=1e-6)  # before the third (skipped) update
+    assert figures[f"{METRIC}kl_after_max"] == pytest.approx(k3(0.2), abs=1e-6)
+    assert figures[f"{METRIC}kl_kept_max"] == pytest.approx(k3(0.125), abs=1e-6)
+    assert (figures[f"{METRIC}halvings"], figures[f"{METRIC}updates_undone"]) == (2.0, 0.0)
+    assert (figures[f"{METRIC}updates"], figures[f"{METRIC}updates_skipped"]) == (3.0, 1.0)
+    engine.train_batch(None, engine.loss)  # the next step updates again
+    assert engine.steps == 3
+
+
+def test_an_update_still_past_the_target_after_the_last_halving_is_undone():
+    engine = OneParameterModelEngine()
+    stop = installed(engine, target_kl=1e-5)
+    engine.train_batch(None, engine.loss)
+    # 0.1 -> 0.05 -> 0.025 -> 0.0125 -> 0.00625 (MAX_HALVINGS = 4): k3 = 1.95e-5, still past 1e-5: undone, exactly.
+    assert k3(0.1 / 2 ** MAX_HALVINGS) > 1e-5
+    assert engine.weight.item() == 1.0
+    figures = stop.take()
+    assert (figures[f"{METRIC}halvings"], figures[f"{METRIC}updates_undone"]) == (4.0, 1.0)
+    assert figures[f"{METRIC}kl_kept_max"] == 0.0 and figures[f"{METRIC}kl_after_max"] == pytest.approx(k3(0.1))
+
+
+def test_backtracking_needs_a_target_and_is_a_boolean():
+    config = {"beyond_agent": {"env": {"url": "http://127.0.0.1:8000"}, "target_kl_backtrack": True},
+              "data": {"max_prompt_length": 256, "max_response_length": 512},
+              "actor_rollout_ref": {"rollout": {"temperature": 1.0}}}
+    with pytest.raises(ValueError, match=r"beyond_agent\.target_kl_backtrack=true needs beyond_agent\.target_kl"):
+        BeyondAgentConfig.from_config(config)
+    config["beyond_agent"]["target_kl_backtrack"] = "yes"
+    config["beyond_agent"]["target_kl"] = 0.05
+    with pytest.raises(ValueError, match=r"beyond_agent\.target_kl_backtrack='yes' is not valid; choose true or false"):
+        BeyondAgentConfig.from_config(config)
+    config["beyond_agent"]["target_kl_backtrack"] = True
+    assert BeyondAgentConfig.from_config(config).target_kl_backtrack is True

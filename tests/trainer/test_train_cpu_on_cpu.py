@@ -94,8 +94,10 @@ ASYNC_M2PO_GIGPO = [
 dynamic-sampling budget."""
 
 
-TARGET_KL_STOP = ["actor_rollout_ref.actor.ppo_epochs=2", "beyond_agent.target_kl=1e-6"]
-"""The first run's target-KL stop: two passes over each step's one mini-batch, the second past the target."""
+TARGET_KL_STOP = ["actor_rollout_ref.actor.ppo_epochs=2", "beyond_agent.target_kl=3e-4",
+                  "beyond_agent.target_kl_backtrack=true"]
+"""The first run's target-KL stop, backtracking: two passes over each step's one mini-batch; an update (lr 1e-2 on
+the adapter) takes the policy past the target (2.8e-3 and 7.1e-3 at steps 1-2) and is halved until within it."""
 
 
 @pytest.fixture(scope="module")
@@ -204,17 +206,20 @@ def test_the_log_prob_drift_monitor_stays_quiet_on_a_healthy_run(lora_run):
     assert "token log-probs are" not in lora_run.output
 
 
-def test_the_target_kl_stop_skips_each_steps_update_after_the_policy_moved(lora_run):
-    """`beyond_agent.target_kl` in verl's actor (TARGET_KL_STOP): before each step's first update the drift is the
-    recomputed old log-probs' own, under 1e-6; the first update (lr 1e-2 on the adapter) moves the policy past it,
-    so the second epoch's update is skipped, and the next step starts afresh."""
-    assert ("[beyond_agent] target-KL stop: a step's actor updates stop past a drift of 1e-06 from the sampling policy "
-            "(1 actor workers)") in lora_run.output
+def test_the_target_kl_stop_halves_each_update_that_passes_it_and_keeps_the_policy_within_it(lora_run):
+    """`beyond_agent.target_kl` with backtracking in verl's actor (TARGET_KL_STOP): each update is measured right after
+    it on its own mini-batch (verl's infer_batch); one past 3e-4 is halved (the adapter's FSDP-sharded parameters
+    moved back) until within it, the step's remaining update is skipped, and the next step starts afresh."""
+    assert ("[beyond_agent] target-KL stop: a step's actor updates stop past a drift of 0.0003 from the sampling policy; "
+            "each update past it halved until within it, or undone (1 actor workers)") in lora_run.output
     for step in (1, 2):
-        metrics = lora_run.metrics[step]
-        assert metrics["beyond_agent/target_kl/updates"] == 2.0
-        assert metrics["beyond_agent/target_kl/updates_skipped"] == 1.0, metrics["beyond_agent/target_kl/kl_max"]
-        assert metrics["beyond_agent/target_kl/kl_max"] > 1e-6
+        figures = {key.rpartition("/")[2]: value for key, value in lora_run.metrics[step].items()
+                   if key.startswith("beyond_agent/target_kl/")}
+        assert figures["updates"] == 2.0 and figures["updates_undone"] == 0.0, figures
+        assert figures["kl_after_max"] > 3e-4 and figures["halvings"] >= 1.0, figures
+        assert 0.0 < figures["kl_kept_max"] <= 3e-4, figures
+        # Measured before the second update: the first one's drift as kept (a step stops after a halving).
+        assert figures["updates_skipped"] == 1.0 and figures["kl_max"] <= 3e-4, figures
 
 
 def test_the_served_weights_monitor_names_the_sync_that_served_the_base_in_place_of_the_adapter(lora_run):
