@@ -10,7 +10,7 @@ after one it can leave a step a single large update. Off by default.
 
 `beyond_agent.target_kl_backtrack` bounds each update as well: every update taken is measured right after it, on its
 own mini-batch (one forward pass without gradients), and an update that took the policy past the target is halved
-until it is within it (a line search on the optimizer's step, as TRPO's backtracking on its own), at most
+until it is within it (a line search along the optimizer's step, as TRPO's along its own), at most
 MAX_HALVINGS times, and undone if even that is too far; a step whose update had to be cut back takes no further
 update. The optimizer's state (Adam's moments) keeps the gradient it saw: only the step it took is shortened. Its cost
 is one forward pass per update, one more per halving, and one copy of the trained parameters (this rank's shards).
