@@ -143,6 +143,8 @@ class TargetKLStop:
         """The engine's `train_batch` (one mini-batch's update), with backtracking (module docstring): an update that
         took the policy past the target on its own mini-batch is halved until within it, or undone."""
         def bounded_train_batch(data: Any, loss_function: Callable) -> Any:
+            if self.stopped:  # the guard skips this update: nothing to copy or measure
+                return train_batch(data=data, loss_function=loss_function)
             before = [value.detach().clone() for value in self._trained()]
             self._stepped = False
             outputs = train_batch(data=data, loss_function=loss_function)
