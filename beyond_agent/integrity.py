@@ -9,6 +9,10 @@ metric) or `stop` (the step fails with `IntegrityBroken`, naming the step, what 
   round limit's share jumping). It compares each step with the mean of the `window` steps before it, so a change
   spread over many steps stays quiet. Fast honest learning can trip it too: it is `warn` by default.
 
+- `no_signal`: no group of the training batch had episodes that scored differently, several steps in a row: every
+  advantage is zero and the policy no longer changes. A run that collapsed (every episode fails, so every group
+  scores alike) stays there for good, since nothing pushes it back; so does a task set the policy solves whole.
+
 - `log_prob_drift`: the rollout's sampling log-probs of the kept tokens against the trainer's recomputation of the
   same ids, before the update: apart from numerical noise they differ only when the served model is not the
   trained one (a weight sync that did not apply, LoRA rollouts sampling the base model, a wrong dtype or chat
@@ -24,7 +28,8 @@ metric) or `stop` (the step fails with `IntegrityBroken`, naming the step, what 
 
 Metrics, every training step once the window is full: `beyond_agent/integrity/reward_hack` (1.0 on an alarm),
 `.../success_rise`, `.../rounds_fall` (share of the mean rounds lost) and `.../termination_rise` (the largest rise
-of one reason's share); every step with the rollout's log-probs: `.../log_prob_drift` (1.0 on an alarm) and
+of one reason's share); every training step: `.../signal_groups` (share of the batch's groups with a
+signal) and `.../no_signal` (1.0 on an alarm); every step with the rollout's log-probs: `.../log_prob_drift` (1.0 on an alarm) and
 `.../mean_log_prob_gap`; every step: `.../prefix` (1.0 on a break), `.../prefix_breaks` (turns whose context is
 not the start of their row) of `.../prefix_turns`; with each sync's metrics: `.../served_weights` (1.0 when the
 served weights differ from the trained ones) and `.../served_weights_s` (what the check took).
@@ -48,7 +53,7 @@ if TYPE_CHECKING:  # only tensors' own methods are called: the viewer reads this
 MONITOR_ACTIONS = ("off", "warn", "stop")
 SECTION = "beyond_agent.integrity"
 METRIC = "beyond_agent/integrity/"
-MONITORS = ("reward_hack", "log_prob_drift", "prefix", "served_weights")
+MONITORS = ("reward_hack", "no_signal", "log_prob_drift", "prefix", "served_weights")
 """The monitors; each logs `METRIC + name` = 1.0 at a step where it fired (what the viewer's banner reads)."""
 
 
@@ -88,6 +93,24 @@ class RewardHackWatch:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
                 raise ValueError(f"{where}.{name} must be a number in (0, 1], got {value!r}")
+
+
+@dataclass(frozen=True)
+class NoSignalWatch:
+    """`beyond_agent.integrity.no_signal`: when no group's episodes scored differently for several steps in a row."""
+
+    action: str = "warn"
+    """One of MONITOR_ACTIONS."""
+    steps: int = 3
+    """Training steps in a row without a group with a signal before it fires (one such step happens to a healthy
+    run on a nearly solved or nearly hopeless task set; a collapse lasts the rest of the run)."""
+
+    def __post_init__(self) -> None:
+        where = f"{SECTION}.no_signal"
+        if self.action not in MONITOR_ACTIONS:
+            raise ValueError(f"{where}.action={self.action!r} is not valid; choose one of {', '.join(MONITOR_ACTIONS)}")
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
+            raise ValueError(f"{where}.steps must be an integer >= 1, got {self.steps!r}")
 
 
 @dataclass(frozen=True)
@@ -146,6 +169,8 @@ class IntegrityConfig:
 
     reward_hack: RewardHackWatch = RewardHackWatch()
     """Success rising while episodes shorten sharply, or one termination reason taking over."""
+    no_signal: NoSignalWatch = NoSignalWatch()
+    """No group of the batch with episodes that scored differently, `steps` training steps in a row."""
     log_prob_drift: LogProbDriftWatch = LogProbDriftWatch()
     """The rollout's sampling log-probs far from the trainer's recomputation of the same tokens."""
     prefix: PrefixWatch = PrefixWatch()
@@ -213,6 +238,34 @@ class RewardHackMonitor:
 
     def _act(self, alarm: str) -> None:
         _act(self.watch.action, alarm)
+
+
+class NoSignalMonitor:
+    """Counts the training steps in a row whose batch had no group with a learning signal (`NoSignalWatch`)."""
+
+    def __init__(self, watch: NoSignalWatch) -> None:
+        self.watch = watch
+        self.steps_without = 0
+        """Training steps in a row, up to the last observed, without a group with a signal."""
+
+    def observe(self, step: int, with_signal: int, groups: int, metrics: RolloutMetrics) -> dict[str, float]:
+        """This step's metrics (empty when `off` or without a group); warns or raises per the action.
+        `with_signal` of `groups`: the batch's groups whose episodes did not all score alike
+        (`rollout.dynamic_sampling.groups_with_signal`); `metrics`: the batch's rollout metrics, for the message."""
+        if self.watch.action == "off" or groups == 0:
+            return {}
+        self.steps_without = 0 if with_signal else self.steps_without + 1
+        fired = self.steps_without >= self.watch.steps
+        if fired:
+            _act(self.watch.action,
+                 f"integrity: training step {step}: no group's episodes scored differently for "
+                 f"{self.steps_without} training steps in a row (steps {step - self.steps_without + 1}-{step}; this "
+                 f"step: success {metrics.success_rate:.3f}, mean reward {metrics.mean_reward:.3f} over "
+                 f"{metrics.episodes} episodes): every advantage is zero, so the policy no longer changes. If every "
+                 f"episode failed, the run has collapsed and will not come back by itself (resume from an earlier "
+                 f"checkpoint with a lower learning rate, or bound each update: beyond_agent.target_kl); if every one "
+                 f"succeeded, its tasks are all solved ({SECTION}.no_signal.action={self.watch.action}, set it to off to silence this)")
+        return {f"{METRIC}no_signal": float(fired), f"{METRIC}signal_groups": with_signal / groups}
 
 
 class LogProbDriftMonitor:

@@ -44,11 +44,11 @@ from beyond_agent.rollout.async_pool import AsyncEpisodePool, PendingRow, RowsIn
 from beyond_agent.rollout.batch import NothingToTrain, SegmentRows, segment_batch, training_batch, untrainable
 from beyond_agent.rollout.episode_loop import EpisodeResult, EpisodeSpec, place_seeds
 from beyond_agent.algorithms.gigpo import group_has_step_signal
-from beyond_agent.rollout.dynamic_sampling import GroupSieve, StepSignal
+from beyond_agent.rollout.dynamic_sampling import GroupSieve, StepSignal, groups_with_signal
 from beyond_agent.gateway import Gateway, GatewayConfig
 from beyond_agent.gateway.agents import AgentEnvManager
 from beyond_agent.gateway.server import GatewayServer
-from beyond_agent.integrity import RewardHackMonitor
+from beyond_agent.integrity import NoSignalMonitor, RewardHackMonitor
 from beyond_agent.rollout.env_manager import ParallelEnvManager, RolloutOutput, summarize
 from beyond_agent.rollout.llm import AsyncLLMServerManager, VerlLLMServerBackend
 from beyond_agent.rollout.rounds import RoundLimit
@@ -157,6 +157,8 @@ class BeyondAgentLoopManager:
         """The round limit of each step (adaptive: raised by the agent's episodes; kept in horizon.json)."""
         self.reward_hack = RewardHackMonitor(self.settings.integrity.reward_hack)
         """Watches each training step's rollouts for a cheap win or a collapse taking over (warn or stop)."""
+        self.no_signal = NoSignalMonitor(self.settings.integrity.no_signal)
+        """Counts the training steps in a row whose groups all scored alike (nothing to learn from; warn or stop)."""
         self._pool: AsyncEpisodePool | None = None
         self._row_source: RowSource | None = None  # sync mode's rows, with dynamic sampling
         self._serial = 0
@@ -200,10 +202,13 @@ class BeyondAgentLoopManager:
         if meta.get("validate"):
             self._validation.extend(zip(tasks, map(outcome_only, output.results)))
         else:
+            step = int(meta.get("global_steps", 0))
             self._step_metrics = rollout_metrics(output, self.llm.metrics().busy_time_s - busy_before, tasks)
-            horizon = self.round_limit.observe(int(meta.get("global_steps", 0)), output.results)
+            horizon = self.round_limit.observe(step, output.results)
             self._step_metrics.update({f"{METRICS_PREFIX}{key}": value for key, value in horizon.items()})
-            self._step_metrics.update(self.reward_hack.observe(int(meta.get("global_steps", 0)), output.metrics))
+            self._step_metrics.update(self.reward_hack.observe(step, output.metrics))
+            signal = groups_with_signal(output.results, settings.group_based, self._step_signal())
+            self._step_metrics.update(self.no_signal.observe(step, *signal, output.metrics))
         batch.meta_info = {"timing": {}, "reward_extra_keys": ["success"]}  # fit() reads "timing"; ours wait
         self._log_step(meta, output)
         return batch

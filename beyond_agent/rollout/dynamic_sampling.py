@@ -97,6 +97,22 @@ def group_has_signal(results: Sequence[EpisodeResult], drop: str, step_signal: S
     return False
 
 
+def groups_with_signal(results: Sequence[EpisodeResult], group_based: bool,
+                       step_signal: StepSignal | None = None) -> tuple[int, int]:
+    """(groups that carry a learning signal, groups) in one training batch, by `group_has_signal`'s zero-variance
+    rule: a group is the episodes of one `group_id` with a group-based estimator, else the batch's scored episodes
+    (a batch-wide baseline is as blind to equal rewards as a group's)."""
+    if group_based:
+        groups: dict[str, list[EpisodeResult]] = {}
+        for result in results:
+            groups.setdefault(result.spec.group_id, []).append(result)
+        batches = list(groups.values())
+    else:
+        scored = [result for result in results if not result.infra_failure]
+        batches = [scored] if scored else []
+    return sum(group_has_signal(group, "zero_variance", step_signal) for group in batches), len(batches)
+
+
 class GroupSieve:
     """One training step's sieve: `offer` each finished group in turn; it says whether the group trains.
 

