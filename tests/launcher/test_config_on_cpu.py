@@ -126,6 +126,14 @@ def test_step_summary_of_a_step_without_the_usual_keys():
     assert step_summary(5, {"x": "text"}) == "step 5: 1 metrics"
 
 
+def test_step_summary_names_the_integrity_monitors_that_fired_at_the_step():
+    metrics = {"timing_s/step": 2.0, "beyond_agent/integrity/no_signal": 1.0, "beyond_agent/integrity/reward_hack": 0.0,
+               "beyond_agent/integrity/prefix": 1.0, "beyond_agent/integrity/signal_groups": 1.0}
+    assert step_summary(9, metrics) == "step 9: step_s=2, INTEGRITY ALARM: no_signal, prefix"
+    assert step_summary(9, {**metrics, "beyond_agent/integrity/no_signal": 0.0,
+                            "beyond_agent/integrity/prefix": 0.0}) == "step 9: step_s=2"
+
+
 def test_activation_execs_python_so_the_pid_is_the_service(tmp_path):
     script = tmp_path / "act.sh"
     script.write_text("true\n")
