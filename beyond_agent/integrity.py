@@ -28,9 +28,9 @@ metric) or `stop` (the step fails with `IntegrityBroken`, naming the step, what 
 
 Metrics, every training step once the window is full: `beyond_agent/integrity/reward_hack` (1.0 on an alarm),
 `.../success_rise`, `.../rounds_fall` (share of the mean rounds lost) and `.../termination_rise` (the largest rise
-of one reason's share); every training step: `.../signal_groups` (share of the batch's groups with a
-signal) and `.../no_signal` (1.0 on an alarm); every step with the rollout's log-probs: `.../log_prob_drift` (1.0 on an alarm) and
-`.../mean_log_prob_gap`; every step: `.../prefix` (1.0 on a break), `.../prefix_breaks` (turns whose context is
+of one reason's share); every training step: `.../signal_groups` (share of the batch's groups with a signal) and
+`.../no_signal` (1.0 on an alarm); every step with the rollout's log-probs: `.../log_prob_drift` (1.0 on an alarm)
+and `.../mean_log_prob_gap`; every step: `.../prefix` (1.0 on a break), `.../prefix_breaks` (turns whose context is
 not the start of their row) of `.../prefix_turns`; with each sync's metrics: `.../served_weights` (1.0 when the
 served weights differ from the trained ones) and `.../served_weights_s` (what the check took).
 """
@@ -264,7 +264,8 @@ class NoSignalMonitor:
                  f"{metrics.episodes} episodes): every advantage is zero, so the policy no longer changes. If every "
                  f"episode failed, the run has collapsed and will not come back by itself (resume from an earlier "
                  f"checkpoint with a lower learning rate, or bound each update: beyond_agent.target_kl); if every one "
-                 f"succeeded, its tasks are all solved ({SECTION}.no_signal.action={self.watch.action}, set it to off to silence this)")
+                 f"succeeded, its tasks are all solved ({SECTION}.no_signal.action={self.watch.action}, set it to "
+                 f"off to silence this)")
         return {f"{METRIC}no_signal": float(fired), f"{METRIC}signal_groups": with_signal / groups}
 
 
