@@ -57,11 +57,21 @@ MONITORS = ("reward_hack", "no_signal", "log_prob_drift", "prefix", "served_weig
 """The monitors; each logs `METRIC + name` = 1.0 at a step where it fired (what the viewer's banner reads)."""
 
 
+def _fired(value: float) -> bool:
+    """Whether a monitor's logged value (`METRIC + name`) says it fired."""
+    return value >= 1.0
+
+
 def alarm_steps(series: dict[str, list[list[float]]]) -> dict[str, list[int]]:
     """{monitor: the steps it fired at} from logged series ({metric key: [[step, value], ...]}); only monitors that
     fired."""
-    fired = {name: [int(step) for step, value in series.get(METRIC + name, []) if value >= 1.0] for name in MONITORS}
+    fired = {name: [int(step) for step, value in series.get(METRIC + name, []) if _fired(value)] for name in MONITORS}
     return {name: steps for name, steps in fired.items() if steps}
+
+
+def fired_monitors(metrics: dict[str, float]) -> list[str]:
+    """The monitors that fired at one step, from that step's numeric metrics ({metric key: value})."""
+    return [name for name in MONITORS if _fired(metrics.get(METRIC + name, 0.0))]
 
 
 class IntegrityBroken(RuntimeError):

@@ -23,7 +23,7 @@ from typing import Callable, TextIO
 from envservice.childproc import ChildProcess
 from launch.config import LaunchConfigError, PrepareStep, TrainConfig
 from launch.signals import ProcessTracker
-from beyond_agent.integrity import METRIC as INTEGRITY_METRIC, MONITORS
+from beyond_agent.integrity import fired_monitors
 from beyond_agent.run_folder import METRICS_FILE, METRICS_PATH_VARIABLE
 
 PLACEHOLDER = re.compile(r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -103,7 +103,7 @@ def step_summary(step: int, metrics: dict) -> str:
               if key.startswith("val-core/") and key.endswith("/reward/mean@1")]
     # The integrity monitors that fired at this step (their own WARNING line is in training's output, which a
     # wrapper such as the learning bench may send to a log): the step's line says so too.
-    fired = [name for name in MONITORS if numbers.get(INTEGRITY_METRIC + name, 0.0) >= 1.0]
+    fired = fired_monitors(numbers)
     if fired:
         shown.append(f"INTEGRITY ALARM: {', '.join(fired)}")
     return f"step {step}: " + (", ".join(shown) or f"{len(metrics)} metrics")
