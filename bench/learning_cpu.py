@@ -1131,6 +1131,8 @@ def training_figures(metrics_path: Path) -> dict[str, list[float]]:
 def main(argv: list[str] | None = None) -> int:
     """Run the stages for every seed, print the table and write the JSON."""
     args = parse_args(argv)
+    if args.table:
+        return print_kept_table(args)
     from envservice.process import EnvServiceProcess
     from dev_tools.tiny_model import build_tiny_model
     from transformers import AutoTokenizer
@@ -1170,6 +1172,38 @@ def main(argv: list[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, default=str, indent=2))
     return 1 if failed else 0
+
+
+def kept_per_seed(kept: Path, seeds: list[int]) -> dict[int, dict]:
+    """Every seed's kept stage figures (`<kept>/seed<N>/stages/<stage>.json`, the shared `<kept>/stages/base.json`
+    first where there is one), as `run_seed` returns them: a row's seeds often run in separate calls."""
+    base = kept / "stages" / "base.json"
+    per_seed = {}
+    for seed in seeds:
+        folder = kept / f"seed{seed}" / "stages"
+        if not (folder / "warm-up.json").exists():
+            raise SystemExit(f"[learning] --table: seed {seed} has no kept warm-up figures ({folder / 'warm-up.json'}), "
+                             f"so no lift to show; kept seeds: {kept_seeds(kept) or 'none'}")
+        stages = {"base": json.loads(base.read_text())} if base.exists() else {}
+        stages["warm-up"] = json.loads((folder / "warm-up.json").read_text())
+        for path in sorted(folder.glob("*.json")):
+            stages.setdefault(path.stem, json.loads(path.read_text()))
+        per_seed[seed] = stages
+    return per_seed
+
+
+def kept_seeds(kept: Path) -> list[int]:
+    """The seeds with a folder of kept stages in `kept`."""
+    return sorted(int(path.parent.name.removeprefix("seed")) for path in kept.glob("seed*/stages")
+                  if path.parent.name.removeprefix("seed").isdigit())
+
+
+def print_kept_table(args) -> int:
+    """`--table`: the table of the seeds' kept figures, trained by earlier calls; nothing is run or trained. The
+    held-out claim of its header is checked again for these options, as a run checks it."""
+    require_unseen(contamination_report(args))
+    print_table(summarize(kept_per_seed(kept_root(args), args.seeds)), args)
+    return 0
 
 
 def summarize(per_seed: dict[int, dict]) -> dict:
@@ -1223,7 +1257,8 @@ def print_table(summary: dict, args) -> None:
         row += f"  {wall_cells or '-':>16s}"
         if "lift" in cells:
             lift = cells["lift"]
-            row += (f"  lifted >= {LIFT_POINTS:.0%}: {lift['lifted']} of {lift['seeds']} seeds ("
+            row += (f"  lifted >= {LIFT_POINTS:.0%}: {lift['lifted']} of {lift['seeds']} seeds (mean "
+                    f"{statistics.fmean(lift['per_seed']) * 100:+.1f}; "
                     + ", ".join(f"{value * 100:+.1f}" for value in lift["per_seed"]) + " points)")
         print(row)
 
@@ -1232,7 +1267,7 @@ def _cell(values: list[float]) -> str:
     mean = statistics.fmean(values)
     if len(values) == 1:
         return f"{mean:.1%}"
-    return f"{mean:.1%} [{min(values):.0%}-{max(values):.0%}]"
+    return f"{mean:.1%} [{min(values) * 100:.1f}-{max(values) * 100:.1f}]"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -1295,6 +1330,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="where each stage's figures are kept (<kept>/seed<N>/stages/<stage>.json; default "
                              "--out): a folder in the checkout carries a long comparison across machines")
     parser.add_argument("--json", type=Path, default=None, help="also write every figure of the table here")
+    parser.add_argument("--table", action="store_true",
+                        help="print the table of --seeds from the figures kept in --kept (or --out) by earlier calls, "
+                             "with each seed's lift; runs nothing")
     args = parser.parse_args(argv)
     if args.warmup_ties != EARLIER_WARMUP["ties"] and args.env != "frozenlake":
         parser.error(f"--warmup-ties applies to --env frozenlake only (got --env {args.env})")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -231,3 +232,27 @@ def test_the_bench_s_curve_reads_held_out_success_not_mean_reward(bench, tmp_pat
         '{"step": 2, "data": {"val-core/frozenlake/reward/mean@1": 0.25}}\n')
     assert bench.success_curve(metrics, "babyai") == [(0, None, 0.484), (1, 0.5, None), (2, None, None)]
     assert bench.success_curve(metrics, "frozenlake")[2] == (2, None, 0.25)  # older files: the reward, 0 or 1
+
+
+def _keep(folder: Path, stage: str, heldout_greedy: float) -> None:
+    (folder / "stages").mkdir(parents=True, exist_ok=True)
+    figures = {"heldout": {"greedy": heldout_greedy, "sampled": 0.25}, "train": {"greedy": 0.25, "sampled": 0.25}}
+    (folder / "stages" / f"{stage}.json").write_text(json.dumps(figures))
+
+
+def test_the_table_of_kept_seeds_counts_each_seeds_lift_over_its_warm_up(bench, tmp_path, capsys) -> None:
+    # a row's seeds run in separate calls (one a session on 2 cores): --table reads what each kept, runs nothing
+    for seed, after_rl in ((0, 0.5), (1, 0.25), (2, 0.625)):
+        _keep(tmp_path / f"seed{seed}", "warm-up", 0.375)
+        _keep(tmp_path / f"seed{seed}", "grpo_stable", after_rl)
+    _keep(tmp_path / "seed3", "warm-up", 0.375)  # a seed whose RL run has not finished: not in the row
+
+    assert bench.main(["--seeds", "0", "1", "2", "3", "--kept", str(tmp_path), "--table"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("grpo_stable"))
+    # lifts +12.5, -12.5, +25.0 points over the warm-up's 37.5 %: two reach 10 points, mean +8.3
+    assert row.split()[1:3] == ["45.8%", "[25.0-62.5]"]
+    assert row.endswith("lifted >= 10%: 2 of 3 seeds (mean +8.3; +12.5, -12.5, +25.0 points)")
+
+    with pytest.raises(SystemExit, match=r"seed 5 has no kept warm-up figures .*seed5/stages/warm-up.json.*"
+                                         r"kept seeds: \[0, 1, 2, 3\]"):
+        bench.main(["--seeds", "0", "5", "--kept", str(tmp_path), "--table"])
