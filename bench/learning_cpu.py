@@ -1184,18 +1184,17 @@ def kept_per_seed(kept: Path, seeds: list[int]) -> dict[int, dict]:
         if not (folder / "warm-up.json").exists():
             raise SystemExit(f"[learning] --table: seed {seed} has no kept warm-up figures ({folder / 'warm-up.json'}), "
                              f"so no lift to show; kept seeds: {kept_seeds(kept) or 'none'}")
-        stages = {"base": json.loads(base.read_text())} if base.exists() else {}
-        stages["warm-up"] = json.loads((folder / "warm-up.json").read_text())
-        for path in sorted(folder.glob("*.json")):
-            stages.setdefault(path.stem, json.loads(path.read_text()))
+        paths = [base] if base.exists() else []
+        paths += sorted(folder.glob("*.json"), key=lambda path: path.stem != "warm-up")  # the table's order
+        stages = {path.stem: json.loads(path.read_text()) for path in paths}
         per_seed[seed] = stages
     return per_seed
 
 
 def kept_seeds(kept: Path) -> list[int]:
     """The seeds with a folder of kept stages in `kept`."""
-    return sorted(int(path.parent.name.removeprefix("seed")) for path in kept.glob("seed*/stages")
-                  if path.parent.name.removeprefix("seed").isdigit())
+    numbers = (path.parent.name.removeprefix("seed") for path in kept.glob("seed*/stages"))
+    return sorted(int(number) for number in numbers if number.isdigit())
 
 
 def print_kept_table(args) -> int:
